@@ -1,0 +1,137 @@
+//! Plain data types the engine hands to the front ends (management API, CLI, NBD adapter).
+//! They are serde-serializable so the HTTP API can return them as JSON unchanged.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How the devices of one top-level group are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupKind {
+    /// A single device (several single-device groups make a stripe).
+    Disk,
+    /// An n-way mirror: every device holds every block.
+    Mirror,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupSpec {
+    pub kind: GroupKind,
+    pub devices: Vec<PathBuf>,
+}
+
+/// What `cistern pool create` asks for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolSpec {
+    pub name: String,
+    pub groups: Vec<GroupSpec>,
+    /// `-s SIZE`: create missing device files sparse at this size.
+    #[serde(default)]
+    pub create_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolSummary {
+    pub name: String,
+    pub guid: u64,
+    /// Usable bytes for data across all groups.
+    pub size: u64,
+    pub allocated: u64,
+    pub free: u64,
+    /// ONLINE, DEGRADED, FAULTED...
+    pub health: String,
+    /// Last committed transaction group.
+    pub txg: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub path: PathBuf,
+    pub guid: u64,
+    pub state: String,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub checksum_errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// "mirror-0", or the device path for a single-device group.
+    pub name: String,
+    pub kind: GroupKind,
+    pub state: String,
+    pub devices: Vec<DeviceStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub summary: PoolSummary,
+    pub groups: Vec<GroupStatus>,
+    /// Human-readable notes ("errors: No known data errors").
+    pub errors: Vec<String>,
+}
+
+/// A pool found on devices that is not imported (`cistern pool import -d DIR`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImportablePool {
+    pub name: String,
+    pub guid: u64,
+    pub devices: Vec<PathBuf>,
+    /// Whether all devices the label names were found.
+    pub complete: bool,
+}
+
+/// One property of a dataset as `cistern get` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Property {
+    pub name: String,
+    /// Human-readable ("10G", "1.52x", "lz4").
+    pub value: String,
+    /// Exact, for scripts (`-p`): bytes as integers, ratios as "1.52".
+    pub parsable: String,
+    /// "-" (read-only statistic), "default", "local", or "inherited from X".
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetKind {
+    /// The root dataset of a pool (`tank`); holds children.
+    Filesystem,
+    /// A fixed-size block device (`tank/vol0`).
+    Volume,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    pub name: String,
+    pub kind: DatasetKind,
+    /// All properties, in a stable order (the order `get all` prints).
+    pub properties: Vec<Property>,
+}
+
+impl DatasetInfo {
+    pub fn property(&self, name: &str) -> Option<&Property> {
+        self.properties.iter().find(|p| p.name == name)
+    }
+}
+
+/// Counters for the Prometheus endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolStats {
+    pub pool: String,
+    pub txg: u64,
+    pub txg_commits: u64,
+    pub txg_commit_seconds_total: f64,
+    pub log_commits: u64,
+    pub log_records: u64,
+    pub log_bytes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub dirty_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub checksum_errors: u64,
+    pub allocated: u64,
+    pub size: u64,
+}

@@ -1,0 +1,25 @@
+use thiserror::Error;
+
+/// Errors the engine reports to the front ends. Each variant maps to one
+/// HTTP status / NBD errno at the edge; the message names the problem.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{0} does not exist")]
+    NotFound(String),
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{0} is busy")]
+    Busy(String),
+    #[error("out of space in pool {0}")]
+    NoSpace(String),
+    #[error("{0} is read-only")]
+    ReadOnly(String),
+    #[error("data error: {0}")]
+    Corrupt(String),
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
