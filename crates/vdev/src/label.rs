@@ -1,0 +1,178 @@
+//! The device label: written at the start and at the end of every device so
+//! that one overwritten end does not lose the pool. Format (docs/on-disk-format.md):
+//! `"CISTLABL"` | u32 LE version | u32 LE json length | 32-byte blake3 of the json | json,
+//! zero-padded to LABEL_SIZE.
+
+use crate::{Vdev, VdevError};
+use serde::{Deserialize, Serialize};
+
+/// Bytes reserved for each of the two labels.
+pub const LABEL_SIZE: u64 = 256 * 1024;
+pub const LABEL_VERSION: u32 = 1;
+const MAGIC: &[u8; 8] = b"CISTLABL";
+const HEADER: usize = 8 + 4 + 4 + 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabelError {
+    #[error(transparent)]
+    Io(#[from] VdevError),
+    #[error("{0}: no Cistern label (not part of a pool)")]
+    Missing(String),
+    #[error("{path}: label format version {version} is newer than this build understands ({LABEL_VERSION})")]
+    UnsupportedVersion { path: String, version: u32 },
+    #[error("{0}: both labels are damaged")]
+    Damaged(String),
+    #[error("label too large to store")]
+    TooLarge,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayoutKind {
+    Disk,
+    Mirror,
+}
+
+/// One top-level group of the pool, naming its devices by guid in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupLayout {
+    pub kind: LayoutKind,
+    pub devices: Vec<u64>,
+    /// Usable data bytes on each device of the group (the smallest device wins).
+    pub data_size: u64,
+}
+
+/// Where each region of a device lies, in bytes from its start. Identical on
+/// every device of a pool so mirrored regions line up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Regions {
+    /// The metadata store (redb file), mirrored on every device of the pool.
+    pub meta_offset: u64,
+    pub meta_size: u64,
+    /// The intent log, mirrored on every device of the pool.
+    pub log_offset: u64,
+    pub log_size: u64,
+    /// Block data; addresses in block pointers are relative to this offset.
+    pub data_offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Label {
+    pub version: u32,
+    pub pool_name: String,
+    pub pool_guid: u64,
+    pub device_guid: u64,
+    /// Index of this device's group in `groups`, and its position in the group.
+    pub group: u32,
+    pub child: u32,
+    pub groups: Vec<GroupLayout>,
+    pub regions: Regions,
+    /// Set by `pool export`; an active pool is imported only by its own host's cache.
+    pub exported: bool,
+}
+
+fn encode(label: &Label) -> Result<Vec<u8>, LabelError> {
+    let json = serde_json::to_vec(label).map_err(|_| LabelError::TooLarge)?;
+    if HEADER + json.len() > LABEL_SIZE as usize {
+        return Err(LabelError::TooLarge);
+    }
+    let mut buf = vec![0u8; LABEL_SIZE as usize];
+    buf[..8].copy_from_slice(MAGIC);
+    buf[8..12].copy_from_slice(&label.version.to_le_bytes());
+    buf[12..16].copy_from_slice(&(json.len() as u32).to_le_bytes());
+    buf[16..48].copy_from_slice(blake3::hash(&json).as_bytes());
+    buf[HEADER..HEADER + json.len()].copy_from_slice(&json);
+    Ok(buf)
+}
+
+enum Decoded {
+    Label(Box<Label>),
+    Blank,
+    Damaged,
+    Newer(u32),
+}
+
+fn decode(buf: &[u8]) -> Decoded {
+    if &buf[..8] != MAGIC {
+        return if buf[..HEADER].iter().all(|&b| b == 0) { Decoded::Blank } else { Decoded::Damaged };
+    }
+    let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    if version > LABEL_VERSION {
+        return Decoded::Newer(version);
+    }
+    let len = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
+    let Some(json) = buf.get(HEADER..HEADER + len) else { return Decoded::Damaged };
+    if blake3::hash(json).as_bytes() != &buf[16..48] {
+        return Decoded::Damaged;
+    }
+    match serde_json::from_slice::<Label>(json) {
+        Ok(label) => Decoded::Label(Box::new(label)),
+        Err(_) => Decoded::Damaged,
+    }
+}
+
+pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {
+    let path = vdev.path().display().to_string();
+    if vdev.size() < 2 * LABEL_SIZE {
+        return Err(LabelError::Missing(path));
+    }
+    let mut damaged = false;
+    for offset in [0, vdev.size() - LABEL_SIZE] {
+        let mut buf = vec![0u8; LABEL_SIZE as usize];
+        vdev.read_at(offset, &mut buf)?;
+        match decode(&buf) {
+            Decoded::Label(label) => return Ok(*label),
+            Decoded::Newer(version) => return Err(LabelError::UnsupportedVersion { path, version }),
+            Decoded::Damaged => damaged = true,
+            Decoded::Blank => {}
+        }
+    }
+    Err(if damaged { LabelError::Damaged(path) } else { LabelError::Missing(path) })
+}
+
+pub(crate) fn write_label(vdev: &Vdev, label: &Label) -> Result<(), LabelError> {
+    let buf = encode(label)?;
+    vdev.write_at(0, &buf)?;
+    vdev.write_at(vdev.size() - LABEL_SIZE, &buf)?;
+    vdev.sync()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Label {
+        Label {
+            version: LABEL_VERSION,
+            pool_name: "tank".into(),
+            pool_guid: 7,
+            device_guid: 9,
+            group: 0,
+            child: 1,
+            groups: vec![GroupLayout { kind: LayoutKind::Mirror, devices: vec![8, 9], data_size: 1 << 20 }],
+            regions: Regions { meta_offset: LABEL_SIZE, meta_size: 1 << 20, log_offset: 0, log_size: 0, data_offset: 0 },
+            exported: false,
+        }
+    }
+
+    #[test]
+    fn label_survives_one_damaged_end_and_refuses_newer_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let vdev = Vdev::open_or_create(&dir.path().join("d"), Some(4 << 20)).unwrap();
+        assert!(matches!(vdev.read_label(), Err(LabelError::Missing(_))));
+        vdev.write_label(&sample()).unwrap();
+        assert_eq!(vdev.read_label().unwrap(), sample());
+        // Damage the front label: the back one is used.
+        vdev.write_at(100, &[0xff; 64]).unwrap();
+        assert_eq!(vdev.read_label().unwrap(), sample());
+        // Damage both: reported as damaged, not as missing.
+        vdev.write_at(vdev.size() - LABEL_SIZE + 100, &[0xff; 64]).unwrap();
+        assert!(matches!(vdev.read_label(), Err(LabelError::Damaged(_))));
+        // A label from a future format is refused by name.
+        let mut newer = encode(&sample()).unwrap();
+        newer[8..12].copy_from_slice(&(LABEL_VERSION + 1).to_le_bytes());
+        vdev.write_at(0, &newer).unwrap();
+        assert!(matches!(vdev.read_label(), Err(LabelError::UnsupportedVersion { .. })));
+    }
+}
