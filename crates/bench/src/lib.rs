@@ -1,1 +1,14 @@
-//! bench
+//! `cistern bench`: measure and size storage honestly.
+//!
+//! * [`cli`]: the `cistern bench` subcommands (`iops`, `chart`, `provision`,
+//!   `latency`, `compress`) and [`cli::run`].
+//! * [`stats`]: per-second series, latency histogram, quantiles, "X or better".
+//! * [`provision`]: nodes needed for a target IOPS (Monte Carlo and exact).
+//! * [`target`]: what a benchmark writes to (file/device, NBD, S3 stub).
+//! * [`nbd_client`]: a small blocking NBD client.
+//! * [`svg`]: hand-written SVG charts.
+
+pub mod provision;
+pub mod stats;
+pub mod svg;
+pub mod util;
