@@ -1,0 +1,93 @@
+//! The block pointer and its byte encoding (docs/on-disk-format.md).
+//!
+//! ```text
+//! u8 version (1) | u8 compression | u8 checksum algo | u8 number of DVAs (1..=3)
+//! u32 lsize | u32 psize | u64 birth txg            (all little endian)
+//! per DVA: u32 group | u64 offset | u32 asize
+//! [u8; 32] checksum of the stored (physical) bytes
+//! ```
+
+use crate::checksum::{Checksum, ChecksumAlgo};
+use crate::compress::CompressionAlgo;
+use pool::Dva;
+
+pub const BP_VERSION: u8 = 1;
+pub const MAX_DVAS: usize = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockPointer {
+    /// Copies (ditto blocks); each DVA is itself redundant per its group's layout.
+    pub dvas: Vec<Dva>,
+    /// Bytes before compression.
+    pub lsize: u32,
+    /// Bytes as stored.
+    pub psize: u32,
+    pub compression: CompressionAlgo,
+    pub checksum_algo: ChecksumAlgo,
+    pub checksum: Checksum,
+    /// The txg in which this block was written; snapshots compare against it.
+    pub birth: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum BpDecodeError {
+    #[error("block pointer version {0} is not understood by this build")]
+    Version(u8),
+    #[error("block pointer is malformed: {0}")]
+    Malformed(&'static str),
+}
+
+impl BlockPointer {
+    /// Bytes allocated for all copies.
+    pub fn asize(&self) -> u64 {
+        self.dvas.iter().map(|d| d.asize as u64).sum()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(!self.dvas.is_empty() && self.dvas.len() <= MAX_DVAS);
+        let mut out = Vec::with_capacity(20 + 16 * self.dvas.len() + 32);
+        out.extend_from_slice(&[BP_VERSION, self.compression as u8, self.checksum_algo as u8, self.dvas.len() as u8]);
+        out.extend_from_slice(&self.lsize.to_le_bytes());
+        out.extend_from_slice(&self.psize.to_le_bytes());
+        out.extend_from_slice(&self.birth.to_le_bytes());
+        for d in &self.dvas {
+            out.extend_from_slice(&d.group.to_le_bytes());
+            out.extend_from_slice(&d.offset.to_le_bytes());
+            out.extend_from_slice(&d.asize.to_le_bytes());
+        }
+        out.extend_from_slice(&self.checksum);
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Result<BlockPointer, BpDecodeError> {
+        let short = BpDecodeError::Malformed("too short");
+        let header = b.get(..20).ok_or(short.clone())?;
+        if header[0] != BP_VERSION {
+            return Err(BpDecodeError::Version(header[0]));
+        }
+        let compression = CompressionAlgo::from_code(header[1]).ok_or(BpDecodeError::Malformed("compression"))?;
+        let checksum_algo = ChecksumAlgo::from_code(header[2]).ok_or(BpDecodeError::Malformed("checksum algorithm"))?;
+        let ndva = header[3] as usize;
+        if ndva == 0 || ndva > MAX_DVAS {
+            return Err(BpDecodeError::Malformed("DVA count"));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(a)
+        };
+        if b.len() != 20 + 16 * ndva + 32 {
+            return Err(short);
+        }
+        let dvas = (0..ndva)
+            .map(|i| {
+                let o = 20 + 16 * i;
+                Dva { group: u32_at(o), offset: u64_at(o + 4), asize: u32_at(o + 12) }
+            })
+            .collect();
+        let mut checksum = [0u8; 32];
+        checksum.copy_from_slice(&b[20 + 16 * ndva..]);
+        Ok(BlockPointer { dvas, lsize: u32_at(4), psize: u32_at(8), compression, checksum_algo, checksum, birth: u64_at(12) })
+    }
+}
