@@ -1,0 +1,22 @@
+//! Tables of the metadata store. Keys are fixed-width integers so redb
+//! orders them numerically.
+
+use redb::TableDefinition;
+
+/// Pool-wide records: format version, last committed txg, log replay point...
+pub const POOL_RECORDS: TableDefinition<&str, u64> = TableDefinition::new("pool_records");
+pub const RECORD_FORMAT: &str = "format";
+pub const RECORD_TXG: &str = "txg";
+pub const RECORD_NEXT_DATASET: &str = "next_dataset";
+/// Intent-log sequence number up to which records are contained in the txg.
+pub const RECORD_LOG_APPLIED_SEQ: &str = "log_applied_seq";
+/// Byte position in the log region where the first unapplied record starts.
+pub const RECORD_LOG_REPLAY_POS: &str = "log_replay_pos";
+
+/// Dataset id -> JSON-encoded dataset record (name, kind, properties, space).
+pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets");
+
+/// (dataset id, block index, birth txg) -> encoded block pointer. The birth
+/// in the key keeps older versions addressable for snapshots: the live
+/// version of a block is the entry with the greatest birth.
+pub const BLOCKS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("blocks");
