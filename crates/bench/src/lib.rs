@@ -8,7 +8,9 @@
 //! * [`nbd_client`]: a small blocking NBD client.
 //! * [`svg`]: hand-written SVG charts.
 
+pub mod nbd_client;
 pub mod provision;
 pub mod stats;
 pub mod svg;
+pub mod target;
 pub mod util;
