@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# THE test command: `bash scripts/test.sh [PYTEST ARGS...]`.
+#
+# 1. installs the apt packages the suite needs, only those missing;
+# 2. makes .venv (system site packages, so python3-libnbd's `nbd` module is
+#    importable) and pip-installs pytest into it, only if missing;
+# 3. cargo build --release, cargo test --release --workspace;
+# 4. pytest -q tests/ against target/release/cistern (env CISTERN_BIN).
+#
+# Runs unattended (CI=true, no stdin); exits non-zero on any failure.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k crash -x`).
+# CISTERN_SKIP_CARGO_TEST=1 skips step 3's `cargo test` (the build still runs).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------- apt packages
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv)
+
+installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
+    # On Debian 12 nbdfuse ships inside libnbd-bin (apt resolves the name to it).
+    [[ "$1" == nbdfuse ]] && command -v nbdfuse >/dev/null 2>&1
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    installed "$p" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "installing apt packages: ${missing[*]}"
+    SUDO=()
+    if [[ "$(id -u)" != 0 ]]; then SUDO=(sudo -n); fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${SUDO[@]}" apt-get update -q </dev/null
+    "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+fi
+
+# ---------------------------------------------------------------- python venv
+# python3-libnbd installs into /usr/lib/python3/dist-packages for Debian's
+# /usr/bin/python3, so the venv must be made from exactly that interpreter.
+SYS_PY=/usr/bin/python3
+VENV="$ROOT/.venv"
+venv_ok() {
+    [[ -x "$VENV/bin/python" ]] && grep -qx 'include-system-site-packages = true' "$VENV/pyvenv.cfg" 2>/dev/null &&
+        "$VENV/bin/python" -c 'import nbd' 2>/dev/null
+}
+if ! venv_ok; then
+    log "creating $VENV"
+    rm -rf "$VENV"
+    "$SYS_PY" -m venv --system-site-packages "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import nbd' 2>/dev/null; then
+    echo "error: 'import nbd' fails inside $VENV (is python3-libnbd installed for $SYS_PY?)" >&2
+    "$VENV/bin/python" -c 'import nbd'
+    exit 1
+fi
+PY_PACKAGES=(pytest)
+pip_missing=()
+for m in "${PY_PACKAGES[@]}"; do
+    "$VENV/bin/python" -c "import $m" 2>/dev/null || pip_missing+=("$m")
+done
+if ((${#pip_missing[@]})); then
+    log "pip installing: ${pip_missing[*]}"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pip_missing[@]}" </dev/null
+fi
+
+# ---------------------------------------------------------------- rust
+log "cargo build --release"
+cargo build --release 2>&1
+if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" != 1 ]]; then
+    log "cargo test --release --workspace"
+    cargo test --release --workspace 2>&1
+fi
+
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+export CISTERN_BIN="$TARGET_DIR/release/cistern"
+[[ -x "$CISTERN_BIN" ]] || { echo "error: $CISTERN_BIN was not built" >&2; exit 1; }
+
+# ---------------------------------------------------------------- integration
+log "pytest tests/ (CISTERN_BIN=$CISTERN_BIN)"
+exec "$VENV/bin/python" -m pytest -q -rfEsxX tests/ "$@" </dev/null
