@@ -3,8 +3,76 @@
 //! [`ExportProvider`].
 //!
 //! PUBLIC API CONTRACT (the daemon codes against exactly these items).
+//!
+//! # Serving
+//! [`serve`] (or [`serve_with_config`]) runs the accept loop on a bound
+//! [`tokio::net::TcpListener`], one task per connection, until the
+//! `shutdown` watch value becomes `true` (dropping every sender does *not*
+//! stop the server). It then stops accepting, lets open connections finish
+//! the requests they already sent (up to [`ServerConfig::shutdown_grace`]),
+//! closes them, and returns.
+//!
+//! # Counters
+//! [`stats()`] returns the process-wide [`ServerStats`] (atomic counters:
+//! connections, requests per command, bytes read/written, errors), shared by
+//! every server in the process; export them as Prometheus metrics.
+//!
+//! # Protocol notes
+//! - Fixed newstyle only; `NBD_FLAG_C_NO_ZEROES` honoured. No TLS
+//!   (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`).
+//! - The empty export name `""` opens `provider.open("")` if that exists,
+//!   otherwise the first export of `provider.list()`.
+//! - Meta contexts: `base:allocation` plus [`BlockExport::extra_meta_contexts`].
+//!   `NBD_OPT_LIST_META_CONTEXT`: no query lists all; a query ending in `:`
+//!   (e.g. `base:`, `cistern:`) lists every context with that prefix; other
+//!   queries match exact names. `NBD_OPT_SET_META_CONTEXT` selects exact
+//!   names only; unknown names are ignored. Both need the export to exist.
+//! - Block size constraints advertised: minimum 1, preferred
+//!   [`BlockExport::preferred_block_size`] (rounded to a power of two in
+//!   512..=32 MiB), maximum payload 32 MiB. Larger WRITEs close the
+//!   connection; larger READs get `EOVERFLOW` (structured) or `EINVAL`.
+//! - Errors: out of range -> `EINVAL` (`ENOSPC` for WRITE and
+//!   WRITE_ZEROES), writes on a read-only export -> `EPERM`, unknown
+//!   command or flag -> `EINVAL`. Zero-length requests succeed (after the
+//!   range check) except BLOCK_STATUS, which gets `EINVAL`.
+//! - See `README.md` in this crate for the full list.
 
 use std::sync::Arc;
+
+mod handshake;
+pub mod proto;
+mod server;
+mod stats;
+mod transmission;
+
+#[cfg(test)]
+mod tests;
+
+pub use server::ServerConfig;
+pub use stats::{stats, ServerStats, StatsSnapshot};
+
+/// Serves NBD on `listener` with the default [`ServerConfig`] until
+/// `*shutdown` becomes `true`; see the crate documentation.
+///
+/// Errors from `accept` are logged and retried, so this only returns once
+/// shut down (the `io::Result` is kept for future fatal errors).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    provider: Arc<dyn ExportProvider>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    server::serve_with_config(listener, provider, shutdown, ServerConfig::default()).await
+}
+
+/// [`serve`] with explicit limits and timeouts.
+pub async fn serve_with_config(
+    listener: tokio::net::TcpListener,
+    provider: Arc<dyn ExportProvider>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    config: ServerConfig,
+) -> std::io::Result<()> {
+    server::serve_with_config(listener, provider, shutdown, config).await
+}
 
 /// Why a request failed; mapped to the NBD error codes on the wire.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -52,14 +120,25 @@ pub trait BlockExport: Send + Sync + 'static {
     fn flush(&self) -> Result<(), ExportError>;
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;
     /// `allocate` = NBD_CMD_FLAG_NO_HOLE was set.
-    fn write_zeroes(&self, offset: u64, len: u64, allocate: bool, fua: bool) -> Result<(), ExportError>;
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        allocate: bool,
+        fua: bool,
+    ) -> Result<(), ExportError>;
     /// Meta contexts this export offers besides `base:allocation` (e.g. "cistern:changed:snap1").
     fn extra_meta_contexts(&self) -> Vec<String> {
         Vec::new()
     }
     /// Block status for one meta context name (always called with "base:allocation"
     /// or a name from `extra_meta_contexts`). Extents cover a prefix of the range, in order.
-    fn block_status(&self, context: &str, offset: u64, len: u64) -> Result<Vec<StatusExtent>, ExportError>;
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError>;
 }
 
 /// An export the server lists and opens by name.

@@ -1,0 +1,1141 @@
+//! Protocol tests over a real TCP socket with handcrafted bytes, against an
+//! in-memory [`BlockExport`] test double (protocol layer only; the real
+//! storage is tested elsewhere).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::proto::*;
+use crate::*;
+
+const BS: u64 = 4096;
+const T: Duration = Duration::from_secs(10);
+
+// ------------------------------------------------------------ test double
+
+/// Sparse in-memory export: 4 KiB blocks, a block is allocated once written.
+struct MemExport {
+    data: Mutex<(Vec<u8>, Vec<bool>)>,
+    ro: bool,
+    extra: Vec<String>,
+    flushes: AtomicU64,
+}
+
+impl MemExport {
+    fn new(size: u64, ro: bool) -> Arc<Self> {
+        Self::with_contexts(size, ro, Vec::new())
+    }
+    fn with_contexts(size: u64, ro: bool, extra: Vec<String>) -> Arc<Self> {
+        let blocks = size.div_ceil(BS) as usize;
+        Arc::new(MemExport {
+            data: Mutex::new((vec![0; size as usize], vec![false; blocks])),
+            ro,
+            extra,
+            flushes: AtomicU64::new(0),
+        })
+    }
+    fn fill(&self, off: u64, bytes: &[u8]) {
+        let mut g = self.data.lock().unwrap();
+        g.0[off as usize..off as usize + bytes.len()].copy_from_slice(bytes);
+        for b in off / BS..(off + bytes.len() as u64).div_ceil(BS) {
+            g.1[b as usize] = true;
+        }
+    }
+    fn runs(&self, off: u64, len: u64) -> Vec<(u64, u64, bool)> {
+        let g = self.data.lock().unwrap();
+        let mut out: Vec<(u64, u64, bool)> = Vec::new();
+        let end = off + len;
+        let mut at = off;
+        while at < end {
+            let b = at / BS;
+            let next = ((b + 1) * BS).min(end);
+            let a = g.1[b as usize];
+            match out.last_mut() {
+                Some(l) if l.2 == a => l.1 += next - at,
+                _ => out.push((at, next - at, a)),
+            }
+            at = next;
+        }
+        out
+    }
+}
+
+impl BlockExport for MemExport {
+    fn size(&self) -> u64 {
+        self.data.lock().unwrap().0.len() as u64
+    }
+    fn read_only(&self) -> bool {
+        self.ro
+    }
+    fn preferred_block_size(&self) -> u32 {
+        BS as u32
+    }
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        let runs = self.runs(offset, len);
+        let g = self.data.lock().unwrap();
+        Ok(runs
+            .into_iter()
+            .map(|(o, l, a)| {
+                if a {
+                    ReadChunk::Data(g.0[o as usize..(o + l) as usize].to_vec())
+                } else {
+                    ReadChunk::Hole(l)
+                }
+            })
+            .collect())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        if data == b"EIO!" {
+            return Err(ExportError::Io("injected".into()));
+        }
+        self.fill(offset, data);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
+        let mut g = self.data.lock().unwrap();
+        g.0[offset as usize..(offset + len) as usize].fill(0);
+        for b in offset.div_ceil(BS)..(offset + len) / BS {
+            g.1[b as usize] = false;
+        }
+        Ok(())
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        allocate: bool,
+        fua: bool,
+    ) -> Result<(), ExportError> {
+        if allocate {
+            self.fill(offset, &vec![0; len as usize]);
+            Ok(())
+        } else {
+            self.trim(offset, len, fua)
+        }
+    }
+    fn extra_meta_contexts(&self) -> Vec<String> {
+        self.extra.clone()
+    }
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError> {
+        if context != BASE_ALLOCATION {
+            // Test context: everything "changed" (flag 1).
+            return Ok(vec![StatusExtent { len, flags: 1 }]);
+        }
+        Ok(self
+            .runs(offset, len)
+            .into_iter()
+            .map(|(_, l, a)| StatusExtent {
+                len: l,
+                flags: if a { 0 } else { STATE_HOLE | STATE_ZERO },
+            })
+            .collect())
+    }
+}
+
+struct Provider(Vec<(ExportInfo, Arc<MemExport>)>);
+
+impl ExportProvider for Provider {
+    fn list(&self) -> Vec<ExportInfo> {
+        self.0.iter().map(|(i, _)| i.clone()).collect()
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
+        self.0
+            .iter()
+            .find(|(i, _)| i.name == name)
+            .map(|(_, e)| e.clone() as Arc<dyn BlockExport>)
+    }
+}
+
+// ------------------------------------------------------------------ server
+
+struct Server {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<std::io::Result<()>>,
+    mem: Arc<MemExport>,
+    ro: Arc<MemExport>,
+}
+
+/// Binds in the 10890-10899 experiment range when a port is free there,
+/// else on any loopback port.
+async fn bind() -> TcpListener {
+    for p in 10890..=10899 {
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", p)).await {
+            return l;
+        }
+    }
+    TcpListener::bind("127.0.0.1:0").await.unwrap()
+}
+
+async fn start_with(config: ServerConfig) -> Server {
+    let mem = MemExport::with_contexts(1 << 20, false, vec!["cistern:changed:snap1".into()]);
+    let ro = MemExport::new(64 * 1024, true);
+    ro.fill(0, &[7u8; 4096]);
+    let provider = Arc::new(Provider(vec![
+        (
+            ExportInfo {
+                name: "mem".into(),
+                description: "test volume".into(),
+            },
+            mem.clone(),
+        ),
+        (
+            ExportInfo {
+                name: "ro".into(),
+                description: String::new(),
+            },
+            ro.clone(),
+        ),
+    ]));
+    let l = bind().await;
+    let addr = l.local_addr().unwrap();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(serve_with_config(l, provider, rx, config));
+    Server {
+        addr,
+        stop,
+        task,
+        mem,
+        ro,
+    }
+}
+
+async fn start() -> Server {
+    start_with(ServerConfig::default()).await
+}
+
+impl Server {
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(T, self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+// ------------------------------------------------------------------ client
+
+struct C {
+    s: TcpStream,
+}
+
+impl C {
+    /// Connects and reads the greeting, without answering it.
+    async fn raw(addr: SocketAddr) -> C {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut g = [0u8; 18];
+        tokio::time::timeout(T, s.read_exact(&mut g))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&g[0..8], b"NBDMAGIC");
+        assert_eq!(&g[8..16], b"IHAVEOPT");
+        assert_eq!(
+            u16::from_be_bytes([g[16], g[17]]),
+            FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
+        );
+        C { s }
+    }
+    /// Connects and sends client flags FIXED_NEWSTYLE | NO_ZEROES.
+    async fn new(addr: SocketAddr) -> C {
+        let mut c = C::raw(addr).await;
+        c.put(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+            .await;
+        c
+    }
+    async fn put(&mut self, b: &[u8]) {
+        self.s.write_all(b).await.unwrap();
+    }
+    async fn get(&mut self, n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        tokio::time::timeout(T, self.s.read_exact(&mut b))
+            .await
+            .expect("server hung")
+            .expect("read");
+        b
+    }
+    async fn u16(&mut self) -> u16 {
+        let b = self.get(2).await;
+        u16::from_be_bytes([b[0], b[1]])
+    }
+    async fn u32(&mut self) -> u32 {
+        let b = self.get(4).await;
+        u32::from_be_bytes(b.try_into().unwrap())
+    }
+    async fn u64(&mut self) -> u64 {
+        let b = self.get(8).await;
+        u64::from_be_bytes(b.try_into().unwrap())
+    }
+    /// The server closed the connection (EOF or reset) without sending more.
+    async fn closed(&mut self) {
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(T, self.s.read(&mut b))
+            .await
+            .expect("server did not close")
+        {
+            Ok(0) | Err(_) => {}
+            Ok(_) => panic!("unexpected data instead of close: {:#x}", b[0]),
+        }
+    }
+
+    async fn opt(&mut self, opt: u32, data: &[u8]) {
+        let mut b = Vec::new();
+        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        b.extend_from_slice(&opt.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.put(&b).await;
+    }
+    /// One option reply: (type, data); checks magic and option echo.
+    async fn rep(&mut self, opt: u32) -> (u32, Vec<u8>) {
+        assert_eq!(self.u64().await, OPT_REPLY_MAGIC);
+        assert_eq!(self.u32().await, opt);
+        let ty = self.u32().await;
+        let len = self.u32().await as usize;
+        (ty, self.get(len).await)
+    }
+    /// Replies up to the final one (ACK or error): (infos/servers/contexts, final type).
+    async fn reps(&mut self, opt: u32) -> (Vec<(u32, Vec<u8>)>, u32) {
+        let mut v = Vec::new();
+        loop {
+            let (ty, d) = self.rep(opt).await;
+            if ty == REP_ACK || ty & (1 << 31) != 0 {
+                return (v, ty);
+            }
+            v.push((ty, d));
+        }
+    }
+    async fn structured(&mut self) {
+        self.opt(OPT_STRUCTURED_REPLY, &[]).await;
+        assert_eq!(self.rep(OPT_STRUCTURED_REPLY).await.0, REP_ACK);
+    }
+    /// SET_META_CONTEXT; returns (id, name) pairs.
+    async fn set_meta(&mut self, export: &str, queries: &[&str]) -> Vec<(u32, String)> {
+        let (v, fin) = self.meta(OPT_SET_META_CONTEXT, export, queries).await;
+        assert_eq!(fin, REP_ACK);
+        v
+    }
+    async fn meta(
+        &mut self,
+        opt: u32,
+        export: &str,
+        queries: &[&str],
+    ) -> (Vec<(u32, String)>, u32) {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        d.extend_from_slice(export.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        self.opt(opt, &d).await;
+        let (v, fin) = self.reps(opt).await;
+        let v = v
+            .into_iter()
+            .map(|(ty, d)| {
+                assert_eq!(ty, REP_META_CONTEXT);
+                (
+                    u32::from_be_bytes(d[0..4].try_into().unwrap()),
+                    String::from_utf8(d[4..].to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        (v, fin)
+    }
+    fn info_data(name: &str, reqs: &[u16]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(reqs.len() as u16).to_be_bytes());
+        for r in reqs {
+            d.extend_from_slice(&r.to_be_bytes());
+        }
+        d
+    }
+    /// NBD_OPT_GO; returns (size, transmission flags).
+    async fn go(&mut self, name: &str) -> (u64, u16) {
+        self.opt(OPT_GO, &Self::info_data(name, &[INFO_BLOCK_SIZE]))
+            .await;
+        let (infos, fin) = self.reps(OPT_GO).await;
+        assert_eq!(fin, REP_ACK, "GO {name:?} failed");
+        let e = infos
+            .iter()
+            .find(|(_, d)| u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT)
+            .expect("NBD_INFO_EXPORT");
+        (
+            u64::from_be_bytes(e.1[2..10].try_into().unwrap()),
+            u16::from_be_bytes([e.1[10], e.1[11]]),
+        )
+    }
+    /// Full handshake to transmission.
+    async fn session(addr: SocketAddr, name: &str, structured: bool) -> C {
+        let mut c = C::new(addr).await;
+        if structured {
+            c.structured().await;
+            c.set_meta(name, &["base:allocation"]).await;
+        }
+        c.go(name).await;
+        c
+    }
+
+    async fn req(&mut self, flags: u16, cmd: u16, handle: u64, off: u64, len: u32, payload: &[u8]) {
+        let mut b = Vec::with_capacity(28 + payload.len());
+        b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(&cmd.to_be_bytes());
+        b.extend_from_slice(&handle.to_be_bytes());
+        b.extend_from_slice(&off.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(payload);
+        self.put(&b).await;
+    }
+    /// A simple reply header: (error, handle).
+    async fn simple(&mut self) -> (u32, u64) {
+        assert_eq!(self.u32().await, SIMPLE_REPLY_MAGIC);
+        (self.u32().await, self.u64().await)
+    }
+    /// Any reply message: Simple(error) or a structured chunk.
+    async fn msg(&mut self) -> Msg {
+        match self.u32().await {
+            SIMPLE_REPLY_MAGIC => {
+                let e = self.u32().await;
+                Msg::Simple {
+                    error: e,
+                    _handle: self.u64().await,
+                }
+            }
+            STRUCTURED_REPLY_MAGIC => {
+                let flags = self.u16().await;
+                let ty = self.u16().await;
+                let handle = self.u64().await;
+                let len = self.u32().await as usize;
+                Msg::Chunk {
+                    flags,
+                    ty,
+                    handle,
+                    data: self.get(len).await,
+                }
+            }
+            m => panic!("bad reply magic {m:#x}"),
+        }
+    }
+    /// All chunks of one structured reply (up to DONE).
+    async fn chunks(&mut self) -> Vec<(u16, u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        loop {
+            match self.msg().await {
+                Msg::Chunk {
+                    flags,
+                    ty,
+                    handle,
+                    data,
+                } => {
+                    v.push((ty, handle, data));
+                    if flags & REPLY_FLAG_DONE != 0 {
+                        return v;
+                    }
+                }
+                Msg::Simple { .. } => panic!("simple reply inside a structured reply"),
+            }
+        }
+    }
+    /// Error value of a structured error chunk or simple reply.
+    async fn error(&mut self) -> u32 {
+        match self.msg().await {
+            Msg::Simple { error, .. } => error,
+            Msg::Chunk {
+                flags, ty, data, ..
+            } => {
+                assert_ne!(flags & REPLY_FLAG_DONE, 0);
+                assert!(
+                    ty == REPLY_TYPE_ERROR || ty == REPLY_TYPE_ERROR_OFFSET,
+                    "type {ty}"
+                );
+                let mlen = u16::from_be_bytes([data[4], data[5]]) as usize;
+                assert!(std::str::from_utf8(&data[6..6 + mlen]).is_ok());
+                u32::from_be_bytes(data[0..4].try_into().unwrap())
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Msg {
+    Simple {
+        error: u32,
+        _handle: u64,
+    },
+    Chunk {
+        flags: u16,
+        ty: u16,
+        handle: u64,
+        data: Vec<u8>,
+    },
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+// ------------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn bad_client_flags_close() {
+    let srv = start().await;
+    let mut c = C::raw(srv.addr).await;
+    c.put(&0x8000_0000u32.to_be_bytes()).await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_option_magic_closes() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    let mut b = Vec::new();
+    b.extend_from_slice(b"IHAVEOPX");
+    b.extend_from_slice(&OPT_LIST.to_be_bytes());
+    b.extend_from_slice(&0u32.to_be_bytes());
+    c.put(&b).await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_option_and_starttls_are_refused_then_go_works() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    c.opt(0x1234, b"junk").await;
+    assert_eq!(c.rep(0x1234).await.0, REP_ERR_UNSUP);
+    c.opt(OPT_EXTENDED_HEADERS, &[]).await;
+    assert_eq!(c.rep(OPT_EXTENDED_HEADERS).await.0, REP_ERR_UNSUP);
+    c.opt(OPT_STARTTLS, &[]).await;
+    assert_eq!(c.rep(OPT_STARTTLS).await.0, REP_ERR_POLICY);
+    let (size, flags) = c.go("mem").await;
+    assert_eq!(size, 1 << 20);
+    assert_ne!(flags & FLAG_HAS_FLAGS, 0);
+    assert_eq!(flags & FLAG_READ_ONLY, 0);
+    for f in [
+        FLAG_SEND_FLUSH,
+        FLAG_SEND_FUA,
+        FLAG_SEND_TRIM,
+        FLAG_SEND_WRITE_ZEROES,
+        FLAG_CAN_MULTI_CONN,
+    ] {
+        assert_ne!(flags & f, 0);
+    }
+    assert_eq!(flags & FLAG_SEND_DF, 0, "DF without structured replies");
+    c.req(0, CMD_DISC, 1, 0, 0, &[]).await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn oversize_options() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    // Over the limit but small enough to skip: refused, session goes on.
+    c.opt(OPT_GO, &vec![0u8; 100 * 1024]).await;
+    assert_eq!(c.rep(OPT_GO).await.0, REP_ERR_TOO_BIG);
+    c.go("mem").await;
+    drop(c);
+    // Too large to skip: refused and dropped.
+    let mut c = C::new(srv.addr).await;
+    let mut b = Vec::new();
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&OPT_INFO.to_be_bytes());
+    b.extend_from_slice(&u32::MAX.to_be_bytes());
+    c.put(&b).await;
+    assert_eq!(c.rep(OPT_INFO).await.0, REP_ERR_TOO_BIG);
+    c.closed().await;
+    // A huge export name cannot be answered: dropped.
+    let mut c = C::new(srv.addr).await;
+    let mut b = Vec::new();
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    b.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    c.put(&b).await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn truncated_option_closes() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    let mut b = Vec::new();
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&OPT_GO.to_be_bytes());
+    b.extend_from_slice(&100u32.to_be_bytes());
+    b.extend_from_slice(&[0u8; 10]);
+    c.put(&b).await;
+    c.s.shutdown().await.unwrap();
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn list_info_and_default_export() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    c.opt(OPT_LIST, &[]).await;
+    let (servers, fin) = c.reps(OPT_LIST).await;
+    assert_eq!(fin, REP_ACK);
+    let names: Vec<(String, String)> = servers
+        .iter()
+        .map(|(ty, d)| {
+            assert_eq!(*ty, REP_SERVER);
+            let n = u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize;
+            (
+                String::from_utf8(d[4..4 + n].to_vec()).unwrap(),
+                String::from_utf8(d[4 + n..].to_vec()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("mem".into(), "test volume".into()),
+            ("ro".into(), String::new())
+        ]
+    );
+    c.opt(OPT_LIST, b"x").await;
+    assert_eq!(c.rep(OPT_LIST).await.0, REP_ERR_INVALID);
+
+    // Unknown export.
+    c.opt(OPT_INFO, &C::info_data("nope", &[])).await;
+    let (infos, fin) = c.reps(OPT_INFO).await;
+    assert!(infos.is_empty());
+    assert_eq!(fin, REP_ERR_UNKNOWN);
+    // Malformed INFO (name length beyond the data).
+    let mut bad = C::info_data("mem", &[]);
+    bad[3] = 200;
+    c.opt(OPT_INFO, &bad).await;
+    assert_eq!(c.rep(OPT_INFO).await.0, REP_ERR_INVALID);
+
+    // Default export "" is the first listed, with its canonical name.
+    c.opt(
+        OPT_INFO,
+        &C::info_data("", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
+    )
+    .await;
+    let (infos, fin) = c.reps(OPT_INFO).await;
+    assert_eq!(fin, REP_ACK);
+    let get = |t: u16| {
+        infos
+            .iter()
+            .find(|(_, d)| u16::from_be_bytes([d[0], d[1]]) == t)
+            .map(|(_, d)| d[2..].to_vec())
+    };
+    assert_eq!(get(INFO_NAME).unwrap(), b"mem");
+    assert_eq!(get(INFO_DESCRIPTION).unwrap(), b"test volume");
+    let bs = get(INFO_BLOCK_SIZE).unwrap();
+    let w = |i: usize| u32::from_be_bytes(bs[i..i + 4].try_into().unwrap());
+    assert_eq!((w(0), w(4), w(8)), (1, 4096, 32 << 20));
+    assert_eq!(
+        u64::from_be_bytes(get(INFO_EXPORT).unwrap()[0..8].try_into().unwrap()),
+        1 << 20
+    );
+
+    // Read-only export flags.
+    let (_, flags) = c.go("ro").await;
+    assert_ne!(flags & FLAG_READ_ONLY, 0);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn export_name_and_no_zeroes() {
+    let srv = start().await;
+    for no_zeroes in [true, false] {
+        let mut c = C::raw(srv.addr).await;
+        let f = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
+        c.put(&f.to_be_bytes()).await;
+        c.opt(OPT_EXPORT_NAME, b"mem").await;
+        assert_eq!(c.u64().await, 1 << 20);
+        let _flags = c.u16().await;
+        if !no_zeroes {
+            assert_eq!(c.get(124).await, vec![0u8; 124]);
+        }
+        // Transmission works right after.
+        c.req(0, CMD_FLUSH, 9, 0, 0, &[]).await;
+        assert_eq!(c.simple().await, (0, 9));
+    }
+    // Unknown export via EXPORT_NAME: no way to say no but to hang up.
+    let mut c = C::new(srv.addr).await;
+    c.opt(OPT_EXPORT_NAME, b"nope").await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn abort_is_acked() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    c.opt(OPT_ABORT, &[]).await;
+    assert_eq!(c.rep(OPT_ABORT).await.0, REP_ACK);
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn out_of_range_read() {
+    let srv = start().await;
+    // Simple replies: EINVAL, no payload, connection still usable.
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, CMD_READ, 1, (1 << 20) - 512, 1024, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 1));
+    c.req(0, CMD_READ, 2, u64::MAX - 10, 512, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 2));
+    c.req(0, CMD_READ, 3, 0, 512, &[]).await;
+    assert_eq!(c.simple().await, (0, 3));
+    assert_eq!(c.get(512).await, vec![0u8; 512]);
+    // Structured: an error chunk.
+    let mut c = C::session(srv.addr, "mem", true).await;
+    c.req(0, CMD_READ, 4, 1 << 20, 1, &[]).await;
+    assert_eq!(c.error().await, EINVAL);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn writes_on_read_only_export() {
+    let srv = start().await;
+    let mut c = C::session(srv.addr, "ro", false).await;
+    c.req(0, CMD_WRITE, 1, 0, 4, b"abcd").await;
+    assert_eq!(c.simple().await, (EPERM, 1));
+    c.req(0, CMD_TRIM, 2, 0, 4096, &[]).await;
+    assert_eq!(c.simple().await, (EPERM, 2));
+    c.req(0, CMD_WRITE_ZEROES, 3, 0, 4096, &[]).await;
+    assert_eq!(c.simple().await, (EPERM, 3));
+    // Reads still work and the data is untouched.
+    c.req(0, CMD_READ, 4, 0, 8, &[]).await;
+    assert_eq!(c.simple().await, (0, 4));
+    assert_eq!(c.get(8).await, vec![7u8; 8]);
+    assert_eq!(
+        srv.ro.read(0, 4).unwrap(),
+        vec![ReadChunk::Data(vec![7; 4])]
+    );
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_command_and_flags() {
+    let srv = start().await;
+    let before = stats().snapshot();
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, 42, 1, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 1));
+    // Unknown flag on a WRITE: the payload is still consumed, nothing written.
+    c.req(1 << 9, CMD_WRITE, 2, 0, 4, b"abcd").await;
+    assert_eq!(c.simple().await, (EINVAL, 2));
+    // DF without structured replies is not valid.
+    c.req(CMD_FLAG_DF, CMD_READ, 3, 0, 4, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 3));
+    // REQ_ONE is only for BLOCK_STATUS.
+    c.req(CMD_FLAG_REQ_ONE, CMD_FLUSH, 4, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 4));
+    // BLOCK_STATUS without negotiated contexts.
+    c.req(0, CMD_BLOCK_STATUS, 5, 0, 4096, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 5));
+    // FUA is fine everywhere.
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 6, 0, 4, b"wxyz").await;
+    assert_eq!(c.simple().await, (0, 6));
+    assert_eq!(
+        srv.mem.read(0, 4).unwrap(),
+        vec![ReadChunk::Data(b"wxyz".to_vec())]
+    );
+    let after = stats().snapshot();
+    assert!(after.requests_unknown > before.requests_unknown);
+    assert!(after.errors >= before.errors + 5);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn truncated_request_closes() {
+    let srv = start().await;
+    // Half a header, then EOF.
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.put(&REQUEST_MAGIC.to_be_bytes()).await;
+    c.put(&[0u8; 6]).await;
+    c.s.shutdown().await.unwrap();
+    c.closed().await;
+    // A WRITE header promising more payload than arrives.
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, CMD_WRITE, 1, 0, 4096, &[1u8; 100]).await;
+    c.s.shutdown().await.unwrap();
+    c.closed().await;
+    assert_eq!(
+        srv.mem.read(0, 100).unwrap(),
+        vec![ReadChunk::Hole(100)],
+        "partial write applied"
+    );
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn bad_request_magic_closes() {
+    let srv = start().await;
+    let mut c = C::session(srv.addr, "mem", false).await;
+    let mut b = [0u8; 28];
+    b[0..4].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    c.put(&b).await;
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn oversize_requests() {
+    let srv = start().await;
+    // READ over 32 MiB: EOVERFLOW with structured replies, EINVAL without.
+    let mut c = C::session(srv.addr, "mem", true).await;
+    c.req(0, CMD_READ, 1, 0, MAX_PAYLOAD + 1, &[]).await;
+    assert_eq!(c.error().await, EOVERFLOW);
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, CMD_READ, 2, 0, MAX_PAYLOAD + 1, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 2));
+    // WRITE over 32 MiB: error, then hard disconnect (payload can't be skipped).
+    c.req(0, CMD_WRITE, 3, 0, u32::MAX, &[0u8; 64]).await;
+    assert_eq!(c.simple().await, (EINVAL, 3));
+    c.closed().await;
+    // TRIM larger than the maximum payload is fine (no payload) if in range.
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, CMD_TRIM, 4, 0, 1 << 20, &[]).await;
+    assert_eq!(c.simple().await, (0, 4));
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn structured_reads_holes_and_df() {
+    let srv = start().await;
+    let data = pattern(4096, 3);
+    srv.mem.fill(8192, &data);
+    let mut c = C::session(srv.addr, "mem", true).await;
+    // [0,8192) hole, [8192,12288) data, [12288,16384) hole.
+    c.req(0, CMD_READ, 1, 0, 16384, &[]).await;
+    let ch = c.chunks().await;
+    assert_eq!(ch.len(), 3);
+    assert!(ch.iter().all(|(_, h, _)| *h == 1));
+    let off = |d: &[u8]| u64::from_be_bytes(d[0..8].try_into().unwrap());
+    assert_eq!(ch[0].0, REPLY_TYPE_OFFSET_HOLE);
+    assert_eq!(
+        (
+            off(&ch[0].2),
+            u32::from_be_bytes(ch[0].2[8..12].try_into().unwrap())
+        ),
+        (0, 8192)
+    );
+    assert_eq!(ch[1].0, REPLY_TYPE_OFFSET_DATA);
+    assert_eq!(off(&ch[1].2), 8192);
+    assert_eq!(&ch[1].2[8..], &data[..]);
+    assert_eq!(ch[2].0, REPLY_TYPE_OFFSET_HOLE);
+    assert_eq!(off(&ch[2].2), 12288);
+    // DF: one data chunk with the holes as zeros.
+    c.req(CMD_FLAG_DF, CMD_READ, 2, 4096, 12288, &[]).await;
+    let ch = c.chunks().await;
+    assert_eq!(ch.len(), 1);
+    assert_eq!(ch[0].0, REPLY_TYPE_OFFSET_DATA);
+    assert_eq!(off(&ch[0].2), 4096);
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(&data);
+    want.extend_from_slice(&[0u8; 4096]);
+    assert_eq!(&ch[0].2[8..], &want[..]);
+    // Simple replies expand holes.
+    let mut s = C::session(srv.addr, "mem", false).await;
+    s.req(0, CMD_READ, 3, 4096, 12288, &[]).await;
+    assert_eq!(s.simple().await, (0, 3));
+    assert_eq!(s.get(12288).await, want);
+    // Zero-length read: a lone NONE chunk.
+    c.req(0, CMD_READ, 4, 0, 0, &[]).await;
+    let ch = c.chunks().await;
+    assert_eq!((ch.len(), ch[0].0), (1, REPLY_TYPE_NONE));
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn export_errors_are_reported() {
+    let srv = start().await;
+    let mut c = C::session(srv.addr, "mem", true).await;
+    c.req(0, CMD_WRITE, 1, 4096, 4, b"EIO!").await;
+    match c.msg().await {
+        Msg::Chunk {
+            ty, data, flags, ..
+        } => {
+            assert_eq!(ty, REPLY_TYPE_ERROR_OFFSET);
+            assert_ne!(flags & REPLY_FLAG_DONE, 0);
+            assert_eq!(u32::from_be_bytes(data[0..4].try_into().unwrap()), EIO);
+            let mlen = u16::from_be_bytes([data[4], data[5]]) as usize;
+            assert!(String::from_utf8_lossy(&data[6..6 + mlen]).contains("injected"));
+            assert_eq!(
+                u64::from_be_bytes(data[6 + mlen..].try_into().unwrap()),
+                4096
+            );
+        }
+        m => panic!("{m:?}"),
+    }
+    // Writes beyond the end: ENOSPC.
+    c.req(0, CMD_WRITE, 2, 1 << 20, 4, b"abcd").await;
+    assert_eq!(c.error().await, ENOSPC);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn meta_contexts_and_block_status() {
+    let srv = start().await;
+    srv.mem.fill(0, &[1u8; 8192]);
+    let mut c = C::new(srv.addr).await;
+    // SET before structured replies: invalid.
+    c.opt(OPT_SET_META_CONTEXT, &[0u8; 8]).await;
+    assert_eq!(c.rep(OPT_SET_META_CONTEXT).await.0, REP_ERR_INVALID);
+    c.structured().await;
+    let names = |v: Vec<(u32, String)>| v.into_iter().map(|x| x.1).collect::<Vec<_>>();
+    // LIST: no query = all; "base:" = base namespace; unknown ignored.
+    let (v, fin) = c.meta(OPT_LIST_META_CONTEXT, "mem", &[]).await;
+    assert_eq!(fin, REP_ACK);
+    assert_eq!(
+        names(v),
+        vec![BASE_ALLOCATION.to_string(), "cistern:changed:snap1".into()]
+    );
+    let (v, _) = c.meta(OPT_LIST_META_CONTEXT, "mem", &["base:"]).await;
+    assert_eq!(names(v), vec![BASE_ALLOCATION.to_string()]);
+    let (v, fin) = c
+        .meta(OPT_LIST_META_CONTEXT, "mem", &["qemu:dirty-bitmap:x"])
+        .await;
+    assert!(v.is_empty() && fin == REP_ACK);
+    let (_, fin) = c.meta(OPT_LIST_META_CONTEXT, "nope", &[]).await;
+    assert_eq!(fin, REP_ERR_UNKNOWN);
+    let (_, fin) = c.meta(OPT_LIST_META_CONTEXT, "mem", &["nocolon"]).await;
+    assert_eq!(fin, REP_ERR_INVALID);
+    // SET: "base:" alone selects nothing, exact names select.
+    assert!(c.set_meta("mem", &["base:"]).await.is_empty());
+    assert!(c.set_meta("mem", &[]).await.is_empty());
+    let sel = c
+        .set_meta(
+            "mem",
+            &["base:allocation", "cistern:changed:snap1", "x-foo:bar"],
+        )
+        .await;
+    assert_eq!(sel.len(), 2);
+    let ids: Vec<u32> = sel.iter().map(|x| x.0).collect();
+    assert_ne!(ids[0], ids[1]);
+    let (_, flags) = c.go("mem").await;
+    assert_ne!(flags & FLAG_SEND_DF, 0);
+
+    c.req(0, CMD_BLOCK_STATUS, 7, 0, 16384, &[]).await;
+    let ch = c.chunks().await;
+    assert_eq!(ch.len(), 2);
+    let mut by_id = std::collections::HashMap::new();
+    for (ty, h, d) in ch {
+        assert_eq!((ty, h), (REPLY_TYPE_BLOCK_STATUS, 7));
+        let id = u32::from_be_bytes(d[0..4].try_into().unwrap());
+        let ext: Vec<(u32, u32)> = d[4..]
+            .chunks(8)
+            .map(|e| {
+                (
+                    u32::from_be_bytes(e[0..4].try_into().unwrap()),
+                    u32::from_be_bytes(e[4..8].try_into().unwrap()),
+                )
+            })
+            .collect();
+        by_id.insert(id, ext);
+    }
+    let base_id = sel.iter().find(|x| x.1 == BASE_ALLOCATION).unwrap().0;
+    let other_id = sel.iter().find(|x| x.1 != BASE_ALLOCATION).unwrap().0;
+    assert_eq!(
+        by_id[&base_id],
+        vec![(8192, 0), (8192, STATE_HOLE | STATE_ZERO)]
+    );
+    assert_eq!(by_id[&other_id], vec![(16384, 1)]);
+    // REQ_ONE: one extent per context.
+    c.req(CMD_FLAG_REQ_ONE, CMD_BLOCK_STATUS, 8, 0, 16384, &[])
+        .await;
+    for (_, _, d) in c.chunks().await {
+        assert_eq!(d.len(), 12);
+    }
+    // Out of range and zero length: EINVAL.
+    c.req(0, CMD_BLOCK_STATUS, 9, (1 << 20) - 512, 1024, &[])
+        .await;
+    assert_eq!(c.error().await, EINVAL);
+    c.req(0, CMD_BLOCK_STATUS, 10, 0, 0, &[]).await;
+    assert_eq!(c.error().await, EINVAL);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn contexts_for_another_export_are_dropped() {
+    let srv = start().await;
+    let mut c = C::new(srv.addr).await;
+    c.structured().await;
+    assert_eq!(c.set_meta("ro", &["base:allocation"]).await.len(), 1);
+    c.go("mem").await;
+    c.req(0, CMD_BLOCK_STATUS, 1, 0, 4096, &[]).await;
+    assert_eq!(c.error().await, EINVAL);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn trim_zero_cache_flush() {
+    let srv = start().await;
+    srv.mem.fill(0, &[9u8; 16384]);
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(CMD_FLAG_FUA, CMD_TRIM, 1, 4096, 4096, &[]).await;
+    assert_eq!(c.simple().await, (0, 1));
+    c.req(
+        CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_WRITE_ZEROES,
+        2,
+        8192,
+        100,
+        &[],
+    )
+    .await;
+    assert_eq!(c.simple().await, (0, 2));
+    c.req(0, CMD_CACHE, 3, 0, 16384, &[]).await;
+    assert_eq!(c.simple().await, (0, 3));
+    c.req(0, CMD_CACHE, 4, 0, (1 << 20) + 1, &[]).await;
+    assert_eq!(c.simple().await, (EINVAL, 4));
+    let flushes = srv.mem.flushes.load(Ordering::Relaxed);
+    c.req(0, CMD_FLUSH, 5, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 5));
+    assert_eq!(srv.mem.flushes.load(Ordering::Relaxed), flushes + 1);
+    // Zero-length commands succeed.
+    for (i, cmd) in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES, CMD_READ]
+        .into_iter()
+        .enumerate()
+    {
+        c.req(0, cmd, 10 + i as u64, 0, 0, &[]).await;
+        assert_eq!(c.simple().await, (0, 10 + i as u64));
+    }
+    c.req(0, CMD_READ, 20, 0, 16384, &[]).await;
+    assert_eq!(c.simple().await, (0, 20));
+    let got = c.get(16384).await;
+    assert_eq!(&got[..4096], &[9u8; 4096][..]);
+    assert_eq!(&got[4096..8192], &[0u8; 4096][..]);
+    assert_eq!(&got[8192..8292], &[0u8; 100][..]);
+    assert_eq!(&got[8292..], &[9u8; 16384 - 8292][..]);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_and_graceful_disc() {
+    let cfg = ServerConfig {
+        max_in_flight: 8,
+        ..ServerConfig::default()
+    };
+    let srv = start_with(cfg).await;
+    let mut c = C::session(srv.addr, "mem", true).await;
+    let n = 200u64;
+    // All writes sent back to back (more than the in-flight limit), and DISC
+    // right after: every one must still be answered.
+    let mut buf = Vec::new();
+    for i in 0..n {
+        let mut b = Vec::new();
+        b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&CMD_WRITE.to_be_bytes());
+        b.extend_from_slice(&i.to_be_bytes());
+        b.extend_from_slice(&(i * 4096).to_be_bytes());
+        b.extend_from_slice(&4096u32.to_be_bytes());
+        b.extend_from_slice(&pattern(4096, i as u8));
+        buf.extend_from_slice(&b);
+    }
+    let (mut rd, mut wr) = c.s.into_split();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&buf).await.unwrap();
+        wr
+    });
+    let mut seen = vec![false; n as usize];
+    for _ in 0..n {
+        let mut h = [0u8; 16];
+        tokio::time::timeout(T, rd.read_exact(&mut h))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            u32::from_be_bytes(h[0..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(u32::from_be_bytes(h[4..8].try_into().unwrap()), 0);
+        let handle = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        assert!(!seen[handle as usize]);
+        seen[handle as usize] = true;
+    }
+    let wr = writer.await.unwrap();
+    c = C {
+        s: rd.reunite(wr).unwrap(),
+    };
+    // Reads of everything, pipelined, then DISC.
+    for i in 0..n {
+        c.req(0, CMD_READ, 1000 + i, i * 4096, 4096, &[]).await;
+    }
+    c.req(0, CMD_DISC, 9999, 0, 0, &[]).await;
+    for _ in 0..n {
+        let ch = c.chunks().await;
+        assert_eq!(ch.len(), 1);
+        let i = ch[0].1 - 1000;
+        assert_eq!(&ch[0].2[8..], &pattern(4096, i as u8)[..]);
+    }
+    c.closed().await;
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_sessions_and_returns() {
+    let srv = start().await;
+    let mut a = C::session(srv.addr, "mem", false).await;
+    let mut b = C::new(srv.addr).await; // still in the handshake
+    let addr = srv.addr;
+    srv.stop().await;
+    a.closed().await;
+    b.closed().await;
+    // No longer accepting.
+    assert!(TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn connection_limit() {
+    let srv = start_with(ServerConfig {
+        max_connections: 1,
+        ..ServerConfig::default()
+    })
+    .await;
+    let _a = C::session(srv.addr, "mem", false).await;
+    let mut s = TcpStream::connect(srv.addr).await.unwrap();
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(T, s.read(&mut b)).await.unwrap() {
+        Ok(0) | Err(_) => {}
+        Ok(_) => panic!("second connection was served"),
+    }
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn handshake_timeout() {
+    let cfg = ServerConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
+    let srv = start_with(cfg).await;
+    let mut c = C::new(srv.addr).await;
+    c.closed().await;
+    srv.stop().await;
+}
