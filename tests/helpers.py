@@ -68,15 +68,21 @@ def connect(uri: str, *, strict: bool = True) -> nbd.NBD:
     return h
 
 
+def close(h: nbd.NBD):
+    """Disconnects politely; frees the handle (libnbd < 1.16 has no close())."""
+    with contextlib.suppress(nbd.Error):
+        h.shutdown()
+    if hasattr(h, "close"):
+        h.close()
+
+
 @contextlib.contextmanager
 def connected(uri: str, **kw):
     h = connect(uri, **kw)
     try:
         yield h
     finally:
-        with contextlib.suppress(nbd.Error):
-            h.shutdown()
-        h.close()
+        close(h)
 
 
 def allocation_map(h: nbd.NBD, offset: int, length: int) -> list[tuple[int, int, int]]:

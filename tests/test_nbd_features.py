@@ -12,7 +12,7 @@ import subprocess
 import nbd
 import pytest
 
-from helpers import MiB, KiB, allocation_map, flags_at, nbdinfo_json, pattern
+from helpers import MiB, KiB, allocation_map, close, flags_at, nbdinfo_json, pattern
 
 HOLE = nbd.STATE_HOLE
 ZERO = nbd.STATE_ZERO
@@ -297,7 +297,7 @@ def test_multi_conn_flush_covers_other_connections(volume):
         hs[3].flush()  # covers the writes of connections 0..2 too
     finally:
         for h in hs:
-            h.close()
+            close(h)
     d.kill9()
     d.start()
     with volume.connected() as h:
