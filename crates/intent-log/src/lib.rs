@@ -1,1 +1,410 @@
-//! intent-log
+//! The intent log: a circular, checksummed record stream in the pool's
+//! mirrored log region, with group commit.
+//!
+//! Record (little endian): `"CZIL" | u8 kind | 3 pad | u64 seq | u64 dataset |
+//! u64 offset | u64 length | u32 payload length | 4 pad | [u8;32] blake3 of
+//! (pool guid, header bytes 0..48, payload) | payload`. A JUMP record says the
+//! next record is at position `offset` with sequence number `length` (used
+//! where the region wraps, and where records went to a txg unwritten).
+//! Sequence numbers only grow, so a stale record from an earlier lap never
+//! has the number replay expects.
+
+use parking_lot::{Condvar, Mutex};
+use pool::{MirroredRegion, PoolError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MAGIC: &[u8; 4] = b"CZIL";
+pub const HEADER: usize = 80;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("intent log: {0}")]
+    Pool(#[from] PoolError),
+    #[error("intent log record of {0} bytes does not fit the log region")]
+    TooLarge(usize),
+    #[error("intent log is closed")]
+    Closed,
+    #[error("intent log failed earlier: {0}")]
+    Failed(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// `payload` written at `offset`.
+    Write = 1,
+    /// `length` bytes at `offset` deallocated (read as zeros).
+    Trim = 2,
+    /// `length` bytes at `offset` zeroed but kept allocated.
+    ZeroAllocated = 3,
+    Jump = 4,
+}
+
+impl RecordKind {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => RecordKind::Write,
+            2 => RecordKind::Trim,
+            3 => RecordKind::ZeroAllocated,
+            4 => RecordKind::Jump,
+            _ => return None,
+        })
+    }
+}
+
+/// One logged operation on a dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    pub seq: u64,
+    pub kind: RecordKind,
+    pub dataset: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub payload: Vec<u8>,
+}
+
+fn checksum(guid: u64, header: &[u8], payload: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&guid.to_le_bytes());
+    h.update(&header[..48]);
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn encode(guid: u64, kind: RecordKind, seq: u64, dataset: u64, offset: u64, length: u64, payload: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[kind as u8, 0, 0, 0]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&dataset.to_le_bytes());
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&length.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    let sum = checksum(guid, &out[start..start + 48], payload);
+    out.extend_from_slice(&sum);
+    out.extend_from_slice(payload);
+}
+
+/// Parses a header; `None` unless magic, kind and sequence are as expected.
+fn parse_header(b: &[u8], expect_seq: u64) -> Option<(RecordKind, u64, u64, u64, usize)> {
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+    if &b[..4] != MAGIC || u64_at(8) != expect_seq {
+        return None;
+    }
+    let kind = RecordKind::from_u8(b[4])?;
+    let payload_len = u32::from_le_bytes(b[40..44].try_into().ok()?) as usize;
+    Some((kind, u64_at(16), u64_at(24), u64_at(32), payload_len))
+}
+
+struct Pending {
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+struct State {
+    next_seq: u64,
+    /// Records appended but not yet written, in sequence order.
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    /// Every record with seq < durable_seq is written and synced, or in a committed txg.
+    durable_seq: u64,
+    /// Records with seq < applied_seq are in a committed txg.
+    applied_seq: u64,
+    writer_active: bool,
+    /// Where the next record goes, and the sequence number replay expects there.
+    write_pos: u64,
+    next_disk_seq: u64,
+    /// Where replay of the last committed txg starts: nothing from here to
+    /// `write_pos` may be overwritten.
+    replay_start: u64,
+    closed: bool,
+    failed: Option<String>,
+}
+
+/// Where replay must start if the pool crashes after the txg that takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Records with seq < applied_seq are contained in the txg.
+    pub applied_seq: u64,
+    pub replay_pos: u64,
+    /// The sequence number replay expects at `replay_pos`.
+    pub expect_seq: u64,
+}
+
+#[derive(Default)]
+pub struct Stats {
+    pub commits: AtomicU64,
+    pub records: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+pub struct IntentLog {
+    region: MirroredRegion,
+    pool_guid: u64,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Asks the txg machinery for a commit (the log is full).
+    request_txg: Box<dyn Fn() + Send + Sync>,
+    stats: Stats,
+}
+
+impl IntentLog {
+    /// Opens the log and returns every record at or after `cp.applied_seq`,
+    /// in order. The caller applies them and commits a txg.
+    pub fn open(
+        region: MirroredRegion,
+        pool_guid: u64,
+        cp: Checkpoint,
+        request_txg: Box<dyn Fn() + Send + Sync>,
+    ) -> (Arc<IntentLog>, Vec<LogRecord>) {
+        let size = region.size();
+        let mut records = Vec::new();
+        let mut seq = cp.expect_seq;
+        let mut pos = cp.replay_pos;
+        let mut scanned = 0u64;
+        // Bounded: a lap of the region plus one jump per record at most.
+        while scanned <= 2 * size && pos + HEADER as u64 <= size {
+            let mut header = [0u8; HEADER];
+            let verify_header = |b: &[u8]| parse_header(b, seq).is_some();
+            if region.read_verified(pos, &mut header, verify_header).is_err() {
+                break;
+            }
+            let Some((kind, dataset, offset, length, payload_len)) = parse_header(&header, seq) else { break };
+            let total = HEADER + payload_len;
+            if pos + total as u64 > size {
+                break;
+            }
+            let mut rec = vec![0u8; total];
+            let verify = |b: &[u8]| parse_header(b, seq).is_some() && checksum(pool_guid, &b[..48], &b[HEADER..]) == b[48..80];
+            if region.read_verified(pos, &mut rec, verify).is_err() {
+                break;
+            }
+            scanned += total as u64;
+            if kind == RecordKind::Jump {
+                if offset + HEADER as u64 > size || length < seq {
+                    break;
+                }
+                pos = offset;
+                seq = length;
+                continue;
+            }
+            if seq >= cp.applied_seq {
+                records.push(LogRecord { seq, kind, dataset, offset, length, payload: rec.split_off(HEADER) });
+            }
+            seq += 1;
+            pos += total as u64;
+        }
+        tracing::info!(records = records.len(), from_seq = cp.applied_seq, "intent log replayed");
+        let next_seq = seq.max(cp.applied_seq);
+        let log = IntentLog {
+            region,
+            pool_guid,
+            state: Mutex::new(State {
+                next_seq,
+                pending: VecDeque::new(),
+                pending_bytes: 0,
+                durable_seq: next_seq,
+                applied_seq: cp.applied_seq,
+                writer_active: false,
+                write_pos: pos,
+                next_disk_seq: seq,
+                replay_start: cp.replay_pos,
+                closed: false,
+                failed: None,
+            }),
+            changed: Condvar::new(),
+            request_txg,
+            stats: Stats::default(),
+        };
+        (Arc::new(log), records)
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Adds a record in memory and returns its sequence number. Callers hold
+    /// their own lock so that log order matches the order they apply changes.
+    pub fn append(&self, kind: RecordKind, dataset: u64, offset: u64, length: u64, payload: &[u8]) -> u64 {
+        assert!(kind != RecordKind::Jump);
+        let mut st = self.state.lock();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let mut bytes = Vec::with_capacity(HEADER + payload.len());
+        encode(self.pool_guid, kind, seq, dataset, offset, length, payload, &mut bytes);
+        st.pending_bytes += bytes.len();
+        st.pending.push_back(Pending { seq, bytes });
+        seq
+    }
+
+    /// Bytes of records held in memory, not yet written.
+    pub fn pending_bytes(&self) -> usize {
+        self.state.lock().pending_bytes
+    }
+
+    /// Taken by a txg at the moment it stops accepting changes (under the
+    /// caller's append lock): every record appended before is in that txg.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let st = self.state.lock();
+        Checkpoint { applied_seq: st.next_seq, replay_pos: st.write_pos, expect_seq: st.next_disk_seq }
+    }
+
+    /// The txg that took `cp` is committed: records before it are dropped
+    /// from memory unwritten, and the log space before `cp.replay_pos` is free.
+    pub fn applied(&self, cp: Checkpoint) {
+        let mut st = self.state.lock();
+        st.applied_seq = st.applied_seq.max(cp.applied_seq);
+        st.replay_start = cp.replay_pos;
+        while st.pending.front().is_some_and(|p| p.seq < cp.applied_seq) {
+            if let Some(p) = st.pending.pop_front() {
+                st.pending_bytes -= p.bytes.len();
+            }
+        }
+        if st.pending.is_empty() && !st.writer_active {
+            st.durable_seq = st.durable_seq.max(cp.applied_seq);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Returns once the record `seq` and every one before it is durable.
+    /// Concurrent callers share one write and one sync (group commit).
+    pub fn commit(&self, seq: u64) -> Result<(), LogError> {
+        let mut st = self.state.lock();
+        loop {
+            if let Some(f) = &st.failed {
+                return Err(LogError::Failed(f.clone()));
+            }
+            if st.durable_seq > seq || st.applied_seq > seq {
+                return Ok(());
+            }
+            if st.closed {
+                return Err(LogError::Closed);
+            }
+            if st.writer_active {
+                self.changed.wait(&mut st);
+                continue;
+            }
+            let Some(last) = st.pending.back().map(|p| p.seq) else {
+                // Not pending and not durable: it went to a txg that is committing.
+                self.changed.wait_for(&mut st, Duration::from_millis(50));
+                continue;
+            };
+            let batch: Vec<Pending> = st.pending.drain(..).collect();
+            match self.place(&mut st, &batch) {
+                Ok(writes) => {
+                    st.pending_bytes = 0;
+                    st.writer_active = true;
+                    drop(st);
+                    let result = self.write_all(&writes);
+                    st = self.state.lock();
+                    st.writer_active = false;
+                    match result {
+                        // Everything before the batch was written earlier or is in a committed txg.
+                        Ok(()) => {
+                            st.durable_seq = st.durable_seq.max(last + 1);
+                            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                            self.stats.records.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "intent log write failed");
+                            st.failed = Some(e.to_string());
+                        }
+                    }
+                    self.changed.notify_all();
+                }
+                Err(full) => {
+                    for p in batch.into_iter().rev() {
+                        st.pending.push_front(p);
+                    }
+                    if !full {
+                        return Err(LogError::TooLarge(st.pending.front().map_or(0, |p| p.bytes.len())));
+                    }
+                    // Wait for a txg to make the live part of the log unnecessary.
+                    drop(st);
+                    (self.request_txg)();
+                    st = self.state.lock();
+                    self.changed.wait_for(&mut st, Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Lays out `batch` from `write_pos` on, with a JUMP record where the
+    /// region wraps or where records were dropped because a txg holds them.
+    /// Err(true): not enough free log space now; Err(false): a record can never fit.
+    fn place(&self, st: &mut State, batch: &[Pending]) -> Result<Vec<(u64, Vec<u8>)>, bool> {
+        let size = self.region.size();
+        let header = HEADER as u64;
+        let used = (st.write_pos + size - st.replay_start) % size;
+        // Slack so that the writer never catches up with replay_start exactly.
+        let mut free = (size - used).saturating_sub(header);
+        let mut pos = st.write_pos;
+        let mut disk_seq = st.next_disk_seq;
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut cur: Vec<u8> = Vec::new();
+        let mut cur_start = pos;
+        for p in batch {
+            let len = p.bytes.len() as u64;
+            if len + 2 * header > size / 4 {
+                return Err(false);
+            }
+            let wrap = pos + len + header > size;
+            if wrap || p.seq != disk_seq {
+                let target = if wrap { 0 } else { pos + header };
+                let consumed = if wrap { size - pos } else { header };
+                if consumed > free {
+                    return Err(true);
+                }
+                free -= consumed;
+                encode(self.pool_guid, RecordKind::Jump, disk_seq, 0, target, p.seq, &[], &mut cur);
+                writes.push((cur_start, std::mem::take(&mut cur)));
+                pos = target;
+                cur_start = target;
+                disk_seq = p.seq;
+            }
+            if len > free {
+                return Err(true);
+            }
+            free -= len;
+            cur.extend_from_slice(&p.bytes);
+            pos += len;
+            disk_seq += 1;
+        }
+        if !cur.is_empty() {
+            writes.push((cur_start, cur));
+        }
+        st.write_pos = pos;
+        st.next_disk_seq = disk_seq;
+        Ok(writes)
+    }
+
+    fn write_all(&self, writes: &[(u64, Vec<u8>)]) -> Result<(), PoolError> {
+        for (pos, bytes) in writes {
+            self.region.write(*pos, bytes)?;
+            self.stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        self.region.sync()
+    }
+
+    /// Fraction of the region that replay may still need, plus records in memory.
+    pub fn fill(&self) -> f64 {
+        let st = self.state.lock();
+        let size = self.region.size();
+        let used = (st.write_pos + size - st.replay_start) % size;
+        (used + st.pending_bytes as u64) as f64 / size as f64
+    }
+
+    /// Fails every later commit; waiters wake up.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests;

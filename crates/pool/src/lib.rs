@@ -384,18 +384,20 @@ impl MirroredRegion {
     /// Reads from each device in turn until `verify` accepts; heals the others.
     pub fn read_verified(&self, offset: u64, buf: &mut [u8], verify: impl Fn(&[u8]) -> bool) -> Result<(), PoolError> {
         let at = self.check(offset, buf.len())?;
-        let mut bad = Vec::new();
+        let mut bad: Vec<&Arc<Vdev>> = Vec::new();
         let mut reason = String::from("no readable device");
         for dev in self.live() {
             match dev.read_at(at, buf) {
                 Ok(()) if verify(buf) => {
                     for b in bad {
+                        b.errors.checksum.fetch_add(1, Ordering::Relaxed);
                         let _ = Vdev::write_at(b, at, buf);
                     }
                     return Ok(());
                 }
+                // Counted only once another copy proves this one wrong: callers
+                // also probe past the end of the log, where no copy verifies.
                 Ok(()) => {
-                    dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
                     reason = format!("checksum mismatch on {}", dev.path().display());
                     bad.push(dev);
                 }
