@@ -384,11 +384,12 @@ impl IntentLog {
     }
 
     fn write_all(&self, writes: &[(u64, Vec<u8>)]) -> Result<(), PoolError> {
+        // Durable writes (O_DSYNC) sync only these bytes, not txg data in flight.
         for (pos, bytes) in writes {
-            self.region.write(*pos, bytes)?;
+            self.region.write_durable(*pos, bytes)?;
             self.stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
-        self.region.sync()
+        Ok(())
     }
 
     /// Fraction of the region that replay may still need, plus records in memory.

@@ -376,6 +376,36 @@ impl MirroredRegion {
         }
     }
 
+    /// Writes to every device in parallel, each write durable on return.
+    pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+        let at = self.check(offset, data.len())?;
+        let devices: Vec<&Arc<Vdev>> = self.live().collect();
+        let results: Vec<Result<(), VdevError>> = if devices.len() == 1 {
+            vec![devices[0].write_durable_at(at, data)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = devices.iter().map(|d| s.spawn(move || d.write_durable_at(at, data))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Ok(()))).collect()
+            })
+        };
+        let mut written = 0;
+        let mut last = None;
+        for (dev, r) in devices.iter().zip(results) {
+            match r {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    dev.set_state(DeviceState::Faulted);
+                    last = Some(e);
+                }
+            }
+        }
+        match (written, last) {
+            (0, Some(e)) => Err(e.into()),
+            (0, None) => Err(PoolError::GroupUnavailable { pool: self.pool.name.clone(), group: 0 }),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads from the first device that answers.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), PoolError> {
         self.read_verified(offset, buf, |_| true)

@@ -70,6 +70,10 @@ pub struct ErrorCounters {
 pub struct Vdev {
     path: PathBuf,
     file: File,
+    /// The same device opened O_DSYNC: a write through it is durable when it
+    /// returns, without flushing unrelated dirty data of the device (the
+    /// intent log relies on this so a sync write does not wait for a txg).
+    dsync_file: File,
     size: u64,
     state: AtomicU8,
     pub errors: ErrorCounters,
@@ -84,9 +88,18 @@ impl Vdev {
             .open(path)
             .map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
         let size = device_size(&file).map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
+        let dsync_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DSYNC)
+                .open(path)
+                .map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?
+        };
         Ok(Vdev {
             path: path.to_path_buf(),
             file,
+            dsync_file,
             size,
             state: AtomicU8::new(DeviceState::Online as u8),
             errors: ErrorCounters::default(),
@@ -141,6 +154,15 @@ impl Vdev {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
         self.file.write_all_at(data, offset).map_err(|source| {
+            self.errors.write.fetch_add(1, Ordering::Relaxed);
+            VdevError::Io { path: self.path.clone(), op: "write", offset, source }
+        })
+    }
+
+    /// Writes and returns once those bytes are durable (O_DSYNC).
+    pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
+        self.check_range(offset, data.len())?;
+        self.dsync_file.write_all_at(data, offset).map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);
             VdevError::Io { path: self.path.clone(), op: "write", offset, source }
         })
