@@ -8,6 +8,9 @@
 //! * [`nbd_client`]: a small blocking NBD client.
 //! * [`svg`]: hand-written SVG charts.
 
+pub mod compress;
+pub mod iops;
+pub mod latency;
 pub mod nbd_client;
 pub mod provision;
 pub mod stats;
