@@ -1,0 +1,344 @@
+//! Blocking client for the management API (what the CLI uses).
+
+use crate::{CreateVolume, ErrorBody, Health, ImportRequest, SetProperty};
+use dataset::{DatasetInfo, ImportablePool, PoolSpec, PoolStatus, PoolSummary};
+use serde::de::DeserializeOwned;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+use ureq::http::Response;
+use ureq::Body;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing answered at the URL.
+    #[error("cannot reach the daemon at {url}: is `cistern serve` running? ({reason})")]
+    Unreachable { url: String, reason: String },
+    /// The daemon answered with an error.
+    #[error("{message}")]
+    Api {
+        status: u16,
+        kind: String,
+        message: String,
+    },
+    /// The daemon answered something we do not understand.
+    #[error("unexpected answer from {url}: {reason}")]
+    Protocol { url: String, reason: String },
+}
+
+impl ClientError {
+    /// The engine error kind (`NotFound`, ...) if the daemon sent one.
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A handle on one daemon's API. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// `base` is like `http://127.0.0.1:10810` (a trailing `/` is ignored;
+    /// a bare `host:port` gets `http://`).
+    pub fn new(base: &str) -> Self {
+        let base = base.trim_end_matches('/');
+        let base = if base.contains("://") {
+            base.to_string()
+        } else {
+            format!("http://{base}")
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .proxy(None)
+            .timeout_connect(Some(Duration::from_secs(5)))
+            // Pool creation and import can take a while on big devices.
+            .timeout_global(Some(Duration::from_secs(600)))
+            .build()
+            .into();
+        Self { base, agent }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn transport_error(&self, err: ureq::Error) -> ClientError {
+        let url = self.base.clone();
+        match err {
+            ureq::Error::Io(e) => match e.kind() {
+                io::ErrorKind::ConnectionRefused => ClientError::Unreachable {
+                    url,
+                    reason: "connection refused".into(),
+                },
+                io::ErrorKind::TimedOut => ClientError::Unreachable {
+                    url,
+                    reason: "connection timed out".into(),
+                },
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::UnexpectedEof => ClientError::Unreachable {
+                    url,
+                    reason: format!("connection lost: {e}"),
+                },
+                _ => ClientError::Unreachable {
+                    url,
+                    reason: e.to_string(),
+                },
+            },
+            ureq::Error::HostNotFound => ClientError::Unreachable {
+                url,
+                reason: "host not found".into(),
+            },
+            ureq::Error::ConnectionFailed => ClientError::Unreachable {
+                url,
+                reason: "connection failed".into(),
+            },
+            ureq::Error::Timeout(t) => ClientError::Unreachable {
+                url,
+                reason: format!("timed out ({t})"),
+            },
+            ureq::Error::BadUri(u) => ClientError::Protocol {
+                url,
+                reason: format!("bad URL {u}"),
+            },
+            other => ClientError::Protocol {
+                url,
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    /// Turns a response into `T`, or its error body into [`ClientError::Api`].
+    fn decode<T: DeserializeOwned>(
+        &self,
+        resp: std::result::Result<Response<Body>, ureq::Error>,
+    ) -> Result<T> {
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return resp
+                .body_mut()
+                .read_json::<T>()
+                .map_err(|e| ClientError::Protocol {
+                    url: self.base.clone(),
+                    reason: format!("bad response body: {e}"),
+                });
+        }
+        Err(self.api_error(status.as_u16(), &mut resp))
+    }
+
+    /// Like [`decode`] for responses without a body.
+    fn expect_empty(&self, resp: std::result::Result<Response<Body>, ureq::Error>) -> Result<()> {
+        let mut resp = resp.map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(self.api_error(status.as_u16(), &mut resp))
+    }
+
+    fn api_error(&self, status: u16, resp: &mut Response<Body>) -> ClientError {
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(b) => ClientError::Api {
+                status,
+                kind: b.kind,
+                message: b.error,
+            },
+            Err(_) => {
+                let text = text.trim();
+                let message = if text.is_empty() {
+                    format!("the daemon answered HTTP {status}")
+                } else {
+                    format!("the daemon answered HTTP {status}: {text}")
+                };
+                ClientError::Api {
+                    status,
+                    kind: "Http".into(),
+                    message,
+                }
+            }
+        }
+    }
+
+    pub fn health(&self) -> Result<Health> {
+        self.decode(self.agent.get(self.url("/v1/health")).call())
+    }
+
+    pub fn list_pools(&self) -> Result<Vec<PoolSummary>> {
+        self.decode(self.agent.get(self.url("/v1/pools")).call())
+    }
+
+    pub fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus> {
+        self.decode(self.agent.post(self.url("/v1/pools")).send_json(spec))
+    }
+
+    pub fn pool_status(&self, pool: &str) -> Result<PoolStatus> {
+        self.decode(self.agent.get(self.pool_url(pool, "")).call())
+    }
+
+    pub fn destroy_pool(&self, pool: &str) -> Result<()> {
+        self.expect_empty(self.agent.delete(self.pool_url(pool, "")).call())
+    }
+
+    pub fn export_pool(&self, pool: &str) -> Result<()> {
+        self.expect_empty(self.agent.post(self.pool_url(pool, "/export")).send_empty())
+    }
+
+    pub fn importable_pools(&self, dirs: &[PathBuf]) -> Result<Vec<ImportablePool>> {
+        let mut req = self.agent.get(self.url("/v1/import"));
+        for d in dirs {
+            req = req.query("dir", d.to_string_lossy());
+        }
+        self.decode(req.call())
+    }
+
+    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf]) -> Result<PoolStatus> {
+        let body = ImportRequest {
+            pool: pool.to_string(),
+            dirs: dirs.to_vec(),
+        };
+        self.decode(self.agent.post(self.url("/v1/import")).send_json(&body))
+    }
+
+    pub fn list_datasets(&self, root: Option<&str>) -> Result<Vec<DatasetInfo>> {
+        let mut req = self.agent.get(self.url("/v1/datasets"));
+        if let Some(root) = root {
+            req = req.query("root", root);
+        }
+        self.decode(req.call())
+    }
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        volsize: u64,
+        properties: &[(String, String)],
+    ) -> Result<DatasetInfo> {
+        let body = CreateVolume {
+            name: name.to_string(),
+            volsize,
+            properties: properties.to_vec(),
+        };
+        self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<DatasetInfo> {
+        self.decode(
+            self.agent
+                .get(self.url("/v1/dataset"))
+                .query("name", name)
+                .call(),
+        )
+    }
+
+    pub fn set_property(&self, name: &str, property: &str, value: &str) -> Result<DatasetInfo> {
+        let body = SetProperty {
+            property: property.to_string(),
+            value: value.to_string(),
+        };
+        self.decode(
+            self.agent
+                .patch(self.url("/v1/dataset"))
+                .query("name", name)
+                .send_json(&body),
+        )
+    }
+
+    pub fn destroy_dataset(&self, name: &str) -> Result<()> {
+        self.expect_empty(
+            self.agent
+                .delete(self.url("/v1/dataset"))
+                .query("name", name)
+                .call(),
+        )
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub fn metrics(&self) -> Result<String> {
+        let mut resp = self
+            .agent
+            .get(self.url("/metrics"))
+            .call()
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(self.api_error(status.as_u16(), &mut resp));
+        }
+        resp.body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError::Protocol {
+                url: self.base.clone(),
+                reason: format!("bad response body: {e}"),
+            })
+    }
+
+    fn pool_url(&self, pool: &str, suffix: &str) -> String {
+        format!(
+            "{}/v1/pools/{}{}",
+            self.base,
+            percent_encode_segment(pool),
+            suffix
+        )
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986) for a path segment.
+fn percent_encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_path_segments() {
+        assert_eq!(percent_encode_segment("tank"), "tank");
+        assert_eq!(percent_encode_segment("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn normalizes_base_url() {
+        assert_eq!(Client::new("127.0.0.1:1/").base_url(), "http://127.0.0.1:1");
+        assert_eq!(Client::new("http://h:2//").base_url(), "http://h:2");
+    }
+
+    #[test]
+    fn refused_connection_is_unreachable() {
+        // Bind and drop to get a port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = Client::new(&format!("http://127.0.0.1:{port}"));
+        let err = c.health().unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("cannot reach the daemon at http://127.0.0.1:{port}: is `cistern serve` running? (connection refused)")
+        );
+    }
+}

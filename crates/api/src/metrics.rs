@@ -1,0 +1,221 @@
+//! Prometheus text exposition (format 0.0.4).
+
+use dataset::PoolStats;
+use std::fmt::Write as _;
+
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Builds one exposition document: `family` writes the HELP/TYPE header once,
+/// `sample` writes one line.
+#[derive(Default)]
+pub struct MetricsWriter {
+    out: String,
+}
+
+impl MetricsWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `kind` is `counter` or `gauge`.
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+        self
+    }
+
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) -> &mut Self {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {}", format_value(value));
+        self
+    }
+
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The `cistern_pool_*` families, one sample per pool in each.
+pub fn render_pool_stats(stats: &[PoolStats]) -> String {
+    type Get = fn(&PoolStats) -> f64;
+    let families: &[(&str, &str, &str, Get)] = &[
+        (
+            "cistern_pool_txg",
+            "gauge",
+            "Last committed transaction group.",
+            |s| s.txg as f64,
+        ),
+        (
+            "cistern_pool_txg_commits_total",
+            "counter",
+            "Transaction groups committed.",
+            |s| s.txg_commits as f64,
+        ),
+        (
+            "cistern_pool_txg_commit_seconds_total",
+            "counter",
+            "Time spent committing transaction groups.",
+            |s| s.txg_commit_seconds_total,
+        ),
+        (
+            "cistern_pool_log_commits_total",
+            "counter",
+            "Intent log group commits (one sync each).",
+            |s| s.log_commits as f64,
+        ),
+        (
+            "cistern_pool_log_records_total",
+            "counter",
+            "Records written to the intent log.",
+            |s| s.log_records as f64,
+        ),
+        (
+            "cistern_pool_log_bytes_total",
+            "counter",
+            "Bytes written to the intent log.",
+            |s| s.log_bytes as f64,
+        ),
+        (
+            "cistern_pool_read_bytes_total",
+            "counter",
+            "Logical bytes read from volumes.",
+            |s| s.read_bytes as f64,
+        ),
+        (
+            "cistern_pool_write_bytes_total",
+            "counter",
+            "Logical bytes written to volumes.",
+            |s| s.write_bytes as f64,
+        ),
+        (
+            "cistern_pool_dirty_bytes",
+            "gauge",
+            "Data waiting for the next transaction group.",
+            |s| s.dirty_bytes as f64,
+        ),
+        (
+            "cistern_pool_cache_hits_total",
+            "counter",
+            "Block cache hits.",
+            |s| s.cache_hits as f64,
+        ),
+        (
+            "cistern_pool_cache_misses_total",
+            "counter",
+            "Block cache misses.",
+            |s| s.cache_misses as f64,
+        ),
+        (
+            "cistern_pool_checksum_errors_total",
+            "counter",
+            "Checksum mismatches found on read.",
+            |s| s.checksum_errors as f64,
+        ),
+        (
+            "cistern_pool_allocated_bytes",
+            "gauge",
+            "Bytes allocated in the pool.",
+            |s| s.allocated as f64,
+        ),
+        (
+            "cistern_pool_size_bytes",
+            "gauge",
+            "Usable size of the pool.",
+            |s| s.size as f64,
+        ),
+    ];
+    let mut w = MetricsWriter::new();
+    w.family("cistern_pools", "gauge", "Imported pools.");
+    w.sample("cistern_pools", &[], stats.len() as f64);
+    for (name, kind, help, get) in families {
+        w.family(name, kind, help);
+        for s in stats {
+            w.sample(name, &[("pool", &s.pool)], get(s));
+        }
+    }
+    w.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_pool_samples_with_labels() {
+        let stats = vec![PoolStats {
+            pool: "tank".into(),
+            txg_commits: 7,
+            txg_commit_seconds_total: 0.25,
+            ..Default::default()
+        }];
+        let text = render_pool_stats(&stats);
+        assert!(text.contains("# TYPE cistern_pool_txg_commits_total counter\n"));
+        assert!(text.contains("cistern_pool_txg_commits_total{pool=\"tank\"} 7\n"));
+        assert!(text.contains("cistern_pool_txg_commit_seconds_total{pool=\"tank\"} 0.25\n"));
+        assert!(text.contains("cistern_pools 1\n"));
+        for line in text.lines() {
+            assert!(
+                line.starts_with('#') || line.split(' ').count() == 2,
+                "bad line {line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn escapes_label_values() {
+        let mut w = MetricsWriter::new();
+        w.sample("m", &[("pool", "a\"b\\c\nd")], 1.0);
+        assert_eq!(w.finish(), "m{pool=\"a\\\"b\\\\c\\nd\"} 1\n");
+    }
+
+    #[test]
+    fn formats_values() {
+        assert_eq!(format_value(3.0), "3");
+        assert_eq!(format_value(0.5), "0.5");
+        assert_eq!(format_value(f64::NAN), "NaN");
+        assert_eq!(format_value(f64::INFINITY), "+Inf");
+    }
+}

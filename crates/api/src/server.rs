@@ -1,0 +1,381 @@
+//! The axum router. Every engine call is blocking, so it runs in
+//! `spawn_blocking`; handlers only translate HTTP <-> engine types.
+
+use crate::{CreateVolume, ErrorBody, Health, ImportRequest, SetProperty};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use dataset::Engine;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Renders extra Prometheus text (e.g. the NBD server's counters) appended to `/metrics`.
+pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    pub engine: Arc<Engine>,
+    /// Further metric families, rendered on every scrape.
+    pub extra_metrics: Vec<MetricsSource>,
+}
+
+impl ApiState {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self {
+            engine,
+            extra_metrics: Vec::new(),
+        }
+    }
+
+    pub fn with_metrics(mut self, source: MetricsSource) -> Self {
+        self.extra_metrics.push(source);
+        self
+    }
+}
+
+/// The full API under `/v1`, plus `/metrics`.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/pools", get(list_pools).post(create_pool))
+        .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
+        .route("/v1/pools/{pool}/export", post(export_pool))
+        .route("/v1/import", get(importable).post(import_pool))
+        .route("/v1/datasets", get(list_datasets).post(create_volume))
+        .route(
+            "/v1/dataset",
+            get(get_dataset).patch(set_property).delete(destroy_dataset),
+        )
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// HTTP status for an engine error.
+pub fn status_for(err: &dataset::Error) -> StatusCode {
+    use dataset::Error as E;
+    match err {
+        E::NotFound(_) => StatusCode::NOT_FOUND,
+        E::AlreadyExists(_) | E::Busy(_) | E::ReadOnly(_) => StatusCode::CONFLICT,
+        E::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        E::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+        E::Corrupt(_) | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The `kind` field for an engine error: the variant's name.
+pub fn kind_for(err: &dataset::Error) -> &'static str {
+    use dataset::Error as E;
+    match err {
+        E::NotFound(_) => "NotFound",
+        E::AlreadyExists(_) => "AlreadyExists",
+        E::InvalidArgument(_) => "InvalidArgument",
+        E::Busy(_) => "Busy",
+        E::NoSpace(_) => "NoSpace",
+        E::ReadOnly(_) => "ReadOnly",
+        E::Corrupt(_) => "Corrupt",
+        E::Io(_) => "Io",
+    }
+}
+
+/// An error response: status plus [`ErrorBody`].
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body: ErrorBody {
+                error: msg.into(),
+                kind: "BadRequest".into(),
+            },
+        }
+    }
+
+    fn internal(msg: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: ErrorBody {
+                error: msg.into(),
+                kind: "Internal".into(),
+            },
+        }
+    }
+}
+
+impl From<dataset::Error> for ApiError {
+    fn from(err: dataset::Error) -> Self {
+        Self {
+            status: status_for(&err),
+            body: ErrorBody {
+                error: err.to_string(),
+                kind: kind_for(&err).into(),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, kind = %self.body.kind, "api error: {}", self.body.error);
+        } else {
+            tracing::debug!(status = %self.status, kind = %self.body.kind, "api error: {}", self.body.error);
+        }
+        (self.status, axum::Json(self.body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// JSON body extractor whose rejection is a 400 with an [`ErrorBody`].
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rej) => Err(ApiError::bad_request(json_rejection_message(&rej))),
+        }
+    }
+}
+
+fn json_rejection_message(rej: &JsonRejection) -> String {
+    match rej {
+        JsonRejection::MissingJsonContentType(_) => {
+            "bad request body: expected Content-Type: application/json".to_string()
+        }
+        other => format!("bad request body: {}", other.body_text()),
+    }
+}
+
+/// Query extractor whose rejection is a 400 with an [`ErrorBody`].
+pub struct Q<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Q<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Q(v)),
+            Err(rej) => Err(ApiError::bad_request(query_rejection_message(&rej))),
+        }
+    }
+}
+
+fn query_rejection_message(rej: &QueryRejection) -> String {
+    format!("bad query string: {}", rej.body_text())
+}
+
+/// Runs a blocking engine call on tokio's blocking pool.
+async fn blocking<T, F>(state: &ApiState, f: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&Engine) -> dataset::Result<T> + Send + 'static,
+{
+    let engine = state.engine.clone();
+    match tokio::task::spawn_blocking(move || f(&engine)).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(join) => {
+            tracing::error!("engine call failed: {join}");
+            Err(ApiError::internal(format!("engine call failed: {join}")))
+        }
+    }
+}
+
+fn json<T: Serialize>(v: T) -> Response {
+    axum::Json(v).into_response()
+}
+
+fn created<T: Serialize>(v: T) -> Response {
+    (StatusCode::CREATED, axum::Json(v)).into_response()
+}
+
+fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        body: ErrorBody {
+            error: "no such route".into(),
+            kind: "NotFound".into(),
+        },
+    }
+}
+
+async fn health() -> Response {
+    json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+async fn list_pools(State(st): State<ApiState>) -> ApiResult<Response> {
+    blocking(&st, |e| Ok(e.list_pools())).await.map(json)
+}
+
+async fn create_pool(
+    State(st): State<ApiState>,
+    Json(spec): Json<dataset::PoolSpec>,
+) -> ApiResult<Response> {
+    if spec.name.is_empty() {
+        return Err(ApiError::bad_request("pool name is empty"));
+    }
+    if spec.groups.is_empty() {
+        return Err(ApiError::bad_request("a pool needs at least one device"));
+    }
+    tracing::info!(pool = %spec.name, "creating pool");
+    blocking(&st, move |e| e.create_pool(spec))
+        .await
+        .map(created)
+}
+
+async fn pool_status(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.pool_status(&pool)).await.map(json)
+}
+
+async fn destroy_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    tracing::info!(%pool, "destroying pool");
+    blocking(&st, move |e| e.destroy_pool(&pool))
+        .await
+        .map(|()| no_content())
+}
+
+async fn export_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    tracing::info!(%pool, "exporting pool");
+    blocking(&st, move |e| e.export_pool(&pool))
+        .await
+        .map(|()| no_content())
+}
+
+async fn importable(
+    State(st): State<ApiState>,
+    Q(q): Q<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let mut dirs = Vec::new();
+    for (k, v) in q {
+        match k.as_str() {
+            "dir" => dirs.push(PathBuf::from(v)),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter '{other}'"
+                )))
+            }
+        }
+    }
+    if dirs.is_empty() {
+        return Err(ApiError::bad_request("give at least one ?dir= to search"));
+    }
+    blocking(&st, move |e| e.importable_pools(&dirs))
+        .await
+        .map(json)
+}
+
+async fn import_pool(
+    State(st): State<ApiState>,
+    Json(req): Json<ImportRequest>,
+) -> ApiResult<Response> {
+    if req.dirs.is_empty() {
+        return Err(ApiError::bad_request(
+            "give at least one directory to search",
+        ));
+    }
+    tracing::info!(pool = %req.pool, "importing pool");
+    blocking(&st, move |e| e.import_pool(&req.pool, &req.dirs))
+        .await
+        .map(json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RootQuery {
+    root: Option<String>,
+}
+
+async fn list_datasets(State(st): State<ApiState>, Q(q): Q<RootQuery>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.list_datasets(q.root.as_deref()))
+        .await
+        .map(json)
+}
+
+async fn create_volume(
+    State(st): State<ApiState>,
+    Json(req): Json<CreateVolume>,
+) -> ApiResult<Response> {
+    tracing::info!(name = %req.name, volsize = req.volsize, "creating volume");
+    blocking(&st, move |e| {
+        e.create_volume(&req.name, req.volsize, &req.properties)
+    })
+    .await
+    .map(created)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameQuery {
+    name: String,
+}
+
+async fn get_dataset(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.dataset(&q.name)).await.map(json)
+}
+
+async fn set_property(
+    State(st): State<ApiState>,
+    Q(q): Q<NameQuery>,
+    Json(req): Json<SetProperty>,
+) -> ApiResult<Response> {
+    tracing::info!(name = %q.name, property = %req.property, value = %req.value, "setting property");
+    blocking(&st, move |e| {
+        e.set_property(&q.name, &req.property, &req.value)?;
+        e.dataset(&q.name)
+    })
+    .await
+    .map(json)
+}
+
+async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
+    tracing::info!(name = %q.name, "destroying dataset");
+    blocking(&st, move |e| e.destroy_dataset(&q.name))
+        .await
+        .map(|()| no_content())
+}
+
+async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {
+    let stats = blocking(&st, |e| Ok(e.stats())).await?;
+    let mut text = crate::metrics::render_pool_stats(&stats);
+    for source in &st.extra_metrics {
+        text.push_str(&source());
+    }
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` resolves, then
+/// finishes in-flight requests.
+pub async fn serve<F>(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: F,
+) -> std::io::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

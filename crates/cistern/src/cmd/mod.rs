@@ -1,0 +1,36 @@
+//! The client commands: each talks to the daemon through [`api::Client`].
+
+pub mod dataset;
+pub mod pool;
+pub mod props;
+
+use crate::Command;
+use anyhow::Result;
+
+pub fn run(client: &api::Client, command: Command) -> Result<()> {
+    match command {
+        Command::Pool(c) => pool::run(client, c),
+        Command::Create(a) => dataset::create(client, a),
+        Command::List(a) => dataset::list(client, a),
+        Command::Get(a) => dataset::get(client, a),
+        Command::Set(a) => dataset::set(client, a),
+        Command::Destroy(a) => dataset::destroy(client, a),
+        Command::Serve(_) | Command::Quickstart(_) => {
+            unreachable!("daemon commands are dispatched in main")
+        }
+    }
+}
+
+/// Splits `a,b,,c` into trimmed non-empty parts.
+pub fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// clap value parser for sizes: `-V 10G`, `-s 8G`.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    crate::format::parse_size(s).map_err(|e| e.to_string())
+}

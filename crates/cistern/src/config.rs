@@ -1,0 +1,274 @@
+//! The daemon's TOML config file and how flags override it.
+//!
+//! ```toml
+//! [server]
+//! nbd = "127.0.0.1:10809"
+//! api = "127.0.0.1:10810"
+//! state_dir = "/var/lib/cistern"
+//! log = "info,dataset=debug"
+//!
+//! [engine]            # dataset::EngineConfig
+//! txg_timeout_secs = 5.0
+//! ```
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_NBD_ADDR: &str = "127.0.0.1:10809";
+pub const DEFAULT_LOG: &str = "info";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerSection,
+    pub engine: dataset::EngineConfig,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// NBD listen address.
+    pub nbd: Option<String>,
+    /// Management API listen address.
+    pub api: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    /// tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
+    pub log: Option<String>,
+}
+
+impl Config {
+    pub fn parse(text: &str) -> Result<Config> {
+        Ok(toml::from_str(text)?)
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        Config::parse(&text).with_context(|| format!("bad config {}", path.display()))
+    }
+}
+
+/// What the command line said for `serve`/`quickstart`.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub state_dir: Option<PathBuf>,
+    pub nbd: Option<String>,
+    pub api: Option<String>,
+}
+
+/// A listen address and whether the user asked for it (flag or config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub explicit: bool,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub state_dir: PathBuf,
+    pub nbd: Listen,
+    pub api: Listen,
+    pub log: String,
+    pub engine: dataset::EngineConfig,
+}
+
+/// Flags override the config; then the defaults. `default_state_dir` is used
+/// when neither names one (quickstart); without it a state dir is required.
+pub fn resolve(
+    cfg: Config,
+    flags: Overrides,
+    default_state_dir: Option<&Path>,
+) -> Result<Resolved> {
+    let state_dir = match flags
+        .state_dir
+        .or(cfg.server.state_dir)
+        .or(default_state_dir.map(Path::to_path_buf))
+    {
+        Some(d) => d,
+        None => bail!(
+            "no state directory: pass --state-dir DIR or set [server] state_dir in the config"
+        ),
+    };
+    let nbd = listen(flags.nbd.or(cfg.server.nbd), DEFAULT_NBD_ADDR, "NBD")?;
+    let api = listen(flags.api.or(cfg.server.api), api::DEFAULT_API_ADDR, "API")?;
+    if nbd.addr == api.addr && nbd.addr.port() != 0 {
+        bail!("the NBD and API addresses are both {}", nbd.addr);
+    }
+    Ok(Resolved {
+        state_dir,
+        nbd,
+        api,
+        log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
+        engine: cfg.engine,
+    })
+}
+
+fn listen(given: Option<String>, default: &str, what: &str) -> Result<Listen> {
+    match given {
+        Some(s) => Ok(Listen {
+            addr: parse_listen_addr(&s).with_context(|| format!("bad {what} address"))?,
+            explicit: true,
+        }),
+        None => Ok(Listen {
+            addr: parse_listen_addr(default)?,
+            explicit: false,
+        }),
+    }
+}
+
+/// `127.0.0.1:10810`, `[::1]:10810`, `localhost:10810`, or the same as an
+/// `http://` URL (so `--api` takes what the CLI's `--api` takes).
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
+    let t = s.trim();
+    let t = t
+        .strip_prefix("http://")
+        .or_else(|| t.strip_prefix("nbd://"))
+        .unwrap_or(t);
+    let t = t.trim_end_matches('/');
+    if t.contains('/') {
+        bail!("'{s}' is not an address (expected HOST:PORT, e.g. 127.0.0.1:10810)");
+    }
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !t.contains(':') {
+        bail!("'{s}' has no port (expected HOST:PORT, e.g. 127.0.0.1:10810)");
+    }
+    let mut addrs = t.to_socket_addrs().with_context(|| {
+        format!("cannot resolve '{s}' (expected HOST:PORT, e.g. 127.0.0.1:10810)")
+    })?;
+    match addrs.next() {
+        Some(a) => Ok(a),
+        None => bail!("'{s}' resolves to no address"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_config() {
+        let cfg = Config::parse(
+            r#"
+            [server]
+            nbd = "0.0.0.0:10809"
+            api = "127.0.0.1:9000"
+            state_dir = "/tmp/x"
+            log = "debug"
+            [engine]
+            txg_timeout_secs = 1.5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.server.nbd.as_deref(), Some("0.0.0.0:10809"));
+        assert_eq!(cfg.server.state_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(cfg.engine.txg_timeout_secs, 1.5);
+        // Unset engine keys keep their defaults.
+        assert_eq!(
+            cfg.engine.dirty_max_bytes,
+            dataset::EngineConfig::default().dirty_max_bytes
+        );
+    }
+
+    #[test]
+    fn empty_config_is_defaults() {
+        let cfg = Config::parse("").unwrap();
+        assert_eq!(cfg.server, ServerSection::default());
+    }
+
+    #[test]
+    fn refuses_unknown_keys() {
+        let e = Config::parse("[server]\nnbd_addr = \"x\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("nbd_addr"), "{e:#}");
+        assert!(Config::parse("[engine]\nbogus = 1\n").is_err());
+        assert!(Config::parse("[serve]\n").is_err());
+    }
+
+    #[test]
+    fn flags_override_config_and_defaults_apply() {
+        let cfg = Config::parse(
+            "[server]\nnbd = \"127.0.0.1:1111\"\napi = \"127.0.0.1:2222\"\nstate_dir = \"/cfg\"\n",
+        )
+        .unwrap();
+        let flags = Overrides {
+            state_dir: Some("/flag".into()),
+            nbd: None,
+            api: Some("127.0.0.1:3333".into()),
+        };
+        let r = resolve(cfg, flags, None).unwrap();
+        assert_eq!(r.state_dir, PathBuf::from("/flag"));
+        assert_eq!(
+            r.nbd,
+            Listen {
+                addr: "127.0.0.1:1111".parse().unwrap(),
+                explicit: true
+            }
+        );
+        assert_eq!(
+            r.api,
+            Listen {
+                addr: "127.0.0.1:3333".parse().unwrap(),
+                explicit: true
+            }
+        );
+
+        let r = resolve(
+            Config::default(),
+            Overrides::default(),
+            Some(Path::new("./d")),
+        )
+        .unwrap();
+        assert_eq!(
+            r.nbd,
+            Listen {
+                addr: DEFAULT_NBD_ADDR.parse().unwrap(),
+                explicit: false
+            }
+        );
+        assert_eq!(r.api.addr, api::DEFAULT_API_ADDR.parse().unwrap());
+        assert_eq!(r.log, "info");
+        assert_eq!(r.state_dir, PathBuf::from("./d"));
+    }
+
+    #[test]
+    fn state_dir_is_required_for_serve() {
+        let e = resolve(Config::default(), Overrides::default(), None).unwrap_err();
+        assert!(e.to_string().contains("--state-dir"));
+    }
+
+    #[test]
+    fn same_address_twice_is_refused() {
+        let flags = Overrides {
+            state_dir: Some("/s".into()),
+            nbd: Some("127.0.0.1:5".into()),
+            api: Some("127.0.0.1:5".into()),
+        };
+        assert!(resolve(Config::default(), flags, None).is_err());
+    }
+
+    #[test]
+    fn parses_listen_addresses() {
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:10810").unwrap(),
+            "127.0.0.1:10810".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("http://127.0.0.1:10810/").unwrap(),
+            "127.0.0.1:10810".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:5").unwrap(),
+            "[::1]:5".parse().unwrap()
+        );
+        assert!(parse_listen_addr("localhost:5").unwrap().ip().is_loopback());
+        assert!(parse_listen_addr("127.0.0.1")
+            .unwrap_err()
+            .to_string()
+            .contains("no port"));
+        assert!(parse_listen_addr("http://h:1/v1").is_err());
+    }
+}

@@ -1,0 +1,282 @@
+//! Sizes and tables as the zfs/zpool tools print them.
+
+use std::fmt;
+
+/// Why a size string was refused; names the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeError {
+    pub value: String,
+    pub reason: &'static str,
+}
+
+impl fmt::Display for SizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid size '{}': {} (expected a number with an optional K, M, G, T, P or E suffix, e.g. 512, 4K, 1.5G)",
+            self.value, self.reason
+        )
+    }
+}
+
+impl std::error::Error for SizeError {}
+
+/// Parses a size like zfs does: `512`, `4K`, `16k`, `10M`, `1.5G`, `2T`,
+/// binary units, case-insensitive, with an optional `B` or `iB` suffix.
+/// Fractions are allowed with a unit; the result is rounded down to a byte.
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let err = |reason| SizeError {
+        value: s.to_string(),
+        reason,
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(err("empty"));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(err(if t.starts_with('-') {
+            "negative"
+        } else {
+            "no number"
+        }));
+    }
+    let suffix = suffix.trim_start().to_ascii_lowercase();
+    let shift: u32 = match suffix.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        "e" | "eb" | "eib" => 60,
+        _ => return Err(err("unknown unit")),
+    };
+    let (int_part, frac_part) = match num.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (num, ""),
+    };
+    if frac_part.contains('.') {
+        return Err(err("not a number"));
+    }
+    if int_part.is_empty() && frac_part.is_empty() {
+        return Err(err("not a number"));
+    }
+    if frac_part.len() > 18 {
+        return Err(err("too many decimals"));
+    }
+    let int: u128 = if int_part.is_empty() {
+        0
+    } else {
+        int_part.parse().map_err(|_| err("too large"))?
+    };
+    let frac: u128 = if frac_part.is_empty() {
+        0
+    } else {
+        frac_part.parse().map_err(|_| err("not a number"))?
+    };
+    if frac != 0 && shift == 0 {
+        return Err(err("fractional bytes"));
+    }
+    let unit: u128 = 1u128 << shift;
+    let scale = 10u128.pow(frac_part.len() as u32);
+    let total = int
+        .checked_mul(unit)
+        .and_then(|v| v.checked_add(frac * unit / scale))
+        .ok_or_else(|| err("too large"))?;
+    u64::try_from(total).map_err(|_| err("too large"))
+}
+
+/// Human-readable size like zfs: `0B`, `512B`, `4K`, `1.50G`, `15.5G`, `150G`.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let mut idx = 0;
+    let mut div: u64 = 1;
+    while idx + 1 < UNITS.len() && n / div >= 1024 {
+        div <<= 10;
+        idx += 1;
+    }
+    let unit = UNITS[idx];
+    if n % div == 0 {
+        return format!("{}{unit}", n / div);
+    }
+    let v = n as f64 / div as f64;
+    // Three significant digits, as zfs_nicenum.
+    for decimals in [2usize, 1, 0] {
+        let s = format!("{v:.decimals$}");
+        if s.len() <= 4 || decimals == 0 {
+            return format!("{s}{unit}");
+        }
+    }
+    unreachable!()
+}
+
+/// A text table: aligned columns with a header, or with `scripted`
+/// (`-H`) no header and tab-separated fields.
+pub struct Table {
+    headers: Vec<String>,
+    /// Columns aligned right (numbers).
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new<S: AsRef<str>>(headers: &[S]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| h.as_ref().to_uppercase()).collect(),
+            right: vec![false; headers.len()],
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn align_right(&mut self, col: usize) {
+        if let Some(r) = self.right.get_mut(col) {
+            *r = true;
+        }
+    }
+
+    pub fn push(&mut self, row: Vec<String>) {
+        debug_assert_eq!(row.len(), self.headers.len());
+        self.rows.push(row);
+    }
+
+    pub fn render(&self, scripted: bool) -> String {
+        let mut out = String::new();
+        if scripted {
+            for row in &self.rows {
+                out.push_str(&row.join("\t"));
+                out.push('\n');
+            }
+            return out;
+        }
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String], out: &mut String| {
+            let n = cells.len();
+            let mut s = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                let last = i + 1 == n;
+                if self.right[i] {
+                    s.push_str(&" ".repeat(pad));
+                    s.push_str(cell);
+                } else {
+                    s.push_str(cell);
+                    if !last {
+                        s.push_str(&" ".repeat(pad));
+                    }
+                }
+                if !last {
+                    s.push_str("  ");
+                }
+            }
+            out.push_str(s.trim_end());
+            out.push('\n');
+        };
+        line(&self.headers, &mut out);
+        for row in &self.rows {
+            line(row, &mut out);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("16k"), Ok(16384));
+        assert_eq!(parse_size("10M"), Ok(10 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert_eq!(parse_size("2t"), Ok(2 << 40));
+        assert_eq!(parse_size("4KB"), Ok(4096));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("4kib"), Ok(4096));
+        assert_eq!(parse_size("512B"), Ok(512));
+        assert_eq!(parse_size("512b"), Ok(512));
+        assert_eq!(parse_size(".5K"), Ok(512));
+        assert_eq!(parse_size("1P"), Ok(1 << 50));
+        assert_eq!(parse_size("15E"), Ok(15 << 60));
+        assert_eq!(parse_size(" 8G "), Ok(8 << 30));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("1.3K"), Ok(1331));
+    }
+
+    #[test]
+    fn refuses_bad_sizes_naming_them() {
+        for bad in [
+            "",
+            "abc",
+            "10X",
+            "-1",
+            "1.2.3K",
+            "1.5",
+            "16E",
+            "99999999999999999999999",
+            "K",
+            ".",
+            "4 K B",
+            "1e6",
+        ] {
+            let e = parse_size(bad).expect_err(bad);
+            assert!(e.to_string().contains(&format!("'{bad}'")), "{e}");
+        }
+        assert_eq!(parse_size("10X").unwrap_err().reason, "unknown unit");
+        assert_eq!(parse_size("16E").unwrap_err().reason, "too large");
+    }
+
+    #[test]
+    fn formats_sizes_like_zfs() {
+        assert_eq!(human_size(0), "0B");
+        assert_eq!(human_size(512), "512B");
+        assert_eq!(human_size(4096), "4K");
+        assert_eq!(human_size(8 << 30), "8G");
+        assert_eq!(human_size(3 << 29), "1.50G");
+        assert_eq!(human_size(15 * (1 << 30) + (1 << 29)), "15.5G");
+        assert_eq!(human_size(150 * (1 << 30) + (1 << 29)), "150G");
+        assert_eq!(human_size(1023 * 1024 + 1), "1023K");
+        assert_eq!(human_size(u64::MAX), "16.0E");
+    }
+
+    #[test]
+    fn renders_tables() {
+        let mut t = Table::new(&["name", "size", "health"]);
+        t.align_right(1);
+        t.push(vec!["tank".into(), "8G".into(), "ONLINE".into()]);
+        t.push(vec![
+            "backup-pool".into(),
+            "1.50T".into(),
+            "DEGRADED".into(),
+        ]);
+        assert_eq!(
+            t.render(false),
+            "NAME          SIZE  HEALTH\ntank            8G  ONLINE\nbackup-pool  1.50T  DEGRADED\n"
+        );
+        assert_eq!(
+            t.render(true),
+            "tank\t8G\tONLINE\nbackup-pool\t1.50T\tDEGRADED\n"
+        );
+    }
+
+    #[test]
+    fn empty_table_has_only_header() {
+        let t = Table::new(&["name"]);
+        assert_eq!(t.render(false), "NAME\n");
+        assert_eq!(t.render(true), "");
+    }
+}

@@ -1,0 +1,255 @@
+//! The engine as an NBD export provider: every volume `pool/vol` is the
+//! export of the same name.
+
+use dataset::{Engine, Extent, ReadSegment, Volume};
+use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
+use std::sync::Arc;
+
+/// NBD_STATE_HOLE / NBD_STATE_ZERO of the `base:allocation` context.
+pub const NBD_STATE_HOLE: u32 = 1;
+pub const NBD_STATE_ZERO: u32 = 2;
+pub const BASE_ALLOCATION: &str = "base:allocation";
+
+pub struct EngineExports {
+    engine: Arc<Engine>,
+}
+
+impl EngineExports {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+}
+
+impl ExportProvider for EngineExports {
+    fn list(&self) -> Vec<ExportInfo> {
+        self.engine
+            .volume_names()
+            .into_iter()
+            .map(|name| ExportInfo {
+                description: format!("Cistern volume {name}"),
+                name,
+            })
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
+        match self.engine.open_volume(name) {
+            Ok(v) => Some(Arc::new(VolumeExport::new(v))),
+            Err(dataset::Error::NotFound(_)) => None,
+            Err(e) => {
+                tracing::warn!(export = %name, "cannot open volume: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// One open volume as an NBD export.
+pub struct VolumeExport {
+    vol: Arc<Volume>,
+}
+
+impl VolumeExport {
+    pub fn new(vol: Arc<Volume>) -> Self {
+        Self { vol }
+    }
+}
+
+/// dataset::Error -> the NBD error the client sees.
+pub fn map_error(e: dataset::Error) -> ExportError {
+    use dataset::Error as E;
+    match e {
+        E::ReadOnly(m) => ExportError::Perm(format!("{m} is read-only")),
+        E::NoSpace(m) => ExportError::NoSpace(format!("out of space in pool {m}")),
+        E::InvalidArgument(m) => ExportError::Invalid(m),
+        other => {
+            tracing::warn!("volume I/O failed: {other}");
+            ExportError::Io(other.to_string())
+        }
+    }
+}
+
+pub fn map_segment(s: ReadSegment) -> ReadChunk {
+    match s {
+        ReadSegment::Data(d) => ReadChunk::Data(d),
+        ReadSegment::Hole(n) => ReadChunk::Hole(n),
+    }
+}
+
+/// Allocation extents -> base:allocation descriptors, merging neighbours
+/// with equal flags and dropping empty ones (NBD forbids zero-length extents).
+pub fn map_extents(extents: &[Extent]) -> Vec<StatusExtent> {
+    let mut out: Vec<StatusExtent> = Vec::with_capacity(extents.len());
+    for e in extents {
+        if e.len == 0 {
+            continue;
+        }
+        let mut flags = 0;
+        if e.hole {
+            flags |= NBD_STATE_HOLE;
+        }
+        if e.zero || e.hole {
+            flags |= NBD_STATE_ZERO;
+        }
+        match out.last_mut() {
+            Some(last)
+                if last.flags == flags
+                    && last
+                        .len
+                        .checked_add(e.len)
+                        .is_some_and(|l| l <= u32::MAX as u64) =>
+            {
+                last.len += e.len
+            }
+            _ => out.push(StatusExtent { len: e.len, flags }),
+        }
+    }
+    out
+}
+
+impl BlockExport for VolumeExport {
+    fn size(&self) -> u64 {
+        self.vol.size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.vol.read_only()
+    }
+
+    fn preferred_block_size(&self) -> u32 {
+        self.vol.block_size()
+    }
+
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        let segs = self.vol.read(offset, len).map_err(map_error)?;
+        Ok(segs.into_iter().map(map_segment).collect())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.vol.write(offset, data, fua).map_err(map_error)
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        self.vol.flush().map_err(map_error)
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.vol.trim(offset, len, fua).map_err(map_error)
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        allocate: bool,
+        fua: bool,
+    ) -> Result<(), ExportError> {
+        self.vol
+            .write_zeroes(offset, len, allocate, fua)
+            .map_err(map_error)
+    }
+
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError> {
+        if context != BASE_ALLOCATION {
+            return Err(ExportError::NotSupported(format!("meta context {context}")));
+        }
+        let extents = self.vol.allocation(offset, len).map_err(map_error)?;
+        let out = map_extents(&extents);
+        if out.is_empty() {
+            return Err(ExportError::Io(format!(
+                "no allocation information for {len} bytes at {offset}"
+            )));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataset::Error as E;
+
+    #[test]
+    fn maps_errors() {
+        assert!(matches!(
+            map_error(E::ReadOnly("tank/v".into())),
+            ExportError::Perm(_)
+        ));
+        assert!(matches!(
+            map_error(E::NoSpace("tank".into())),
+            ExportError::NoSpace(_)
+        ));
+        assert!(matches!(
+            map_error(E::InvalidArgument("x".into())),
+            ExportError::Invalid(_)
+        ));
+        assert!(matches!(
+            map_error(E::Corrupt("x".into())),
+            ExportError::Io(_)
+        ));
+        assert!(matches!(map_error(E::Io("x".into())), ExportError::Io(_)));
+        assert!(matches!(
+            map_error(E::NotFound("x".into())),
+            ExportError::Io(_)
+        ));
+        assert!(matches!(map_error(E::Busy("x".into())), ExportError::Io(_)));
+    }
+
+    #[test]
+    fn maps_read_segments() {
+        assert_eq!(
+            map_segment(ReadSegment::Data(vec![1, 2])),
+            ReadChunk::Data(vec![1, 2])
+        );
+        assert_eq!(map_segment(ReadSegment::Hole(4096)), ReadChunk::Hole(4096));
+    }
+
+    #[test]
+    fn maps_extents_to_allocation_flags() {
+        let ext = |len, hole, zero| Extent { len, hole, zero };
+        let got = map_extents(&[
+            ext(4096, true, true),
+            ext(4096, true, false), // a hole always reads as zeros
+            ext(0, false, false),
+            ext(8192, false, false),
+            ext(4096, false, true),
+            ext(4096, false, false),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                StatusExtent {
+                    len: 8192,
+                    flags: NBD_STATE_HOLE | NBD_STATE_ZERO
+                },
+                StatusExtent {
+                    len: 8192,
+                    flags: 0
+                },
+                StatusExtent {
+                    len: 4096,
+                    flags: NBD_STATE_ZERO
+                },
+                StatusExtent {
+                    len: 4096,
+                    flags: 0
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn does_not_merge_past_u32() {
+        let big = Extent {
+            len: u32::MAX as u64,
+            hole: true,
+            zero: true,
+        };
+        assert_eq!(map_extents(&[big, big]).len(), 2);
+    }
+}

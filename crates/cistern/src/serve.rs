@@ -1,0 +1,261 @@
+//! `cistern serve`: open the engine, serve NBD and the management API until
+//! SIGINT/SIGTERM, then commit and close every pool.
+
+use crate::config::{self, Config, Listen, Overrides, Resolved};
+use crate::nbd_adapter::EngineExports;
+use anyhow::{Context, Result};
+use clap::Args;
+use dataset::Engine;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Directory for the daemon's state (pool cache, ...).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// NBD listen address (default 127.0.0.1:10809).
+    #[arg(long, value_name = "ADDR")]
+    pub nbd: Option<String>,
+    /// TOML config file ([server] and [engine] sections); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The addresses actually bound (ports resolved when 0 was asked for).
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoints {
+    pub nbd: SocketAddr,
+    pub api: SocketAddr,
+}
+
+impl Endpoints {
+    pub fn nbd_uri(&self, export: &str) -> String {
+        format!("nbd://{}/{}", self.nbd, export)
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api)
+    }
+}
+
+/// Runs after the engine is open and before serving starts (quickstart's setup).
+pub type Setup = Box<dyn FnOnce(&Arc<Engine>) -> Result<()> + Send>;
+/// Runs once the endpoints are printed (quickstart prints its volumes).
+pub type Announce = Box<dyn FnOnce(&Arc<Engine>, &Endpoints) + Send>;
+
+pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let resolved = config::resolve(
+        cfg,
+        Overrides {
+            state_dir: args.state_dir,
+            nbd: args.nbd,
+            api: api_flag,
+        },
+        None,
+    )?;
+    run(resolved, None, None)
+}
+
+pub fn init_logging(filter: &str) -> Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) if !env.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&env)
+            .with_context(|| format!("bad RUST_LOG filter '{env}'"))?,
+        _ => tracing_subscriber::EnvFilter::try_new(filter)
+            .with_context(|| format!("bad log filter '{filter}'"))?,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    Ok(())
+}
+
+fn warn_if_public(what: &str, l: &Listen) {
+    if !l.addr.ip().is_loopback() {
+        tracing::warn!(
+            "{what} listens on {}, beyond loopback: anyone who can reach it can {}",
+            l.addr,
+            if what == "NBD" {
+                "read and write every volume"
+            } else {
+                "manage (and destroy) every pool"
+            }
+        );
+    }
+}
+
+async fn bind(what: &str, l: &Listen) -> Result<TcpListener> {
+    TcpListener::bind(l.addr)
+        .await
+        .with_context(|| format!("cannot listen for {what} on {}", l.addr))
+}
+
+/// Serves until a signal; `setup` runs once the engine is open.
+pub fn run(r: Resolved, setup: Option<Setup>, announce: Option<Announce>) -> Result<()> {
+    init_logging(&r.log)?;
+    std::fs::create_dir_all(&r.state_dir)
+        .with_context(|| format!("cannot create state directory {}", r.state_dir.display()))?;
+    let state_dir = std::path::absolute(&r.state_dir).unwrap_or_else(|_| r.state_dir.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("cistern")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(serve(r, state_dir, setup, announce))
+}
+
+async fn serve(
+    r: Resolved,
+    state_dir: PathBuf,
+    setup: Option<Setup>,
+    announce: Option<Announce>,
+) -> Result<()> {
+    // Bind first: a taken port fails before any pool is touched.
+    let nbd_listener = bind("NBD", &r.nbd).await?;
+    let api_listener = bind("the API", &r.api).await?;
+    if r.nbd.explicit {
+        warn_if_public("NBD", &r.nbd);
+    }
+    if r.api.explicit {
+        warn_if_public("API", &r.api);
+    }
+    let endpoints = Endpoints {
+        nbd: nbd_listener.local_addr()?,
+        api: api_listener.local_addr()?,
+    };
+
+    tracing::info!(state_dir = %state_dir.display(), "opening engine");
+    let engine = open_engine(&state_dir, r.engine.clone()).await?;
+    if let Some(setup) = setup {
+        let e = engine.clone();
+        if let Err(err) = spawn_blocking(move || setup(&e)).await {
+            shutdown_engine(&engine).await;
+            return Err(err);
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let provider = Arc::new(EngineExports::new(engine.clone()));
+    let mut nbd_task = tokio::spawn(nbd::serve(nbd_listener, provider, stop_rx.clone()));
+    let state =
+        api::ApiState::new(engine.clone()).with_metrics(Arc::new(crate::nbd_metrics::render));
+    let mut api_rx = stop_rx.clone();
+    let mut api_task = tokio::spawn(async move {
+        api::server::serve(api_listener, state, async move {
+            let _ = api_rx.wait_for(|stop| *stop).await;
+        })
+        .await
+    });
+
+    println!(
+        "Cistern {} serving {}",
+        env!("CARGO_PKG_VERSION"),
+        state_dir.display()
+    );
+    println!("NBD: {}", endpoints.nbd_uri("<export>"));
+    println!("API: {}", endpoints.api_url());
+    if let Some(announce) = announce {
+        announce(&engine, &endpoints);
+    }
+    tracing::info!(nbd = %endpoints.nbd, api = %endpoints.api, "serving");
+
+    let mut failed: Option<anyhow::Error> = None;
+    tokio::select! {
+        sig = wait_for_signal() => match sig {
+            Ok(name) => tracing::info!("{name}: shutting down"),
+            Err(e) => failed = Some(e.context("cannot wait for signals")),
+        },
+        res = &mut nbd_task => {
+            failed = Some(task_error("NBD server", res.map(|r| r.map_err(anyhow::Error::from))));
+        }
+        res = &mut api_task => {
+            failed = Some(task_error("API server", res.map(|r| r.map_err(anyhow::Error::from))));
+        }
+    }
+    let _ = stop_tx.send(true);
+    // A second signal while we commit ends the process at once; the intent
+    // log makes that safe for acknowledged writes.
+    tokio::spawn(async {
+        if wait_for_signal().await.is_ok() {
+            tracing::warn!("second signal: exiting without a clean shutdown");
+            std::process::exit(130);
+        }
+    });
+    let grace = Duration::from_secs(10);
+    if !nbd_task.is_finished() && tokio::time::timeout(grace, &mut nbd_task).await.is_err() {
+        tracing::warn!("NBD connections still open after {grace:?}; closing anyway");
+        nbd_task.abort();
+    }
+    if !api_task.is_finished() && tokio::time::timeout(grace, &mut api_task).await.is_err() {
+        tracing::warn!("API connections still open after {grace:?}; closing anyway");
+        api_task.abort();
+    }
+    tracing::info!("committing and closing pools");
+    let shut = {
+        let e = engine.clone();
+        spawn_blocking(move || e.shutdown().context("engine shutdown failed")).await
+    };
+    match (failed, shut) {
+        (Some(e), _) => Err(e),
+        (None, Err(e)) => Err(e),
+        (None, Ok(())) => {
+            tracing::info!("stopped");
+            Ok(())
+        }
+    }
+}
+
+fn task_error(what: &str, res: Result<Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    match res {
+        Ok(Ok(())) => anyhow::anyhow!("{what} stopped unexpectedly"),
+        Ok(Err(e)) => e.context(format!("{what} failed")),
+        Err(e) => anyhow::anyhow!("{what} crashed: {e}"),
+    }
+}
+
+async fn open_engine(state_dir: &Path, cfg: dataset::EngineConfig) -> Result<Arc<Engine>> {
+    let dir = state_dir.to_path_buf();
+    spawn_blocking(move || {
+        Engine::open(&dir, cfg)
+            .with_context(|| format!("cannot open state directory {}", dir.display()))
+    })
+    .await
+}
+
+async fn shutdown_engine(engine: &Arc<Engine>) {
+    let e = engine.clone();
+    if let Err(err) = spawn_blocking(move || Ok(e.shutdown()?)).await {
+        tracing::error!("engine shutdown failed: {err:#}");
+    }
+}
+
+async fn spawn_blocking<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err(anyhow::anyhow!("engine call crashed: {e}")),
+    }
+}
+
+/// Resolves with the name of the first SIGINT or SIGTERM.
+async fn wait_for_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
+}
