@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# bench/nbd.sh: fio's nbd engine against Cistern and against nbdkit's file
+# plugin, one run, same disk. A benchmark, not a test: it prints figures.
+#
+#   bash bench/nbd.sh                       # all targets, 15 s per timed test
+#   RUNTIME=5 TARGETS="nbdkit cistern:off:16K" bash bench/nbd.sh
+#
+# Tests (each target gets a fresh 1 GiB volume / file):
+#   randwrite-4k-flush  8 jobs (8 connections), 4 KiB random writes, each
+#                       followed by a FLUSH (fio --fsync=1), iodepth 1
+#   seqwrite-1m         1 MiB sequential writes over the whole volume, iodepth 8
+#   seqread-1m          1 MiB sequential reads of what seqwrite-1m wrote
+# Prints IOPS, MB/s, p99 latency, the ratio Cistern/nbdkit of each test's
+# main figure (IOPS for 4K, MB/s for 1M), and the daemon's peak/current RSS.
+#
+# Environment:
+#   RUNTIME=15          seconds per timed test (randwrite, seqread)
+#   SIZE=1G             volume / file size
+#   JOBS=8              jobs (= connections) of randwrite-4k-flush
+#   COMPRESS_PCT=50     fio --buffer_compress_percentage (how compressible the data is)
+#   TARGETS="nbdkit cistern:off:16K cistern:lz4:16K cistern:off:4K cistern:lz4:4K"
+#   POOL_LAYOUT=single  or "mirror" (two files on the same disk)
+#   BENCH_DIR=bench/out/nbd-<time>   where files, logs and fio JSON go (same disk)
+#   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
+#   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNTIME="${RUNTIME:-15}"
+SIZE="${SIZE:-1G}"
+JOBS="${JOBS:-8}"
+COMPRESS_PCT="${COMPRESS_PCT:-50}"
+TARGETS="${TARGETS:-nbdkit cistern:off:16K cistern:lz4:16K cistern:off:4K cistern:lz4:4K}"
+POOL_LAYOUT="${POOL_LAYOUT:-single}"
+BENCH_DIR="${BENCH_DIR:-$ROOT/bench/out/nbd-$(date +%Y%m%d-%H%M%S)}"
+CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"
+DROP_CACHES="${DROP_CACHES:-0}"
+
+for tool in fio nbdkit python3; do
+    command -v "$tool" >/dev/null || { echo "bench/nbd.sh: $tool is not installed (bash scripts/test.sh installs it)" >&2; exit 1; }
+done
+if [[ " $TARGETS" == *" cistern:"* && ! -x "$CISTERN_BIN" ]]; then
+    echo "==> building $CISTERN_BIN" >&2
+    (cd "$ROOT" && cargo build --release -p cistern)
+fi
+mkdir -p "$BENCH_DIR"
+BENCH_DIR="$(cd "$BENCH_DIR" && pwd)"
+RESULTS="$BENCH_DIR/results.tsv"
+: >"$RESULTS"
+
+# ---------------------------------------------------------------- processes
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait "$pid" 2>/dev/null || true
+    done
+    PIDS=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() { # port timeout
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "port $1 did not open within $2 s" >&2
+    return 1
+}
+
+rss() { # pid -> "VmHWM VmRSS" in MiB
+    awk '/^VmHWM:/ {h=$2} /^VmRSS:/ {r=$2} END {printf "%.0f %.0f", h/1024, r/1024}' "/proc/$1/status"
+}
+
+drop_caches() {
+    if [[ "$DROP_CACHES" == 1 ]]; then
+        sync
+        echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop caches)" >&2
+    fi
+}
+
+# ---------------------------------------------------------------- fio
+# run_fio TARGET TEST URI -> JSON in $BENCH_DIR/TARGET.TEST.json, a row in results.tsv
+run_fio() {
+    local target="$1" test="$2" uri="$3" out="$BENCH_DIR/${1//[:\/]/_}.$2.json"
+    local common=(--ioengine=nbd "--uri=$uri" --output-format=json "--output=$out"
+        "--buffer_compress_percentage=$COMPRESS_PCT" --buffer_compress_chunk=4k --refill_buffers)
+    case "$test" in
+    randwrite-4k-flush)
+        local per_job
+        per_job=$(python3 -c "import sys; s=sys.argv[1].upper(); u={'K':1<<10,'M':1<<20,'G':1<<30,'T':1<<40}; n=int(float(s[:-1])*u[s[-1]]) if s[-1] in u else int(s); print(n//$JOBS//4096*4096)" "$SIZE")
+        fio --name="$test" "${common[@]}" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 \
+            --numjobs="$JOBS" --size="$per_job" --offset_increment="$per_job" \
+            --time_based --runtime="$RUNTIME" --ramp_time=1 --group_reporting >"$out.log" 2>&1
+        ;;
+    seqwrite-1m)
+        fio --name="$test" "${common[@]}" --rw=write --bs=1M --iodepth=8 --numjobs=1 \
+            --size="$SIZE" --runtime=$((RUNTIME * 4)) --end_fsync=1 >"$out.log" 2>&1
+        ;;
+    seqread-1m)
+        drop_caches
+        fio --name="$test" "${common[@]}" --rw=read --bs=1M --iodepth=8 --numjobs=1 \
+            --size="$SIZE" --time_based --runtime="$RUNTIME" >"$out.log" 2>&1
+        ;;
+    esac || { echo "fio $test on $target failed:" >&2; cat "$out.log" >&2; return 1; }
+    python3 - "$target" "$test" "$out" >>"$RESULTS" <<'EOF'
+import json, sys
+target, test, path = sys.argv[1:]
+job = json.load(open(path))["jobs"][0]
+d = job["read"] if test.startswith("seqread") else job["write"]
+p99 = d["clat_ns"]["percentile"].get("99.000000", 0) / 1e6
+sync = job.get("sync", {}).get("lat_ns", {}).get("percentile", {}).get("99.000000", 0) / 1e6
+print(f"{test}\t{target}\t{d['iops']:.0f}\t{d['bw_bytes'] / 1e6:.1f}\t{p99:.2f}\t{sync:.2f}")
+EOF
+}
+
+# ---------------------------------------------------------------- targets
+bench_nbdkit() {
+    local dir="$BENCH_DIR/nbdkit" port pid
+    mkdir -p "$dir"
+    truncate -s "$SIZE" "$dir/disk.img"
+    port=$(free_port)
+    nbdkit -f -i 127.0.0.1 -p "$port" file "$dir/disk.img" >"$dir/nbdkit.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$port" 30
+    local uri="nbd://127.0.0.1:$port/"
+    for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
+        echo "   nbdkit-file $t" >&2
+        run_fio nbdkit-file "$t" "$uri"
+    done
+    printf 'rss\tnbdkit-file\t%s\n' "$(rss "$pid")" >>"$RESULTS"
+    cleanup
+}
+
+bench_cistern() { # compression volblocksize
+    local comp="$1" vbs="$2" name="cistern-$1-$2"
+    local dir="$BENCH_DIR/$name" nbd_port api_port pid
+    mkdir -p "$dir/disks"
+    nbd_port=$(free_port)
+    api_port=$(free_port)
+    while [[ "$api_port" == "$nbd_port" ]]; do api_port=$(free_port); done
+    "$CISTERN_BIN" serve --state-dir "$dir/state" --nbd "127.0.0.1:$nbd_port" --api "127.0.0.1:$api_port" \
+        >"$dir/daemon.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$api_port" 60
+    wait_port "$nbd_port" 60
+    export CISTERN_API="http://127.0.0.1:$api_port"
+    local devs=("$dir/disks/d0")
+    [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
+    "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
+    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/vol >/dev/null
+    local uri="nbd://127.0.0.1:$nbd_port/bench/vol"
+    for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
+        echo "   $name $t" >&2
+        run_fio "$name" "$t" "$uri"
+    done
+    printf 'rss\t%s\t%s\n' "$name" "$(rss "$pid")" >>"$RESULTS"
+    "$CISTERN_BIN" get compressratio,used,logicalused bench/vol >"$dir/props.txt" 2>&1 ||
+        "$CISTERN_BIN" get all bench/vol >"$dir/props.txt" 2>&1 || true
+    unset CISTERN_API
+    cleanup
+    if grep -q "panicked at" "$dir/daemon.log"; then
+        echo "warning: the daemon panicked, see $dir/daemon.log" >&2
+    fi
+}
+
+echo "==> bench/nbd.sh: RUNTIME=${RUNTIME}s SIZE=$SIZE JOBS=$JOBS COMPRESS_PCT=$COMPRESS_PCT POOL_LAYOUT=$POOL_LAYOUT" >&2
+echo "    files on $(df -h --output=source,fstype "$BENCH_DIR" | tail -1 | tr -s ' ') in $BENCH_DIR" >&2
+for t in $TARGETS; do
+    case "$t" in
+    nbdkit) bench_nbdkit ;;
+    cistern:*:*)
+        IFS=: read -r _ comp vbs <<<"$t"
+        bench_cistern "$comp" "$vbs"
+        ;;
+    *) echo "unknown target $t" >&2; exit 2 ;;
+    esac
+done
+
+# ---------------------------------------------------------------- report
+python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
+import sys
+rows, rss = [], {}
+for line in open(sys.argv[1]):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "rss":
+        rss[f[1]] = f[2]
+    else:
+        rows.append(f)
+base = {r[0]: r for r in rows if r[1] == "nbdkit-file"}
+print(f"{'test':<20} {'target':<20} {'IOPS':>9} {'MB/s':>9} {'p99 ms':>8} {'flush p99':>9} {'vs nbdkit':>9}")
+for test in ("randwrite-4k-flush", "seqwrite-1m", "seqread-1m"):
+    for r in (r for r in rows if r[0] == test):
+        _, target, iops, mbs, p99, sp99 = r
+        key = 2 if test.startswith("randwrite") else 3
+        ratio = ""
+        if test in base and target != "nbdkit-file" and float(base[test][key]) > 0:
+            ratio = f"{float(r[key]) / float(base[test][key]):.2f}x"
+        sp = sp99 if float(sp99) > 0 else "-"
+        print(f"{test:<20} {target:<20} {iops:>9} {mbs:>9} {p99:>8} {sp:>9} {ratio:>9}")
+print()
+print("peak RSS (VmHWM) / RSS at the end, MiB:")
+for t, v in rss.items():
+    h, r = v.split()
+    print(f"  {t:<20} {h:>6} / {r}")
+print()
+print("ratio = Cistern / nbdkit on IOPS (4K) or MB/s (1M); targets: >= 1.0x on 4K+flush, >= 0.8x sequential")
+EOF
+echo "(raw fio JSON, logs: $BENCH_DIR)" >&2
