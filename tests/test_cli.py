@@ -187,7 +187,8 @@ def test_shrinking_volsize_is_refused(daemon, pool):
 
 @pytest.mark.parametrize("size", ["12Q", "abc", "-1G", "1.5.3G", ""])
 def test_bad_size_is_refused(daemon, pool, size):
-    p = daemon.cli("create", "-V", size, "tank/bad", check=False)
+    p = daemon.cli("create", f"-V={size}" if size.startswith("-") else "-V", *([] if size.startswith("-") else [size]),
+                   "tank/bad", check=False)
     _fails(p, re.escape(repr(size)[1:-1]) if size else r"size")
     assert "tank/bad" not in _first_col(daemon.cli("list", "-H", "-t", "all").stdout)
 
