@@ -20,10 +20,11 @@ use std::process::ExitCode;
     version,
     about = "A checksummed, copy-on-write storage server in user space"
 )]
-#[command(propagate_version = true, disable_help_subcommand = true)]
+#[command(disable_help_subcommand = true)]
 pub struct Cli {
-    /// Management API: the URL commands talk to [env: CISTERN_API; default: http://127.0.0.1:10810].
-    /// For `serve`/`quickstart`: the address to listen on (default 127.0.0.1:10810).
+    /// Daemon API URL [env: CISTERN_API] [default: http://127.0.0.1:10810];
+    /// for serve/quickstart the address to listen on
+    #[arg(verbatim_doc_comment)]
     #[arg(
         long,
         global = true,
@@ -87,5 +88,89 @@ fn main() -> ExitCode {
             output::error(&e);
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn api_source(args: &[&str]) -> (Option<String>, Option<ValueSource>) {
+        let m = Cli::command().try_get_matches_from(args).unwrap();
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        (cli.api, m.value_source("api"))
+    }
+
+    #[test]
+    fn global_api_flag_works_before_and_after_the_subcommand() {
+        let (api, src) = api_source(&["cistern", "--api", "http://h:1", "list"]);
+        assert_eq!(api.as_deref(), Some("http://h:1"));
+        assert_eq!(src, Some(ValueSource::CommandLine));
+        let (api, src) = api_source(&[
+            "cistern",
+            "serve",
+            "--state-dir",
+            "/s",
+            "--api",
+            "127.0.0.1:5",
+        ]);
+        assert_eq!(api.as_deref(), Some("127.0.0.1:5"));
+        assert_eq!(src, Some(ValueSource::CommandLine));
+    }
+
+    #[test]
+    fn parses_zfs_style_commands() {
+        let m = Cli::try_parse_from([
+            "cistern",
+            "create",
+            "-V",
+            "1.5G",
+            "-o",
+            "compression=lz4",
+            "-o",
+            "volblocksize=16K",
+            "tank/v",
+        ])
+        .unwrap();
+        match m.command {
+            Command::Create(a) => {
+                assert_eq!(a.volsize, 3 << 29);
+                assert_eq!(a.props.len(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Cli::try_parse_from(["cistern", "create", "-V", "10X", "tank/v"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("'10X'"), "{e}");
+        assert!(Cli::try_parse_from([
+            "cistern", "pool", "create", "-s", "8G", "-f", "tank", "mirror", "a", "b"
+        ])
+        .is_ok());
+        assert!(Cli::try_parse_from([
+            "cistern",
+            "list",
+            "-H",
+            "-p",
+            "-o",
+            "name,used",
+            "-t",
+            "volume",
+            "-r",
+            "tank"
+        ])
+        .is_ok());
+        assert!(Cli::try_parse_from([
+            "cistern", "get", "-H", "-p", "-o", "value", "all", "tank", "tank/v"
+        ])
+        .is_ok());
+        assert!(
+            Cli::try_parse_from(["cistern", "pool", "import", "-d", "a", "-d", "b", "tank"])
+                .is_ok()
+        );
     }
 }
