@@ -219,7 +219,12 @@ pub fn run(
         None
     };
     let mut last = (Instant::now(), 0u64);
+    let mut interrupted = false;
     while !stop.load(Ordering::Relaxed) && start.elapsed() < cfg.duration {
+        if crate::interrupt::requested() {
+            interrupted = true;
+            break;
+        }
         std::thread::sleep(Duration::from_millis(100));
         if let Some(b) = &bar {
             b.set_position(start.elapsed().as_secs().min(seconds as u64));
@@ -259,6 +264,9 @@ pub fn run(
     }
     if let Some(e) = first_err {
         return Err(e.context("benchmark stopped"));
+    }
+    if interrupted {
+        bail!("interrupted");
     }
     let mut all = reads.clone();
     all.merge(&writes);

@@ -8,7 +8,9 @@
 //! * [`nbd_client`]: a small blocking NBD client.
 //! * [`svg`]: hand-written SVG charts.
 
+pub mod cli;
 pub mod compress;
+pub mod interrupt;
 pub mod iops;
 pub mod latency;
 pub mod nbd_client;

@@ -411,9 +411,13 @@ mod tests {
 
     #[test]
     fn constant_rate_needs_ceil_target_over_rate_everywhere() {
-        for (rate, target) in [(12_000.0, 100_000.0), (10_000.0, 100_000.0), (7.0, 50.0)] {
+        for (rate, target) in [
+            (12_000.0f64, 100_000.0f64),
+            (10_000.0, 100_000.0),
+            (7.0, 50.0),
+        ] {
             let s = vec![rate; 30];
-            let want = (target / rate as f64).ceil() as u64;
+            let want = (target / rate).ceil() as u64;
             assert_eq!(best_case(&s, target).unwrap(), want);
             assert_eq!(monte_carlo(&s, target, 0.99, 1000, 1).unwrap().nodes, want);
             assert_eq!(exact(&s, target, 0.99, 64).unwrap().nodes, want);

@@ -59,7 +59,7 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         "h" => v * 3600.0,
         u => bail!("duration {s:?}: unknown unit {u:?} (use ms, s, m or h)"),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         bail!("duration {s:?} out of range");
     }
     Ok(Duration::from_secs_f64(secs))
