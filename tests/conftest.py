@@ -146,6 +146,7 @@ class Daemon:
         e = dict(os.environ)
         e["CISTERN_API"] = self.api_url
         e.setdefault("RUST_BACKTRACE", "1")
+        e.setdefault("NO_COLOR", "1")  # plain daemon logs
         return e
 
     # -- lifecycle

@@ -96,10 +96,10 @@ def test_persistence_across_restart(make_volume, stop):
     with vol.connected() as h:
         for off, data in blocks.items():
             h.pwrite(data, off)
-        h.trim(1 * MiB, 37 * MiB + 16 * KiB)
+        h.trim(1 * MiB, 37 * MiB + 16 * KiB)  # keeps the first 16K of the block at 37M
         if stop == "sigkill_after_flush":
             h.flush()
-    blocks[37 * MiB] = bytes(16 * KiB) + blocks[37 * MiB][16 * KiB:]
+    blocks[37 * MiB] = blocks[37 * MiB][:16 * KiB] + bytes(100 * KiB - 16 * KiB)
     if stop == "sigterm":
         rc = d.stop()
         assert rc == 0, f"daemon exited with {rc} on SIGTERM"
