@@ -46,7 +46,12 @@ impl BlockPointer {
     pub fn encode(&self) -> Vec<u8> {
         assert!(!self.dvas.is_empty() && self.dvas.len() <= MAX_DVAS);
         let mut out = Vec::with_capacity(20 + 16 * self.dvas.len() + 32);
-        out.extend_from_slice(&[BP_VERSION, self.compression as u8, self.checksum_algo as u8, self.dvas.len() as u8]);
+        out.extend_from_slice(&[
+            BP_VERSION,
+            self.compression as u8,
+            self.checksum_algo as u8,
+            self.dvas.len() as u8,
+        ]);
         out.extend_from_slice(&self.lsize.to_le_bytes());
         out.extend_from_slice(&self.psize.to_le_bytes());
         out.extend_from_slice(&self.birth.to_le_bytes());
@@ -65,8 +70,10 @@ impl BlockPointer {
         if header[0] != BP_VERSION {
             return Err(BpDecodeError::Version(header[0]));
         }
-        let compression = CompressionAlgo::from_code(header[1]).ok_or(BpDecodeError::Malformed("compression"))?;
-        let checksum_algo = ChecksumAlgo::from_code(header[2]).ok_or(BpDecodeError::Malformed("checksum algorithm"))?;
+        let compression =
+            CompressionAlgo::from_code(header[1]).ok_or(BpDecodeError::Malformed("compression"))?;
+        let checksum_algo = ChecksumAlgo::from_code(header[2])
+            .ok_or(BpDecodeError::Malformed("checksum algorithm"))?;
         let ndva = header[3] as usize;
         if ndva == 0 || ndva > MAX_DVAS {
             return Err(BpDecodeError::Malformed("DVA count"));
@@ -83,11 +90,23 @@ impl BlockPointer {
         let dvas = (0..ndva)
             .map(|i| {
                 let o = 20 + 16 * i;
-                Dva { group: u32_at(o), offset: u64_at(o + 4), asize: u32_at(o + 12) }
+                Dva {
+                    group: u32_at(o),
+                    offset: u64_at(o + 4),
+                    asize: u32_at(o + 12),
+                }
             })
             .collect();
         let mut checksum = [0u8; 32];
         checksum.copy_from_slice(&b[20 + 16 * ndva..]);
-        Ok(BlockPointer { dvas, lsize: u32_at(4), psize: u32_at(8), compression, checksum_algo, checksum, birth: u64_at(12) })
+        Ok(BlockPointer {
+            dvas,
+            lsize: u32_at(4),
+            psize: u32_at(8),
+            compression,
+            checksum_algo,
+            checksum,
+            birth: u64_at(12),
+        })
     }
 }

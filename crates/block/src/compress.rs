@@ -73,7 +73,9 @@ impl fmt::Display for Compression {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("bad compression '{0}': expected off, on, lz4, zstd, zstd-1..zstd-19, gzip or gzip-1..gzip-9")]
+#[error(
+    "bad compression '{0}': expected off, on, lz4, zstd, zstd-1..zstd-19, gzip or gzip-1..gzip-9"
+)]
 pub struct ParseCompressionError(pub String);
 
 impl FromStr for Compression {
@@ -117,7 +119,10 @@ pub fn compress(setting: Compression, data: &[u8]) -> Option<Vec<u8>> {
         Compression::Lz4 => lz4_flex::block::compress(data),
         Compression::Zstd(level) => zstd::bulk::compress(data, level as i32).ok()?,
         Compression::Gzip(level) => {
-            let mut enc = flate2::write::DeflateEncoder::new(Vec::with_capacity(data.len() / 2), flate2::Compression::new(level as u32));
+            let mut enc = flate2::write::DeflateEncoder::new(
+                Vec::with_capacity(data.len() / 2),
+                flate2::Compression::new(level as u32),
+            );
             enc.write_all(data).ok()?;
             enc.finish().ok()?
         }
@@ -134,12 +139,24 @@ pub struct DecompressError {
 }
 
 /// Decompresses a block whose logical size is `lsize`.
-pub fn decompress(algo: CompressionAlgo, src: &[u8], lsize: usize) -> Result<Vec<u8>, DecompressError> {
-    let err = |reason: String| DecompressError { algo, lsize, reason };
+pub fn decompress(
+    algo: CompressionAlgo,
+    src: &[u8],
+    lsize: usize,
+) -> Result<Vec<u8>, DecompressError> {
+    let err = |reason: String| DecompressError {
+        algo,
+        lsize,
+        reason,
+    };
     let out = match algo {
         CompressionAlgo::Off => src.to_vec(),
-        CompressionAlgo::Lz4 => lz4_flex::block::decompress(src, lsize).map_err(|e| err(e.to_string()))?,
-        CompressionAlgo::Zstd => zstd::bulk::decompress(src, lsize).map_err(|e| err(e.to_string()))?,
+        CompressionAlgo::Lz4 => {
+            lz4_flex::block::decompress(src, lsize).map_err(|e| err(e.to_string()))?
+        }
+        CompressionAlgo::Zstd => {
+            zstd::bulk::decompress(src, lsize).map_err(|e| err(e.to_string()))?
+        }
         CompressionAlgo::Gzip => {
             let mut out = Vec::with_capacity(lsize);
             flate2::read::DeflateDecoder::new(src)

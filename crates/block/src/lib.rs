@@ -7,7 +7,9 @@ mod compress;
 
 pub use bp::{BlockPointer, BpDecodeError, BP_VERSION, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
-pub use compress::{compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError};
+pub use compress::{
+    compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
+};
 
 use pool::{Dva, Pool, PoolError};
 
@@ -58,7 +60,13 @@ pub fn encode(data: &[u8], compression: Compression, checksum_algo: ChecksumAlgo
         None => (data.to_vec(), CompressionAlgo::Off),
     };
     let checksum = checksum_algo.compute(&payload);
-    EncodedBlock { payload, lsize: data.len() as u32, compression: algo, checksum_algo, checksum }
+    EncodedBlock {
+        payload,
+        lsize: data.len() as u32,
+        compression: algo,
+        checksum_algo,
+        checksum,
+    }
 }
 
 /// Fetches a block, verifies its checksum (healing bad copies from good
@@ -77,8 +85,15 @@ pub fn read_block(pool: &Pool, bp: &BlockPointer) -> Result<Vec<u8>, BlockError>
 
 /// Places one encoded block: allocates, writes every copy. The caller
 /// records the pointer in the txg that `birth` names.
-pub fn write_block(pool: &Pool, block: &EncodedBlock, birth: u64) -> Result<BlockPointer, BlockError> {
-    let dva = pool.allocator().allocate(block.psize() as u64).ok_or(BlockError::NoSpace)?;
+pub fn write_block(
+    pool: &Pool,
+    block: &EncodedBlock,
+    birth: u64,
+) -> Result<BlockPointer, BlockError> {
+    let dva = pool
+        .allocator()
+        .allocate(block.psize() as u64)
+        .ok_or(BlockError::NoSpace)?;
     pool.write(dva, &block.payload)?;
     Ok(block.pointer(dva, birth))
 }
@@ -102,7 +117,9 @@ mod tests {
 
     #[test]
     fn incompressible_blocks_are_stored_raw_and_text_shrinks() {
-        let random: Vec<u8> = (0..16384u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let random: Vec<u8> = (0..16384u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         let text = b"the quick brown fox jumps over the lazy dog. ".repeat(400)[..16384].to_vec();
         for c in Compression::all_settings() {
             let e = encode(&text, c, ChecksumAlgo::Blake3);
@@ -120,7 +137,11 @@ mod tests {
     #[test]
     fn bp_encoding_round_trips_and_rejects_garbage() {
         let bp = BlockPointer {
-            dvas: vec![Dva { group: 1, offset: 8192, asize: 4096 }],
+            dvas: vec![Dva {
+                group: 1,
+                offset: 8192,
+                asize: 4096,
+            }],
             lsize: 16384,
             psize: 3000,
             compression: CompressionAlgo::Zstd,
@@ -130,7 +151,10 @@ mod tests {
         };
         let enc = bp.encode();
         assert_eq!(BlockPointer::decode(&enc).unwrap(), bp);
-        assert_eq!(BlockPointer::decode(&enc[..10]), Err(BpDecodeError::Malformed("too short")));
+        assert_eq!(
+            BlockPointer::decode(&enc[..10]),
+            Err(BpDecodeError::Malformed("too short"))
+        );
         let mut v2 = enc.clone();
         v2[0] = 2;
         assert_eq!(BlockPointer::decode(&v2), Err(BpDecodeError::Version(2)));
@@ -147,6 +171,9 @@ mod tests {
         assert_eq!(read_block(&pool, &bp).unwrap(), data);
         let at = pool.regions.data_offset + bp.dvas[0].offset;
         pool.groups[0].devices[0].write_at(at + 3, b"XX").unwrap();
-        assert!(matches!(read_block(&pool, &bp), Err(BlockError::Pool(PoolError::Unrecoverable { .. }))));
+        assert!(matches!(
+            read_block(&pool, &bp),
+            Err(BlockError::Pool(PoolError::Unrecoverable { .. }))
+        ));
     }
 }

@@ -75,7 +75,16 @@ fn checksum(guid: u64, header: &[u8], payload: &[u8]) -> [u8; 32] {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn encode(guid: u64, kind: RecordKind, seq: u64, dataset: u64, offset: u64, length: u64, payload: &[u8], out: &mut Vec<u8>) {
+fn encode(
+    guid: u64,
+    kind: RecordKind,
+    seq: u64,
+    dataset: u64,
+    offset: u64,
+    length: u64,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) {
     let start = out.len();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[kind as u8, 0, 0, 0]);
@@ -171,16 +180,25 @@ impl IntentLog {
         while scanned <= 2 * size && pos + HEADER as u64 <= size {
             let mut header = [0u8; HEADER];
             let verify_header = |b: &[u8]| parse_header(b, seq).is_some();
-            if region.read_verified(pos, &mut header, verify_header).is_err() {
+            if region
+                .read_verified(pos, &mut header, verify_header)
+                .is_err()
+            {
                 break;
             }
-            let Some((kind, dataset, offset, length, payload_len)) = parse_header(&header, seq) else { break };
+            let Some((kind, dataset, offset, length, payload_len)) = parse_header(&header, seq)
+            else {
+                break;
+            };
             let total = HEADER + payload_len;
             if pos + total as u64 > size {
                 break;
             }
             let mut rec = vec![0u8; total];
-            let verify = |b: &[u8]| parse_header(b, seq).is_some() && checksum(pool_guid, &b[..48], &b[HEADER..]) == b[48..80];
+            let verify = |b: &[u8]| {
+                parse_header(b, seq).is_some()
+                    && checksum(pool_guid, &b[..48], &b[HEADER..]) == b[48..80]
+            };
             if region.read_verified(pos, &mut rec, verify).is_err() {
                 break;
             }
@@ -194,12 +212,23 @@ impl IntentLog {
                 continue;
             }
             if seq >= cp.applied_seq {
-                records.push(LogRecord { seq, kind, dataset, offset, length, payload: rec.split_off(HEADER) });
+                records.push(LogRecord {
+                    seq,
+                    kind,
+                    dataset,
+                    offset,
+                    length,
+                    payload: rec.split_off(HEADER),
+                });
             }
             seq += 1;
             pos += total as u64;
         }
-        tracing::info!(records = records.len(), from_seq = cp.applied_seq, "intent log replayed");
+        tracing::info!(
+            records = records.len(),
+            from_seq = cp.applied_seq,
+            "intent log replayed"
+        );
         let next_seq = seq.max(cp.applied_seq);
         let log = IntentLog {
             region,
@@ -230,16 +259,37 @@ impl IntentLog {
 
     /// Adds a record in memory and returns its sequence number. Callers hold
     /// their own lock so that log order matches the order they apply changes.
-    pub fn append(&self, kind: RecordKind, dataset: u64, offset: u64, length: u64, payload: &[u8]) -> u64 {
+    pub fn append(
+        &self,
+        kind: RecordKind,
+        dataset: u64,
+        offset: u64,
+        length: u64,
+        payload: &[u8],
+    ) -> u64 {
         assert!(kind != RecordKind::Jump);
         let mut st = self.state.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
         let mut bytes = Vec::with_capacity(HEADER + payload.len());
-        encode(self.pool_guid, kind, seq, dataset, offset, length, payload, &mut bytes);
+        encode(
+            self.pool_guid,
+            kind,
+            seq,
+            dataset,
+            offset,
+            length,
+            payload,
+            &mut bytes,
+        );
         st.pending_bytes += bytes.len();
         st.pending.push_back(Pending { seq, bytes });
         seq
+    }
+
+    /// Sequence number of the newest record appended (0 if none ever was).
+    pub fn last_seq(&self) -> u64 {
+        self.state.lock().next_seq - 1
     }
 
     /// Bytes of records held in memory, not yet written.
@@ -251,7 +301,11 @@ impl IntentLog {
     /// caller's append lock): every record appended before is in that txg.
     pub fn checkpoint(&self) -> Checkpoint {
         let st = self.state.lock();
-        Checkpoint { applied_seq: st.next_seq, replay_pos: st.write_pos, expect_seq: st.next_disk_seq }
+        Checkpoint {
+            applied_seq: st.next_seq,
+            replay_pos: st.write_pos,
+            expect_seq: st.next_disk_seq,
+        }
     }
 
     /// The txg that took `cp` is committed: records before it are dropped
@@ -308,7 +362,9 @@ impl IntentLog {
                         Ok(()) => {
                             st.durable_seq = st.durable_seq.max(last + 1);
                             self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                            self.stats.records.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                            self.stats
+                                .records
+                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
                         }
                         Err(e) => {
                             tracing::error!(error = %e, "intent log write failed");
@@ -322,7 +378,9 @@ impl IntentLog {
                         st.pending.push_front(p);
                     }
                     if !full {
-                        return Err(LogError::TooLarge(st.pending.front().map_or(0, |p| p.bytes.len())));
+                        return Err(LogError::TooLarge(
+                            st.pending.front().map_or(0, |p| p.bytes.len()),
+                        ));
                     }
                     // Wait for a txg to make the live part of the log unnecessary.
                     drop(st);
@@ -361,7 +419,16 @@ impl IntentLog {
                     return Err(true);
                 }
                 free -= consumed;
-                encode(self.pool_guid, RecordKind::Jump, disk_seq, 0, target, p.seq, &[], &mut cur);
+                encode(
+                    self.pool_guid,
+                    RecordKind::Jump,
+                    disk_seq,
+                    0,
+                    target,
+                    p.seq,
+                    &[],
+                    &mut cur,
+                );
                 writes.push((cur_start, std::mem::take(&mut cur)));
                 pos = target;
                 cur_start = target;
@@ -387,7 +454,9 @@ impl IntentLog {
         // Durable writes (O_DSYNC) sync only these bytes, not txg data in flight.
         for (pos, bytes) in writes {
             self.region.write_durable(*pos, bytes)?;
-            self.stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.stats
+                .bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
         Ok(())
     }

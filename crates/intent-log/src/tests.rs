@@ -2,13 +2,23 @@ use super::*;
 use pool::{LayoutKind, Pool, Vdev};
 
 fn pool(dir: &std::path::Path, n: usize) -> Arc<Pool> {
-    let devs = (0..n).map(|i| Vdev::open_or_create(&dir.join(format!("d{i}")), Some(96 << 20)).unwrap()).collect();
-    let kind = if n > 1 { LayoutKind::Mirror } else { LayoutKind::Disk };
+    let devs = (0..n)
+        .map(|i| Vdev::open_or_create(&dir.join(format!("d{i}")), Some(96 << 20)).unwrap())
+        .collect();
+    let kind = if n > 1 {
+        LayoutKind::Mirror
+    } else {
+        LayoutKind::Disk
+    };
     Arc::new(Pool::create("tank", vec![(kind, devs)]).unwrap())
 }
 
 fn start() -> Checkpoint {
-    Checkpoint { applied_seq: 1, replay_pos: 0, expect_seq: 1 }
+    Checkpoint {
+        applied_seq: 1,
+        replay_pos: 0,
+        expect_seq: 1,
+    }
 }
 
 fn open(p: &Arc<Pool>, cp: Checkpoint) -> (Arc<IntentLog>, Vec<LogRecord>) {
@@ -28,7 +38,10 @@ fn committed_records_replay_and_uncommitted_ones_do_not() {
     drop(log);
     let (_, found) = open(&p, start());
     assert_eq!(found.len(), 2);
-    assert_eq!((found[0].seq, found[0].payload.as_slice(), found[0].offset), (a, b"abc".as_slice(), 4096));
+    assert_eq!(
+        (found[0].seq, found[0].payload.as_slice(), found[0].offset),
+        (a, b"abc".as_slice(), 4096)
+    );
     assert_eq!((found[1].kind, found[1].length), (RecordKind::Trim, 8192));
 }
 
@@ -46,7 +59,10 @@ fn records_in_a_committed_txg_are_skipped_and_dropped_ones_are_jumped_over() {
     log.commit(s3).unwrap();
     drop(log);
     let (_, found) = open(&p, cp);
-    assert_eq!(found.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), vec![b"thr!".to_vec()]);
+    assert_eq!(
+        found.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(),
+        vec![b"thr!".to_vec()]
+    );
 }
 
 #[test]
@@ -91,7 +107,13 @@ fn concurrent_commits_share_syncs() {
             let log = log.clone();
             s.spawn(move || {
                 for i in 0..50 {
-                    let seq = log.append(RecordKind::Write, 1, (t * 100 + i) * 4096, 4096, &[t as u8; 4096]);
+                    let seq = log.append(
+                        RecordKind::Write,
+                        1,
+                        (t * 100 + i) * 4096,
+                        4096,
+                        &[t as u8; 4096],
+                    );
                     log.commit(seq).unwrap();
                 }
             });
@@ -113,7 +135,8 @@ fn a_corrupted_record_on_one_mirror_side_is_read_from_the_other() {
     log.commit(s).unwrap();
     drop(log);
     let dev0 = p.groups[0].devices[0].clone();
-    dev0.write_at(p.regions.log_offset + HEADER as u64 + 1, b"XX").unwrap();
+    dev0.write_at(p.regions.log_offset + HEADER as u64 + 1, b"XX")
+        .unwrap();
     let (_, found) = open(&p, start());
     assert_eq!(found[0].payload, b"hello");
     assert_eq!(dev0.errors.checksum.load(Ordering::Relaxed), 1);

@@ -48,9 +48,14 @@ impl RegionBackend {
     /// A fresh, empty database region.
     pub fn format(region: MirroredRegion) -> io::Result<Self> {
         region.write(0, &header(1, 0)).map_err(io_err)?;
-        region.write(SLOT, &vec![0u8; SLOT as usize]).map_err(io_err)?;
+        region
+            .write(SLOT, &vec![0u8; SLOT as usize])
+            .map_err(io_err)?;
         region.sync().map_err(io_err)?;
-        Ok(RegionBackend { region, state: Mutex::new((1, 0)) })
+        Ok(RegionBackend {
+            region,
+            state: Mutex::new((1, 0)),
+        })
     }
 
     pub fn open(region: MirroredRegion) -> io::Result<Self> {
@@ -58,7 +63,9 @@ impl RegionBackend {
         for slot in 0..2 {
             let mut buf = vec![0u8; SLOT as usize];
             // A slot that fails to verify on one device is read from another.
-            let ok = region.read_verified(slot * SLOT, &mut buf, |b| parse(b).is_some()).is_ok();
+            let ok = region
+                .read_verified(slot * SLOT, &mut buf, |b| parse(b).is_some())
+                .is_ok();
             if ok {
                 if let Some(h) = parse(&buf) {
                     if best.is_none_or(|b| h.0 > b.0) {
@@ -68,7 +75,10 @@ impl RegionBackend {
             }
         }
         let state = best.ok_or_else(|| io_err("no valid metadata header on any device"))?;
-        Ok(RegionBackend { region, state: Mutex::new(state) })
+        Ok(RegionBackend {
+            region,
+            state: Mutex::new(state),
+        })
     }
 
     fn capacity(&self) -> u64 {
@@ -89,13 +99,18 @@ impl StorageBackend for RegionBackend {
         if len > self.capacity() {
             return Err(io::Error::new(
                 io::ErrorKind::StorageFull,
-                format!("metadata region full: {len} bytes needed, {} available", self.capacity()),
+                format!(
+                    "metadata region full: {len} bytes needed, {} available",
+                    self.capacity()
+                ),
             ));
         }
         let mut state = self.state.lock();
         let generation = state.0 + 1;
         // Alternate slots so the previous header stays valid until this one is synced.
-        self.region.write((generation % 2) * SLOT, &header(generation, len)).map_err(io_err)?;
+        self.region
+            .write((generation % 2) * SLOT, &header(generation, len))
+            .map_err(io_err)?;
         *state = (generation, len);
         Ok(())
     }
@@ -106,7 +121,10 @@ impl StorageBackend for RegionBackend {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         if offset + data.len() as u64 > self.capacity() {
-            return Err(io::Error::new(io::ErrorKind::StorageFull, "metadata region full"));
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "metadata region full",
+            ));
         }
         self.region.write(DATA_START + offset, data).map_err(io_err)
     }
@@ -123,11 +141,17 @@ mod tests {
     fn store_lives_on_the_devices_and_survives_losing_one_mirror_side() {
         let dir = tempfile::tempdir().unwrap();
         let paths: Vec<_> = (0..2).map(|i| dir.path().join(format!("d{i}"))).collect();
-        let devs = paths.iter().map(|p| Vdev::open_or_create(p, Some(128 << 20)).unwrap()).collect();
+        let devs = paths
+            .iter()
+            .map(|p| Vdev::open_or_create(p, Some(128 << 20)).unwrap())
+            .collect();
         let pool = Arc::new(Pool::create("tank", vec![(LayoutKind::Mirror, devs)]).unwrap());
         let db = crate::create(pool.meta_region(), 1 << 20).unwrap();
         let tx = db.begin_write().unwrap();
-        tx.open_table(schema::BLOCKS).unwrap().insert((1, 2, 3), b"bp".as_slice()).unwrap();
+        tx.open_table(schema::BLOCKS)
+            .unwrap()
+            .insert((1, 2, 3), b"bp".as_slice())
+            .unwrap();
         tx.commit().unwrap();
         drop(db);
         drop(pool);

@@ -27,12 +27,21 @@ macro_rules! store_err {
         fn from(e: $t) -> Self { MetaError::Store(e.to_string()) }
     })*};
 }
-store_err!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
+store_err!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
 
 /// Creates an empty store on a new pool's metadata region.
 pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, MetaError> {
     let backend = RegionBackend::format(region).map_err(|e| MetaError::Region(e.to_string()))?;
-    let db = Database::builder().set_cache_size(cache_bytes).create_with_backend(backend)?;
+    let db = Database::builder()
+        .set_cache_size(cache_bytes)
+        .create_with_backend(backend)?;
     let tx = db.begin_write()?;
     {
         let mut t = tx.open_table(schema::POOL_RECORDS)?;
@@ -49,7 +58,9 @@ pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Me
 /// Opens an existing pool's store, refusing a newer format by name.
 pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, MetaError> {
     let backend = RegionBackend::open(region).map_err(|e| MetaError::Region(e.to_string()))?;
-    let db = Database::builder().set_cache_size(cache_bytes).create_with_backend(backend)?;
+    let db = Database::builder()
+        .set_cache_size(cache_bytes)
+        .create_with_backend(backend)?;
     let found = {
         let tx = db.begin_read()?;
         let t = tx.open_table(schema::POOL_RECORDS)?;
@@ -59,6 +70,8 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
     match found {
         Some(v) if v <= META_FORMAT_VERSION => Ok(db),
         Some(v) => Err(MetaError::Newer { found: v }),
-        None => Err(MetaError::Store("no format record: not a Cistern metadata store".into())),
+        None => Err(MetaError::Store(
+            "no format record: not a Cistern metadata store".into(),
+        )),
     }
 }

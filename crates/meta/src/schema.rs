@@ -10,8 +10,10 @@ pub const RECORD_TXG: &str = "txg";
 pub const RECORD_NEXT_DATASET: &str = "next_dataset";
 /// Intent-log sequence number up to which records are contained in the txg.
 pub const RECORD_LOG_APPLIED_SEQ: &str = "log_applied_seq";
-/// Byte position in the log region where the first unapplied record starts.
+/// Byte position in the log region where replay starts...
 pub const RECORD_LOG_REPLAY_POS: &str = "log_replay_pos";
+/// ...and the sequence number replay expects there.
+pub const RECORD_LOG_EXPECT_SEQ: &str = "log_expect_seq";
 
 /// Dataset id -> JSON-encoded dataset record (name, kind, properties, space).
 pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets");

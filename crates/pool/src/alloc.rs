@@ -24,7 +24,12 @@ impl GroupSpace {
         if size > 0 {
             free.insert(0, size);
         }
-        GroupSpace { size, free, free_bytes: size, cursor: 0 }
+        GroupSpace {
+            size,
+            free,
+            free_bytes: size,
+            cursor: 0,
+        }
     }
 
     fn take(&mut self, offset: u64, extent_start: u64, extent_len: u64, size: u64) {
@@ -48,9 +53,16 @@ impl GroupSpace {
             .next_back()
             .into_iter()
             .chain(self.free.range(self.cursor + 1..))
-            .find(|(&off, &len)| off + len > self.cursor && off.max(self.cursor) + size <= off + len)
+            .find(|(&off, &len)| {
+                off + len > self.cursor && off.max(self.cursor) + size <= off + len
+            })
             .map(|(&off, &len)| (off.max(self.cursor), off, len))
-            .or_else(|| self.free.iter().find(|(_, &len)| len >= size).map(|(&off, &len)| (off, off, len)));
+            .or_else(|| {
+                self.free
+                    .iter()
+                    .find(|(_, &len)| len >= size)
+                    .map(|(&off, &len)| (off, off, len))
+            });
         let (at, start, len) = found?;
         self.take(at, start, len, size);
         self.cursor = at + size;
@@ -59,7 +71,9 @@ impl GroupSpace {
 
     /// Marks a range used; false if any of it was not free (a double allocation).
     fn claim(&mut self, offset: u64, size: u64) -> bool {
-        let Some((&start, &len)) = self.free.range(..=offset).next_back() else { return false };
+        let Some((&start, &len)) = self.free.range(..=offset).next_back() else {
+            return false;
+        };
         if offset + size > start + len {
             return false;
         }
@@ -108,7 +122,11 @@ pub struct Allocator {
 
 impl Allocator {
     pub fn new(group_sizes: Vec<u64>) -> Self {
-        Allocator { groups: group_sizes.into_iter().map(GroupSpace::new).collect(), rotor: 0, rotor_used: 0 }
+        Allocator {
+            groups: group_sizes.into_iter().map(GroupSpace::new).collect(),
+            rotor: 0,
+            rotor_used: 0,
+        }
     }
 
     /// Allocates `len` bytes rounded up to whole sectors.
@@ -128,7 +146,11 @@ impl Allocator {
                     self.rotor = (self.rotor + 1) % n;
                     self.rotor_used = 0;
                 }
-                return Some(Dva { group: g as u32, offset, asize: size as u32 });
+                return Some(Dva {
+                    group: g as u32,
+                    offset,
+                    asize: size as u32,
+                });
             }
         }
         None
@@ -136,13 +158,17 @@ impl Allocator {
 
     /// Marks a live block's space used while rebuilding at import.
     pub fn claim(&mut self, dva: Dva) -> bool {
-        self.groups.get_mut(dva.group as usize).is_some_and(|g| g.claim(dva.offset, dva.asize as u64))
+        self.groups
+            .get_mut(dva.group as usize)
+            .is_some_and(|g| g.claim(dva.offset, dva.asize as u64))
     }
 
     /// Frees a block's space. Callers free only after the txg that stopped
     /// referencing it has committed, so a crash never exposes reused space.
     pub fn free(&mut self, dva: Dva) -> bool {
-        self.groups.get_mut(dva.group as usize).is_some_and(|g| g.release(dva.offset, dva.asize as u64))
+        self.groups
+            .get_mut(dva.group as usize)
+            .is_some_and(|g| g.release(dva.offset, dva.asize as u64))
     }
 
     pub fn allocated(&self) -> u64 {
@@ -169,8 +195,19 @@ mod tests {
         assert!(!a.free(x), "double free detected");
         assert!(a.free(y));
         assert_eq!(a.allocated(), 0);
-        assert!(a.claim(Dva { group: 0, offset: 4096, asize: 4096 }));
-        assert!(!a.claim(Dva { group: 0, offset: 4096, asize: 8192 }), "double claim detected");
+        assert!(a.claim(Dva {
+            group: 0,
+            offset: 4096,
+            asize: 4096
+        }));
+        assert!(
+            !a.claim(Dva {
+                group: 0,
+                offset: 4096,
+                asize: 8192
+            }),
+            "double claim detected"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 mod alloc;
 
 pub use alloc::Allocator;
-pub use vdev::{DeviceState, GroupLayout, Label, LayoutKind, Regions, Vdev, VdevError, LABEL_SIZE, SECTOR};
+pub use vdev::{
+    DeviceState, GroupLayout, Label, LayoutKind, Regions, Vdev, VdevError, LABEL_SIZE, SECTOR,
+};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -25,11 +27,19 @@ pub enum PoolError {
     #[error("invalid layout: {0}")]
     Layout(String),
     #[error("pool {pool}: device {guid:#x} of group {group} is missing")]
-    MissingDevice { pool: String, group: usize, guid: u64 },
+    MissingDevice {
+        pool: String,
+        group: usize,
+        guid: u64,
+    },
     #[error("pool {pool}: group {group} has no readable device")]
     GroupUnavailable { pool: String, group: usize },
     #[error("no valid copy of block at group {group} offset {offset}: {reason}")]
-    Unrecoverable { group: u32, offset: u64, reason: String },
+    Unrecoverable {
+        group: u32,
+        offset: u64,
+        reason: String,
+    },
     #[error("out of space")]
     NoSpace,
 }
@@ -53,7 +63,11 @@ pub struct Group {
 impl Group {
     /// Mirror: ONLINE if all children are, DEGRADED if some, UNAVAIL if none.
     pub fn state(&self) -> DeviceState {
-        let online = self.devices.iter().filter(|d| d.state() == DeviceState::Online).count();
+        let online = self
+            .devices
+            .iter()
+            .filter(|d| d.state() == DeviceState::Online)
+            .count();
         match online {
             n if n == self.devices.len() => DeviceState::Online,
             0 => DeviceState::Unavail,
@@ -94,15 +108,26 @@ impl Pool {
         for (kind, devices) in &groups {
             match (kind, devices.len()) {
                 (LayoutKind::Disk, 1) => {}
-                (LayoutKind::Disk, n) => return Err(PoolError::Layout(format!("a disk group has one device, not {n}"))),
+                (LayoutKind::Disk, n) => {
+                    return Err(PoolError::Layout(format!(
+                        "a disk group has one device, not {n}"
+                    )))
+                }
                 (LayoutKind::Mirror, n) if n < 2 => {
-                    return Err(PoolError::Layout("a mirror needs at least two devices".into()))
+                    return Err(PoolError::Layout(
+                        "a mirror needs at least two devices".into(),
+                    ))
                 }
                 _ => {}
             }
             for d in devices {
                 if d.size() < MIN_DEVICE_SIZE {
-                    return Err(VdevError::TooSmall { path: d.path().to_path_buf(), size: d.size(), min: MIN_DEVICE_SIZE }.into());
+                    return Err(VdevError::TooSmall {
+                        path: d.path().to_path_buf(),
+                        size: d.size(),
+                        min: MIN_DEVICE_SIZE,
+                    }
+                    .into());
                 }
                 min_size = min_size.min(d.size());
             }
@@ -114,7 +139,11 @@ impl Pool {
             .map(|(kind, devices)| {
                 let smallest = devices.iter().map(|d| d.size()).min().unwrap_or(0);
                 let data_size = (smallest - regions.data_offset - LABEL_SIZE) / SECTOR * SECTOR;
-                GroupLayout { kind: *kind, devices: devices.iter().map(|_| rand::random::<u64>() | 1).collect(), data_size }
+                GroupLayout {
+                    kind: *kind,
+                    devices: devices.iter().map(|_| rand::random::<u64>() | 1).collect(),
+                    data_size,
+                }
             })
             .collect();
         let mut built = Vec::new();
@@ -138,14 +167,24 @@ impl Pool {
                 dev.write_label(&label)?;
                 arcs.push(Arc::new(dev));
             }
-            built.push(Group { kind, devices: arcs, data_size: layout.data_size });
+            built.push(Group {
+                kind,
+                devices: arcs,
+                data_size: layout.data_size,
+            });
         }
         Ok(Pool::assemble(name.to_string(), pool_guid, built, regions))
     }
 
     fn assemble(name: String, guid: u64, groups: Vec<Group>, regions: Regions) -> Pool {
         let allocator = Allocator::new(groups.iter().map(|g| g.data_size).collect());
-        Pool { name, guid, groups, regions, allocator: Mutex::new(allocator) }
+        Pool {
+            name,
+            guid,
+            groups,
+            regions,
+            allocator: Mutex::new(allocator),
+        }
     }
 
     /// Assembles a pool from opened devices that carry its labels. Missing
@@ -159,7 +198,10 @@ impl Pool {
         let mut by_guid: HashMap<u64, Vdev> = HashMap::new();
         for (dev, label) in devices {
             if label.pool_guid != layout.pool_guid {
-                return Err(PoolError::Layout(format!("{} belongs to another pool", dev.path().display())));
+                return Err(PoolError::Layout(format!(
+                    "{} belongs to another pool",
+                    dev.path().display()
+                )));
             }
             by_guid.insert(label.device_guid, dev);
         }
@@ -172,15 +214,33 @@ impl Pool {
                     None if gl.kind == LayoutKind::Mirror => {
                         tracing::warn!(pool = %layout.pool_name, group = g, guid, "mirror device missing; pool is DEGRADED");
                     }
-                    None => return Err(PoolError::MissingDevice { pool: layout.pool_name.clone(), group: g, guid: *guid }),
+                    None => {
+                        return Err(PoolError::MissingDevice {
+                            pool: layout.pool_name.clone(),
+                            group: g,
+                            guid: *guid,
+                        })
+                    }
                 }
             }
             if devs.is_empty() {
-                return Err(PoolError::GroupUnavailable { pool: layout.pool_name.clone(), group: g });
+                return Err(PoolError::GroupUnavailable {
+                    pool: layout.pool_name.clone(),
+                    group: g,
+                });
             }
-            groups.push(Group { kind: gl.kind, devices: devs, data_size: gl.data_size });
+            groups.push(Group {
+                kind: gl.kind,
+                devices: devs,
+                data_size: gl.data_size,
+            });
         }
-        Ok(Pool::assemble(layout.pool_name, layout.pool_guid, groups, layout.regions))
+        Ok(Pool::assemble(
+            layout.pool_name,
+            layout.pool_guid,
+            groups,
+            layout.regions,
+        ))
     }
 
     pub fn devices(&self) -> impl Iterator<Item = &Arc<Vdev>> {
@@ -225,9 +285,15 @@ impl Pool {
     /// Writes `data` (length <= dva.asize) to every copy of `dva`.
     /// Succeeds if at least one copy was written; failed devices are faulted.
     pub fn write(&self, dva: Dva, data: &[u8]) -> Result<(), PoolError> {
-        assert!(data.len() as u64 <= dva.asize as u64, "write larger than its allocation");
+        assert!(
+            data.len() as u64 <= dva.asize as u64,
+            "write larger than its allocation"
+        );
         let group = self.group(dva.group)?;
-        assert!(dva.offset + dva.asize as u64 <= group.data_size, "dva beyond group data region");
+        assert!(
+            dva.offset + dva.asize as u64 <= group.data_size,
+            "dva beyond group data region"
+        );
         let at = self.regions.data_offset + dva.offset;
         let mut written = 0;
         let mut last_err = None;
@@ -246,7 +312,10 @@ impl Pool {
         }
         match (written, last_err) {
             (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable { pool: self.name.clone(), group: dva.group as usize }),
+            (0, None) => Err(PoolError::GroupUnavailable {
+                pool: self.name.clone(),
+                group: dva.group as usize,
+            }),
             _ => Ok(()),
         }
     }
@@ -254,7 +323,12 @@ impl Pool {
     /// Reads `len` bytes of `dva`, trying each copy until `verify` accepts
     /// one; copies that failed to read or verify are rewritten with the good
     /// data and their READ/CKSUM counters raised.
-    pub fn read_verified(&self, dva: Dva, len: usize, verify: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>, PoolError> {
+    pub fn read_verified(
+        &self,
+        dva: Dva,
+        len: usize,
+        verify: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, PoolError> {
         let group = self.group(dva.group)?;
         let at = self.regions.data_offset + dva.offset;
         let mut bad: Vec<&Arc<Vdev>> = Vec::new();
@@ -285,24 +359,37 @@ impl Pool {
                 }
             }
         }
-        Err(PoolError::Unrecoverable { group: dva.group, offset: dva.offset, reason })
+        Err(PoolError::Unrecoverable {
+            group: dva.group,
+            offset: dva.offset,
+            reason,
+        })
     }
 
     fn group(&self, index: u32) -> Result<&Group, PoolError> {
-        self.groups
-            .get(index as usize)
-            .ok_or_else(|| PoolError::Layout(format!("block names group {index}, pool has {}", self.groups.len())))
+        self.groups.get(index as usize).ok_or_else(|| {
+            PoolError::Layout(format!(
+                "block names group {index}, pool has {}",
+                self.groups.len()
+            ))
+        })
     }
 
     /// Makes every completed write on every device durable, devices in parallel.
     pub fn sync_all(&self) -> Result<(), PoolError> {
-        let devices: Vec<&Arc<Vdev>> = self.devices().filter(|d| d.state() != DeviceState::Offline).collect();
+        let devices: Vec<&Arc<Vdev>> = self
+            .devices()
+            .filter(|d| d.state() != DeviceState::Offline)
+            .collect();
         if devices.len() == 1 {
             return Ok(devices[0].sync()?);
         }
         let results: Vec<Result<(), VdevError>> = std::thread::scope(|s| {
             let handles: Vec<_> = devices.iter().map(|d| s.spawn(move || d.sync())).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Ok(()))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Ok(())))
+                .collect()
         });
         let ok = results.iter().filter(|r| r.is_ok()).count();
         if ok == 0 {
@@ -315,12 +402,20 @@ impl Pool {
 
     /// The metadata region, mirrored on every device.
     pub fn meta_region(self: &Arc<Self>) -> MirroredRegion {
-        MirroredRegion { pool: self.clone(), offset: self.regions.meta_offset, size: self.regions.meta_size }
+        MirroredRegion {
+            pool: self.clone(),
+            offset: self.regions.meta_offset,
+            size: self.regions.meta_size,
+        }
     }
 
     /// The intent-log region, mirrored on every device.
     pub fn log_region(self: &Arc<Self>) -> MirroredRegion {
-        MirroredRegion { pool: self.clone(), offset: self.regions.log_offset, size: self.regions.log_size }
+        MirroredRegion {
+            pool: self.clone(),
+            offset: self.regions.log_offset,
+            size: self.regions.log_size,
+        }
     }
 }
 
@@ -336,7 +431,11 @@ pub struct MirroredRegion {
 
 impl std::fmt::Debug for MirroredRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MirroredRegion({}, {}+{})", self.pool.name, self.offset, self.size)
+        write!(
+            f,
+            "MirroredRegion({}, {}+{})",
+            self.pool.name, self.offset, self.size
+        )
     }
 }
 
@@ -348,12 +447,19 @@ impl MirroredRegion {
     fn check(&self, offset: u64, len: usize) -> Result<u64, VdevError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(self.offset + offset),
-            _ => Err(VdevError::OutOfRange { path: PathBuf::from(format!("{}:region", self.pool.name)), offset, len, size: self.size }),
+            _ => Err(VdevError::OutOfRange {
+                path: PathBuf::from(format!("{}:region", self.pool.name)),
+                offset,
+                len,
+                size: self.size,
+            }),
         }
     }
 
     fn live(&self) -> impl Iterator<Item = &Arc<Vdev>> {
-        self.pool.devices().filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
+        self.pool
+            .devices()
+            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
     }
 
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
@@ -371,7 +477,10 @@ impl MirroredRegion {
         }
         match (written, last) {
             (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable { pool: self.pool.name.clone(), group: 0 }),
+            (0, None) => Err(PoolError::GroupUnavailable {
+                pool: self.pool.name.clone(),
+                group: 0,
+            }),
             _ => Ok(()),
         }
     }
@@ -384,8 +493,14 @@ impl MirroredRegion {
             vec![devices[0].write_durable_at(at, data)]
         } else {
             std::thread::scope(|s| {
-                let handles: Vec<_> = devices.iter().map(|d| s.spawn(move || d.write_durable_at(at, data))).collect();
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Ok(()))).collect()
+                let handles: Vec<_> = devices
+                    .iter()
+                    .map(|d| s.spawn(move || d.write_durable_at(at, data)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Ok(())))
+                    .collect()
             })
         };
         let mut written = 0;
@@ -401,7 +516,10 @@ impl MirroredRegion {
         }
         match (written, last) {
             (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable { pool: self.pool.name.clone(), group: 0 }),
+            (0, None) => Err(PoolError::GroupUnavailable {
+                pool: self.pool.name.clone(),
+                group: 0,
+            }),
             _ => Ok(()),
         }
     }
@@ -412,7 +530,12 @@ impl MirroredRegion {
     }
 
     /// Reads from each device in turn until `verify` accepts; heals the others.
-    pub fn read_verified(&self, offset: u64, buf: &mut [u8], verify: impl Fn(&[u8]) -> bool) -> Result<(), PoolError> {
+    pub fn read_verified(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        verify: impl Fn(&[u8]) -> bool,
+    ) -> Result<(), PoolError> {
         let at = self.check(offset, buf.len())?;
         let mut bad: Vec<&Arc<Vdev>> = Vec::new();
         let mut reason = String::from("no readable device");
@@ -437,7 +560,11 @@ impl MirroredRegion {
                 }
             }
         }
-        Err(PoolError::Unrecoverable { group: u32::MAX, offset, reason })
+        Err(PoolError::Unrecoverable {
+            group: u32::MAX,
+            offset,
+            reason,
+        })
     }
 
     pub fn sync(&self) -> Result<(), PoolError> {
@@ -450,7 +577,9 @@ mod tests {
     use super::*;
 
     fn devs(dir: &std::path::Path, n: usize) -> Vec<Vdev> {
-        (0..n).map(|i| Vdev::open_or_create(&dir.join(format!("d{i}")), Some(128 << 20)).unwrap()).collect()
+        (0..n)
+            .map(|i| Vdev::open_or_create(&dir.join(format!("d{i}")), Some(128 << 20)).unwrap())
+            .collect()
     }
 
     #[test]
@@ -461,31 +590,61 @@ mod tests {
         let data = vec![7u8; 8192];
         pool.write(dva, &data).unwrap();
         let dev0 = pool.groups[0].devices[0].clone();
-        dev0.write_at(pool.regions.data_offset + dva.offset + 10, &[1, 2, 3]).unwrap();
-        let got = pool.read_verified(dva, 8192, |b| b == data.as_slice()).unwrap();
+        dev0.write_at(pool.regions.data_offset + dva.offset + 10, &[1, 2, 3])
+            .unwrap();
+        let got = pool
+            .read_verified(dva, 8192, |b| b == data.as_slice())
+            .unwrap();
         assert_eq!(got, data);
         assert_eq!(dev0.errors.checksum.load(Ordering::Relaxed), 1);
         // Healed: the first copy is right again.
         let mut buf = vec![0u8; 8192];
-        dev0.read_at(pool.regions.data_offset + dva.offset, &mut buf).unwrap();
+        dev0.read_at(pool.regions.data_offset + dva.offset, &mut buf)
+            .unwrap();
         assert_eq!(buf, data);
     }
 
     #[test]
     fn reassembles_from_labels_and_refuses_missing_stripe_member() {
         let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::create("tank", vec![(LayoutKind::Disk, devs(dir.path(), 1)), (LayoutKind::Disk, devs(&dir.path().join(""), 0))])
-            .err();
+        let pool = Pool::create(
+            "tank",
+            vec![
+                (LayoutKind::Disk, devs(dir.path(), 1)),
+                (LayoutKind::Disk, devs(&dir.path().join(""), 0)),
+            ],
+        )
+        .err();
         assert!(pool.is_some(), "a disk group without a device is refused");
         let ds = devs(dir.path(), 2);
-        let groups = ds.into_iter().map(|d| (LayoutKind::Disk, vec![d])).collect();
+        let groups = ds
+            .into_iter()
+            .map(|d| (LayoutKind::Disk, vec![d]))
+            .collect();
         let pool = Pool::create("tank", groups).unwrap();
         let paths = pool.device_paths();
         drop(pool);
-        let opened: Vec<_> = paths.iter().map(|p| { let v = Vdev::open(p).unwrap(); let l = v.read_label().unwrap(); (v, l) }).collect();
+        let opened: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                let v = Vdev::open(p).unwrap();
+                let l = v.read_label().unwrap();
+                (v, l)
+            })
+            .collect();
         let pool = Pool::open(opened).unwrap();
         assert_eq!(pool.groups.len(), 2);
-        let one: Vec<_> = paths[..1].iter().map(|p| { let v = Vdev::open(p).unwrap(); let l = v.read_label().unwrap(); (v, l) }).collect();
-        assert!(matches!(Pool::open(one), Err(PoolError::MissingDevice { .. })));
+        let one: Vec<_> = paths[..1]
+            .iter()
+            .map(|p| {
+                let v = Vdev::open(p).unwrap();
+                let l = v.read_label().unwrap();
+                (v, l)
+            })
+            .collect();
+        assert!(matches!(
+            Pool::open(one),
+            Err(PoolError::MissingDevice { .. })
+        ));
     }
 }

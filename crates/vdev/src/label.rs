@@ -94,14 +94,20 @@ enum Decoded {
 
 fn decode(buf: &[u8]) -> Decoded {
     if &buf[..8] != MAGIC {
-        return if buf[..HEADER].iter().all(|&b| b == 0) { Decoded::Blank } else { Decoded::Damaged };
+        return if buf[..HEADER].iter().all(|&b| b == 0) {
+            Decoded::Blank
+        } else {
+            Decoded::Damaged
+        };
     }
     let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
     if version > LABEL_VERSION {
         return Decoded::Newer(version);
     }
     let len = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
-    let Some(json) = buf.get(HEADER..HEADER + len) else { return Decoded::Damaged };
+    let Some(json) = buf.get(HEADER..HEADER + len) else {
+        return Decoded::Damaged;
+    };
     if blake3::hash(json).as_bytes() != &buf[16..48] {
         return Decoded::Damaged;
     }
@@ -122,12 +128,18 @@ pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {
         vdev.read_at(offset, &mut buf)?;
         match decode(&buf) {
             Decoded::Label(label) => return Ok(*label),
-            Decoded::Newer(version) => return Err(LabelError::UnsupportedVersion { path, version }),
+            Decoded::Newer(version) => {
+                return Err(LabelError::UnsupportedVersion { path, version })
+            }
             Decoded::Damaged => damaged = true,
             Decoded::Blank => {}
         }
     }
-    Err(if damaged { LabelError::Damaged(path) } else { LabelError::Missing(path) })
+    Err(if damaged {
+        LabelError::Damaged(path)
+    } else {
+        LabelError::Missing(path)
+    })
 }
 
 pub(crate) fn write_label(vdev: &Vdev, label: &Label) -> Result<(), LabelError> {
@@ -150,8 +162,18 @@ mod tests {
             device_guid: 9,
             group: 0,
             child: 1,
-            groups: vec![GroupLayout { kind: LayoutKind::Mirror, devices: vec![8, 9], data_size: 1 << 20 }],
-            regions: Regions { meta_offset: LABEL_SIZE, meta_size: 1 << 20, log_offset: 0, log_size: 0, data_offset: 0 },
+            groups: vec![GroupLayout {
+                kind: LayoutKind::Mirror,
+                devices: vec![8, 9],
+                data_size: 1 << 20,
+            }],
+            regions: Regions {
+                meta_offset: LABEL_SIZE,
+                meta_size: 1 << 20,
+                log_offset: 0,
+                log_size: 0,
+                data_offset: 0,
+            },
             exported: false,
         }
     }
@@ -167,12 +189,16 @@ mod tests {
         vdev.write_at(100, &[0xff; 64]).unwrap();
         assert_eq!(vdev.read_label().unwrap(), sample());
         // Damage both: reported as damaged, not as missing.
-        vdev.write_at(vdev.size() - LABEL_SIZE + 100, &[0xff; 64]).unwrap();
+        vdev.write_at(vdev.size() - LABEL_SIZE + 100, &[0xff; 64])
+            .unwrap();
         assert!(matches!(vdev.read_label(), Err(LabelError::Damaged(_))));
         // A label from a future format is refused by name.
         let mut newer = encode(&sample()).unwrap();
         newer[8..12].copy_from_slice(&(LABEL_VERSION + 1).to_le_bytes());
         vdev.write_at(0, &newer).unwrap();
-        assert!(matches!(vdev.read_label(), Err(LabelError::UnsupportedVersion { .. })));
+        assert!(matches!(
+            vdev.read_label(),
+            Err(LabelError::UnsupportedVersion { .. })
+        ));
     }
 }

@@ -21,9 +21,19 @@ pub enum VdevError {
     #[error("{path}: device is {size} bytes, at least {min} needed")]
     TooSmall { path: PathBuf, size: u64, min: u64 },
     #[error("{path}: I/O of {len} bytes at offset {offset} beyond device end {size}")]
-    OutOfRange { path: PathBuf, offset: u64, len: usize, size: u64 },
+    OutOfRange {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        size: u64,
+    },
     #[error("{path}: {op} at offset {offset}: {source}")]
-    Io { path: PathBuf, op: &'static str, offset: u64, source: io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        offset: u64,
+        source: io::Error,
+    },
 }
 
 /// Health of one device as `pool status` shows it.
@@ -86,15 +96,24 @@ impl Vdev {
             .read(true)
             .write(true)
             .open(path)
-            .map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
-        let size = device_size(&file).map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
+            .map_err(|source| VdevError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let size = device_size(&file).map_err(|source| VdevError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let dsync_file = {
             use std::os::unix::fs::OpenOptionsExt;
             OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_DSYNC)
                 .open(path)
-                .map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?
+                .map_err(|source| VdevError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                })?
         };
         Ok(Vdev {
             path: path.to_path_buf(),
@@ -113,8 +132,14 @@ impl Vdev {
                 .write(true)
                 .create_new(true)
                 .open(path)
-                .map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
-            file.set_len(size).map_err(|source| VdevError::Open { path: path.to_path_buf(), source })?;
+                .map_err(|source| VdevError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            file.set_len(size).map_err(|source| VdevError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
         }
         Vdev::open(path)
     }
@@ -136,8 +161,16 @@ impl Vdev {
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<(), VdevError> {
-        if offset.checked_add(len as u64).is_none_or(|end| end > self.size) {
-            return Err(VdevError::OutOfRange { path: self.path.clone(), offset, len, size: self.size });
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.size)
+        {
+            return Err(VdevError::OutOfRange {
+                path: self.path.clone(),
+                offset,
+                len,
+                size: self.size,
+            });
         }
         Ok(())
     }
@@ -147,7 +180,12 @@ impl Vdev {
         self.check_range(offset, buf.len())?;
         self.file.read_exact_at(buf, offset).map_err(|source| {
             self.errors.read.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io { path: self.path.clone(), op: "read", offset, source }
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "read",
+                offset,
+                source,
+            }
         })
     }
 
@@ -155,24 +193,41 @@ impl Vdev {
         self.check_range(offset, data.len())?;
         self.file.write_all_at(data, offset).map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io { path: self.path.clone(), op: "write", offset, source }
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "write",
+                offset,
+                source,
+            }
         })
     }
 
     /// Writes and returns once those bytes are durable (O_DSYNC).
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
-        self.dsync_file.write_all_at(data, offset).map_err(|source| {
-            self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io { path: self.path.clone(), op: "write", offset, source }
-        })
+        self.dsync_file
+            .write_all_at(data, offset)
+            .map_err(|source| {
+                self.errors.write.fetch_add(1, Ordering::Relaxed);
+                VdevError::Io {
+                    path: self.path.clone(),
+                    op: "write",
+                    offset,
+                    source,
+                }
+            })
     }
 
     /// Makes every completed write durable (fdatasync).
     pub fn sync(&self) -> Result<(), VdevError> {
         self.file.sync_data().map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io { path: self.path.clone(), op: "sync", offset: 0, source }
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "sync",
+                offset: 0,
+                source,
+            }
         })
     }
 
@@ -180,7 +235,14 @@ impl Vdev {
     /// later syncs of that range do not also have to persist allocation metadata.
     pub fn preallocate(&self, offset: u64, len: u64) {
         // SAFETY: fallocate on a valid open fd with mode 0 only allocates blocks.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                0,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
         if rc != 0 {
             tracing::debug!(path = %self.path.display(), "fallocate not supported; log region stays sparse");
         }
@@ -229,7 +291,13 @@ mod tests {
         let mut buf = [0u8; 5];
         vdev.read_at(4096, &mut buf).unwrap();
         assert_eq!(&buf, b"hello");
-        assert!(matches!(vdev.read_at((1 << 20) - 2, &mut buf), Err(VdevError::OutOfRange { .. })));
-        assert!(matches!(vdev.write_at(u64::MAX - 1, b"xx"), Err(VdevError::OutOfRange { .. })));
+        assert!(matches!(
+            vdev.read_at((1 << 20) - 2, &mut buf),
+            Err(VdevError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            vdev.write_at(u64::MAX - 1, b"xx"),
+            Err(VdevError::OutOfRange { .. })
+        ));
     }
 }

@@ -1,0 +1,711 @@
+//! The engine: every imported pool, the cache file that brings them back at
+//! start (like zpool.cache), and the administrative operations.
+
+use crate::props::{self, DatasetRecord, Space};
+use crate::txg::{lineage, ImportedPool};
+use crate::*;
+use parking_lot::{Mutex, RwLock};
+use pool::{LayoutKind, Pool, Vdev};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+
+const CACHE_FILE: &str = "pools.json";
+const CACHE_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CachedPool {
+    name: String,
+    guid: u64,
+    devices: Vec<PathBuf>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    pools: Vec<CachedPool>,
+}
+
+pub struct EngineInner {
+    pub(crate) state_dir: PathBuf,
+    pub(crate) config: EngineConfig,
+    pub(crate) pools: RwLock<BTreeMap<String, Arc<ImportedPool>>>,
+    /// Serializes pool-level changes (create, destroy, import, export).
+    pub(crate) admin: Mutex<()>,
+}
+
+fn io(context: &str, e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{context}: {e}"))
+}
+
+/// Pool and dataset name components: a letter first, then letters, digits, `_-.:`.
+fn check_component(kind: &str, s: &str) -> Result<()> {
+    let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && s.len() <= 200
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if !ok {
+        return Err(Error::InvalidArgument(format!(
+            "invalid {kind} name '{s}': must start with a letter and contain only letters, digits, '_', '-', '.', ':'"
+        )));
+    }
+    if kind == "pool"
+        && [
+            "mirror", "raidz", "raidz1", "raidz2", "raidz3", "spare", "log", "cache",
+        ]
+        .contains(&s)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "'{s}' is a reserved word, not a pool name"
+        )));
+    }
+    Ok(())
+}
+
+fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
+    if name.contains('@') {
+        return Err(Error::InvalidArgument(format!(
+            "'{name}': snapshots are not supported yet"
+        )));
+    }
+    match name.split_once('/') {
+        None => {
+            check_component("pool", name)?;
+            Ok((name, None))
+        }
+        Some((pool, rest)) => {
+            check_component("pool", pool)?;
+            for part in rest.split('/') {
+                check_component("dataset", part)?;
+            }
+            Ok((pool, Some(rest)))
+        }
+    }
+}
+
+impl Engine {
+    pub fn open(state_dir: &Path, config: EngineConfig) -> Result<Arc<Engine>> {
+        std::fs::create_dir_all(state_dir).map_err(|e| io(&state_dir.display().to_string(), e))?;
+        let engine = Engine {
+            inner: EngineInner {
+                state_dir: state_dir.to_path_buf(),
+                config,
+                pools: RwLock::new(BTreeMap::new()),
+                admin: Mutex::new(()),
+            },
+        };
+        let cache = engine.read_cache()?;
+        for cached in cache.pools {
+            match engine.import_devices(&cached.devices, Some(cached.guid)) {
+                Ok(p) => {
+                    tracing::info!(pool = %p.pool.name, "imported from cache file");
+                    engine.inner.pools.write().insert(p.pool.name.clone(), p);
+                }
+                Err(e) => {
+                    tracing::error!(pool = %cached.name, error = %e, "cannot import pool from cache file")
+                }
+            }
+        }
+        Ok(Arc::new(engine))
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    fn read_cache(&self) -> Result<CacheFile> {
+        let path = self.inner.state_dir.join(CACHE_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let cache: CacheFile = serde_json::from_slice(&bytes)
+                    .map_err(|e| io(&path.display().to_string(), e))?;
+                if cache.version > CACHE_VERSION {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}: cache file version {} is newer than this build understands",
+                        path.display(),
+                        cache.version
+                    )));
+                }
+                Ok(cache)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile {
+                version: CACHE_VERSION,
+                pools: vec![],
+            }),
+            Err(e) => Err(io(&path.display().to_string(), e)),
+        }
+    }
+
+    /// Rewrites the cache file from the imported pools (atomically: temp file, fsync, rename).
+    fn write_cache(&self) -> Result<()> {
+        let pools = self.inner.pools.read();
+        let cache = CacheFile {
+            version: CACHE_VERSION,
+            pools: pools
+                .values()
+                .map(|p| CachedPool {
+                    name: p.pool.name.clone(),
+                    guid: p.pool.guid,
+                    devices: p.pool.device_paths(),
+                })
+                .collect(),
+        };
+        let path = self.inner.state_dir.join(CACHE_FILE);
+        let tmp = path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&cache).map_err(|e| io("cache file", e))?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&self.inner.state_dir)?.sync_all()
+        };
+        write().map_err(|e| io(&path.display().to_string(), e))
+    }
+
+    fn pool(&self, name: &str) -> Result<Arc<ImportedPool>> {
+        self.inner
+            .pools
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("pool '{name}'")))
+    }
+
+    pub fn create_pool(&self, spec: PoolSpec) -> Result<PoolStatus> {
+        check_component("pool", &spec.name)?;
+        let _admin = self.inner.admin.lock();
+        if self.inner.pools.read().contains_key(&spec.name) {
+            return Err(Error::AlreadyExists(format!("pool '{}'", spec.name)));
+        }
+        if spec.groups.is_empty() || spec.groups.iter().any(|g| g.devices.is_empty()) {
+            return Err(Error::InvalidArgument(
+                "a pool needs at least one device in every group".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut groups = Vec::new();
+        for g in &spec.groups {
+            let kind = match g.kind {
+                GroupKind::Disk => LayoutKind::Disk,
+                GroupKind::Mirror => LayoutKind::Mirror,
+            };
+            if kind == LayoutKind::Mirror && g.devices.len() < 2 {
+                return Err(Error::InvalidArgument(
+                    "a mirror needs at least two devices".into(),
+                ));
+            }
+            let mut devs = Vec::new();
+            for path in &g.devices {
+                if !path.is_absolute() {
+                    return Err(Error::InvalidArgument(format!(
+                        "device path {} is not absolute",
+                        path.display()
+                    )));
+                }
+                if !seen.insert(path.clone()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "device {} is named twice",
+                        path.display()
+                    )));
+                }
+                let dev = Vdev::open_or_create(path, spec.create_size)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                if let Ok(label) = dev.read_label() {
+                    return Err(Error::Busy(format!(
+                        "device {} is part of pool '{}'{}",
+                        path.display(),
+                        label.pool_name,
+                        if label.exported { " (exported)" } else { "" }
+                    )));
+                }
+                devs.push(dev);
+            }
+            groups.push((kind, devs));
+        }
+        let pool = Arc::new(
+            Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+        );
+        let imported = ImportedPool::create(pool, self.inner.config.clone())?;
+        self.inner.pools.write().insert(spec.name.clone(), imported);
+        self.write_cache()?;
+        tracing::info!(pool = %spec.name, "pool created");
+        self.pool_status(&spec.name)
+    }
+
+    /// Opens the devices, checks they form one pool, assembles and imports it.
+    fn import_devices(&self, paths: &[PathBuf], guid: Option<u64>) -> Result<Arc<ImportedPool>> {
+        let mut devs = Vec::new();
+        for path in paths {
+            let dev = match Vdev::open(path) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "device unavailable");
+                    continue;
+                }
+            };
+            match dev.read_label() {
+                Ok(label) if guid.is_none_or(|g| g == label.pool_guid) => devs.push((dev, label)),
+                Ok(_) => {
+                    tracing::warn!(device = %path.display(), "device now belongs to another pool")
+                }
+                Err(e) => tracing::warn!(error = %e, "device has no usable label"),
+            }
+        }
+        if devs.is_empty() {
+            return Err(Error::NotFound("no device of the pool is available".into()));
+        }
+        let pool = Arc::new(Pool::open(devs).map_err(|e| Error::Io(e.to_string()))?);
+        if self.inner.pools.read().contains_key(&pool.name) {
+            return Err(Error::AlreadyExists(format!(
+                "a pool named '{}' is already imported",
+                pool.name
+            )));
+        }
+        ImportedPool::open(pool, self.inner.config.clone())
+    }
+
+    pub fn list_pools(&self) -> Vec<PoolSummary> {
+        self.inner
+            .pools
+            .read()
+            .values()
+            .map(|p| summary(p))
+            .collect()
+    }
+
+    pub fn pool_status(&self, pool: &str) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let groups = p
+            .pool
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GroupStatus {
+                name: match g.kind {
+                    LayoutKind::Mirror => format!("mirror-{i}"),
+                    LayoutKind::Disk => g
+                        .devices
+                        .first()
+                        .map(|d| d.path().display().to_string())
+                        .unwrap_or_default(),
+                },
+                kind: match g.kind {
+                    LayoutKind::Mirror => GroupKind::Mirror,
+                    LayoutKind::Disk => GroupKind::Disk,
+                },
+                state: g.state().as_str().to_string(),
+                devices: g
+                    .devices
+                    .iter()
+                    .map(|d| DeviceStatus {
+                        path: d.path().to_path_buf(),
+                        guid: 0,
+                        state: d.state().as_str().to_string(),
+                        read_errors: d.errors.read.load(Ordering::Relaxed),
+                        write_errors: d.errors.write.load(Ordering::Relaxed),
+                        checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(PoolStatus {
+            summary: summary(&p),
+            groups,
+            errors: vec!["No known data errors".into()],
+        })
+    }
+
+    pub fn destroy_pool(&self, pool: &str) -> Result<()> {
+        let _admin = self.inner.admin.lock();
+        let p = self.pool(pool)?;
+        self.inner.pools.write().remove(pool);
+        let _ = p.close();
+        p.pool.wipe_labels().map_err(|e| Error::Io(e.to_string()))?;
+        self.write_cache()?;
+        tracing::info!(pool, "pool destroyed");
+        Ok(())
+    }
+
+    pub fn export_pool(&self, pool: &str) -> Result<()> {
+        let _admin = self.inner.admin.lock();
+        let p = self.pool(pool)?;
+        p.close()?;
+        p.pool
+            .set_exported(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        self.inner.pools.write().remove(pool);
+        self.write_cache()?;
+        tracing::info!(pool, "pool exported");
+        Ok(())
+    }
+
+    /// Labels of every file or block device directly inside `dirs`, grouped by pool.
+    fn scan(&self, dirs: &[PathBuf]) -> Result<Vec<(pool::Label, Vec<PathBuf>)>> {
+        let mut found: HashMap<u64, (pool::Label, Vec<PathBuf>)> = HashMap::new();
+        for dir in dirs {
+            let entries = std::fs::read_dir(dir).map_err(|e| io(&dir.display().to_string(), e))?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Ok(ft) = entry.file_type() else { continue };
+                use std::os::unix::fs::FileTypeExt;
+                if !(ft.is_file() || ft.is_block_device()) {
+                    continue;
+                }
+                let Ok(dev) = Vdev::open(&path) else { continue };
+                if let Ok(label) = dev.read_label() {
+                    found
+                        .entry(label.pool_guid)
+                        .or_insert_with(|| (label.clone(), Vec::new()))
+                        .1
+                        .push(path);
+                }
+            }
+        }
+        let imported: Vec<u64> = self
+            .inner
+            .pools
+            .read()
+            .values()
+            .map(|p| p.pool.guid)
+            .collect();
+        Ok(found
+            .into_values()
+            .filter(|(l, _)| !imported.contains(&l.pool_guid))
+            .collect())
+    }
+
+    pub fn importable_pools(&self, dirs: &[PathBuf]) -> Result<Vec<ImportablePool>> {
+        let mut out: Vec<ImportablePool> = self
+            .scan(dirs)?
+            .into_iter()
+            .map(|(label, devices)| {
+                let expected: usize = label.groups.iter().map(|g| g.devices.len()).sum();
+                ImportablePool {
+                    name: label.pool_name,
+                    guid: label.pool_guid,
+                    complete: devices.len() >= expected,
+                    devices,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf]) -> Result<PoolStatus> {
+        let _admin = self.inner.admin.lock();
+        let candidates: Vec<_> = self
+            .scan(dirs)?
+            .into_iter()
+            .filter(|(l, _)| l.pool_name == pool || l.pool_guid.to_string() == pool)
+            .collect();
+        let (label, devices) = match candidates.len() {
+            0 => {
+                return Err(Error::NotFound(format!(
+                    "no importable pool '{pool}' in the given directories"
+                )))
+            }
+            1 => candidates
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::NotFound(pool.to_string()))?,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "several pools are named '{pool}': import by numeric guid"
+                )))
+            }
+        };
+        let p = self.import_devices(&devices, Some(label.pool_guid))?;
+        p.pool
+            .set_exported(false)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        let name = p.pool.name.clone();
+        self.inner.pools.write().insert(name.clone(), p);
+        self.write_cache()?;
+        tracing::info!(pool = %name, "pool imported");
+        self.pool_status(&name)
+    }
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        volsize: u64,
+        props_in: &[(String, String)],
+    ) -> Result<DatasetInfo> {
+        let (pool_name, Some(_)) = split_dataset(name)? else {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}': a volume is named POOL/VOLUME"
+            )));
+        };
+        let p = self.pool(pool_name)?;
+        let parent = &name[..name.rfind('/').unwrap_or(0)];
+        {
+            let datasets = p.datasets.read();
+            if datasets.contains_key(name) {
+                return Err(Error::AlreadyExists(format!("dataset '{name}'")));
+            }
+            match datasets.get(parent) {
+                Some(d) if d.kind == DatasetKind::Filesystem => {}
+                Some(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "parent '{parent}' is a volume"
+                    )))
+                }
+                None => return Err(Error::NotFound(format!("parent dataset '{parent}'"))),
+            }
+        }
+        let mut volblocksize = props::DEFAULT_VOLBLOCKSIZE;
+        let mut local = BTreeMap::new();
+        for (k, v) in props_in {
+            match k.as_str() {
+                "volblocksize" => {
+                    let n = props::parse_size(v)
+                        .ok_or_else(|| Error::InvalidArgument(format!("bad volblocksize '{v}'")))?;
+                    volblocksize = props::validate_volblocksize(n)?;
+                }
+                "volsize" => {
+                    return Err(Error::InvalidArgument(
+                        "give the size with -V, not -o volsize".into(),
+                    ))
+                }
+                _ => {
+                    local.insert(k.clone(), props::normalize(k, v)?);
+                }
+            }
+        }
+        if volsize == 0 || volsize % volblocksize as u64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "volsize {volsize} must be a positive multiple of volblocksize {volblocksize}"
+            )));
+        }
+        let id = p.next_dataset_id()?;
+        let rec = DatasetRecord {
+            id,
+            name: name.to_string(),
+            kind: DatasetKind::Volume,
+            volsize,
+            volblocksize,
+            local,
+            created_txg: p.open.lock().txg,
+            creation: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            logical_used: 0,
+            physical_used: 0,
+        };
+        p.store_dataset(&rec)?;
+        tracing::info!(dataset = name, volsize, volblocksize, "volume created");
+        self.dataset(name)
+    }
+
+    pub fn list_datasets(&self, root: Option<&str>) -> Result<Vec<DatasetInfo>> {
+        let pools: Vec<Arc<ImportedPool>> = match root {
+            Some(r) => vec![self.pool(split_dataset(r)?.0)?],
+            None => self.inner.pools.read().values().cloned().collect(),
+        };
+        let mut out = Vec::new();
+        for p in pools {
+            let datasets = p.datasets.read();
+            if let Some(r) = root {
+                if !datasets.contains_key(r) {
+                    return Err(Error::NotFound(format!("dataset '{r}'")));
+                }
+            }
+            for rec in datasets.values() {
+                if root.is_none_or(|r| rec.name == r || rec.name.starts_with(&format!("{r}/"))) {
+                    out.push(info(&p, &datasets, rec));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<DatasetInfo> {
+        let (pool, _) = split_dataset(name)?;
+        let p = self.pool(pool)?;
+        let datasets = p.datasets.read();
+        let rec = datasets
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+        Ok(info(&p, &datasets, rec))
+    }
+
+    pub fn set_property(&self, name: &str, prop: &str, value: &str) -> Result<()> {
+        let (pool, _) = split_dataset(name)?;
+        let p = self.pool(pool)?;
+        let mut rec = p
+            .datasets
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+        match prop {
+            "volsize" => {
+                if rec.kind != DatasetKind::Volume {
+                    return Err(Error::InvalidArgument(format!("'{name}' is not a volume")));
+                }
+                let n: u64 = props::normalize(prop, value)?
+                    .parse()
+                    .map_err(|_| Error::InvalidArgument(value.into()))?;
+                if n < rec.volsize {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot shrink volsize of '{name}' from {} to {}: shrinking would discard data",
+                        rec.volsize, n
+                    )));
+                }
+                if n % rec.volblocksize as u64 != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "volsize {n} must be a multiple of volblocksize {}",
+                        rec.volblocksize
+                    )));
+                }
+                rec.volsize = n;
+            }
+            "volblocksize" => {
+                return Err(Error::InvalidArgument(
+                    "volblocksize can only be set when the volume is created".into(),
+                ))
+            }
+            p if props::SETTABLE.contains(&p) => {
+                rec.local
+                    .insert(prop.to_string(), props::normalize(prop, value)?);
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "property '{prop}' is read-only or unknown"
+                )))
+            }
+        }
+        p.store_dataset(&rec)?;
+        tracing::info!(dataset = name, prop, value, "property set");
+        Ok(())
+    }
+
+    pub fn destroy_dataset(&self, name: &str) -> Result<()> {
+        let (pool, rest) = split_dataset(name)?;
+        if rest.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}' is a pool's root dataset: use `cistern pool destroy`"
+            )));
+        }
+        let p = self.pool(pool)?;
+        if p.datasets
+            .read()
+            .keys()
+            .any(|k| k.starts_with(&format!("{name}/")))
+        {
+            return Err(Error::Busy(format!("'{name}' has children")));
+        }
+        p.destroy_dataset(name)?;
+        tracing::info!(dataset = name, "dataset destroyed");
+        Ok(())
+    }
+
+    pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>> {
+        let (pool, _) = split_dataset(name)?;
+        let p = self.pool(pool)?;
+        let id = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
+            if rec.kind != DatasetKind::Volume {
+                return Err(Error::InvalidArgument(format!("'{name}' is not a volume")));
+            }
+            rec.id
+        };
+        Ok(Arc::new(Volume::new(p, id, name.to_string())))
+    }
+
+    pub fn volume_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in self.inner.pools.read().values() {
+            out.extend(
+                p.datasets
+                    .read()
+                    .values()
+                    .filter(|d| d.kind == DatasetKind::Volume)
+                    .map(|d| d.name.clone()),
+            );
+        }
+        out
+    }
+
+    pub fn stats(&self) -> Vec<PoolStats> {
+        self.inner
+            .pools
+            .read()
+            .values()
+            .map(|p| p.stats())
+            .collect()
+    }
+
+    /// Commits the open txg of every pool now (used by tests and `sync`).
+    pub fn sync_all(&self) -> Result<()> {
+        let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
+        for p in pools {
+            p.sync_now()?;
+        }
+        Ok(())
+    }
+
+    pub fn shutdown(&self) -> Result<()> {
+        let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
+        let mut first_err = None;
+        for p in pools {
+            if let Err(e) = p.close() {
+                tracing::error!(pool = %p.pool.name, error = %e, "final txg commit failed");
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+fn summary(p: &ImportedPool) -> PoolSummary {
+    let (size, allocated) = (p.pool.size(), p.pool.allocated());
+    let degraded = p
+        .pool
+        .groups
+        .iter()
+        .any(|g| g.state() != pool::DeviceState::Online);
+    PoolSummary {
+        name: p.pool.name.clone(),
+        guid: p.pool.guid,
+        size,
+        allocated,
+        free: size - allocated,
+        health: if degraded { "DEGRADED" } else { "ONLINE" }.into(),
+        txg: p.open.lock().txg.saturating_sub(1),
+    }
+}
+
+fn info(
+    p: &ImportedPool,
+    datasets: &BTreeMap<String, DatasetRecord>,
+    rec: &DatasetRecord,
+) -> DatasetInfo {
+    let prefix = format!("{}/", rec.name);
+    let (mut used, mut logical) = (rec.physical_used, rec.logical_used);
+    for d in datasets.values().filter(|d| d.name.starts_with(&prefix)) {
+        used += d.physical_used;
+        logical += d.logical_used;
+    }
+    let reserve = p.pool.size() / 32;
+    let space = Space {
+        used,
+        logical_used: logical,
+        referenced: rec.physical_used,
+        logical_referenced: rec.logical_used,
+        available: p.pool.allocator().free_bytes().saturating_sub(reserve),
+    };
+    DatasetInfo {
+        name: rec.name.clone(),
+        kind: rec.kind,
+        properties: props::properties(rec, &lineage(datasets, rec), space),
+    }
+}

@@ -1,0 +1,284 @@
+//! Dataset records and properties, inherited down the tree as in ZFS.
+
+use crate::{DatasetKind, Error, Property, Result};
+use block::{ChecksumAlgo, Compression};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Properties a user may set; everything else is a read-only statistic.
+pub const SETTABLE: &[&str] = &["compression", "checksum", "readonly", "volsize"];
+/// Properties children inherit from their parent when not set locally.
+const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
+pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
+
+/// What the metadata store keeps per dataset (JSON in the DATASETS table).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DatasetRecord {
+    pub id: u64,
+    pub name: String,
+    pub kind: DatasetKind,
+    /// Volumes only.
+    pub volsize: u64,
+    pub volblocksize: u32,
+    /// Locally set properties (name -> value as the user wrote it, normalized).
+    pub local: BTreeMap<String, String>,
+    pub created_txg: u64,
+    /// Unix seconds.
+    pub creation: u64,
+    /// Sum of logical sizes of live blocks.
+    pub logical_used: u64,
+    /// Sum of allocated sizes of live blocks.
+    pub physical_used: u64,
+}
+
+fn default_of(prop: &str) -> &'static str {
+    match prop {
+        "compression" => "lz4",
+        "checksum" => "blake3",
+        "readonly" => "off",
+        _ => "-",
+    }
+}
+
+/// Checks and normalizes a value for a settable or create-time property.
+pub fn normalize(prop: &str, value: &str) -> Result<String> {
+    let bad = |why: String| {
+        Error::InvalidArgument(format!("bad value '{value}' for property {prop}: {why}"))
+    };
+    match prop {
+        "compression" => value
+            .parse::<Compression>()
+            .map(|c| c.to_string())
+            .map_err(|e| bad(e.to_string())),
+        "checksum" => value
+            .parse::<ChecksumAlgo>()
+            .map(|c| c.to_string())
+            .map_err(bad),
+        "readonly" => match value {
+            "on" | "off" => Ok(value.to_string()),
+            _ => Err(bad("expected on or off".into())),
+        },
+        "volsize" | "volblocksize" => {
+            let n = parse_size(value).ok_or_else(|| bad("expected a size like 16K, 10G".into()))?;
+            Ok(n.to_string())
+        }
+        _ => Err(Error::InvalidArgument(format!(
+            "unknown or read-only property '{prop}'"
+        ))),
+    }
+}
+
+pub fn validate_volblocksize(n: u64) -> Result<u32> {
+    if !(4096..=131072).contains(&n) || !n.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!(
+            "volblocksize {n} must be a power of two from 4K to 128K"
+        )));
+    }
+    Ok(n as u32)
+}
+
+/// Parses 512, 4K, 16k, 1.5G, 10GiB, 2T (binary units).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let t = s.trim_end_matches(['B', 'b']).trim_end_matches(['i', 'I']);
+    let (num, mult) = match t.chars().last()? {
+        c if c.is_ascii_digit() || c == '.' => (t, 1u64),
+        c => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                'P' => 50,
+                _ => return None,
+            };
+            (&t[..t.len() - 1], 1u64 << shift)
+        }
+    };
+    if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        (f >= 0.0 && f.is_finite()).then(|| (f * mult as f64) as u64)
+    } else {
+        num.parse::<u64>().ok()?.checked_mul(mult)
+    }
+}
+
+/// ZFS-style human size: 512, 4K, 1.50G, 10G.
+pub fn format_size(n: u64) -> String {
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}")
+    } else if v >= 100.0 || (v - v.round()).abs() < 0.005 {
+        format!("{:.0}{}", v, UNITS[u])
+    } else if v >= 10.0 {
+        format!("{:.1}{}", v, UNITS[u])
+    } else {
+        format!("{:.2}{}", v, UNITS[u])
+    }
+}
+
+/// The chain from a dataset up to its pool's root, nearest first.
+pub struct Lineage<'a> {
+    pub chain: Vec<&'a DatasetRecord>,
+}
+
+impl Lineage<'_> {
+    /// Effective value and its source for an inheritable property.
+    pub fn resolve(&self, prop: &str) -> (String, String) {
+        for (i, rec) in self.chain.iter().enumerate() {
+            if let Some(v) = rec.local.get(prop) {
+                let source = if i == 0 {
+                    "local".to_string()
+                } else {
+                    format!("inherited from {}", rec.name)
+                };
+                return (v.clone(), source);
+            }
+        }
+        (default_of(prop).to_string(), "default".to_string())
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.resolve("compression")
+            .0
+            .parse()
+            .unwrap_or(Compression::Lz4)
+    }
+
+    pub fn checksum(&self) -> ChecksumAlgo {
+        self.resolve("checksum")
+            .0
+            .parse()
+            .unwrap_or(ChecksumAlgo::Blake3)
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.resolve("readonly").0 == "on"
+    }
+}
+
+/// Space figures of a dataset including its children.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Space {
+    pub used: u64,
+    pub logical_used: u64,
+    pub referenced: u64,
+    pub logical_referenced: u64,
+    pub available: u64,
+}
+
+fn ratio(logical: u64, physical: u64) -> f64 {
+    if physical == 0 {
+        1.0
+    } else {
+        ((logical as f64 / physical as f64) * 100.0).floor() / 100.0
+    }
+}
+
+/// All properties in `get all` order.
+pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> Vec<Property> {
+    let stat = |name: &str, value: String, parsable: String| Property {
+        name: name.into(),
+        value,
+        parsable,
+        source: "-".into(),
+    };
+    let bytes = |name: &str, n: u64| stat(name, format_size(n), n.to_string());
+    let mut out = vec![
+        stat(
+            "type",
+            match rec.kind {
+                DatasetKind::Volume => "volume".into(),
+                DatasetKind::Filesystem => "filesystem".into(),
+            },
+            String::new(),
+        ),
+        stat(
+            "creation",
+            rec.creation.to_string(),
+            rec.creation.to_string(),
+        ),
+        bytes("used", space.used),
+        bytes("available", space.available),
+        bytes("referenced", space.referenced),
+        {
+            let r = ratio(space.logical_used, space.used);
+            stat("compressratio", format!("{r:.2}x"), format!("{r:.2}"))
+        },
+    ];
+    if rec.kind == DatasetKind::Volume {
+        out.push(Property {
+            name: "volsize".into(),
+            value: format_size(rec.volsize),
+            parsable: rec.volsize.to_string(),
+            source: "local".into(),
+        });
+        out.push(Property {
+            name: "volblocksize".into(),
+            value: format_size(rec.volblocksize as u64),
+            parsable: rec.volblocksize.to_string(),
+            source: if rec.volblocksize == DEFAULT_VOLBLOCKSIZE {
+                "default".into()
+            } else {
+                "local".into()
+            },
+        });
+    }
+    for prop in INHERITABLE {
+        let (value, source) = lineage.resolve(prop);
+        out.push(Property {
+            name: (*prop).into(),
+            parsable: value.clone(),
+            value,
+            source,
+        });
+    }
+    out.push(bytes("logicalused", space.logical_used));
+    out.push(bytes("logicalreferenced", space.logical_referenced));
+    out.push(stat(
+        "createtxg",
+        rec.created_txg.to_string(),
+        rec.created_txg.to_string(),
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_print_like_zfs() {
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("16K"), Some(16384));
+        assert_eq!(parse_size("16k"), Some(16384));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("10GiB"), Some(10 << 30));
+        assert_eq!(parse_size("2TB"), Some(2 << 40));
+        for bad in ["", "G", "1X", "-1G", "1.2.3K", "99999999999999999999T"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        assert_eq!(format_size(512), "512");
+        assert_eq!(format_size(16384), "16K");
+        assert_eq!(format_size(3 << 29), "1.50G");
+        assert_eq!(format_size(10 << 30), "10G");
+    }
+
+    #[test]
+    fn property_values_are_checked() {
+        assert_eq!(normalize("compression", "zstd-3").unwrap(), "zstd");
+        assert_eq!(normalize("compression", "on").unwrap(), "lz4");
+        assert!(normalize("compression", "zstd-42").is_err());
+        assert!(normalize("readonly", "yes").is_err());
+        assert!(normalize("used", "1G").is_err());
+        assert!(validate_volblocksize(3000).is_err());
+        assert!(validate_volblocksize(256 << 10).is_err());
+        assert_eq!(validate_volblocksize(8192).unwrap(), 8192);
+    }
+}

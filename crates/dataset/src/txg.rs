@@ -1,0 +1,807 @@
+//! An imported pool: the open transaction group that collects changes, and
+//! the sync thread that commits it. This is where a txg commits
+//! (`ImportedPool::sync_txg`): encode blocks -> place them in few large
+//! writes -> sync devices -> one redb transaction with the new block
+//! pointers, space figures and the intent-log checkpoint -> free what the
+//! txg replaced -> trim the log.
+
+use crate::cache::BlockCache;
+use crate::props::{DatasetRecord, Lineage};
+use crate::{EngineConfig, Error, PoolStats, Result};
+use block::{BlockPointer, ChecksumAlgo, Compression, EncodedBlock};
+use intent_log::{Checkpoint, IntentLog, LogRecord, RecordKind};
+use meta::redb::{Database, ReadableDatabase, ReadableTable};
+use meta::schema::*;
+use parking_lot::{Condvar, Mutex, RwLock};
+use pool::{Dva, Pool};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Key of one block of one dataset.
+pub type BlockKey = (u64, u64);
+
+/// A changed block, not yet committed.
+#[derive(Debug, Clone)]
+pub enum Dirty {
+    Data(Arc<Vec<u8>>),
+    /// Zeros that stay allocated (WRITE_ZEROES with NO_HOLE).
+    Zero,
+    /// Deallocated.
+    Hole,
+}
+
+pub struct OpenTxg {
+    pub txg: u64,
+    pub dirty: HashMap<BlockKey, Dirty>,
+    pub dirty_bytes: u64,
+}
+
+#[derive(Default)]
+struct SyncCtl {
+    requested: u64,
+    done: u64,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub txg_commits: AtomicU64,
+    pub txg_commit_micros: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+}
+
+pub struct ImportedPool {
+    pub pool: Arc<Pool>,
+    pub db: Database,
+    pub log: Arc<IntentLog>,
+    pub open: Mutex<OpenTxg>,
+    /// The txg being committed; readers look here after the open txg.
+    pub syncing: RwLock<Option<Arc<HashMap<BlockKey, Dirty>>>>,
+    /// Dataset records by name: the committed ones plus space figures of the last txg.
+    pub datasets: RwLock<BTreeMap<String, DatasetRecord>>,
+    /// Serializes write transactions of the metadata store (txg commit, admin changes).
+    pub meta_lock: Mutex<()>,
+    ctl: Mutex<SyncCtl>,
+    ctl_changed: Condvar,
+    pub cache: BlockCache,
+    pub config: EngineConfig,
+    pub counters: Counters,
+    sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+fn meta_err(e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("metadata store: {e}"))
+}
+
+/// Test hook for the crash tests: `CISTERN_FAULT_TXG_CRASH=after_data|after_meta`
+/// aborts the process at that point of a txg commit that has data.
+fn fault_point(name: &str) {
+    if std::env::var("CISTERN_FAULT_TXG_CRASH").is_ok_and(|v| v == name) {
+        tracing::error!(point = name, "fault injection: aborting during txg commit");
+        std::process::abort();
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl ImportedPool {
+    /// A new pool: an empty metadata store holding only the root dataset.
+    pub fn create(pool: Arc<Pool>, config: EngineConfig) -> Result<Arc<ImportedPool>> {
+        let db =
+            meta::create(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
+        let root = DatasetRecord {
+            id: 0,
+            name: pool.name.clone(),
+            kind: crate::DatasetKind::Filesystem,
+            volsize: 0,
+            volblocksize: 0,
+            local: BTreeMap::new(),
+            created_txg: 0,
+            creation: now_secs(),
+            logical_used: 0,
+            physical_used: 0,
+        };
+        let tx = db.begin_write().map_err(meta_err)?;
+        {
+            let mut t = tx.open_table(DATASETS).map_err(meta_err)?;
+            let json = serde_json::to_vec(&root).map_err(meta_err)?;
+            t.insert(0, json.as_slice()).map_err(meta_err)?;
+            let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            r.insert(RECORD_LOG_APPLIED_SEQ, 1).map_err(meta_err)?;
+            r.insert(RECORD_LOG_REPLAY_POS, 0).map_err(meta_err)?;
+            r.insert(RECORD_LOG_EXPECT_SEQ, 1).map_err(meta_err)?;
+        }
+        tx.commit().map_err(meta_err)?;
+        drop(db);
+        Self::open(pool, config)
+    }
+
+    /// Imports: opens the metadata store, rebuilds the space map from the
+    /// live block pointers, replays the intent log and commits it in a txg.
+    pub fn open(pool: Arc<Pool>, config: EngineConfig) -> Result<Arc<ImportedPool>> {
+        let db =
+            meta::open(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
+        let (txg, cp, datasets) = {
+            let tx = db.begin_read().map_err(meta_err)?;
+            let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            let get = |k: &str| -> Result<u64> {
+                r.get(k)
+                    .map_err(meta_err)?
+                    .map(|v| v.value())
+                    .ok_or_else(|| Error::Corrupt(format!("pool record {k} missing")))
+            };
+            let txg = get(RECORD_TXG)?;
+            let cp = Checkpoint {
+                applied_seq: get(RECORD_LOG_APPLIED_SEQ)?,
+                replay_pos: get(RECORD_LOG_REPLAY_POS)?,
+                expect_seq: get(RECORD_LOG_EXPECT_SEQ)?,
+            };
+            let mut datasets = BTreeMap::new();
+            for row in tx
+                .open_table(DATASETS)
+                .map_err(meta_err)?
+                .iter()
+                .map_err(meta_err)?
+            {
+                let (_, v) = row.map_err(meta_err)?;
+                let rec: DatasetRecord = serde_json::from_slice(v.value())
+                    .map_err(|e| Error::Corrupt(format!("dataset record: {e}")))?;
+                datasets.insert(rec.name.clone(), rec);
+            }
+            // Rebuild the space map; a block claimed twice means the metadata is inconsistent.
+            let mut alloc = pool.allocator();
+            for row in tx
+                .open_table(BLOCKS)
+                .map_err(meta_err)?
+                .iter()
+                .map_err(meta_err)?
+            {
+                let (k, v) = row.map_err(meta_err)?;
+                let bp = BlockPointer::decode(v.value())
+                    .map_err(|e| Error::Corrupt(format!("block {:?}: {e}", k.value())))?;
+                for dva in &bp.dvas {
+                    if !alloc.claim(*dva) {
+                        return Err(Error::Corrupt(format!(
+                            "block {:?} overlaps another block at {dva:?}",
+                            k.value()
+                        )));
+                    }
+                }
+            }
+            (txg, cp, datasets)
+        };
+        // The log asks for a txg when it fills up; it reaches the pool through a slot set below.
+        let slot: Arc<std::sync::OnceLock<std::sync::Weak<ImportedPool>>> = Arc::default();
+        let request = {
+            let slot = slot.clone();
+            Box::new(move || {
+                if let Some(p) = slot.get().and_then(|w| w.upgrade()) {
+                    p.request_sync();
+                }
+            })
+        };
+        let (log, records) = IntentLog::open(pool.log_region(), pool.guid, cp, request);
+        let imported = Arc::new(ImportedPool {
+            cache: BlockCache::new(config.block_cache_bytes as usize),
+            pool,
+            db,
+            log,
+            open: Mutex::new(OpenTxg {
+                txg: txg + 1,
+                dirty: HashMap::new(),
+                dirty_bytes: 0,
+            }),
+            syncing: RwLock::new(None),
+            datasets: RwLock::new(datasets),
+            meta_lock: Mutex::new(()),
+            ctl: Mutex::new(SyncCtl::default()),
+            ctl_changed: Condvar::new(),
+            config,
+            counters: Counters::default(),
+            sync_thread: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        let _ = slot.set(Arc::downgrade(&imported));
+        let replayed = records.len();
+        for rec in records {
+            imported.replay(rec)?;
+        }
+        imported.sync_txg()?;
+        if replayed > 0 {
+            tracing::info!(pool = %imported.pool.name, replayed, "intent log records committed");
+        }
+        let weak = Arc::downgrade(&imported);
+        let handle = std::thread::Builder::new()
+            .name(format!("txg-sync-{}", imported.pool.name))
+            .spawn(move || sync_loop(weak))
+            .map_err(|e| Error::Io(format!("cannot start txg sync thread: {e}")))?;
+        *imported.sync_thread.lock() = Some(handle);
+        Ok(imported)
+    }
+
+    fn replay(&self, rec: LogRecord) -> Result<()> {
+        let Some((id, bs)) = self
+            .datasets
+            .read()
+            .values()
+            .find(|d| d.id == rec.dataset)
+            .map(|d| (d.id, d.volblocksize))
+        else {
+            tracing::warn!(
+                dataset = rec.dataset,
+                "log record for a dataset that no longer exists; skipped"
+            );
+            return Ok(());
+        };
+        let op = match rec.kind {
+            RecordKind::Write => crate::volume::Op::Write(&rec.payload),
+            RecordKind::Trim => crate::volume::Op::Zero {
+                len: rec.length,
+                allocate: false,
+            },
+            RecordKind::ZeroAllocated => crate::volume::Op::Zero {
+                len: rec.length,
+                allocate: true,
+            },
+            RecordKind::Jump => return Ok(()),
+        };
+        crate::volume::apply(self, id, bs, rec.offset, op, false, false)?;
+        Ok(())
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Asks the sync thread for a txg commit without waiting.
+    pub fn request_sync(&self) {
+        let mut c = self.ctl.lock();
+        c.requested += 1;
+        self.ctl_changed.notify_all();
+    }
+
+    /// Commits the open txg (and waits for it).
+    pub fn sync_now(&self) -> Result<()> {
+        if self.sync_thread.lock().is_none() {
+            return self.sync_txg();
+        }
+        let mut c = self.ctl.lock();
+        c.requested += 1;
+        let want = c.requested;
+        self.ctl_changed.notify_all();
+        while c.done < want && !c.shutdown {
+            self.ctl_changed
+                .wait_for(&mut c, Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// Writers call this first: past dirty_max they wait for a txg commit.
+    pub fn throttle(&self) {
+        for _ in 0..100 {
+            let dirty = self.open.lock().dirty_bytes;
+            if dirty < self.config.dirty_max_bytes {
+                if dirty > self.config.dirty_max_bytes / 2 {
+                    self.request_sync();
+                }
+                return;
+            }
+            let _ = self.sync_now();
+        }
+    }
+
+    /// Compression and checksum in force for each dataset.
+    fn pipeline_settings(&self) -> HashMap<u64, (Compression, ChecksumAlgo)> {
+        let datasets = self.datasets.read();
+        datasets
+            .values()
+            .map(|rec| {
+                let lineage = lineage(&datasets, rec);
+                (rec.id, (lineage.compression(), lineage.checksum()))
+            })
+            .collect()
+    }
+
+    /// Commits the open txg. See the module documentation for the steps.
+    pub fn sync_txg(&self) -> Result<()> {
+        let _meta = self.meta_lock.lock();
+        let started = Instant::now();
+        let (txg, dirty, cp) = {
+            let mut open = self.open.lock();
+            if open.dirty.is_empty() {
+                return Ok(());
+            }
+            let cp = self.log.checkpoint();
+            let txg = open.txg;
+            open.txg += 1;
+            open.dirty_bytes = 0;
+            let dirty = Arc::new(std::mem::take(&mut open.dirty));
+            // Published before the open lock is released: a reader that misses a
+            // block in the open txg must find it here, never fall through to
+            // the older committed version.
+            *self.syncing.write() = Some(dirty.clone());
+            (txg, dirty, cp)
+        };
+        match self.write_txg(txg, &dirty, cp) {
+            Ok(()) => {
+                *self.syncing.write() = None;
+                self.log.applied(cp);
+                self.counters.txg_commits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .txg_commit_micros
+                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                tracing::debug!(pool = %self.pool.name, txg, blocks = dirty.len(), ms = started.elapsed().as_millis() as u64, "txg committed");
+                Ok(())
+            }
+            Err(e) => {
+                // Keep the changes: put them back under newer ones and retry later.
+                let mut open = self.open.lock();
+                for (k, v) in dirty.iter() {
+                    open.dirty.entry(*k).or_insert_with(|| v.clone());
+                }
+                *self.syncing.write() = None;
+                tracing::error!(pool = %self.pool.name, txg, error = %e, "txg commit failed; will retry");
+                Err(e)
+            }
+        }
+    }
+
+    fn write_txg(&self, txg: u64, dirty: &HashMap<BlockKey, Dirty>, cp: Checkpoint) -> Result<()> {
+        let settings = self.pipeline_settings();
+        let mut keys: Vec<BlockKey> = dirty.keys().copied().collect();
+        keys.sort_unstable();
+
+        // Compress and checksum, in parallel.
+        let encode_one = |k: &BlockKey| -> Option<EncodedBlock> {
+            let (comp, sum) = settings
+                .get(&k.0)
+                .copied()
+                .unwrap_or((Compression::Off, ChecksumAlgo::Blake3));
+            match &dirty[k] {
+                Dirty::Data(d) => Some(block::encode(d, comp, sum)),
+                Dirty::Zero => {
+                    let bs = self.block_size_of(k.0)?;
+                    Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum))
+                }
+                Dirty::Hole => None,
+            }
+        };
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 8);
+        let chunk = keys.len().div_ceil(threads).max(1);
+        let encoded: Vec<Option<EncodedBlock>> = std::thread::scope(|s| {
+            let handles: Vec<_> = keys
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().map(encode_one).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        assert_eq!(encoded.len(), keys.len(), "an encoder thread panicked");
+
+        // Place: allocate in key order so a volume's neighbours stay neighbours.
+        let mut placed: Vec<Option<BlockPointer>> = Vec::with_capacity(keys.len());
+        {
+            let mut alloc = self.pool.allocator();
+            for e in &encoded {
+                placed.push(match e {
+                    Some(e) => match alloc.allocate(e.psize() as u64) {
+                        Some(dva) => Some(e.pointer(dva, txg)),
+                        None => {
+                            for bp in placed.iter().flatten() {
+                                alloc.free(bp.dvas[0]);
+                            }
+                            return Err(Error::NoSpace(self.pool.name.clone()));
+                        }
+                    },
+                    None => None,
+                });
+            }
+        }
+        let new_dvas: Vec<Dva> = placed.iter().flatten().map(|bp| bp.dvas[0]).collect();
+        let result = self.write_placed(txg, &keys, &encoded, &placed, cp);
+        if result.is_err() {
+            let mut alloc = self.pool.allocator();
+            for dva in new_dvas {
+                alloc.free(dva);
+            }
+        }
+        result
+    }
+
+    fn write_placed(
+        &self,
+        txg: u64,
+        keys: &[BlockKey],
+        encoded: &[Option<EncodedBlock>],
+        placed: &[Option<BlockPointer>],
+        cp: Checkpoint,
+    ) -> Result<()> {
+        // Write: coalesce blocks that are adjacent on disk into runs of up to 8 MiB.
+        let mut order: Vec<usize> = (0..keys.len()).filter(|&i| placed[i].is_some()).collect();
+        order.sort_unstable_by_key(|&i| {
+            placed[i]
+                .as_ref()
+                .map(|bp| (bp.dvas[0].group, bp.dvas[0].offset))
+        });
+        let mut run: Option<(Dva, Vec<u8>)> = None;
+        let flush = |run: &mut Option<(Dva, Vec<u8>)>| -> Result<()> {
+            if let Some((dva, buf)) = run.take() {
+                self.pool
+                    .write(dva, &buf)
+                    .map_err(|e| Error::Io(e.to_string()))?;
+                self.counters
+                    .write_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            }
+            Ok(())
+        };
+        for &i in &order {
+            let (Some(bp), Some(enc)) = (&placed[i], &encoded[i]) else {
+                continue;
+            };
+            let dva = bp.dvas[0];
+            let extends = run.as_ref().is_some_and(|(r, buf)| {
+                r.group == dva.group
+                    && r.offset + r.asize as u64 == dva.offset
+                    && buf.len() + dva.asize as usize <= 8 << 20
+            });
+            if !extends {
+                flush(&mut run)?;
+                run = Some((Dva { asize: 0, ..dva }, Vec::with_capacity(1 << 20)));
+            }
+            if let Some((r, buf)) = run.as_mut() {
+                buf.extend_from_slice(&enc.payload);
+                buf.resize(buf.len() + (dva.asize as usize - enc.payload.len()), 0);
+                r.asize += dva.asize;
+            }
+        }
+        flush(&mut run)?;
+        self.pool.sync_all().map_err(|e| Error::Io(e.to_string()))?;
+        fault_point("after_data");
+
+        // Metadata: one transaction for every pointer, space figure and the log checkpoint.
+        let mut freed: Vec<Dva> = Vec::new();
+        let mut space: HashMap<u64, (i64, i64)> = HashMap::new();
+        let live_ids: HashMap<u64, ()> =
+            self.datasets.read().values().map(|d| (d.id, ())).collect();
+        let mut orphaned: Vec<Dva> = Vec::new();
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        {
+            let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+            for (i, &(ds, blk)) in keys.iter().enumerate() {
+                if !live_ids.contains_key(&ds) {
+                    orphaned.extend(placed[i].iter().map(|bp| bp.dvas[0]));
+                    continue;
+                }
+                let old = blocks
+                    .range((ds, blk, 0)..=(ds, blk, u64::MAX))
+                    .map_err(meta_err)?
+                    .next_back()
+                    .transpose()
+                    .map_err(meta_err)?
+                    .map(|(k, v)| (k.value(), v.value().to_vec()));
+                let acct = space.entry(ds).or_default();
+                if let Some((old_key, old_bp)) = old {
+                    let old_bp =
+                        BlockPointer::decode(&old_bp).map_err(|e| Error::Corrupt(e.to_string()))?;
+                    // No snapshots yet: every replaced block is born after the newest
+                    // snapshot (txg 0), so it is freed rather than put on a dead list.
+                    blocks.remove(old_key).map_err(meta_err)?;
+                    freed.extend(old_bp.dvas.iter().copied());
+                    acct.0 -= old_bp.lsize as i64;
+                    acct.1 -= old_bp.asize() as i64;
+                }
+                if let Some(bp) = &placed[i] {
+                    blocks
+                        .insert((ds, blk, txg), bp.encode().as_slice())
+                        .map_err(meta_err)?;
+                    acct.0 += bp.lsize as i64;
+                    acct.1 += bp.asize() as i64;
+                }
+            }
+            let mut records = self.datasets.read().clone();
+            let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
+            for rec in records.values_mut() {
+                if let Some((l, p)) = space.get(&rec.id) {
+                    rec.logical_used = (rec.logical_used as i64 + l).max(0) as u64;
+                    rec.physical_used = (rec.physical_used as i64 + p).max(0) as u64;
+                    let json = serde_json::to_vec(&rec).map_err(meta_err)?;
+                    table.insert(rec.id, json.as_slice()).map_err(meta_err)?;
+                }
+            }
+            let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            r.insert(RECORD_TXG, txg).map_err(meta_err)?;
+            r.insert(RECORD_LOG_APPLIED_SEQ, cp.applied_seq)
+                .map_err(meta_err)?;
+            r.insert(RECORD_LOG_REPLAY_POS, cp.replay_pos)
+                .map_err(meta_err)?;
+            r.insert(RECORD_LOG_EXPECT_SEQ, cp.expect_seq)
+                .map_err(meta_err)?;
+        }
+        tx.commit().map_err(meta_err)?;
+        fault_point("after_meta");
+
+        // Only now may replaced space be reused: a crash before the commit
+        // brings back the previous txg, which still points there.
+        {
+            let mut alloc = self.pool.allocator();
+            for dva in freed.iter().chain(&orphaned) {
+                if !alloc.free(*dva) {
+                    tracing::error!(?dva, "freed a block that was not allocated");
+                }
+            }
+        }
+        let mut datasets = self.datasets.write();
+        for rec in datasets.values_mut() {
+            if let Some((l, p)) = space.get(&rec.id) {
+                rec.logical_used = (rec.logical_used as i64 + l).max(0) as u64;
+                rec.physical_used = (rec.physical_used as i64 + p).max(0) as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn block_size_of(&self, id: u64) -> Option<u32> {
+        self.datasets
+            .read()
+            .values()
+            .find(|d| d.id == id)
+            .map(|d| d.volblocksize)
+    }
+
+    /// The live pointer of a committed block.
+    pub fn lookup(
+        &self,
+        tx: &meta::redb::ReadTransaction,
+        ds: u64,
+        blk: u64,
+    ) -> Result<Option<BlockPointer>> {
+        let t = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let last = t
+            .range((ds, blk, 0)..=(ds, blk, u64::MAX))
+            .map_err(meta_err)?
+            .next_back()
+            .transpose()
+            .map_err(meta_err)?;
+        match last {
+            None => Ok(None),
+            Some((_, v)) => BlockPointer::decode(v.value())
+                .map(Some)
+                .map_err(|e| Error::Corrupt(e.to_string())),
+        }
+    }
+
+    /// Block indexes in [first, last] that have a committed pointer, at most `limit`.
+    pub fn committed_blocks(
+        &self,
+        ds: u64,
+        first: u64,
+        last: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>> {
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        let t = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let mut out = Vec::new();
+        for row in t
+            .range((ds, first, 0)..=(ds, last, u64::MAX))
+            .map_err(meta_err)?
+        {
+            let (k, _) = row.map_err(meta_err)?;
+            let blk = k.value().1;
+            if out.last() != Some(&blk) {
+                out.push(blk);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn begin_read(&self) -> Result<meta::redb::ReadTransaction> {
+        self.db.begin_read().map_err(meta_err)
+    }
+
+    /// Writes a dataset record (created or changed) in its own transaction.
+    pub fn store_dataset(&self, rec: &DatasetRecord) -> Result<()> {
+        let _meta = self.meta_lock.lock();
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        {
+            let mut t = tx.open_table(DATASETS).map_err(meta_err)?;
+            // Space figures are owned by the txg commit: keep the latest ones.
+            let mut rec = rec.clone();
+            if let Some(cur) = self.datasets.read().get(&rec.name) {
+                rec.logical_used = cur.logical_used;
+                rec.physical_used = cur.physical_used;
+            }
+            let json = serde_json::to_vec(&rec).map_err(meta_err)?;
+            t.insert(rec.id, json.as_slice()).map_err(meta_err)?;
+            self.datasets.write().insert(rec.name.clone(), rec);
+        }
+        tx.commit().map_err(meta_err)
+    }
+
+    /// A new dataset id, persisted so ids are never reused.
+    pub fn next_dataset_id(&self) -> Result<u64> {
+        let _meta = self.meta_lock.lock();
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        let id = {
+            let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            let id = r
+                .get(RECORD_NEXT_DATASET)
+                .map_err(meta_err)?
+                .map(|v| v.value())
+                .unwrap_or(1);
+            r.insert(RECORD_NEXT_DATASET, id + 1).map_err(meta_err)?;
+            id
+        };
+        tx.commit().map_err(meta_err)?;
+        Ok(id)
+    }
+
+    /// Removes a dataset and frees all of its blocks.
+    pub fn destroy_dataset(&self, name: &str) -> Result<()> {
+        // Commit what is in flight first so no txg writes blocks for it afterwards.
+        self.sync_txg()?;
+        let _meta = self.meta_lock.lock();
+        let id = self
+            .datasets
+            .read()
+            .get(name)
+            .map(|d| d.id)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        {
+            let mut open = self.open.lock();
+            open.dirty.retain(|k, _| k.0 != id);
+        }
+        let mut freed = Vec::new();
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        {
+            let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+            let doomed: Vec<((u64, u64, u64), Vec<u8>)> = blocks
+                .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
+                .map_err(meta_err)?
+                .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(meta_err)?;
+            for (k, v) in doomed {
+                blocks.remove(k).map_err(meta_err)?;
+                if let Ok(bp) = BlockPointer::decode(&v) {
+                    freed.extend(bp.dvas);
+                }
+            }
+            tx.open_table(DATASETS)
+                .map_err(meta_err)?
+                .remove(id)
+                .map_err(meta_err)?;
+        }
+        tx.commit().map_err(meta_err)?;
+        let mut alloc = self.pool.allocator();
+        for dva in freed {
+            alloc.free(dva);
+        }
+        drop(alloc);
+        self.datasets.write().remove(name);
+        self.cache.forget_dataset(id);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let alloc = self.pool.allocator();
+        let (allocated, size) = (alloc.allocated(), self.pool.size());
+        drop(alloc);
+        let log = self.log.stats();
+        PoolStats {
+            pool: self.pool.name.clone(),
+            txg: self.open.lock().txg.saturating_sub(1),
+            txg_commits: self.counters.txg_commits.load(Ordering::Relaxed),
+            txg_commit_seconds_total: self.counters.txg_commit_micros.load(Ordering::Relaxed)
+                as f64
+                / 1e6,
+            log_commits: log.commits.load(Ordering::Relaxed),
+            log_records: log.records.load(Ordering::Relaxed),
+            log_bytes: log.bytes.load(Ordering::Relaxed),
+            read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
+            write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
+            dirty_bytes: self.open.lock().dirty_bytes,
+            cache_hits: self.cache.hits.load(Ordering::Relaxed),
+            cache_misses: self.cache.misses.load(Ordering::Relaxed),
+            checksum_errors: self
+                .pool
+                .devices()
+                .map(|d| d.errors.checksum.load(Ordering::Relaxed))
+                .sum(),
+            allocated,
+            size,
+        }
+    }
+
+    /// Commits everything and stops the sync thread. Idempotent.
+    pub fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let result = self.sync_txg();
+        {
+            let mut c = self.ctl.lock();
+            c.shutdown = true;
+            self.ctl_changed.notify_all();
+        }
+        if let Some(h) = self.sync_thread.lock().take() {
+            let _ = h.join();
+        }
+        self.log.close();
+        result
+    }
+}
+
+/// Resolves the inheritance chain of `rec` (itself, then parents up to the pool root).
+pub fn lineage<'a>(
+    datasets: &'a BTreeMap<String, DatasetRecord>,
+    rec: &'a DatasetRecord,
+) -> Lineage<'a> {
+    let mut chain = vec![rec];
+    let mut name = rec.name.as_str();
+    while let Some((parent, _)) = name.rsplit_once('/') {
+        if let Some(p) = datasets.get(parent) {
+            chain.push(p);
+        }
+        name = parent;
+    }
+    Lineage { chain }
+}
+
+trait ZeroCompression {
+    fn max_lz4(self) -> Compression;
+}
+
+impl ZeroCompression for Compression {
+    /// Allocated zero blocks are stored compressed even where compression is off: one sector.
+    fn max_lz4(self) -> Compression {
+        match self {
+            Compression::Off => Compression::Lz4,
+            c => c,
+        }
+    }
+}
+
+fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
+    loop {
+        let Some(p) = weak.upgrade() else { return };
+        let timeout = Duration::from_secs_f64(p.config.txg_timeout_secs.max(0.05));
+        let target = {
+            let mut c = p.ctl.lock();
+            if c.shutdown {
+                return;
+            }
+            if c.requested <= c.done {
+                p.ctl_changed.wait_for(&mut c, timeout);
+            }
+            if c.shutdown {
+                return;
+            }
+            c.requested
+        };
+        if p.log.fill() > 0.5 {
+            p.request_sync();
+        }
+        let _ = p.sync_txg();
+        let mut c = p.ctl.lock();
+        c.done = c.done.max(target);
+        p.ctl_changed.notify_all();
+    }
+}

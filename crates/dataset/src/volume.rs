@@ -1,0 +1,418 @@
+//! Volume I/O: byte ranges mapped onto volblocksize blocks in the open txg,
+//! the txg being committed, and the committed block map, in that order.
+
+use crate::txg::{Dirty, ImportedPool};
+use crate::{Error, Extent, ReadSegment, Result, Volume};
+use intent_log::RecordKind;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Largest payload of one intent-log record; bigger writes are split.
+const MAX_LOG_RECORD: usize = 1 << 20;
+/// Most blocks one `allocation` call looks at (the reply covers a prefix).
+const MAX_STATUS_BLOCKS: u64 = 1 << 16;
+
+pub(crate) enum Op<'a> {
+    Write(&'a [u8]),
+    Zero { len: u64, allocate: bool },
+}
+
+impl Op<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Op::Write(d) => d.len() as u64,
+            Op::Zero { len, .. } => *len,
+        }
+    }
+}
+
+/// Contents of a block outside the open txg: the syncing txg, else the
+/// committed block map. `None` is a hole.
+pub(crate) fn read_outside_open(
+    p: &ImportedPool,
+    ds: u64,
+    blk: u64,
+    bs: u32,
+    tx: &mut Option<meta::redb::ReadTransaction>,
+) -> Result<Option<Arc<Vec<u8>>>> {
+    if let Some(syncing) = p.syncing.read().as_ref() {
+        if let Some(d) = syncing.get(&(ds, blk)) {
+            return Ok(materialized(d, bs));
+        }
+    }
+    if tx.is_none() {
+        *tx = Some(p.begin_read()?);
+    }
+    let Some(tx) = tx.as_ref() else {
+        unreachable!()
+    };
+    let Some(bp) = p.lookup(tx, ds, blk)? else {
+        return Ok(None);
+    };
+    let key = (ds, blk, bp.birth);
+    if let Some(hit) = p.cache.get(&key) {
+        return Ok(Some(hit));
+    }
+    let data = block::read_block(&p.pool, &bp).map_err(|e| {
+        Error::Corrupt(format!(
+            "dataset {ds} block {blk} (byte offset {}): {e}",
+            blk * bs as u64
+        ))
+    })?;
+    if data.len() != bs as usize {
+        return Err(Error::Corrupt(format!(
+            "dataset {ds} block {blk}: {} bytes, volblocksize is {bs}",
+            data.len()
+        )));
+    }
+    p.counters
+        .read_bytes
+        .fetch_add(bp.psize as u64, Ordering::Relaxed);
+    let data = Arc::new(data);
+    p.cache.insert(key, data.clone());
+    Ok(Some(data))
+}
+
+fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
+    match d {
+        Dirty::Data(v) => Some(v.clone()),
+        Dirty::Zero => Some(Arc::new(vec![0u8; bs as usize])),
+        Dirty::Hole => None,
+    }
+}
+
+/// Applies a write or zeroing to the open txg and, with `log`, appends it
+/// to the intent log under the same lock (log order = apply order).
+/// Returns the sequence number of the last log record.
+pub(crate) fn apply(
+    p: &ImportedPool,
+    ds: u64,
+    bs: u32,
+    offset: u64,
+    op: Op<'_>,
+    log: bool,
+    zero_to_hole: bool,
+) -> Result<u64> {
+    let len = op.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let bsz = bs as u64;
+    let first = offset / bsz;
+    let last = (offset + len - 1) / bsz;
+    let is_partial = |b: u64| {
+        let start = b * bsz;
+        offset > start || offset + len < start + bsz
+    };
+    let partials: Vec<u64> = [first, last]
+        .into_iter()
+        .filter(|&b| is_partial(b))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    for _attempt in 0..64 {
+        let (txg, need): (u64, Vec<u64>) = {
+            let open = p.open.lock();
+            (
+                open.txg,
+                partials
+                    .iter()
+                    .copied()
+                    .filter(|b| !open.dirty.contains_key(&(ds, *b)))
+                    .collect(),
+            )
+        };
+        // Old contents of partially written blocks, read without holding the lock.
+        let mut tx = None;
+        let mut bases = std::collections::HashMap::new();
+        for b in need {
+            bases.insert(b, read_outside_open(p, ds, b, bs, &mut tx)?);
+        }
+        // For deallocation: which whole blocks exist at all (no need to record holes over holes).
+        let existing: HashSet<u64> = match op {
+            Op::Zero {
+                allocate: false, ..
+            } if last > first + 1 || !is_partial(first) => {
+                let mut set: HashSet<u64> = p
+                    .committed_blocks(ds, first, last, usize::MAX)?
+                    .into_iter()
+                    .collect();
+                if let Some(s) = p.syncing.read().as_ref() {
+                    set.extend(
+                        s.keys()
+                            .filter(|k| k.0 == ds && (first..=last).contains(&k.1))
+                            .map(|k| k.1),
+                    );
+                }
+                set
+            }
+            _ => HashSet::new(),
+        };
+        let mut open = p.open.lock();
+        if open.txg != txg {
+            continue; // a txg started meanwhile: the bases may be stale
+        }
+        for b in first..=last {
+            let start = b * bsz;
+            let lo = offset.max(start);
+            let hi = (offset + len).min(start + bsz);
+            let (in_lo, in_hi) = ((lo - start) as usize, (hi - start) as usize);
+            let key = (ds, b);
+            let new = if !is_partial(b) {
+                match op {
+                    Op::Write(data) => {
+                        let slice = &data[(lo - offset) as usize..(hi - offset) as usize];
+                        if zero_to_hole && slice.iter().all(|&x| x == 0) {
+                            Some(Dirty::Hole)
+                        } else {
+                            Some(Dirty::Data(Arc::new(slice.to_vec())))
+                        }
+                    }
+                    Op::Zero { allocate: true, .. } => Some(Dirty::Zero),
+                    Op::Zero {
+                        allocate: false, ..
+                    } => (open.dirty.contains_key(&key) || existing.contains(&b))
+                        .then_some(Dirty::Hole),
+                }
+            } else {
+                let mut buf: Vec<u8> = match open.dirty.get(&key) {
+                    Some(d) => materialized(d, bs).map(|a| a.to_vec()),
+                    None => bases.get(&b).cloned().flatten().map(|a| a.to_vec()),
+                }
+                .unwrap_or_else(|| vec![0u8; bs as usize]);
+                match op {
+                    Op::Write(data) => buf[in_lo..in_hi]
+                        .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]),
+                    Op::Zero { .. } => buf[in_lo..in_hi].fill(0),
+                }
+                Some(Dirty::Data(Arc::new(buf)))
+            };
+            if let Some(new) = new {
+                let weight = if matches!(new, Dirty::Data(_)) {
+                    bsz
+                } else {
+                    0
+                };
+                if open.dirty.insert(key, new).is_none() {
+                    open.dirty_bytes += weight;
+                }
+            }
+        }
+        let mut seq = 0;
+        if log {
+            match op {
+                Op::Write(data) => {
+                    for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
+                        let at = offset + (i * MAX_LOG_RECORD) as u64;
+                        seq = p
+                            .log
+                            .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
+                    }
+                }
+                Op::Zero { len, allocate } => {
+                    let kind = if allocate {
+                        RecordKind::ZeroAllocated
+                    } else {
+                        RecordKind::Trim
+                    };
+                    seq = p.log.append(kind, ds, offset, len, &[]);
+                }
+            }
+        }
+        return Ok(seq);
+    }
+    Err(Error::Busy(format!(
+        "dataset {ds}: txgs turned over faster than a write could apply"
+    )))
+}
+
+impl Volume {
+    pub(crate) fn new(pool: Arc<ImportedPool>, id: u64, name: String) -> Volume {
+        Volume { pool, id, name }
+    }
+
+    /// (volsize, volblocksize, readonly, compression is on) as of now.
+    fn current(&self) -> Result<(u64, u32, bool, bool)> {
+        if self.pool.is_closed() {
+            return Err(Error::NotFound(self.name.clone()));
+        }
+        let datasets = self.pool.datasets.read();
+        let rec = datasets
+            .get(&self.name)
+            .filter(|r| r.id == self.id)
+            .ok_or_else(|| Error::NotFound(self.name.clone()))?;
+        let lineage = crate::txg::lineage(&datasets, rec);
+        Ok((
+            rec.volsize,
+            rec.volblocksize,
+            lineage.readonly(),
+            lineage.compression() != block::Compression::Off,
+        ))
+    }
+
+    fn check_range(&self, offset: u64, len: u64, size: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "{}: range {offset}+{len} beyond volume size {size}",
+                self.name
+            ))),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.current().map(|c| c.0).unwrap_or(0)
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.current().map(|c| c.1).unwrap_or(4096)
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.current().map(|c| c.2).unwrap_or(true)
+    }
+
+    pub fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadSegment>> {
+        let (size, bs, _, _) = self.current()?;
+        self.check_range(offset, len, size)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let bsz = bs as u64;
+        let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
+        let in_open: Vec<Option<Dirty>> = {
+            let open = self.pool.open.lock();
+            (first..=last)
+                .map(|b| open.dirty.get(&(self.id, b)).cloned())
+                .collect()
+        };
+        let mut out: Vec<ReadSegment> = Vec::new();
+        let mut tx = None;
+        for (i, b) in (first..=last).enumerate() {
+            let data = match &in_open[i] {
+                Some(d) => materialized(d, bs),
+                None => read_outside_open(&self.pool, self.id, b, bs, &mut tx)?,
+            };
+            let start = b * bsz;
+            let lo = (offset.max(start) - start) as usize;
+            let hi = ((offset + len).min(start + bsz) - start) as usize;
+            match (data, out.last_mut()) {
+                (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
+                (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
+                (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
+                (Some(d), _) => {
+                    let mut v = Vec::with_capacity(len as usize);
+                    v.extend_from_slice(&d[lo..hi]);
+                    out.push(ReadSegment::Data(v));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
+        let (size, bs, readonly, compressing) = self.current()?;
+        if readonly {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        self.check_range(offset, op.len(), size)?;
+        self.ensure_space(op.len())?;
+        self.pool.throttle();
+        let seq = apply(&self.pool, self.id, bs, offset, op, true, compressing)?;
+        if fua {
+            self.pool
+                .log
+                .commit(seq)
+                .map_err(|e| Error::Io(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a write that could not be placed even after the next txg.
+    fn ensure_space(&self, len: u64) -> Result<()> {
+        let pool = &self.pool;
+        let free = pool.pool.allocator().free_bytes();
+        let pending = pool.open.lock().dirty_bytes;
+        let reserve = pool.pool.size() / 32;
+        if free.saturating_sub(pending) < len.saturating_add(reserve) {
+            pool.sync_now()?;
+            let free = pool.pool.allocator().free_bytes();
+            if free < len.saturating_add(reserve) {
+                return Err(Error::NoSpace(pool.pool.name.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.modify(offset, Op::Write(data), fua)
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        self.current()?;
+        self.pool
+            .log
+            .commit(self.pool.log.last_seq())
+            .map_err(|e| Error::Io(e.to_string()))
+    }
+
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.modify(
+            offset,
+            Op::Zero {
+                len,
+                allocate: false,
+            },
+            fua,
+        )
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len: u64, allocate: bool, fua: bool) -> Result<()> {
+        self.modify(offset, Op::Zero { len, allocate }, fua)
+    }
+
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let (size, bs, _, _) = self.current()?;
+        self.check_range(offset, len, size)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let bsz = bs as u64;
+        let first = offset / bsz;
+        let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
+        let committed: HashSet<u64> = self
+            .pool
+            .committed_blocks(self.id, first, last, usize::MAX)?
+            .into_iter()
+            .collect();
+        let syncing = self.pool.syncing.read().clone();
+        let open = self.pool.open.lock();
+        let mut out: Vec<Extent> = Vec::new();
+        for b in first..=last {
+            let key = (self.id, b);
+            let dirty = open
+                .dirty
+                .get(&key)
+                .or_else(|| syncing.as_ref().and_then(|s| s.get(&key)));
+            let (hole, zero) = match dirty {
+                Some(Dirty::Data(_)) => (false, false),
+                Some(Dirty::Zero) => (false, true),
+                Some(Dirty::Hole) => (true, true),
+                None if committed.contains(&b) => (false, false),
+                None => (true, true),
+            };
+            let start = b * bsz;
+            let n = (offset + len).min(start + bsz) - offset.max(start);
+            match out.last_mut() {
+                Some(e) if e.hole == hole && e.zero == zero => e.len += n,
+                _ => out.push(Extent { len: n, hole, zero }),
+            }
+        }
+        Ok(out)
+    }
+}
