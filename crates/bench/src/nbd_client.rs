@@ -56,7 +56,12 @@ pub const MAX_REQUEST: usize = 32 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum NbdError {
     #[error("NBD I/O: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+    #[error(
+        "NBD: no answer within the timeout (does the server accept this many connections? \
+         qemu-nbd needs --shared=N for N workers)"
+    )]
+    Timeout,
     #[error("NBD protocol: {0}")]
     Protocol(String),
     #[error("NBD server refused option: {0}")]
@@ -70,6 +75,15 @@ pub enum NbdError {
     },
     #[error("NBD: {0}")]
     Usage(String),
+}
+
+impl From<io::Error> for NbdError {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => NbdError::Timeout,
+            _ => NbdError::Io(e),
+        }
+    }
 }
 
 fn errno_name(e: u32) -> &'static str {
@@ -626,6 +640,12 @@ pub(crate) mod mock {
         /// Serves one export of `size` bytes on 127.0.0.1, one thread per
         /// connection, until the process exits.
         pub fn start(export: &str, size: usize) -> io::Result<Self> {
+            Self::start_with(export, size, true)
+        }
+
+        /// `go`: false makes the server answer NBD_OPT_GO with ERR_UNSUP
+        /// (an old server that only knows NBD_OPT_EXPORT_NAME).
+        pub fn start_with(export: &str, size: usize, go: bool) -> io::Result<Self> {
             let l = TcpListener::bind("127.0.0.1:0")?;
             let port = l.local_addr()?.port();
             let data = Arc::new(Mutex::new(vec![0u8; size]));
@@ -635,7 +655,7 @@ pub(crate) mod mock {
                 for conn in l.incoming().flatten() {
                     let (d, r, name) = (d.clone(), r.clone(), name.clone());
                     thread::spawn(move || {
-                        let _ = serve(conn, &d, &r, &name);
+                        let _ = serve(conn, &d, &r, &name, go);
                     });
                 }
             });
@@ -666,6 +686,7 @@ pub(crate) mod mock {
         data: &Mutex<Vec<u8>>,
         log: &Mutex<Vec<(u16, u16)>>,
         name: &str,
+        go: bool,
     ) -> io::Result<()> {
         s.set_nodelay(true)?;
         s.write_all(&NBDMAGIC.to_be_bytes())?;
@@ -680,7 +701,17 @@ pub(crate) mod mock {
             let len = read_u32(&mut s)?;
             let mut p = vec![0; len as usize];
             s.read_exact(&mut p)?;
-            if opt != OPT_GO {
+            let size = data.lock().map(|d| d.len()).unwrap_or(0) as u64;
+            let fl = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
+            if opt == OPT_EXPORT_NAME {
+                if p != name.as_bytes() {
+                    return Ok(()); // the protocol's only answer: hang up
+                }
+                s.write_all(&size.to_be_bytes())?;
+                s.write_all(&fl.to_be_bytes())?; // NO_ZEROES was negotiated
+                break;
+            }
+            if opt != OPT_GO || !go {
                 opt_reply(&mut s, opt, REP_ERR_UNSUP, &[])?;
                 continue;
             }
@@ -690,11 +721,9 @@ pub(crate) mod mock {
                 opt_reply(&mut s, opt, REP_FLAG_ERROR | 6, b"no such export")?;
                 continue;
             }
-            let size = data.lock().map(|d| d.len()).unwrap_or(0) as u64;
             let mut info = Vec::new();
             info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
             info.extend_from_slice(&size.to_be_bytes());
-            let fl = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
             info.extend_from_slice(&fl.to_be_bytes());
             opt_reply(&mut s, opt, REP_INFO, &info)?;
             opt_reply(&mut s, opt, REP_ACK, &[])?;
@@ -799,5 +828,31 @@ mod tests {
         let bad = NbdUri::parse(&format!("nbd://127.0.0.1:{}/nope", srv.port)).unwrap();
         let e = NbdClient::connect(&bad, Duration::from_secs(5)).unwrap_err();
         assert!(e.to_string().contains("unknown export"), "{e}");
+    }
+
+    #[test]
+    fn falls_back_to_export_name() {
+        let srv = mock::MockServer::start_with("old", 64 << 10, false).unwrap();
+        let uri = NbdUri::parse(&srv.uri()).unwrap();
+        let mut c = NbdClient::connect(&uri, Duration::from_secs(5)).unwrap();
+        assert_eq!(c.size(), 64 << 10);
+        c.write(0, &[5u8; 512], true).unwrap();
+        let mut b = [0u8; 512];
+        c.read(0, &mut b).unwrap();
+        assert_eq!(b, [5u8; 512]);
+    }
+
+    #[test]
+    fn silent_server_times_out_with_a_hint() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri = NbdUri::parse(&format!(
+            "nbd://127.0.0.1:{}/x",
+            l.local_addr().unwrap().port()
+        ))
+        .unwrap();
+        let e = NbdClient::connect(&uri, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, NbdError::Timeout), "{e}");
+        assert!(e.to_string().contains("--shared"));
+        drop(l);
     }
 }
