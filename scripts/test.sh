@@ -18,7 +18,7 @@ cd "$ROOT"
 log() { printf '\n==> %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- apt packages
-APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv)
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv lz4 zstd)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
+import subprocess
 import time
 import zlib
 
@@ -15,38 +17,53 @@ from helpers import KiB, MiB, connected, pattern
 
 DATA_BYTES = 64 * MiB
 UNIQUE_BYTES = 8 * MiB  # the 64 MiB are 8 copies; per-block ratios are what matter
-VOLBLOCK = 16 * KiB
+SECTOR = 4096  # the pool's allocation unit
 FAST_TXG = "[engine]\ntxg_timeout_secs = 1.0\n"
 
 
 def text_like(n: int, seed: int = 1) -> bytes:
-    """Log-like text: fixed structure, random fields. Compresses ~3-6x."""
+    """Log-like text: fixed structure, a small vocabulary, some random fields.
+    Per 64K block: lz4 ~3.2x, zstd-3 ~4.9x, gzip-9 ~5.6x (before sector rounding)."""
     rng = random.Random(seed)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) for _ in range(400)]
-    levels = ["INFO", "INFO", "INFO", "DEBUG", "WARN", "ERROR"]
-    out = []
-    size = 0
-    t = 1_700_000_000
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(120)]
+    paths = [f"/api/v1/{rng.choice(words)}/{rng.choice(words)}" for _ in range(40)]
+    levels = ["INFO"] * 6 + ["DEBUG"] * 3 + ["WARN", "ERROR"]
+    out, size, t, req = [], 0, 1_700_000_000_000, 100000
     while size < n:
-        t += rng.randint(0, 3)
-        line = (f"{t} {rng.choice(levels)} req={rng.randrange(1 << 32):08x} user={rng.choice(words)} "
-                f"path=/api/v1/{rng.choice(words)}/{rng.randrange(10000)} status={rng.choice((200, 200, 200, 404, 500))} "
-                f"ms={rng.randrange(2000)} msg=\"{' '.join(rng.choices(words, k=rng.randint(2, 9)))}\"\n")
+        t += rng.randint(0, 40)
+        req += 1
+        line = (f"{t} {rng.choice(levels)} req={req} user={rng.choice(words)} path={rng.choice(paths)} "
+                f"status={rng.choice((200, 200, 200, 200, 404, 500))} ms={rng.randrange(300)} "
+                f"msg=\"{' '.join(rng.choices(words[:30], k=rng.randint(2, 6)))}\"\n")
         out.append(line)
         size += len(line)
     return "".join(out).encode()[:n]
 
 
-def expected_ratio(data: bytes, level: int, sector: int) -> float:
-    """Per-volblock zlib ratio, each compressed block rounded up to `sector`,
-    blocks that do not shrink stored raw."""
+def _cli_size(cmd: list[str], overhead: int):
+    return lambda b: len(subprocess.run(cmd, input=b, capture_output=True, check=True).stdout) - overhead
+
+
+# Compressed size of one block, as the engine's algorithm would make it
+# (CLI tools minus their frame overhead; python's zlib for gzip).
+COMPRESSORS = {
+    "lz4": _cli_size(["lz4", "-c", "-1"], 15),
+    "zstd": _cli_size(["zstd", "-c", "-3", "--no-check"], 0),
+    "zstd-19": _cli_size(["zstd", "-c", "-19", "--no-check"], 0),
+    "gzip-9": lambda b: len(zlib.compress(b, 9)),
+    "gzip": lambda b: len(zlib.compress(b, 6)),
+}
+
+
+def expected_ratio(data: bytes, algo: str, volblock: int) -> float:
+    """Per-volblock ratio: each compressed block rounded up to the pool's
+    4K sector, blocks that do not shrink stored raw."""
     logical = physical = 0
-    for i in range(0, len(data), VOLBLOCK):
-        blk = data[i:i + VOLBLOCK]
-        c = len(zlib.compress(blk, level))
-        p = min(-(-c // sector) * sector, len(blk))
+    for i in range(0, len(data), volblock):
+        blk = data[i:i + volblock]
+        c = COMPRESSORS[algo](blk) if algo != "off" else len(blk)
         logical += len(blk)
-        physical += p
+        physical += min(-(-c // SECTOR) * SECTOR, len(blk))
     return logical / physical
 
 
@@ -88,38 +105,40 @@ def text():
 
 @pytest.fixture
 def cvol(make_daemon, disks):
-    def make(compression: str, name="c"):
+    def make(compression: str, name="c", volblocksize="16K"):
         d = make_daemon(config=FAST_TXG)
         d.cli("pool", "create", "-s", "2G", "tank", disks / "d0")
-        d.cli("create", "-V", "128M", "-o", f"compression={compression}", f"tank/{name}")
+        d.cli("create", "-V", "128M", "-o", f"compression={compression}", "-o", f"volblocksize={volblocksize}",
+              f"tank/{name}")
         from helpers import Volume
         return Volume(d, f"tank/{name}")
     return make
 
 
-@pytest.mark.parametrize("algo", ["off", "lz4", "zstd", "gzip-9"])
-def test_text_compresses_by_expected_ratio(cvol, text, algo):
-    vol = cvol(algo)
+@pytest.mark.parametrize("algo,vbs", [("off", 64 * KiB), ("lz4", 64 * KiB), ("zstd", 64 * KiB),
+                                      ("gzip-9", 64 * KiB), ("lz4", 16 * KiB)])
+def test_text_compresses_by_expected_ratio(cvol, text, algo, vbs):
+    """64K volblocks (as ZFS's 128K records) keep 4K-sector rounding small;
+    the 16K case checks the rounding is what it should be."""
+    if algo in ("lz4", "zstd") and not shutil.which(algo):
+        pytest.skip(f"the {algo} CLI (apt package {algo}) is needed to compute the expected ratio")
+    vol = cvol(algo, volblocksize=f"{vbs // KiB}K")
     assert vol.prop("compression") == algo
     p = write_and_settle(vol, text, DATA_BYTES // UNIQUE_BYTES)
     used, logical, ratio = int(p["used"]), int(p["logicalused"]), _ratio(p["compressratio"])
     assert logical >= DATA_BYTES, p
     check_consistent(p)
-    z = {lvl: (expected_ratio(text, lvl, 4096), expected_ratio(text, lvl, 512)) for lvl in (1, 6, 9)}
-    msg = f"{algo}: used={used} logicalused={logical} compressratio={ratio}; zlib per-block ratios {z}"
+    want = expected_ratio(text[:4 * MiB], algo, vbs)
+    msg = f"{algo}/{vbs // KiB}K: used={used} logicalused={logical} compressratio={ratio}, expected ~{want:.2f}"
     if algo == "off":
         assert ratio == pytest.approx(1.0, abs=0.01), msg
         assert used >= DATA_BYTES, msg
     else:
-        assert ratio >= 2.0, msg
-        assert used <= logical / 2, msg
-        if algo == "gzip-9":
-            lo, hi = z[9][0] * 0.8, z[9][1] * 1.25
-        elif algo == "zstd":
-            lo, hi = z[6][0] * 0.7, z[9][1] * 1.6
-        else:  # lz4: below zlib-9, above half of zlib-1
-            lo, hi = z[1][0] * 0.5, z[9][1] * 1.1
-        assert lo <= ratio <= hi, f"ratio outside [{lo:.2f}, {hi:.2f}]; " + msg
+        if vbs >= 64 * KiB:
+            assert ratio >= 2.0, msg
+            assert used <= logical / 2, msg
+        assert want * 0.85 <= ratio <= want * 1.15, msg
+        assert used == pytest.approx(logical / want, rel=0.15), msg
     # Everything reads back, also from disk after a restart.
     want = hashlib.sha256(text).digest()
     vol.daemon.restart()
@@ -148,7 +167,7 @@ def test_changing_compression_applies_to_new_writes(cvol, text):
     assert vol.prop("compression") == "zstd-19"
     p2 = write_and_settle(vol, data, 1, prev_used=int(p1["used"]))  # rewrite the same blocks
     assert int(p2["logicalused"]) == int(p1["logicalused"])
-    assert int(p2["used"]) < int(p1["used"]) / 2, (p1, p2)
+    assert int(p2["used"]) <= int(p1["used"]) / 2, (p1, p2)
     check_consistent(p2)
     with connected(vol.uri) as h:
         assert h.pread(len(data), 0) == data
