@@ -329,6 +329,14 @@ pub fn provision_table(ests: &[provision::Estimate], p: &Params) -> String {
                 t += &format!("\n  WARNING: Monte Carlo ({m}) and exact ({x}) differ by more than one node: raise --trials or --buckets");
             }
         }
+        let needed = (1.0 / (1.0 - p.confidence)).ceil() as usize;
+        if e.seconds < needed {
+            t += &format!(
+                "\n  note: only {} seconds measured; at least {needed} are needed to see a {} tail (run longer)",
+                e.seconds,
+                pct(1.0 - p.confidence)
+            );
+        }
         for (what, r) in [("Monte Carlo", &e.monte_carlo), ("exact", &e.exact)] {
             if let Err(msg) = r {
                 t += &format!("\n  {what}: {msg}");
@@ -337,8 +345,9 @@ pub fn provision_table(ests: &[provision::Estimate], p: &Params) -> String {
         t += "\n";
     }
     t += &format!(
-        "\nMethods: Monte Carlo sums {} random draws (with replacement) of the per-second samples per node count (seed {}); \
-         exact convolves the samples put into {} equal-width buckets, each counted at its lower edge (conservative).\n\
+        "\nMethods: Monte Carlo runs {} trials per node count n, each the sum of n draws (with replacement) of the \
+         per-second samples (seed {}); exact convolves the samples put into {} equal-width buckets, each counted at \
+         its lower edge (conservative).\n\
          Assumption: nodes are independent, each second of each node an independent draw from its run's per-second \
          distribution. Slowness with a shared cause (network, neighbours, time of day) breaks it; then the answer lies \
          towards the all-dip bound, which assumes every node dips at once.\n",

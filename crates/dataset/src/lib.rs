@@ -38,7 +38,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             txg_timeout_secs: 5.0,
-            dirty_max_bytes: 256 << 20,
+            dirty_max_bytes: 128 << 20,
             block_cache_bytes: 128 << 20,
             meta_cache_bytes: 64 << 20,
         }

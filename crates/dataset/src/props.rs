@@ -97,7 +97,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
     };
     if num.contains('.') {
         let f: f64 = num.parse().ok()?;
-        (f >= 0.0 && f.is_finite()).then(|| (f * mult as f64) as u64)
+        (f >= 0.0 && f.is_finite()).then_some((f * mult as f64) as u64)
     } else {
         num.parse::<u64>().ok()?.checked_mul(mult)
     }

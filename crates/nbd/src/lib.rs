@@ -42,6 +42,7 @@ use std::sync::Arc;
 mod handshake;
 pub mod proto;
 mod server;
+mod sink;
 mod stats;
 mod transmission;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{BufReader, BufWriter};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Requests in flight per connection (the reader stops reading while
     /// this many are being worked on or waiting to be sent).
     pub max_in_flight: usize,
+    /// Requests of one connection executing at once (blocking-pool tasks);
+    /// capped by `max_in_flight`. Further requests wait in the connection's queue.
+    pub max_workers: usize,
     /// READ/WRITE payload bytes in flight per connection (raised to at least
     /// the 32 MiB maximum payload).
     pub max_in_flight_bytes: usize,
@@ -43,6 +46,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_connections: 1024,
             max_in_flight: 64,
+            max_workers: 16,
             max_in_flight_bytes: 64 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(30),
@@ -190,6 +194,12 @@ async fn connection(
             return;
         }
     };
+    // The handshake flushed its last reply; replies now bypass the buffer.
+    if let Err(e) = wr.flush().await {
+        info!(%peer, "connection lost after the handshake: {e}");
+        return;
+    }
+    let wr = wr.into_inner();
     let export = neg.name.clone();
     let end = transmission::run(rd, wr, neg, shutdown, config).await;
     transmission::log_end(peer, &export, &end);

@@ -1,26 +1,29 @@
 //! Transmission phase: read requests, run each on the blocking pool, send
-//! replies through one writer task.
+//! replies through the connection's [`Sink`].
 //!
 //! ```text
-//!  reader (this task) --spawn_blocking--> handler --Outgoing--> writer task --> socket
-//!         \--------------- early error replies ----------------/
+//!  reader (this task) --spawn_blocking--> handler --Sink::send--> socket
+//!         \------------- early error replies ---------/     (drain task if full)
 //! ```
 //! The reader bounds the work in flight per connection by two semaphores
-//! (request count, payload bytes); the permits travel with the reply and are
-//! released once it has been written, so memory held by queued replies is
-//! bounded too.
+//! (request count, payload bytes); the permits travel with the request and
+//! are released once its reply is on the wire, so memory held by queued
+//! replies is bounded too.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{watch, Semaphore};
 use tracing::{debug, warn};
 
 use crate::handshake::Negotiated;
 use crate::proto::*;
+use crate::sink::{Permits, ReadMode, Reply, Sink};
 use crate::stats::{stats, ServerStats};
 use crate::{BlockExport, ExportError, ReadChunk, ServerConfig, StatusExtent};
 
@@ -49,56 +52,6 @@ impl fmt::Display for End {
             End::Io(e) => write!(f, "i/o error: {e}"),
         }
     }
-}
-
-/// How a successful READ is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReadMode {
-    /// Simple reply, holes expanded to zeros.
-    Simple,
-    /// Structured: one OFFSET_DATA / OFFSET_HOLE chunk per [`ReadChunk`].
-    Structured,
-    /// Structured with `NBD_CMD_FLAG_DF`: exactly one content chunk.
-    DontFragment,
-}
-
-/// One complete reply to one request, written contiguously by the writer.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// Simple reply without payload (success, or any error when structured
-    /// replies were not negotiated).
-    Simple { handle: u64, error: u32 },
-    /// Structured error chunk, final.
-    Error {
-        handle: u64,
-        error: u32,
-        message: String,
-        offset: Option<u64>,
-    },
-    /// Structured `NBD_REPLY_TYPE_NONE`, final.
-    Done { handle: u64 },
-    /// Successful READ: `chunks` cover exactly `len` bytes, none empty.
-    Read {
-        handle: u64,
-        offset: u64,
-        len: u32,
-        chunks: Vec<ReadChunk>,
-        mode: ReadMode,
-    },
-    /// Successful BLOCK_STATUS: one encoded payload (id + descriptors) per context.
-    BlockStatus { handle: u64, payloads: Vec<Vec<u8>> },
-}
-
-/// A reply plus the flow-control permits it holds until it is on the wire.
-struct Outgoing {
-    reply: Reply,
-    _permits: Permits,
-}
-
-#[derive(Default)]
-struct Permits {
-    _slot: Option<OwnedSemaphorePermit>,
-    _bytes: Option<OwnedSemaphorePermit>,
 }
 
 /// What every handler of one connection needs.
@@ -152,28 +105,34 @@ fn error_reply(structured: bool, handle: u64, f: Fail) -> Reply {
 
 /// Runs the transmission phase until the client disconnects, breaks the
 /// protocol, or the server shuts down; all replies for requests already
-/// read are sent before this returns.
-pub(crate) async fn run<R, W>(
+/// read are sent (or the socket has failed) before this returns.
+pub(crate) async fn run<R>(
     mut rd: R,
-    wr: W,
+    wr: OwnedWriteHalf,
     neg: Negotiated,
     mut shutdown: watch::Receiver<bool>,
     cfg: &ServerConfig,
 ) -> End
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
 {
     let session = Arc::new(Session {
         export: neg.export,
         structured: neg.structured,
         contexts: neg.contexts,
     });
-    let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
-    let budget = cfg.max_in_flight_bytes.max(MAX_PAYLOAD as usize);
+    let max_in_flight = cfg.max_in_flight.clamp(1, Semaphore::MAX_PERMITS >> 1);
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let budget = cfg
+        .max_in_flight_bytes
+        .clamp(MAX_PAYLOAD as usize, Semaphore::MAX_PERMITS >> 1);
     let bytes = Arc::new(Semaphore::new(budget));
-    let (tx, rx) = mpsc::channel::<Outgoing>(cfg.max_in_flight.max(1) + 16);
-    let writer = tokio::spawn(writer_task(wr, rx));
+    let (sink, drain, mut broken) = Sink::start(wr);
+    let dispatcher = Arc::new(Dispatcher::new(
+        session.clone(),
+        sink.clone(),
+        cfg.max_workers.min(max_in_flight),
+    ));
     let st = stats();
 
     let end = loop {
@@ -186,7 +145,7 @@ where
                 Err(e) => break End::Io(e),
             },
             _ = crate::server::shutdown_requested(&mut shutdown) => break End::Shutdown,
-            _ = tx.closed() => break End::Io(io::Error::new(io::ErrorKind::BrokenPipe, "reply writer stopped")),
+            _ = broken.wait_for(|b| *b) => break End::Io(io::ErrorKind::BrokenPipe.into()),
         };
         if n == 0 {
             break End::Eof;
@@ -203,22 +162,17 @@ where
         };
         st.count_request(req.command);
         let structured = session.structured;
-        let early = |f: Fail| Outgoing {
-            reply: error_reply(structured, req.handle, f),
-            _permits: Permits::default(),
-        };
+        let early =
+            |f: Fail, permits: Permits| sink.send(&error_reply(structured, req.handle, f), permits);
 
         // ---- checks that need no export call
         match req.command {
             Command::Disc => break End::Disconnect,
             Command::Unknown(t) => {
-                if tx
-                    .send(early(Fail::new(EINVAL, format!("unknown command {t}"))))
-                    .await
-                    .is_err()
-                {
-                    break End::Io(io::ErrorKind::BrokenPipe.into());
-                }
+                early(
+                    Fail::new(EINVAL, format!("unknown command {t}")),
+                    Permits::default(),
+                );
                 continue;
             }
             Command::Write if req.len > MAX_PAYLOAD => {
@@ -227,7 +181,7 @@ where
                     "write of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
                     req.len
                 );
-                let _ = tx.send(early(Fail::new(EINVAL, msg.clone()))).await;
+                early(Fail::new(EINVAL, msg.clone()), Permits::default());
                 break End::Protocol(msg);
             }
             Command::Read if req.len > MAX_PAYLOAD => {
@@ -236,18 +190,15 @@ where
                     "read of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
                     req.len
                 );
-                if tx.send(early(Fail::new(errno, msg))).await.is_err() {
-                    break End::Io(io::ErrorKind::BrokenPipe.into());
-                }
+                early(Fail::new(errno, msg), Permits::default());
                 continue;
             }
             _ => {}
         }
 
         // ---- flow control, then the payload
-        let slot = match slots.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => break End::Shutdown,
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break End::Shutdown;
         };
         let cost = match req.command {
             Command::Read | Command::Write => req.len,
@@ -282,56 +233,139 @@ where
 
         let bad = req.flags & !req.command.allowed_flags(structured);
         if bad != 0 {
-            let f = Fail::new(
-                EINVAL,
-                format!("flags {bad:#x} are not valid for {}", req.command.name()),
+            early(
+                Fail::new(
+                    EINVAL,
+                    format!("flags {bad:#x} are not valid for {}", req.command.name()),
+                ),
+                permits,
             );
-            if tx
-                .send(Outgoing {
-                    reply: error_reply(structured, req.handle, f),
-                    _permits: permits,
-                })
-                .await
-                .is_err()
-            {
-                break End::Io(io::ErrorKind::BrokenPipe.into());
-            }
             continue;
         }
 
-        // ---- run it on the blocking pool
-        let s = session.clone();
-        let tx2 = tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let reply = match catch_unwind(AssertUnwindSafe(|| execute(&s, &req, payload))) {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::error!(
-                        command = req.command.name(),
-                        offset = req.offset,
-                        len = req.len,
-                        "export panicked"
-                    );
-                    error_reply(s.structured, req.handle, Fail::new(EIO, "internal error"))
-                }
-            };
-            // Fails only when the writer is gone (connection lost).
-            let _ = tx2.blocking_send(Outgoing {
-                reply,
-                _permits: permits,
-            });
+        // ---- hand it to the connection's blocking workers
+        dispatcher.submit(Job {
+            req,
+            payload,
+            permits,
         });
     };
 
-    // Every handler holds a sender: the writer ends once all replies are out.
-    drop(tx);
-    match writer.await {
+    // Wait for every request in flight: a slot comes back once its reply is
+    // on the wire (or dropped on a broken socket). Then let the drain task
+    // finish what is queued; dropping the last sink reference closes the
+    // write side.
+    let _all = slots.acquire_many(max_in_flight as u32).await;
+    drop(dispatcher);
+    sink.close();
+    drop(sink);
+    match drain.await {
         Ok(Ok(())) => end,
         Ok(Err(e)) => match end {
             End::Disconnect | End::Eof | End::Shutdown => End::Io(e),
             other => other,
         },
         Err(e) => End::Io(io::Error::other(e)),
+    }
+}
+
+/// A request ready to run.
+struct Job {
+    req: Request,
+    payload: Vec<u8>,
+    permits: Permits,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Workers alive (each is a `spawn_blocking` task).
+    workers: usize,
+    /// Workers executing a job right now.
+    busy: usize,
+}
+
+/// Runs a connection's requests on the blocking pool.
+///
+/// A worker (one `spawn_blocking` task) takes jobs from the connection's
+/// queue until it is empty, so a burst of requests costs one thread hand-off
+/// instead of one per request; a new worker is started only when more jobs
+/// wait than there are workers free to take them, up to
+/// [`ServerConfig::max_workers`], so slow requests still run in parallel.
+struct Dispatcher {
+    queue: Mutex<Queue>,
+    session: Arc<Session>,
+    sink: Arc<Sink>,
+    max_workers: usize,
+}
+
+impl Dispatcher {
+    fn new(session: Arc<Session>, sink: Arc<Sink>, max_workers: usize) -> Self {
+        Dispatcher {
+            queue: Mutex::new(Queue::default()),
+            session,
+            sink,
+            max_workers: max_workers.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn submit(self: &Arc<Self>, job: Job) {
+        let spawn = {
+            let mut q = self.lock();
+            q.jobs.push_back(job);
+            let free = q.workers - q.busy;
+            if q.jobs.len() > free && q.workers < self.max_workers {
+                q.workers += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if spawn {
+            let d = self.clone();
+            tokio::task::spawn_blocking(move || d.work());
+        }
+    }
+
+    fn work(&self) {
+        let mut q = self.lock();
+        loop {
+            let Some(job) = q.jobs.pop_front() else {
+                q.workers -= 1;
+                return;
+            };
+            q.busy += 1;
+            drop(q);
+            self.run(job);
+            q = self.lock();
+            q.busy -= 1;
+        }
+    }
+
+    fn run(&self, job: Job) {
+        let Job {
+            req,
+            payload,
+            permits,
+        } = job;
+        let s = &*self.session;
+        let reply = match catch_unwind(AssertUnwindSafe(|| execute(s, &req, payload))) {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!(
+                    command = req.command.name(),
+                    offset = req.offset,
+                    len = req.len,
+                    "export panicked"
+                );
+                error_reply(s.structured, req.handle, Fail::new(EIO, "internal error"))
+            }
+        };
+        self.sink.send(&reply, permits);
     }
 }
 
@@ -566,158 +600,6 @@ pub(crate) fn encode_extents(
         }
     }
     out
-}
-
-// ---------------------------------------------------------------- writer
-
-static ZEROS: [u8; 64 * 1024] = [0u8; 64 * 1024];
-
-async fn write_zeros<W: AsyncWrite + Unpin>(w: &mut W, mut n: u64) -> io::Result<()> {
-    while n > 0 {
-        let k = n.min(ZEROS.len() as u64) as usize;
-        w.write_all(&ZEROS[..k]).await?;
-        n -= k as u64;
-    }
-    Ok(())
-}
-
-async fn write_pieces<W: AsyncWrite + Unpin>(w: &mut W, chunks: &[ReadChunk]) -> io::Result<()> {
-    for c in chunks {
-        match c {
-            ReadChunk::Data(d) => w.write_all(d).await?,
-            ReadChunk::Hole(n) => write_zeros(w, *n).await?,
-        }
-    }
-    Ok(())
-}
-
-/// Writes one reply (all its chunks) into `w`.
-pub(crate) async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, r: &Reply) -> io::Result<()> {
-    match r {
-        Reply::Simple { handle, error } => w.write_all(&simple_reply_header(*error, *handle)).await,
-        Reply::Error {
-            handle,
-            error,
-            message,
-            offset,
-        } => {
-            let p = error_payload(*error, message, *offset);
-            let ty = if offset.is_some() {
-                REPLY_TYPE_ERROR_OFFSET
-            } else {
-                REPLY_TYPE_ERROR
-            };
-            w.write_all(&structured_header(
-                REPLY_FLAG_DONE,
-                ty,
-                *handle,
-                p.len() as u32,
-            ))
-            .await?;
-            w.write_all(&p).await
-        }
-        Reply::Done { handle } => {
-            w.write_all(&structured_header(
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_NONE,
-                *handle,
-                0,
-            ))
-            .await
-        }
-        Reply::Read {
-            handle,
-            offset,
-            len,
-            chunks,
-            mode,
-        } => match mode {
-            ReadMode::Simple => {
-                w.write_all(&simple_reply_header(0, *handle)).await?;
-                write_pieces(w, chunks).await
-            }
-            ReadMode::DontFragment if !matches!(chunks.as_slice(), [ReadChunk::Hole(_)]) => {
-                w.write_all(&structured_header(
-                    REPLY_FLAG_DONE,
-                    REPLY_TYPE_OFFSET_DATA,
-                    *handle,
-                    8 + *len,
-                ))
-                .await?;
-                w.write_all(&offset.to_be_bytes()).await?;
-                write_pieces(w, chunks).await
-            }
-            _ => {
-                let mut at = *offset;
-                let last = chunks.len().saturating_sub(1);
-                for (i, c) in chunks.iter().enumerate() {
-                    let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
-                    match c {
-                        ReadChunk::Data(d) => {
-                            let hdr = structured_header(
-                                flags,
-                                REPLY_TYPE_OFFSET_DATA,
-                                *handle,
-                                8 + d.len() as u32,
-                            );
-                            w.write_all(&hdr).await?;
-                            w.write_all(&at.to_be_bytes()).await?;
-                            w.write_all(d).await?;
-                            at += d.len() as u64;
-                        }
-                        ReadChunk::Hole(n) => {
-                            w.write_all(&structured_header(
-                                flags,
-                                REPLY_TYPE_OFFSET_HOLE,
-                                *handle,
-                                12,
-                            ))
-                            .await?;
-                            w.write_all(&at.to_be_bytes()).await?;
-                            w.write_all(&(*n as u32).to_be_bytes()).await?;
-                            at += *n;
-                        }
-                    }
-                }
-                Ok(())
-            }
-        },
-        Reply::BlockStatus { handle, payloads } => {
-            let last = payloads.len().saturating_sub(1);
-            for (i, p) in payloads.iter().enumerate() {
-                let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
-                w.write_all(&structured_header(
-                    flags,
-                    REPLY_TYPE_BLOCK_STATUS,
-                    *handle,
-                    p.len() as u32,
-                ))
-                .await?;
-                w.write_all(p).await?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// The single writer of a connection: writes replies as they come, flushing
-/// whenever the queue runs empty (so bursts share a syscall). Ends when every
-/// sender is gone, after flushing and shutting down the write side.
-async fn writer_task<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut rx: mpsc::Receiver<Outgoing>,
-) -> io::Result<()> {
-    while let Some(first) = rx.recv().await {
-        write_reply(&mut w, &first.reply).await?;
-        drop(first);
-        while let Ok(next) = rx.try_recv() {
-            write_reply(&mut w, &next.reply).await?;
-        }
-        w.flush().await?;
-    }
-    w.flush().await?;
-    let _ = w.shutdown().await;
-    Ok(())
 }
 
 /// Logs the end of a session (warn for protocol violations).

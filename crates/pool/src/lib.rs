@@ -84,6 +84,33 @@ pub struct Pool {
     allocator: Mutex<Allocator>,
 }
 
+/// Runs `op` on every device at once (one thread each; inline for one device).
+fn on_each(
+    devices: &[&Arc<Vdev>],
+    op: impl Fn(&Vdev) -> Result<(), VdevError> + Sync,
+) -> Vec<Result<(), VdevError>> {
+    if devices.len() == 1 {
+        return vec![op(devices[0])];
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = devices.iter().map(|d| s.spawn(|| op(d))).collect();
+        handles
+            .into_iter()
+            .zip(devices)
+            .map(|(h, d)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(VdevError::Io {
+                        path: d.path().to_path_buf(),
+                        op: "io thread",
+                        offset: 0,
+                        source: std::io::Error::other("panicked"),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
 /// Region sizes for a pool whose smallest device has `min_size` bytes.
 fn plan_regions(min_size: u64) -> Regions {
     let round = |v: u64| v / SECTOR * SECTOR;
@@ -381,16 +408,7 @@ impl Pool {
             .devices()
             .filter(|d| d.state() != DeviceState::Offline)
             .collect();
-        if devices.len() == 1 {
-            return Ok(devices[0].sync()?);
-        }
-        let results: Vec<Result<(), VdevError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = devices.iter().map(|d| s.spawn(move || d.sync())).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Ok(())))
-                .collect()
-        });
+        let results = on_each(&devices, |d| d.sync());
         let ok = results.iter().filter(|r| r.is_ok()).count();
         if ok == 0 {
             if let Some(Err(e)) = results.into_iter().next() {
@@ -489,20 +507,7 @@ impl MirroredRegion {
     pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
         let devices: Vec<&Arc<Vdev>> = self.live().collect();
-        let results: Vec<Result<(), VdevError>> = if devices.len() == 1 {
-            vec![devices[0].write_durable_at(at, data)]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = devices
-                    .iter()
-                    .map(|d| s.spawn(move || d.write_durable_at(at, data)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Ok(())))
-                    .collect()
-            })
-        };
+        let results = on_each(&devices, |d| d.write_durable_at(at, data));
         let mut written = 0;
         let mut last = None;
         for (dev, r) in devices.iter().zip(results) {

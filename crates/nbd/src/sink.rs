@@ -1,0 +1,413 @@
+//! The single reply writer of a connection.
+//!
+//! Whoever finishes a request (a blocking-pool thread, or the reader task
+//! for early errors) calls [`Sink::send`], which under one mutex encodes the
+//! reply as an `iovec` list (headers, then the payload slices as they are:
+//! no copy) and writes it with one non-blocking `writev`. That needs no
+//! thread hand-off in the common case. When the socket is full, the unsent
+//! rest is copied into a pending buffer and the connection's drain task
+//! writes it out as the socket becomes writable; later replies queue behind
+//! it, so every reply stays contiguous and in completion order.
+//!
+//! Flow control: the permits of a queued reply are released only once its
+//! bytes are on the wire, so a client that stops reading stops the reader
+//! (see `transmission`), and memory stays bounded.
+
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
+
+use crate::proto::*;
+use crate::ReadChunk;
+
+/// How a successful READ is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadMode {
+    /// Simple reply, holes expanded to zeros.
+    Simple,
+    /// Structured: one OFFSET_DATA / OFFSET_HOLE chunk per [`ReadChunk`].
+    Structured,
+    /// Structured with `NBD_CMD_FLAG_DF`: exactly one content chunk.
+    DontFragment,
+}
+
+/// One complete reply to one request, written contiguously.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Simple reply without payload (success, or any error when structured
+    /// replies were not negotiated).
+    Simple { handle: u64, error: u32 },
+    /// Structured error chunk, final.
+    Error {
+        handle: u64,
+        error: u32,
+        message: String,
+        offset: Option<u64>,
+    },
+    /// Structured `NBD_REPLY_TYPE_NONE`, final.
+    Done { handle: u64 },
+    /// Successful READ: `chunks` cover exactly `len` bytes, none empty.
+    Read {
+        handle: u64,
+        offset: u64,
+        len: u32,
+        chunks: Vec<ReadChunk>,
+        mode: ReadMode,
+    },
+    /// Successful BLOCK_STATUS: one encoded payload (id + descriptors) per context.
+    BlockStatus { handle: u64, payloads: Vec<Vec<u8>> },
+}
+
+/// Flow-control permits a request holds until its reply is on the wire.
+#[derive(Default)]
+pub(crate) struct Permits {
+    pub _slot: Option<OwnedSemaphorePermit>,
+    pub _bytes: Option<OwnedSemaphorePermit>,
+}
+
+static ZEROS: [u8; 64 * 1024] = [0u8; 64 * 1024];
+
+/// Pieces of an encoded reply: ranges of a header buffer, borrowed payload
+/// slices, and runs of zeros.
+enum Part<'a> {
+    Head(usize, usize),
+    Bytes(&'a [u8]),
+    Zeros(u64),
+}
+
+struct Encoder<'a> {
+    head: Vec<u8>,
+    parts: Vec<Part<'a>>,
+}
+
+impl<'a> Encoder<'a> {
+    fn new() -> Self {
+        Encoder {
+            head: Vec::with_capacity(64),
+            parts: Vec::with_capacity(4),
+        }
+    }
+    fn head(&mut self, b: &[u8]) {
+        let start = self.head.len();
+        self.head.extend_from_slice(b);
+        let end = self.head.len();
+        match self.parts.last_mut() {
+            Some(Part::Head(_, e)) if *e == start => *e = end,
+            _ => self.parts.push(Part::Head(start, end)),
+        }
+    }
+    fn bytes(&mut self, b: &'a [u8]) {
+        if !b.is_empty() {
+            self.parts.push(Part::Bytes(b));
+        }
+    }
+    fn content(&mut self, chunks: &'a [ReadChunk]) {
+        for c in chunks {
+            match c {
+                ReadChunk::Data(d) => self.bytes(d),
+                ReadChunk::Hole(n) => self.parts.push(Part::Zeros(*n)),
+            }
+        }
+    }
+
+    fn encode(&mut self, r: &'a Reply) {
+        match r {
+            Reply::Simple { handle, error } => self.head(&simple_reply_header(*error, *handle)),
+            Reply::Error {
+                handle,
+                error,
+                message,
+                offset,
+            } => {
+                let p = error_payload(*error, message, *offset);
+                let ty = if offset.is_some() {
+                    REPLY_TYPE_ERROR_OFFSET
+                } else {
+                    REPLY_TYPE_ERROR
+                };
+                self.head(&structured_header(
+                    REPLY_FLAG_DONE,
+                    ty,
+                    *handle,
+                    p.len() as u32,
+                ));
+                self.head(&p);
+            }
+            Reply::Done { handle } => self.head(&structured_header(
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_NONE,
+                *handle,
+                0,
+            )),
+            Reply::Read {
+                handle,
+                offset,
+                len,
+                chunks,
+                mode,
+            } => match mode {
+                ReadMode::Simple => {
+                    self.head(&simple_reply_header(0, *handle));
+                    self.content(chunks);
+                }
+                ReadMode::DontFragment if !matches!(chunks.as_slice(), [ReadChunk::Hole(_)]) => {
+                    self.head(&structured_header(
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_OFFSET_DATA,
+                        *handle,
+                        8 + *len,
+                    ));
+                    self.head(&offset.to_be_bytes());
+                    self.content(chunks);
+                }
+                _ => {
+                    let mut at = *offset;
+                    let last = chunks.len().saturating_sub(1);
+                    for (i, c) in chunks.iter().enumerate() {
+                        let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
+                        match c {
+                            ReadChunk::Data(d) => {
+                                let ty = REPLY_TYPE_OFFSET_DATA;
+                                self.head(&structured_header(
+                                    flags,
+                                    ty,
+                                    *handle,
+                                    8 + d.len() as u32,
+                                ));
+                                self.head(&at.to_be_bytes());
+                                self.bytes(d);
+                                at += d.len() as u64;
+                            }
+                            ReadChunk::Hole(n) => {
+                                self.head(&structured_header(
+                                    flags,
+                                    REPLY_TYPE_OFFSET_HOLE,
+                                    *handle,
+                                    12,
+                                ));
+                                self.head(&at.to_be_bytes());
+                                self.head(&(*n as u32).to_be_bytes());
+                                at += *n;
+                            }
+                        }
+                    }
+                }
+            },
+            Reply::BlockStatus { handle, payloads } => {
+                let last = payloads.len().saturating_sub(1);
+                for (i, p) in payloads.iter().enumerate() {
+                    let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
+                    self.head(&structured_header(
+                        flags,
+                        REPLY_TYPE_BLOCK_STATUS,
+                        *handle,
+                        p.len() as u32,
+                    ));
+                    self.bytes(p);
+                }
+            }
+        }
+    }
+
+    fn slices(&self) -> Vec<IoSlice<'_>> {
+        let mut v = Vec::with_capacity(self.parts.len() + 1);
+        for p in &self.parts {
+            match p {
+                Part::Head(s, e) => v.push(IoSlice::new(&self.head[*s..*e])),
+                Part::Bytes(b) => v.push(IoSlice::new(b)),
+                Part::Zeros(n) => {
+                    let mut n = *n;
+                    while n > 0 {
+                        let k = n.min(ZEROS.len() as u64) as usize;
+                        v.push(IoSlice::new(&ZEROS[..k]));
+                        n -= k as u64;
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Encodes a reply into one contiguous byte vector (tests and the slow path).
+#[cfg(test)]
+pub(crate) fn encode_to_vec(r: &Reply) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.encode(r);
+    e.slices().iter().flat_map(|s| s.iter().copied()).collect()
+}
+
+#[derive(Default)]
+struct State {
+    /// Bytes the socket did not take yet; `pending[sent..]` is still to go.
+    pending: Vec<u8>,
+    sent: usize,
+    /// Permits of the replies in `pending`.
+    held: Vec<Permits>,
+    /// The drain task owns `pending` (the socket was full).
+    draining: bool,
+    /// No more replies will come: the drain task exits when done.
+    closing: bool,
+    /// The socket failed; further replies are dropped.
+    failed: bool,
+}
+
+pub(crate) struct Sink {
+    sock: OwnedWriteHalf,
+    state: Mutex<State>,
+    wake: Notify,
+    /// Set to `true` when writing fails, so the reader can stop.
+    broken: watch::Sender<bool>,
+}
+
+impl Sink {
+    /// A sink over `sock`, its drain task, and a receiver that turns `true`
+    /// if the socket breaks.
+    pub(crate) fn start(
+        sock: OwnedWriteHalf,
+    ) -> (
+        Arc<Sink>,
+        tokio::task::JoinHandle<io::Result<()>>,
+        watch::Receiver<bool>,
+    ) {
+        let (broken, broken_rx) = watch::channel(false);
+        let sink = Arc::new(Sink {
+            sock,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            broken,
+        });
+        let task = tokio::spawn(drain(sink.clone()));
+        (sink, task, broken_rx)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave `State` inconsistent
+        // in a way that matters more than losing the connection.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, st: &mut State, e: &io::Error) {
+        if !st.failed {
+            tracing::debug!("reply write failed: {e}");
+        }
+        st.failed = true;
+        st.pending = Vec::new();
+        st.sent = 0;
+        st.held.clear();
+        st.draining = false;
+        self.broken.send_replace(true);
+        self.wake.notify_one();
+    }
+
+    /// Sends one reply (never blocks on the network). `permits` are
+    /// released once the reply is fully on the wire (or dropped if the
+    /// connection is broken).
+    pub(crate) fn send(&self, reply: &Reply, permits: Permits) {
+        let mut enc = Encoder::new();
+        enc.encode(reply);
+        let mut slices = enc.slices();
+        let mut st = self.lock();
+        if st.failed {
+            return;
+        }
+        let mut bufs: &mut [IoSlice<'_>] = &mut slices[..];
+        if !st.draining {
+            while !bufs.is_empty() {
+                match self.sock.try_write_vectored(bufs) {
+                    Ok(0) => {
+                        self.fail(&mut st, &io::ErrorKind::WriteZero.into());
+                        return;
+                    }
+                    Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        self.fail(&mut st, &e);
+                        return;
+                    }
+                }
+            }
+            if bufs.is_empty() {
+                return;
+            }
+        }
+        // Socket full (or already backed up): queue the rest, in order.
+        for b in bufs.iter() {
+            st.pending.extend_from_slice(b);
+        }
+        st.held.push(permits);
+        if !st.draining {
+            st.draining = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// No more replies will be sent; the drain task ends once the pending
+    /// bytes are written.
+    pub(crate) fn close(&self) {
+        self.lock().closing = true;
+        self.wake.notify_one();
+    }
+}
+
+/// Writes `pending` out whenever the socket was full.
+async fn drain(sink: Arc<Sink>) -> io::Result<()> {
+    loop {
+        // Wait for work (or the end).
+        loop {
+            {
+                let st = sink.lock();
+                if st.failed {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                if st.draining {
+                    break;
+                }
+                if st.closing {
+                    return Ok(());
+                }
+            }
+            sink.wake.notified().await;
+        }
+        // Drain.
+        loop {
+            if let Err(e) = sink.sock.writable().await {
+                let mut st = sink.lock();
+                sink.fail(&mut st, &e);
+                return Err(e);
+            }
+            let mut st = sink.lock();
+            let State { pending, sent, .. } = &mut *st;
+            match sink.sock.try_write(&pending[*sent..]) {
+                Ok(0) => {
+                    let e = io::Error::from(io::ErrorKind::WriteZero);
+                    sink.fail(&mut st, &e);
+                    return Err(e);
+                }
+                Ok(n) => {
+                    *sent += n;
+                    if *sent == pending.len() {
+                        pending.clear();
+                        *sent = 0;
+                        if pending.capacity() > 4 << 20 {
+                            *pending = Vec::new();
+                        }
+                        st.held.clear();
+                        st.draining = false;
+                        break;
+                    }
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    sink.fail(&mut st, &e);
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
