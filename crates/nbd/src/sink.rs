@@ -411,3 +411,133 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn be16(b: &[u8], at: usize) -> u16 {
+        u16::from_be_bytes([b[at], b[at + 1]])
+    }
+    fn be32(b: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+    }
+    fn be64(b: &[u8], at: usize) -> u64 {
+        u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+    }
+    /// Splits structured chunks: (flags, type, handle, payload).
+    fn chunks(mut b: &[u8]) -> Vec<(u16, u16, u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !b.is_empty() {
+            assert_eq!(be32(b, 0), STRUCTURED_REPLY_MAGIC);
+            let len = be32(b, 16) as usize;
+            v.push((be16(b, 4), be16(b, 6), be64(b, 8), b[20..20 + len].to_vec()));
+            b = &b[20 + len..];
+        }
+        v
+    }
+    fn read(mode: ReadMode, chunks: Vec<ReadChunk>) -> Reply {
+        let len = chunks
+            .iter()
+            .map(|c| match c {
+                ReadChunk::Data(d) => d.len() as u32,
+                ReadChunk::Hole(n) => *n as u32,
+            })
+            .sum();
+        Reply::Read {
+            handle: 7,
+            offset: 1000,
+            len,
+            chunks,
+            mode,
+        }
+    }
+
+    #[test]
+    fn simple_read_expands_holes() {
+        let b = encode_to_vec(&read(
+            ReadMode::Simple,
+            vec![ReadChunk::Data(vec![1; 3]), ReadChunk::Hole(100_000)],
+        ));
+        assert_eq!(be32(&b, 0), SIMPLE_REPLY_MAGIC);
+        assert_eq!(be32(&b, 4), 0);
+        assert_eq!(be64(&b, 8), 7);
+        assert_eq!(&b[16..19], &[1, 1, 1]);
+        assert_eq!(b.len(), 16 + 3 + 100_000);
+        assert!(b[19..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn structured_read_chunks() {
+        let r = read(
+            ReadMode::Structured,
+            vec![ReadChunk::Hole(24), ReadChunk::Data(vec![5; 8])],
+        );
+        let c = chunks(&encode_to_vec(&r));
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].0, c[0].1, c[0].2), (0, REPLY_TYPE_OFFSET_HOLE, 7));
+        assert_eq!((be64(&c[0].3, 0), be32(&c[0].3, 8)), (1000, 24));
+        assert_eq!((c[1].0, c[1].1), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(be64(&c[1].3, 0), 1024);
+        assert_eq!(&c[1].3[8..], &[5; 8]);
+    }
+
+    #[test]
+    fn dont_fragment() {
+        let r = read(
+            ReadMode::DontFragment,
+            vec![ReadChunk::Data(vec![5; 2]), ReadChunk::Hole(3)],
+        );
+        let c = chunks(&encode_to_vec(&r));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].0, c[0].1), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(&c[0].3[8..], &[5, 5, 0, 0, 0]);
+        // A read that is one hole stays one hole chunk.
+        let c = chunks(&encode_to_vec(&read(
+            ReadMode::DontFragment,
+            vec![ReadChunk::Hole(9)],
+        )));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].0, c[0].1), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_HOLE));
+    }
+
+    #[test]
+    fn errors_and_block_status() {
+        let e = Reply::Error {
+            handle: 1,
+            error: EIO,
+            message: "bad".into(),
+            offset: Some(42),
+        };
+        let c = chunks(&encode_to_vec(&e));
+        assert_eq!((c[0].0, c[0].1), (REPLY_FLAG_DONE, REPLY_TYPE_ERROR_OFFSET));
+        assert_eq!((be32(&c[0].3, 0), be16(&c[0].3, 4)), (EIO, 3));
+        assert_eq!(&c[0].3[6..9], b"bad");
+        assert_eq!(be64(&c[0].3, 9), 42);
+        let e = Reply::Error {
+            handle: 1,
+            error: EINVAL,
+            message: String::new(),
+            offset: None,
+        };
+        let c = chunks(&encode_to_vec(&e));
+        assert_eq!((c[0].1, c[0].3.len()), (REPLY_TYPE_ERROR, 6));
+        let bs = Reply::BlockStatus {
+            handle: 2,
+            payloads: vec![vec![0; 12], vec![1; 20]],
+        };
+        let c = chunks(&encode_to_vec(&bs));
+        assert_eq!(
+            c.iter().map(|x| (x.0, x.1, x.3.len())).collect::<Vec<_>>(),
+            vec![
+                (0, REPLY_TYPE_BLOCK_STATUS, 12),
+                (REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 20)
+            ]
+        );
+        let d = encode_to_vec(&Reply::Done { handle: 3 });
+        assert_eq!(
+            chunks(&d),
+            vec![(REPLY_FLAG_DONE, REPLY_TYPE_NONE, 3, vec![])]
+        );
+    }
+}
