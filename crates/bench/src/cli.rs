@@ -153,7 +153,7 @@ pub struct CompressArgs {
     #[arg(long, default_value = "128K", value_parser = util::parse_size)]
     pub record_size: u64,
     /// Largest corpus; above it a seeded random choice of files is taken.
-    #[arg(long, default_value = "32M", value_parser = util::parse_size)]
+    #[arg(long, default_value = "16M", value_parser = util::parse_size)]
     pub max_bytes: u64,
     /// Time the corpus may take, for "best ratio within budget", e.g. 500ms
     /// [default: 3x the time of the most efficient setting].
@@ -488,7 +488,7 @@ fn run_compress(a: CompressArgs) -> anyhow::Result<()> {
     for r in &recs {
         writeln!(
             out,
-            "{} writer{}: most efficient (ratio/time) {}; best ratio within {:.3} s{}: {}",
+            "{} writer{}: most efficient (ratio/time, of those that compress) {}; best ratio within {:.3} s{}: {}",
             r.writers,
             if r.writers == 1 { "" } else { "s" },
             r.best_efficiency,

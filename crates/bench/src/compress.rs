@@ -316,15 +316,24 @@ pub struct Recommendation {
     pub best_ratio_within_budget: Option<String>,
 }
 
-/// The most efficient setting, and the best ratio whose time fits the
-/// budget (default: three times the most efficient setting's time), among
-/// the rows with `writers` writers.
+/// Below this ratio a setting is not worth its CPU: the data "does not compress".
+pub const MIN_USEFUL_RATIO: f64 = 1.05;
+
+/// Among the rows with `writers` writers: the most efficient (ratio / time)
+/// setting that compresses at least [`MIN_USEFUL_RATIO`] (`off` costs
+/// almost no time here, so ratio / time would always crown it; `off` is
+/// recommended only when nothing compresses), and the best ratio whose time
+/// fits the budget (default: three times the most efficient setting's time).
 pub fn recommend(rows: &[Row], writers: usize, budget: Option<Duration>) -> Option<Recommendation> {
     let rs: Vec<&Row> = rows.iter().filter(|r| r.writers == writers).collect();
+    let by_eff = |a: &&Row, b: &&Row| a.efficiency.total_cmp(&b.efficiency);
     let best = rs
         .iter()
         .copied()
-        .max_by(|a, b| a.efficiency.total_cmp(&b.efficiency))?;
+        .filter(|r| r.setting != "off" && r.ratio >= MIN_USEFUL_RATIO)
+        .max_by(by_eff)
+        .or_else(|| rs.iter().copied().find(|r| r.setting == "off"))
+        .or_else(|| rs.iter().copied().max_by(by_eff))?;
     let (budget_s, derived) = match budget {
         Some(b) => (b.as_secs_f64(), false),
         None => (best.time_s * 3.0, true),
@@ -470,6 +479,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn incompressible_data_recommends_off() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+        let mut f = vec![0u8; 600_000];
+        rng.fill_bytes(&mut f);
+        let corpus = Corpus::from_files(&[f], 128 << 10);
+        let cfg = CompressConfig {
+            settings: parse_settings("off,lz4,zstd-1").unwrap(),
+            writers: vec![1],
+            repeat: 3,
+        };
+        let rows = measure(&corpus, &cfg, |_, _| {}).unwrap();
+        assert!(rows
+            .iter()
+            .all(|r| r.ratio == 1.0 && r.compressed_records == 0));
+        assert_eq!(recommend(&rows, 1, None).unwrap().best_efficiency, "off");
+    }
+
+    #[test]
     fn settings_parse() {
         let s = parse_settings("off, lz4,zstd-3,gzip-1..3,zstd").unwrap();
         let l: Vec<String> = s.into_iter().map(label).collect();
@@ -519,7 +546,13 @@ pub(crate) mod tests {
             assert_eq!(r.physical, other.physical);
         }
         let rec = recommend(&rows, 2, None).unwrap();
+        assert_ne!(rec.best_efficiency, "off", "mail compresses");
         assert!(rec.best_ratio_within_budget.is_some());
+        // With time no object, the pick has the best ratio of all (the faster on ties).
+        let rec = recommend(&rows, 1, Some(Duration::from_secs(3600))).unwrap();
+        let pick = rec.best_ratio_within_budget.unwrap();
+        let max = rows.iter().map(|r| r.ratio).fold(0.0, f64::max);
+        assert_eq!(ratio(&pick), max, "{pick}");
         let svg = chart(&rows, &cfg.writers);
         let tags = crate::svg::tests::check_well_formed(&svg).unwrap();
         assert_eq!(tags.iter().filter(|t| *t == "circle").count(), 30);
