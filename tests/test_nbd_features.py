@@ -167,6 +167,34 @@ def test_write_zeroes_no_hole_and_fast_zero(volume):
         assert got == data[:5000] + bytes(100) + data[5100:64 * KiB]
 
 
+@pytest.mark.parametrize("op", ["trim", "zero", "zero_no_hole"])
+def test_zero_and_trim_ranges_on_committed_data(volume, op):
+    """Every shape of range (partial head/tail, whole 16K blocks, both) over
+    data already committed in a txg, then again after a restart."""
+    K = KiB
+    shapes = [(16 * K, 16 * K), (12 * K, 20 * K), (16 * K, 20 * K), (12 * K, 24 * K), (4 * K, 8 * K),
+              (12 * K, 8 * K), (1, 40 * K), (0, 64 * K), (15 * K, 2 * K), (8 * K, 48 * K)]
+    data = pattern(8, 64 * K)
+    with volume.connected() as h:
+        for i in range(len(shapes)):
+            h.pwrite(data, i * MiB)
+    volume.daemon.restart()  # the data is now committed, not dirty
+    want = {}
+    with volume.connected() as h:
+        for i, (off, ln) in enumerate(shapes):
+            if op == "trim":
+                h.trim(ln, i * MiB + off)
+            else:
+                h.zero(ln, i * MiB + off, nbd.CMD_FLAG_NO_HOLE if op == "zero_no_hole" else 0)
+            want[i] = data[:off] + bytes(ln) + data[off + ln:]
+        bad = [shapes[i] for i in want if h.pread(64 * K, i * MiB) != want[i]]
+        assert not bad, f"{op} over committed data left old bytes for (offset, length) {bad}"
+    volume.daemon.restart()
+    with volume.connected() as h:
+        bad = [shapes[i] for i in want if h.pread(64 * K, i * MiB) != want[i]]
+        assert not bad, f"{op} not persistent for (offset, length) {bad}"
+
+
 def test_block_status_holes_and_data(volume):
     with volume.connected() as h:
         amap = allocation_map(h, 0, 1 << 30)
