@@ -1139,3 +1139,37 @@ async fn handshake_timeout() {
     c.closed().await;
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_that_stops_reading_is_dropped() {
+    let cfg = ServerConfig {
+        shutdown_grace: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let srv = start_with(cfg).await;
+    srv.mem.fill(0, &pattern(1 << 20, 1));
+    let mut c = C::session(srv.addr, "mem", false).await;
+    // 32 MiB of replies, far more than the socket buffers hold; never read.
+    for i in 0..32 {
+        c.req(0, CMD_READ, i, 0, 1 << 20, &[]).await;
+    }
+    c.req(0, CMD_DISC, 99, 0, 0, &[]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The server gave up delivering after the grace period: the stream ends early.
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(T, c.s.read(&mut buf))
+            .await
+            .expect("server kept the connection")
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n as u64,
+        }
+    }
+    assert!(
+        total < 32 * ((1 << 20) + 16),
+        "all {total} bytes were delivered"
+    );
+    srv.stop().await;
+}

@@ -128,6 +128,7 @@ where
         .clamp(MAX_PAYLOAD as usize, Semaphore::MAX_PERMITS >> 1);
     let bytes = Arc::new(Semaphore::new(budget));
     let (sink, drain, mut broken) = Sink::start(wr);
+    let mut drain = AbortOnDrop(drain);
     let dispatcher = Arc::new(Dispatcher::new(
         session.clone(),
         sink.clone(),
@@ -196,21 +197,31 @@ where
             _ => {}
         }
 
-        // ---- flow control, then the payload
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break End::Shutdown;
-        };
+        // ---- flow control, then the payload. Waiting here means the client
+        // has the maximum in flight (or is not reading its replies).
         let cost = match req.command {
             Command::Read | Command::Write => req.len,
             _ => 0,
         };
-        let byte_permit = if cost > 0 {
-            match bytes.clone().acquire_many_owned(cost).await {
-                Ok(p) => Some(p),
-                Err(_) => break End::Shutdown,
-            }
-        } else {
-            None
+        let permits = async {
+            let slot = slots.clone().acquire_owned().await.ok()?;
+            let bytes = if cost > 0 {
+                Some(bytes.clone().acquire_many_owned(cost).await.ok()?)
+            } else {
+                None
+            };
+            Some(Permits {
+                _slot: Some(slot),
+                _bytes: bytes,
+            })
+        };
+        let permits = tokio::select! {
+            p = permits => match p {
+                Some(p) => p,
+                None => break End::Shutdown,
+            },
+            _ = crate::server::shutdown_requested(&mut shutdown) => break End::Shutdown,
+            _ = broken.wait_for(|b| *b) => break End::Io(io::ErrorKind::BrokenPipe.into()),
         };
         let payload = if req.command == Command::Write {
             match read_payload(&mut rd, req.len as usize).await {
@@ -225,10 +236,6 @@ where
             }
         } else {
             Vec::new()
-        };
-        let permits = Permits {
-            _slot: Some(slot),
-            _bytes: byte_permit,
         };
 
         let bad = req.flags & !req.command.allowed_flags(structured);
@@ -254,18 +261,40 @@ where
     // Wait for every request in flight: a slot comes back once its reply is
     // on the wire (or dropped on a broken socket). Then let the drain task
     // finish what is queued; dropping the last sink reference closes the
-    // write side.
-    let _all = slots.acquire_many(max_in_flight as u32).await;
+    // write side. A client that stops reading its replies cannot hold the
+    // connection open past the grace period.
+    let finish = async {
+        let _all = slots.acquire_many(max_in_flight as u32).await;
+        sink.close();
+        (&mut drain.0).await
+    };
+    let res = tokio::time::timeout(cfg.shutdown_grace, finish).await;
     drop(dispatcher);
-    sink.close();
     drop(sink);
-    match drain.await {
-        Ok(Ok(())) => end,
-        Ok(Err(e)) => match end {
+    match res {
+        Ok(Ok(Ok(()))) => end,
+        Ok(Ok(Err(e))) => match end {
             End::Disconnect | End::Eof | End::Shutdown => End::Io(e),
             other => other,
         },
-        Err(e) => End::Io(io::Error::other(e)),
+        Ok(Err(e)) => End::Io(io::Error::other(e)),
+        Err(_) => match end {
+            End::Protocol(m) => End::Protocol(m),
+            _ => End::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "in-flight replies not delivered in time",
+            )),
+        },
+    }
+}
+
+/// Aborts the task when dropped (so an aborted connection takes its drain
+/// task with it).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
