@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--journal", required=True)
     ap.add_argument("--max-seconds", type=float, default=30)
+    ap.add_argument("--no-zero", action="store_true", help="only writes and flushes (no WRITE_ZEROES/TRIM)")
     a = ap.parse_args()
 
     w, n = a.worker, a.workers
@@ -98,6 +99,8 @@ def main() -> int:
             seq += 1
             ver = (a.epoch << 32) | seq
             r = rng.random()
+            if a.no_zero and r >= 0.94:
+                r = rng.uniform(0.10, 0.94)
             if r < 0.10:
                 h = ha if rng.random() < 0.5 else hb
                 covered = list(pending)
