@@ -395,10 +395,11 @@ pub fn chart(rows: &[Row], writers: &[usize]) -> String {
         .collect();
     ScatterChart {
         title: "Compression: ratio against time (up and to the left is better)".into(),
-        x_label: "time to encode the corpus, s (10%-trimmed mean)".into(),
+        x_label: "time to encode the corpus, s (10%-trimmed mean, log scale)".into(),
         y_label: "compressratio (logical / physical, 4 KiB sectors)".into(),
         groups,
         points,
+        x_log: true,
     }
     .render()
 }

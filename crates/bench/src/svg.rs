@@ -83,6 +83,8 @@ struct Axis {
     lo: f64,
     hi: f64,
     step: f64,
+    /// Logarithmic (base 10); `lo` and `hi` are then powers of ten.
+    log: bool,
 }
 
 impl Axis {
@@ -98,16 +100,78 @@ impl Axis {
         let step = nice_step(hi - lo, ticks);
         let lo = (lo / step).floor() * step;
         let hi = (hi / step).ceil() * step;
-        Self { lo, hi, step }
+        Self {
+            lo,
+            hi,
+            step,
+            log: false,
+        }
+    }
+    /// A log axis over the decades holding `min..=max` (positive values).
+    fn log(min: f64, max: f64) -> Self {
+        let min = if min.is_finite() && min > 0.0 {
+            min
+        } else {
+            1e-3
+        };
+        let max = if max.is_finite() && max > min {
+            max
+        } else {
+            min * 10.0
+        };
+        let lo = 10f64.powf(min.log10().floor());
+        let mut hi = 10f64.powf(max.log10().ceil());
+        if hi <= lo {
+            hi = lo * 10.0;
+        }
+        Self {
+            lo,
+            hi,
+            step: lo,
+            log: true,
+        }
     }
     fn ticks(&self) -> Vec<f64> {
+        if self.log {
+            let decades = (self.hi / self.lo).log10().round() as i32;
+            let mults: &[f64] = if decades > 4 {
+                &[1.0]
+            } else {
+                &[1.0, 2.0, 5.0]
+            };
+            let mut v = Vec::new();
+            for d in 0..=decades.clamp(0, 30) {
+                let base = self.lo * 10f64.powi(d);
+                for m in mults {
+                    let t = base * m;
+                    if t <= self.hi * (1.0 + 1e-9) {
+                        v.push(t);
+                    }
+                }
+            }
+            return v;
+        }
         let n = ((self.hi - self.lo) / self.step).round() as i64;
         (0..=n.clamp(0, 100))
             .map(|i| self.lo + i as f64 * self.step)
             .collect()
     }
     fn frac(&self, v: f64) -> f64 {
+        if self.log {
+            let v = v.max(self.lo);
+            return (v / self.lo).log10() / (self.hi / self.lo).log10();
+        }
         (v - self.lo) / (self.hi - self.lo)
+    }
+    fn label(&self, t: f64) -> String {
+        if self.log {
+            if t >= 1.0 {
+                return fmt_tick(t, 1.0);
+            }
+            let digits = (-t.log10()).ceil().clamp(0.0, 9.0) as usize;
+            return format!("{t:.digits$}");
+        }
+        fmt_tick(t, self.step)
     }
 }
 
@@ -170,7 +234,7 @@ fn axes(out: &mut String, xa: &Axis, ya: &Axis, x_label: &str, y_label: &str) {
             r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
             px(x0 - 6.0),
             px(y + 4.0),
-            esc(&fmt_tick(t, ya.step))
+            esc(&ya.label(t))
         );
     }
     for t in xa.ticks() {
@@ -180,7 +244,7 @@ fn axes(out: &mut String, xa: &Axis, ya: &Axis, x_label: &str, y_label: &str) {
             r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
             px(x),
             px(y0 + 18.0),
-            esc(&fmt_tick(t, xa.step))
+            esc(&xa.label(t))
         );
     }
     let _ = writeln!(
@@ -200,7 +264,8 @@ fn axes(out: &mut String, xa: &Axis, ya: &Axis, x_label: &str, y_label: &str) {
     out.push_str("</g>\n");
 }
 
-fn legend(out: &mut String, names: &[String]) {
+/// The legend box, top-right or (`bottom`) bottom-right of the plot.
+fn legend(out: &mut String, names: &[String], bottom: bool) {
     if names.is_empty() {
         return;
     }
@@ -208,7 +273,7 @@ fn legend(out: &mut String, names: &[String]) {
     let w = 40.0 + longest * 7.0;
     let h = 8.0 + 18.0 * names.len() as f64;
     let x = W - MR - w - 8.0;
-    let y = MT + 8.0;
+    let y = if bottom { H - MB - h - 8.0 } else { MT + 8.0 };
     let _ = writeln!(
         out,
         r##"<g><rect x="{}" y="{}" width="{}" height="{}" fill="white" fill-opacity="0.85" stroke="#999"/>"##,
@@ -293,7 +358,7 @@ impl LineChart {
             );
         }
         let names: Vec<String> = self.series.iter().map(|s| s.name.clone()).collect();
-        legend(&mut out, &names);
+        legend(&mut out, &names, false);
         out.push_str("</svg>\n");
         out
     }
@@ -317,6 +382,8 @@ pub struct ScatterChart {
     pub y_label: String,
     pub groups: Vec<String>,
     pub points: Vec<ScatterPoint>,
+    /// Logarithmic x axis (for times spanning decades).
+    pub x_log: bool,
 }
 
 impl ScatterChart {
@@ -325,35 +392,68 @@ impl ScatterChart {
             .points
             .iter()
             .filter(|p| p.x.is_finite() && p.y.is_finite());
-        let (mut xmax, mut ymin, mut ymax) = (0f64, f64::INFINITY, f64::NEG_INFINITY);
+        let (mut xmin, mut xmax) = (f64::INFINITY, 0f64);
+        let (mut ymin, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY);
         for p in fin.clone() {
+            if p.x > 0.0 {
+                xmin = xmin.min(p.x);
+            }
             xmax = xmax.max(p.x);
             ymin = ymin.min(p.y);
             ymax = ymax.max(p.y);
         }
-        let xa = Axis::new(0.0, xmax * 1.08, 8);
+        let xa = if self.x_log {
+            Axis::log(xmin, xmax)
+        } else {
+            Axis::new(0.0, xmax * 1.08, 8)
+        };
         let ya = Axis::new(ymin.min(1.0), ymax * 1.03, 6);
         let mut out = String::new();
         header(&mut out, &self.title);
         axes(&mut out, &xa, &ya, &self.x_label, &self.y_label);
         let (x0, x1, y0, y1) = (ML, W - MR, H - MB, MT);
+        // Labels that would overlap an earlier one move down a line, or are
+        // left to the tooltip.
+        let mut placed: Vec<(f64, f64, f64)> = Vec::new(); // x, y, width
         for p in fin {
             let cx = x0 + (x1 - x0) * xa.frac(p.x);
             let cy = y0 + (y1 - y0) * ya.frac(p.y);
-            let _ = writeln!(
+            let w = 6.0 * p.label.chars().count() as f64;
+            let mut label_y = None;
+            for k in 0..4 {
+                let ly = cy - 5.0 + 11.0 * k as f64;
+                let lx = cx + 6.0;
+                let clash = placed.iter().any(|&(px_, py_, pw)| {
+                    lx < px_ + pw && px_ < lx + w && (ly - py_).abs() < 10.0
+                });
+                if !clash {
+                    label_y = Some(ly);
+                    placed.push((lx, ly, w));
+                    break;
+                }
+            }
+            let _ = write!(
                 out,
-                r#"<g><circle cx="{}" cy="{}" r="4" fill="{}"><title>{}</title></circle><text x="{}" y="{}" font-size="10" fill="{}">{}</text></g>"#,
+                r#"<g><circle cx="{}" cy="{}" r="4" fill="{}"><title>{}</title></circle>"#,
                 px(cx),
                 px(cy),
                 colour(p.group),
                 esc(&p.label),
-                px(cx + 6.0),
-                px(cy - 5.0),
-                colour(p.group),
-                esc(&p.label)
             );
+            if let Some(ly) = label_y {
+                let _ = write!(
+                    out,
+                    r#"<text x="{}" y="{}" font-size="10" fill="{}">{}</text>"#,
+                    px(cx + 6.0),
+                    px(ly),
+                    colour(p.group),
+                    esc(&p.label)
+                );
+            }
+            out.push_str("</g>\n");
         }
-        legend(&mut out, &self.groups);
+        // slow and poor (bottom-right) is usually empty
+        legend(&mut out, &self.groups, true);
         out.push_str("</svg>\n");
         out
     }
@@ -468,6 +568,7 @@ pub(crate) mod tests {
                 y: 1.0,
                 group: 0,
             }],
+            x_log: true,
         };
         check_well_formed(&c.render()).unwrap();
         let empty = LineChart {
