@@ -121,7 +121,7 @@ where
         structured: neg.structured,
         contexts: neg.contexts,
     });
-    let max_in_flight = cfg.max_in_flight.clamp(1, Semaphore::MAX_PERMITS >> 1);
+    let max_in_flight = cfg.max_in_flight.clamp(1, 1 << 16);
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let budget = cfg
         .max_in_flight_bytes
@@ -166,41 +166,14 @@ where
         let early =
             |f: Fail, permits: Permits| sink.send(&error_reply(structured, req.handle, f), permits);
 
-        // ---- checks that need no export call
-        match req.command {
-            Command::Disc => break End::Disconnect,
-            Command::Unknown(t) => {
-                early(
-                    Fail::new(EINVAL, format!("unknown command {t}")),
-                    Permits::default(),
-                );
-                continue;
-            }
-            Command::Write if req.len > MAX_PAYLOAD => {
-                // The payload cannot be skipped safely: answer, then hard disconnect.
-                let msg = format!(
-                    "write of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
-                    req.len
-                );
-                early(Fail::new(EINVAL, msg.clone()), Permits::default());
-                break End::Protocol(msg);
-            }
-            Command::Read if req.len > MAX_PAYLOAD => {
-                let errno = if structured { EOVERFLOW } else { EINVAL };
-                let msg = format!(
-                    "read of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
-                    req.len
-                );
-                early(Fail::new(errno, msg), Permits::default());
-                continue;
-            }
-            _ => {}
+        if req.command == Command::Disc {
+            break End::Disconnect;
         }
-
-        // ---- flow control, then the payload. Waiting here means the client
-        // has the maximum in flight (or is not reading its replies).
+        // ---- flow control: every request (error replies too) holds a slot
+        // until its reply is on the wire. Waiting here means the client has
+        // the maximum in flight, or is not reading its replies.
         let cost = match req.command {
-            Command::Read | Command::Write => req.len,
+            Command::Read | Command::Write if req.len <= MAX_PAYLOAD => req.len,
             _ => 0,
         };
         let permits = async {
@@ -223,6 +196,34 @@ where
             _ = crate::server::shutdown_requested(&mut shutdown) => break End::Shutdown,
             _ = broken.wait_for(|b| *b) => break End::Io(io::ErrorKind::BrokenPipe.into()),
         };
+
+        // ---- checks that need no export call, then the payload
+        match req.command {
+            Command::Unknown(t) => {
+                early(Fail::new(EINVAL, format!("unknown command {t}")), permits);
+                continue;
+            }
+            Command::Write if req.len > MAX_PAYLOAD => {
+                // The payload cannot be skipped safely: answer, then hard disconnect.
+                let msg = format!(
+                    "write of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
+                    req.len
+                );
+                early(Fail::new(EINVAL, msg.clone()), permits);
+                break End::Protocol(msg);
+            }
+            Command::Read if req.len > MAX_PAYLOAD => {
+                let errno = if structured { EOVERFLOW } else { EINVAL };
+                let msg = format!(
+                    "read of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
+                    req.len
+                );
+                early(Fail::new(errno, msg), permits);
+                continue;
+            }
+            _ => {}
+        }
+
         let payload = if req.command == Command::Write {
             match read_payload(&mut rd, req.len as usize).await {
                 Ok(p) => p,
