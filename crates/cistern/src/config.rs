@@ -9,6 +9,10 @@
 //!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
+//!
+//! [nbd]               # nbd::ServerConfig
+//! max_connections = 1024
+//! shutdown_grace_secs = 30
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -24,6 +28,56 @@ pub const DEFAULT_LOG: &str = "info";
 pub struct Config {
     pub server: ServerSection,
     pub engine: dataset::EngineConfig,
+    pub nbd: NbdSection,
+}
+
+/// NBD server tunables; unset keys keep `nbd::ServerConfig`'s defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NbdSection {
+    pub max_connections: Option<usize>,
+    pub max_in_flight: Option<usize>,
+    pub max_workers: Option<usize>,
+    pub max_in_flight_bytes: Option<usize>,
+    pub handshake_timeout_secs: Option<f64>,
+    pub shutdown_grace_secs: Option<f64>,
+}
+
+impl NbdSection {
+    pub fn server_config(&self) -> Result<nbd::ServerConfig> {
+        let mut c = nbd::ServerConfig::default();
+        let positive = |name: &str, v: usize| {
+            if v == 0 {
+                bail!("[nbd] {name} must be at least 1");
+            }
+            Ok(v)
+        };
+        let secs = |name: &str, v: f64| {
+            if !(v.is_finite() && v >= 0.0 && v < 1e9) {
+                bail!("[nbd] {name} must be a number of seconds");
+            }
+            Ok(std::time::Duration::from_secs_f64(v))
+        };
+        if let Some(v) = self.max_connections {
+            c.max_connections = positive("max_connections", v)?;
+        }
+        if let Some(v) = self.max_in_flight {
+            c.max_in_flight = positive("max_in_flight", v)?;
+        }
+        if let Some(v) = self.max_workers {
+            c.max_workers = positive("max_workers", v)?;
+        }
+        if let Some(v) = self.max_in_flight_bytes {
+            c.max_in_flight_bytes = positive("max_in_flight_bytes", v)?;
+        }
+        if let Some(v) = self.handshake_timeout_secs {
+            c.handshake_timeout = secs("handshake_timeout_secs", v)?;
+        }
+        if let Some(v) = self.shutdown_grace_secs {
+            c.shutdown_grace = secs("shutdown_grace_secs", v)?;
+        }
+        Ok(c)
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -73,6 +127,7 @@ pub struct Resolved {
     pub api: Listen,
     pub log: String,
     pub engine: dataset::EngineConfig,
+    pub nbd_server: nbd::ServerConfig,
 }
 
 /// Flags override the config; then the defaults. `default_state_dir` is used
@@ -102,6 +157,7 @@ pub fn resolve(
         nbd,
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
+        nbd_server: cfg.nbd.server_config()?,
         engine: cfg.engine,
     })
 }
@@ -172,6 +228,19 @@ mod tests {
             cfg.engine.dirty_max_bytes,
             dataset::EngineConfig::default().dirty_max_bytes
         );
+    }
+
+    #[test]
+    fn nbd_section_overrides_server_defaults() {
+        let cfg = Config::parse("[nbd]\nmax_connections = 8\nshutdown_grace_secs = 2.5\n").unwrap();
+        let c = cfg.nbd.server_config().unwrap();
+        assert_eq!(c.max_connections, 8);
+        assert_eq!(c.shutdown_grace, std::time::Duration::from_millis(2500));
+        assert_eq!(c.max_workers, nbd::ServerConfig::default().max_workers);
+        let bad = Config::parse("[nbd]\nmax_workers = 0\n").unwrap();
+        assert!(bad.nbd.server_config().is_err());
+        let bad = Config::parse("[nbd]\nhandshake_timeout_secs = -1.0\n").unwrap();
+        assert!(bad.nbd.server_config().is_err());
     }
 
     #[test]

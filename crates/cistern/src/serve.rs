@@ -145,7 +145,13 @@ async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let provider = Arc::new(EngineExports::new(engine.clone()));
-    let mut nbd_task = tokio::spawn(nbd::serve(nbd_listener, provider, stop_rx.clone()));
+    let nbd_grace = r.nbd_server.shutdown_grace;
+    let mut nbd_task = tokio::spawn(nbd::serve_with_config(
+        nbd_listener,
+        provider,
+        stop_rx.clone(),
+        r.nbd_server,
+    ));
     let state =
         api::ApiState::new(engine.clone()).with_metrics(Arc::new(crate::nbd_metrics::render));
     let mut api_rx = stop_rx.clone();
@@ -190,11 +196,13 @@ async fn serve(
             std::process::exit(130);
         }
     });
-    let grace = Duration::from_secs(10);
+    // The NBD server gives its connections `shutdown_grace` itself; allow a little more.
+    let grace = nbd_grace + Duration::from_secs(5);
     if !nbd_task.is_finished() && tokio::time::timeout(grace, &mut nbd_task).await.is_err() {
         tracing::warn!("NBD connections still open after {grace:?}; closing anyway");
         nbd_task.abort();
     }
+    let grace = Duration::from_secs(10);
     if !api_task.is_finished() && tokio::time::timeout(grace, &mut api_task).await.is_err() {
         tracing::warn!("API connections still open after {grace:?}; closing anyway");
         api_task.abort();

@@ -198,7 +198,9 @@ fn http(api: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     );
     s.write_all(req.as_bytes()).unwrap();
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    if let Err(e) = s.read_to_string(&mut resp) {
+        panic!("{method} {path}: no complete answer within 30 s ({e})");
+    }
     let status: u16 = resp
         .split(' ')
         .nth(1)
