@@ -53,7 +53,7 @@ impl NbdSection {
             Ok(v)
         };
         let secs = |name: &str, v: f64| {
-            if !(v.is_finite() && v >= 0.0 && v < 1e9) {
+            if !(0.0..1e9).contains(&v) {
                 bail!("[nbd] {name} must be a number of seconds");
             }
             Ok(std::time::Duration::from_secs_f64(v))
