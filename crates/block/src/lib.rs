@@ -12,6 +12,7 @@ pub use compress::{
 };
 
 use pool::{Dva, Pool, PoolError};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -26,8 +27,8 @@ pub enum BlockError {
 /// A block after compression and checksumming, not yet placed.
 #[derive(Debug, Clone)]
 pub struct EncodedBlock {
-    /// The bytes to store.
-    pub payload: Vec<u8>,
+    /// The bytes to store (shared with the caller's buffer when stored raw).
+    pub payload: Arc<Vec<u8>>,
     pub lsize: u32,
     pub compression: CompressionAlgo,
     pub checksum_algo: ChecksumAlgo,
@@ -55,15 +56,45 @@ impl EncodedBlock {
 
 /// Compress and checksum (CPU only; callers run many of these in parallel).
 pub fn encode(data: &[u8], compression: Compression, checksum_algo: ChecksumAlgo) -> EncodedBlock {
-    let (payload, algo) = match compress(compression, data) {
-        Some(c) => (c, compression.algo()),
-        None => (data.to_vec(), CompressionAlgo::Off),
-    };
+    match compress(compression, data) {
+        Some(c) => finish(Arc::new(c), data.len(), compression.algo(), checksum_algo),
+        None => finish(
+            Arc::new(data.to_vec()),
+            data.len(),
+            CompressionAlgo::Off,
+            checksum_algo,
+        ),
+    }
+}
+
+/// As [`encode`], but a block stored raw shares `data` instead of copying it.
+pub fn encode_shared(
+    data: &Arc<Vec<u8>>,
+    compression: Compression,
+    checksum_algo: ChecksumAlgo,
+) -> EncodedBlock {
+    match compress(compression, data) {
+        Some(c) => finish(Arc::new(c), data.len(), compression.algo(), checksum_algo),
+        None => finish(
+            data.clone(),
+            data.len(),
+            CompressionAlgo::Off,
+            checksum_algo,
+        ),
+    }
+}
+
+fn finish(
+    payload: Arc<Vec<u8>>,
+    lsize: usize,
+    compression: CompressionAlgo,
+    checksum_algo: ChecksumAlgo,
+) -> EncodedBlock {
     let checksum = checksum_algo.compute(&payload);
     EncodedBlock {
         payload,
-        lsize: data.len() as u32,
-        compression: algo,
+        lsize: lsize as u32,
+        compression,
         checksum_algo,
         checksum,
     }

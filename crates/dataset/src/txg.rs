@@ -19,6 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// See [`ImportedPool::view`].
+pub struct View {
+    pub syncing: Option<Arc<HashMap<BlockKey, Dirty>>>,
+    pub tx: meta::redb::ReadTransaction,
+}
+
 /// Key of one block of one dataset.
 pub type BlockKey = (u64, u64);
 
@@ -367,7 +373,7 @@ impl ImportedPool {
                 .copied()
                 .unwrap_or((Compression::Off, ChecksumAlgo::Blake3));
             match &dirty[k] {
-                Dirty::Data(d) => Some(block::encode(d, comp, sum)),
+                Dirty::Data(d) => Some(block::encode_shared(d, comp, sum)),
                 Dirty::Zero => {
                     let bs = self.block_size_of(k.0)?;
                     Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum))
@@ -430,23 +436,26 @@ impl ImportedPool {
         placed: &[Option<BlockPointer>],
         cp: Checkpoint,
     ) -> Result<()> {
-        // Write: coalesce blocks that are adjacent on disk into runs of up to 8 MiB.
+        // Write: blocks adjacent on disk go out together, up to 8 MiB per vectored write.
+        static PAD: [u8; pool::SECTOR as usize] = [0; pool::SECTOR as usize];
         let mut order: Vec<usize> = (0..keys.len()).filter(|&i| placed[i].is_some()).collect();
         order.sort_unstable_by_key(|&i| {
             placed[i]
                 .as_ref()
                 .map(|bp| (bp.dvas[0].group, bp.dvas[0].offset))
         });
-        let mut run: Option<(Dva, Vec<u8>)> = None;
-        let flush = |run: &mut Option<(Dva, Vec<u8>)>| -> Result<()> {
-            if let Some((dva, buf)) = run.take() {
+        let mut run: Option<Dva> = None;
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let flush = |run: &mut Option<Dva>, parts: &mut Vec<&[u8]>| -> Result<()> {
+            if let Some(dva) = run.take() {
                 self.pool
-                    .write(dva, &buf)
+                    .write_vectored(dva, parts)
                     .map_err(|e| Error::Io(e.to_string()))?;
                 self.counters
                     .write_bytes
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    .fetch_add(dva.asize as u64, Ordering::Relaxed);
             }
+            parts.clear();
             Ok(())
         };
         for &i in &order {
@@ -454,22 +463,25 @@ impl ImportedPool {
                 continue;
             };
             let dva = bp.dvas[0];
-            let extends = run.as_ref().is_some_and(|(r, buf)| {
+            let extends = run.is_some_and(|r| {
                 r.group == dva.group
                     && r.offset + r.asize as u64 == dva.offset
-                    && buf.len() + dva.asize as usize <= 8 << 20
+                    && r.asize as usize + dva.asize as usize <= 8 << 20
             });
             if !extends {
-                flush(&mut run)?;
-                run = Some((Dva { asize: 0, ..dva }, Vec::with_capacity(1 << 20)));
+                flush(&mut run, &mut parts)?;
+                run = Some(Dva { asize: 0, ..dva });
             }
-            if let Some((r, buf)) = run.as_mut() {
-                buf.extend_from_slice(&enc.payload);
-                buf.resize(buf.len() + (dva.asize as usize - enc.payload.len()), 0);
+            if let Some(r) = run.as_mut() {
+                parts.push(&enc.payload);
+                let pad = dva.asize as usize - enc.payload.len();
+                if pad > 0 {
+                    parts.push(&PAD[..pad]);
+                }
                 r.asize += dva.asize;
             }
         }
-        flush(&mut run)?;
+        flush(&mut run, &mut parts)?;
         self.pool.sync_all().map_err(|e| Error::Io(e.to_string()))?;
         fault_point("after_data");
 
@@ -588,13 +600,13 @@ impl ImportedPool {
     /// Block indexes in [first, last] that have a committed pointer, at most `limit`.
     pub fn committed_blocks(
         &self,
+        view: &View,
         ds: u64,
         first: u64,
         last: u64,
         limit: usize,
     ) -> Result<Vec<u64>> {
-        let tx = self.db.begin_read().map_err(meta_err)?;
-        let t = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let t = view.tx.open_table(BLOCKS).map_err(meta_err)?;
         let mut out = Vec::new();
         for row in t
             .range((ds, first, 0)..=(ds, last, u64::MAX))
@@ -612,8 +624,14 @@ impl ImportedPool {
         Ok(out)
     }
 
-    pub fn begin_read(&self) -> Result<meta::redb::ReadTransaction> {
-        self.db.begin_read().map_err(meta_err)
+    /// A consistent view of everything outside the open txg: the txg being
+    /// committed, and the block map as of no earlier than that txg's start.
+    /// The order matters: the syncing txg is taken first, so a txg that
+    /// commits in between is seen in one place or the other, never missed.
+    pub fn view(&self) -> Result<View> {
+        let syncing = self.syncing.read().clone();
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        Ok(View { syncing, tx })
     }
 
     /// Writes a dataset record (created or changed) in its own transaction.

@@ -1,7 +1,7 @@
 //! Volume I/O: byte ranges mapped onto volblocksize blocks in the open txg,
 //! the txg being committed, and the committed block map, in that order.
 
-use crate::txg::{Dirty, ImportedPool};
+use crate::txg::{Dirty, ImportedPool, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use intent_log::RecordKind;
 use std::collections::HashSet;
@@ -31,23 +31,15 @@ impl Op<'_> {
 /// committed block map. `None` is a hole.
 pub(crate) fn read_outside_open(
     p: &ImportedPool,
+    view: &View,
     ds: u64,
     blk: u64,
     bs: u32,
-    tx: &mut Option<meta::redb::ReadTransaction>,
 ) -> Result<Option<Arc<Vec<u8>>>> {
-    if let Some(syncing) = p.syncing.read().as_ref() {
-        if let Some(d) = syncing.get(&(ds, blk)) {
-            return Ok(materialized(d, bs));
-        }
+    if let Some(d) = view.syncing.as_ref().and_then(|s| s.get(&(ds, blk))) {
+        return Ok(materialized(d, bs));
     }
-    if tx.is_none() {
-        *tx = Some(p.begin_read()?);
-    }
-    let Some(tx) = tx.as_ref() else {
-        unreachable!()
-    };
-    let Some(bp) = p.lookup(tx, ds, blk)? else {
+    let Some(bp) = p.lookup(&view.tx, ds, blk)? else {
         return Ok(None);
     };
     let key = (ds, blk, bp.birth);
@@ -124,10 +116,10 @@ pub(crate) fn apply(
             )
         };
         // Old contents of partially written blocks, read without holding the lock.
-        let mut tx = None;
+        let view = p.view()?;
         let mut bases = std::collections::HashMap::new();
         for b in need {
-            bases.insert(b, read_outside_open(p, ds, b, bs, &mut tx)?);
+            bases.insert(b, read_outside_open(p, &view, ds, b, bs)?);
         }
         // For deallocation: which whole blocks exist at all (no need to record holes over holes).
         let existing: HashSet<u64> = match op {
@@ -135,10 +127,10 @@ pub(crate) fn apply(
                 allocate: false, ..
             } if last > first + 1 || !is_partial(first) => {
                 let mut set: HashSet<u64> = p
-                    .committed_blocks(ds, first, last, usize::MAX)?
+                    .committed_blocks(&view, ds, first, last, usize::MAX)?
                     .into_iter()
                     .collect();
-                if let Some(s) = p.syncing.read().as_ref() {
+                if let Some(s) = view.syncing.as_ref() {
                     set.extend(
                         s.keys()
                             .filter(|k| k.0 == ds && (first..=last).contains(&k.1))
@@ -292,11 +284,11 @@ impl Volume {
                 .collect()
         };
         let mut out: Vec<ReadSegment> = Vec::new();
-        let mut tx = None;
+        let view = self.pool.view()?;
         for (i, b) in (first..=last).enumerate() {
             let data = match &in_open[i] {
                 Some(d) => materialized(d, bs),
-                None => read_outside_open(&self.pool, self.id, b, bs, &mut tx)?,
+                None => read_outside_open(&self.pool, &view, self.id, b, bs)?,
             };
             let start = b * bsz;
             let lo = (offset.max(start) - start) as usize;
@@ -385,20 +377,25 @@ impl Volume {
         let bsz = bs as u64;
         let first = offset / bsz;
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
+        // The open txg first, then the view (see ImportedPool::view for why).
+        let in_open: Vec<Option<Dirty>> = {
+            let open = self.pool.open.lock();
+            (first..=last)
+                .map(|b| open.dirty.get(&(self.id, b)).cloned())
+                .collect()
+        };
+        let view = self.pool.view()?;
         let committed: HashSet<u64> = self
             .pool
-            .committed_blocks(self.id, first, last, usize::MAX)?
+            .committed_blocks(&view, self.id, first, last, usize::MAX)?
             .into_iter()
             .collect();
-        let syncing = self.pool.syncing.read().clone();
-        let open = self.pool.open.lock();
         let mut out: Vec<Extent> = Vec::new();
-        for b in first..=last {
+        for (i, b) in (first..=last).enumerate() {
             let key = (self.id, b);
-            let dirty = open
-                .dirty
-                .get(&key)
-                .or_else(|| syncing.as_ref().and_then(|s| s.get(&key)));
+            let dirty = in_open[i]
+                .as_ref()
+                .or_else(|| view.syncing.as_ref().and_then(|s| s.get(&key)));
             let (hole, zero) = match dirty {
                 Some(Dirty::Data(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),

@@ -310,10 +310,16 @@ impl Pool {
     }
 
     /// Writes `data` (length <= dva.asize) to every copy of `dva`.
-    /// Succeeds if at least one copy was written; failed devices are faulted.
     pub fn write(&self, dva: Dva, data: &[u8]) -> Result<(), PoolError> {
+        self.write_vectored(dva, &[data])
+    }
+
+    /// Writes the concatenation of `bufs` (length <= dva.asize) to every copy of `dva`.
+    /// Succeeds if at least one copy was written; failed devices are faulted.
+    pub fn write_vectored(&self, dva: Dva, bufs: &[&[u8]]) -> Result<(), PoolError> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
         assert!(
-            data.len() as u64 <= dva.asize as u64,
+            len as u64 <= dva.asize as u64,
             "write larger than its allocation"
         );
         let group = self.group(dva.group)?;
@@ -328,7 +334,7 @@ impl Pool {
             if dev.state() == DeviceState::Offline || dev.state() == DeviceState::Faulted {
                 continue;
             }
-            match dev.write_at(at, data) {
+            match dev.write_vectored_at(at, bufs) {
                 Ok(()) => written += 1,
                 Err(e) => {
                     tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");

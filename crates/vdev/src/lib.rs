@@ -202,6 +202,73 @@ impl Vdev {
         })
     }
 
+    /// Writes `bufs` back to back starting at `offset` (one pwritev per
+    /// batch of at most IOV_MAX buffers), so callers need not copy many
+    /// blocks into one buffer first.
+    pub fn write_vectored_at(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        self.check_range(offset, total)?;
+        let mut at = offset;
+        let mut rest: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
+        let mut first = 0;
+        while first < rest.len() {
+            let batch = &rest[first..rest.len().min(first + 1024)];
+            let iov: Vec<libc::iovec> = batch
+                .iter()
+                .map(|b| libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+                .collect();
+            // SAFETY: every iovec points into a live slice borrowed for this call.
+            let n = unsafe {
+                libc::pwritev(
+                    self.file.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    at as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let source = io::Error::last_os_error();
+                if source.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.errors.write.fetch_add(1, Ordering::Relaxed);
+                return Err(VdevError::Io {
+                    path: self.path.clone(),
+                    op: "write",
+                    offset: at,
+                    source,
+                });
+            }
+            if n == 0 {
+                self.errors.write.fetch_add(1, Ordering::Relaxed);
+                let source = io::Error::new(io::ErrorKind::WriteZero, "device accepted no bytes");
+                return Err(VdevError::Io {
+                    path: self.path.clone(),
+                    op: "write",
+                    offset: at,
+                    source,
+                });
+            }
+            // Skip what was written; a partially written buffer is resumed.
+            let mut n = n as usize;
+            at += n as u64;
+            while n > 0 {
+                let len = rest[first].len();
+                if n >= len {
+                    n -= len;
+                    first += 1;
+                } else {
+                    rest[first] = &rest[first][n..];
+                    n = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes and returns once those bytes are durable (O_DSYNC).
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
