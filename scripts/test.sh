@@ -9,7 +9,8 @@
 #
 # Runs unattended (CI=true, no stdin); exits non-zero on any failure.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k crash -x`).
-# CISTERN_SKIP_CARGO_TEST=1 skips step 3's `cargo test` (the build still runs).
+# CISTERN_SKIP_CARGO_TEST=1 skips step 3's `cargo test` (the build still runs);
+# CISTERN_TEST_TIMEOUT=SECONDS bounds the pytest run (default 2400).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,9 +72,12 @@ fi
 # ---------------------------------------------------------------- rust
 log "cargo build --release"
 cargo build --release 2>&1
+# A failing `cargo test` does not hide the integration results: both run,
+# and the script fails if either did.
+cargo_rc=0
 if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" != 1 ]]; then
     log "cargo test --release --workspace"
-    cargo test --release --workspace 2>&1
+    cargo test --release --workspace 2>&1 || cargo_rc=$?
 fi
 
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
@@ -82,4 +86,19 @@ export CISTERN_BIN="$TARGET_DIR/release/cistern"
 
 # ---------------------------------------------------------------- integration
 log "pytest tests/ (CISTERN_BIN=$CISTERN_BIN)"
-exec "$VENV/bin/python" -m pytest -q -rfEsxX tests/ "$@" </dev/null
+pytest_rc=0
+# Bounded as a whole (default 40 min; the suite takes ~10): a hung test kills
+# pytest, and every process it started dies with it (PR_SET_PDEATHSIG).
+timeout -k 30 "${CISTERN_TEST_TIMEOUT:-2400}" \
+    "$VENV/bin/python" -m pytest -q -rfEsxX tests/ "$@" </dev/null || pytest_rc=$?
+
+if ((cargo_rc != 0)); then
+    echo "FAILED: cargo test --release --workspace (exit $cargo_rc)" >&2
+fi
+if ((pytest_rc != 0)); then
+    echo "FAILED: pytest tests/ (exit $pytest_rc)" >&2
+fi
+if ((cargo_rc != 0 || pytest_rc != 0)); then
+    exit 1
+fi
+echo "all tests passed" >&2
