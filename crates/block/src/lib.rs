@@ -100,6 +100,15 @@ fn finish(
     }
 }
 
+/// Verifies stored bytes against the pointer and decompresses them; `None`
+/// if they are not the block's bytes.
+pub fn decode_verified(bp: &BlockPointer, stored: &[u8]) -> Option<Vec<u8>> {
+    if stored.len() != bp.psize as usize || bp.checksum_algo.compute(stored) != bp.checksum {
+        return None;
+    }
+    decompress(bp.compression, stored, bp.lsize as usize).ok()
+}
+
 /// Fetches a block, verifies its checksum (healing bad copies from good
 /// ones), and decompresses it. Wrong data is never returned.
 pub fn read_block(pool: &Pool, bp: &BlockPointer) -> Result<Vec<u8>, BlockError> {

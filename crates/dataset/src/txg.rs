@@ -22,7 +22,36 @@ use std::time::{Duration, Instant};
 /// See [`ImportedPool::view`].
 pub struct View {
     pub syncing: Option<Arc<HashMap<BlockKey, Dirty>>>,
-    pub tx: meta::redb::ReadTransaction,
+    blocks: meta::redb::ReadOnlyTable<(u64, u64, u64), &'static [u8]>,
+}
+
+impl View {
+    /// Live pointers of the committed blocks of `ds` in [first, last] (at most `limit`).
+    pub fn pointers(
+        &self,
+        ds: u64,
+        first: u64,
+        last: u64,
+        limit: usize,
+    ) -> Result<BTreeMap<u64, BlockPointer>> {
+        let mut out = BTreeMap::new();
+        for row in self
+            .blocks
+            .range((ds, first, 0)..=(ds, last, u64::MAX))
+            .map_err(meta_err)?
+        {
+            let (k, v) = row.map_err(meta_err)?;
+            let blk = k.value().1;
+            if out.len() >= limit && !out.contains_key(&blk) {
+                break;
+            }
+            // Versions of one block come oldest first: the last one is live.
+            let bp = BlockPointer::decode(v.value())
+                .map_err(|e| Error::Corrupt(format!("block {blk}: {e}")))?;
+            out.insert(blk, bp);
+        }
+        Ok(out)
+    }
 }
 
 /// Key of one block of one dataset.
@@ -576,54 +605,6 @@ impl ImportedPool {
     }
 
     /// The live pointer of a committed block.
-    pub fn lookup(
-        &self,
-        tx: &meta::redb::ReadTransaction,
-        ds: u64,
-        blk: u64,
-    ) -> Result<Option<BlockPointer>> {
-        let t = tx.open_table(BLOCKS).map_err(meta_err)?;
-        let last = t
-            .range((ds, blk, 0)..=(ds, blk, u64::MAX))
-            .map_err(meta_err)?
-            .next_back()
-            .transpose()
-            .map_err(meta_err)?;
-        match last {
-            None => Ok(None),
-            Some((_, v)) => BlockPointer::decode(v.value())
-                .map(Some)
-                .map_err(|e| Error::Corrupt(e.to_string())),
-        }
-    }
-
-    /// Block indexes in [first, last] that have a committed pointer, at most `limit`.
-    pub fn committed_blocks(
-        &self,
-        view: &View,
-        ds: u64,
-        first: u64,
-        last: u64,
-        limit: usize,
-    ) -> Result<Vec<u64>> {
-        let t = view.tx.open_table(BLOCKS).map_err(meta_err)?;
-        let mut out = Vec::new();
-        for row in t
-            .range((ds, first, 0)..=(ds, last, u64::MAX))
-            .map_err(meta_err)?
-        {
-            let (k, _) = row.map_err(meta_err)?;
-            let blk = k.value().1;
-            if out.last() != Some(&blk) {
-                out.push(blk);
-                if out.len() >= limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// A consistent view of everything outside the open txg: the txg being
     /// committed, and the block map as of no earlier than that txg's start.
     /// The order matters: the syncing txg is taken first, so a txg that
@@ -631,7 +612,8 @@ impl ImportedPool {
     pub fn view(&self) -> Result<View> {
         let syncing = self.syncing.read().clone();
         let tx = self.db.begin_read().map_err(meta_err)?;
-        Ok(View { syncing, tx })
+        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        Ok(View { syncing, blocks })
     }
 
     /// Writes a dataset record (created or changed) in its own transaction.

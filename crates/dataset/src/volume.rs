@@ -3,8 +3,9 @@
 
 use crate::txg::{Dirty, ImportedPool, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
+use block::BlockPointer;
 use intent_log::RecordKind;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -12,6 +13,8 @@ use std::sync::Arc;
 const MAX_LOG_RECORD: usize = 1 << 20;
 /// Most blocks one `allocation` call looks at (the reply covers a prefix).
 const MAX_STATUS_BLOCKS: u64 = 1 << 16;
+/// Largest single read of adjacent blocks.
+const MAX_READ_RUN: u64 = 8 << 20;
 
 pub(crate) enum Op<'a> {
     Write(&'a [u8]),
@@ -27,43 +30,107 @@ impl Op<'_> {
     }
 }
 
-/// Contents of a block outside the open txg: the syncing txg, else the
-/// committed block map. `None` is a hole.
+/// Contents of blocks outside the open txg: the syncing txg, else the
+/// committed block map (through the cache; adjacent blocks are read from
+/// disk in one I/O and verified one by one). `None` is a hole.
 pub(crate) fn read_outside_open(
     p: &ImportedPool,
     view: &View,
     ds: u64,
-    blk: u64,
     bs: u32,
-) -> Result<Option<Arc<Vec<u8>>>> {
-    if let Some(d) = view.syncing.as_ref().and_then(|s| s.get(&(ds, blk))) {
-        return Ok(materialized(d, bs));
+    blocks: &[u64],
+) -> Result<HashMap<u64, Option<Arc<Vec<u8>>>>> {
+    let mut out = HashMap::with_capacity(blocks.len());
+    let mut committed = Vec::new();
+    for &b in blocks {
+        match view.syncing.as_ref().and_then(|s| s.get(&(ds, b))) {
+            Some(d) => {
+                out.insert(b, materialized(d, bs));
+            }
+            None => committed.push(b),
+        }
     }
-    let Some(bp) = p.lookup(&view.tx, ds, blk)? else {
-        return Ok(None);
+    let (Some(&lo), Some(&hi)) = (committed.iter().min(), committed.iter().max()) else {
+        return Ok(out);
     };
-    let key = (ds, blk, bp.birth);
-    if let Some(hit) = p.cache.get(&key) {
-        return Ok(Some(hit));
+    // One range scan when the blocks are dense (a read), point lookups when
+    // they are far apart (the head and tail of a large write).
+    let pointers = if hi - lo < 4 * committed.len() as u64 {
+        view.pointers(ds, lo, hi, usize::MAX)?
+    } else {
+        let mut m = std::collections::BTreeMap::new();
+        for &b in &committed {
+            m.extend(view.pointers(ds, b, b, 1)?);
+        }
+        m
+    };
+    let mut fetch: Vec<(u64, &BlockPointer)> = Vec::new();
+    for b in committed {
+        match pointers.get(&b) {
+            None => {
+                out.insert(b, None);
+            }
+            Some(bp) => match p.cache.get(&(ds, b, bp.birth)) {
+                Some(hit) => {
+                    out.insert(b, Some(hit));
+                }
+                None => fetch.push((b, bp)),
+            },
+        }
     }
-    let data = block::read_block(&p.pool, &bp).map_err(|e| {
-        Error::Corrupt(format!(
-            "dataset {ds} block {blk} (byte offset {}): {e}",
-            blk * bs as u64
-        ))
-    })?;
-    if data.len() != bs as usize {
-        return Err(Error::Corrupt(format!(
-            "dataset {ds} block {blk}: {} bytes, volblocksize is {bs}",
-            data.len()
-        )));
+    fetch.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
+    let mut i = 0;
+    while i < fetch.len() {
+        // A run: blocks whose first copies lie back to back on one group.
+        let first = fetch[i].1.dvas[0];
+        let mut end = first.offset + first.asize as u64;
+        let mut j = i + 1;
+        while j < fetch.len() {
+            let d = fetch[j].1.dvas[0];
+            if d.group != first.group
+                || d.offset != end
+                || end - first.offset + d.asize as u64 > MAX_READ_RUN
+            {
+                break;
+            }
+            end += d.asize as u64;
+            j += 1;
+        }
+        let run = p
+            .pool
+            .read_run(first.group, first.offset, (end - first.offset) as usize)
+            .ok();
+        for &(b, bp) in &fetch[i..j] {
+            let at = (bp.dvas[0].offset - first.offset) as usize;
+            let quick = run
+                .as_ref()
+                .and_then(|r| block::decode_verified(bp, &r[at..at + bp.psize as usize]));
+            let data = match quick {
+                Some(d) => d,
+                // Slow path: try every copy, heal the bad ones, count the errors.
+                None => block::read_block(&p.pool, bp).map_err(|e| {
+                    Error::Corrupt(format!(
+                        "dataset {ds} block {b} (byte offset {}): {e}",
+                        b * bs as u64
+                    ))
+                })?,
+            };
+            if data.len() != bs as usize {
+                return Err(Error::Corrupt(format!(
+                    "dataset {ds} block {b}: {} bytes, volblocksize is {bs}",
+                    data.len()
+                )));
+            }
+            p.counters
+                .read_bytes
+                .fetch_add(bp.psize as u64, Ordering::Relaxed);
+            let data = Arc::new(data);
+            p.cache.insert((ds, b, bp.birth), data.clone());
+            out.insert(b, Some(data));
+        }
+        i = j;
     }
-    p.counters
-        .read_bytes
-        .fetch_add(bp.psize as u64, Ordering::Relaxed);
-    let data = Arc::new(data);
-    p.cache.insert(key, data.clone());
-    Ok(Some(data))
+    Ok(out)
 }
 
 fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
@@ -117,18 +184,15 @@ pub(crate) fn apply(
         };
         // Old contents of partially written blocks, read without holding the lock.
         let view = p.view()?;
-        let mut bases = std::collections::HashMap::new();
-        for b in need {
-            bases.insert(b, read_outside_open(p, &view, ds, b, bs)?);
-        }
+        let bases = read_outside_open(p, &view, ds, bs, &need)?;
         // For deallocation: which whole blocks exist at all (no need to record holes over holes).
         let existing: HashSet<u64> = match op {
             Op::Zero {
                 allocate: false, ..
             } if last > first + 1 || !is_partial(first) => {
-                let mut set: HashSet<u64> = p
-                    .committed_blocks(&view, ds, first, last, usize::MAX)?
-                    .into_iter()
+                let mut set: HashSet<u64> = view
+                    .pointers(ds, first, last, usize::MAX)?
+                    .into_keys()
                     .collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
@@ -283,12 +347,19 @@ impl Volume {
                 .map(|b| open.dirty.get(&(self.id, b)).cloned())
                 .collect()
         };
+        let outside: Vec<u64> = (first..=last)
+            .filter(|b| in_open[(b - first) as usize].is_none())
+            .collect();
+        let mut fetched = if outside.is_empty() {
+            HashMap::new()
+        } else {
+            read_outside_open(&self.pool, &self.pool.view()?, self.id, bs, &outside)?
+        };
         let mut out: Vec<ReadSegment> = Vec::new();
-        let view = self.pool.view()?;
         for (i, b) in (first..=last).enumerate() {
             let data = match &in_open[i] {
                 Some(d) => materialized(d, bs),
-                None => read_outside_open(&self.pool, &view, self.id, b, bs)?,
+                None => fetched.remove(&b).flatten(),
             };
             let start = b * bsz;
             let lo = (offset.max(start) - start) as usize;
@@ -385,11 +456,7 @@ impl Volume {
                 .collect()
         };
         let view = self.pool.view()?;
-        let committed: HashSet<u64> = self
-            .pool
-            .committed_blocks(&view, self.id, first, last, usize::MAX)?
-            .into_iter()
-            .collect();
+        let committed = view.pointers(self.id, first, last, usize::MAX)?;
         let mut out: Vec<Extent> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let key = (self.id, b);
@@ -400,7 +467,7 @@ impl Volume {
                 Some(Dirty::Data(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
                 Some(Dirty::Hole) => (true, true),
-                None if committed.contains(&b) => (false, false),
+                None if committed.contains_key(&b) => (false, false),
                 None => (true, true),
             };
             let start = b * bsz;

@@ -364,3 +364,95 @@ fn concurrent_writers_with_flushes_all_land() {
         }
     }
 }
+
+#[test]
+fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
+    mirror_pool(&engine, dir.path());
+    engine
+        .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let data: Vec<u8> = (0..(2 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    vol.write(0, &data, false).unwrap();
+    engine.sync_all().unwrap();
+    // Flip bytes all over the first device's data region, behind the engine's back.
+    let label = pool::Vdev::open(&dir.path().join("d0"))
+        .unwrap()
+        .read_label()
+        .unwrap();
+    let d0 = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("d0"))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    for k in 0..64u64 {
+        d0.write_all_at(&[0x5a; 7], label.regions.data_offset + k * 32768 + 100)
+            .unwrap();
+    }
+    // A fresh engine, so nothing comes from the cache.
+    engine.shutdown().unwrap();
+    drop(vol);
+    drop(engine);
+    let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    same(
+        &read_all(&vol, 0, 2 << 20),
+        &data,
+        "mirror read after corruption",
+    );
+    let status = engine.pool_status("tank").unwrap();
+    let cksum: u64 = status.groups[0]
+        .devices
+        .iter()
+        .map(|d| d.checksum_errors)
+        .sum();
+    assert!(cksum >= 32, "checksum errors counted: {cksum}");
+    // Healed in place: both sides agree again.
+    let (a, b) = (
+        std::fs::read(dir.path().join("d0")).unwrap(),
+        std::fs::read(dir.path().join("d1")).unwrap(),
+    );
+    let start = label.regions.data_offset as usize;
+    same(
+        &a[start..start + (2 << 20)],
+        &b[start..start + (2 << 20)],
+        "healed copy",
+    );
+
+    // A single disk has nothing to heal from: the read fails, no wrong data.
+    let spec = PoolSpec {
+        name: "solo".into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![dir.path().join("s0")],
+        }],
+        create_size: Some(128 << 20),
+    };
+    engine.create_pool(spec).unwrap();
+    engine.create_volume("solo/v", 1 << 20, &[]).unwrap();
+    let v = engine.open_volume("solo/v").unwrap();
+    v.write(0, &data[..1 << 20], false).unwrap();
+    engine.shutdown().unwrap();
+    drop(v);
+    drop(engine);
+    let label = pool::Vdev::open(&dir.path().join("s0"))
+        .unwrap()
+        .read_label()
+        .unwrap();
+    let s0 = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("s0"))
+        .unwrap();
+    s0.write_all_at(&[0xff; 3], label.regions.data_offset + 10)
+        .unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
+    let v = engine.open_volume("solo/v").unwrap();
+    assert!(matches!(v.read(0, 4096), Err(Error::Corrupt(_))));
+    same(
+        &read_all(&v, 65536, 65536),
+        &data[65536..131072],
+        "undamaged blocks still read",
+    );
+}

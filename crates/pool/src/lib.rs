@@ -399,6 +399,32 @@ impl Pool {
         })
     }
 
+    /// Reads a run of adjacent blocks from the first readable copy, without
+    /// verifying: callers verify each block and fall back to
+    /// [`Pool::read_verified`] (which heals) for any that fail.
+    pub fn read_run(&self, group: u32, offset: u64, len: usize) -> Result<Vec<u8>, PoolError> {
+        let g = self.group(group)?;
+        let at = self.regions.data_offset + offset;
+        let mut last = None;
+        for dev in g
+            .devices
+            .iter()
+            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
+        {
+            let mut buf = vec![0u8; len];
+            match dev.read_at(at, &mut buf) {
+                Ok(()) => return Ok(buf),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .map(PoolError::from)
+            .unwrap_or(PoolError::GroupUnavailable {
+                pool: self.name.clone(),
+                group: group as usize,
+            }))
+    }
+
     fn group(&self, index: u32) -> Result<&Group, PoolError> {
         self.groups.get(index as usize).ok_or_else(|| {
             PoolError::Layout(format!(
