@@ -14,7 +14,8 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -135,6 +136,15 @@ where
         cfg.max_workers.min(max_in_flight),
     ));
     let st = stats();
+    // Resolves when the connection must stop for outside reasons; created
+    // once (not per request) so its wake-up registrations are made once.
+    let stop = async {
+        tokio::select! {
+            _ = crate::server::shutdown_requested(&mut shutdown) => End::Shutdown,
+            _ = broken.wait_for(|b| *b) => End::Io(io::ErrorKind::BrokenPipe.into()),
+        }
+    };
+    tokio::pin!(stop);
 
     let end = loop {
         // ---- request header
@@ -145,8 +155,7 @@ where
                 Ok(n) => n,
                 Err(e) => break End::Io(e),
             },
-            _ = crate::server::shutdown_requested(&mut shutdown) => break End::Shutdown,
-            _ = broken.wait_for(|b| *b) => break End::Io(io::ErrorKind::BrokenPipe.into()),
+            e = &mut stop => break e,
         };
         if n == 0 {
             break End::Eof;
@@ -193,8 +202,7 @@ where
                 Some(p) => p,
                 None => break End::Shutdown,
             },
-            _ = crate::server::shutdown_requested(&mut shutdown) => break End::Shutdown,
-            _ = broken.wait_for(|b| *b) => break End::Io(io::ErrorKind::BrokenPipe.into()),
+            e = &mut stop => break e,
         };
 
         // ---- checks that need no export call, then the payload
@@ -270,6 +278,7 @@ where
         (&mut drain.0).await
     };
     let res = tokio::time::timeout(cfg.shutdown_grace, finish).await;
+    dispatcher.close();
     drop(dispatcher);
     drop(sink);
     match res {
@@ -313,17 +322,47 @@ struct Queue {
     workers: usize,
     /// Workers executing a job right now.
     busy: usize,
+    /// Workers waiting for a job, and how many of them were signalled.
+    idle: usize,
+    signalled: usize,
+    /// Busy workers running a FLUSH or FUA request (expected to be slow).
+    busy_sync: usize,
+    /// Moving average of the time a request takes to execute, in ns.
+    service_ns: u64,
+    /// The connection is over: workers exit once the queue is empty.
+    closed: bool,
 }
+
+/// A new worker is started when the requests already queued would wait
+/// longer than this for the busy workers (about the cost of a thread
+/// hand-off): cheap requests are then run back to back by few threads,
+/// slow ones in parallel.
+const SPAWN_AFTER_NS: u64 = 30_000;
+/// Service time assumed before any request finished.
+const INITIAL_SERVICE_NS: u64 = 1_000_000;
+
+fn is_sync(req: &Request) -> bool {
+    req.command == Command::Flush || req.flags & CMD_FLAG_FUA != 0
+}
+
+/// How long a worker waits for the next job before giving its thread back.
+const WORKER_LINGER: Duration = Duration::from_millis(5);
 
 /// Runs a connection's requests on the blocking pool.
 ///
-/// A worker (one `spawn_blocking` task) takes jobs from the connection's
-/// queue until it is empty, so a burst of requests costs one thread hand-off
-/// instead of one per request; a new worker is started only when more jobs
-/// wait than there are workers free to take them, up to
-/// [`ServerConfig::max_workers`], so slow requests still run in parallel.
+/// Workers are `spawn_blocking` tasks that take jobs from the connection's
+/// queue; an idle worker waits a few milliseconds for the next job before
+/// it returns its thread, so a busy connection hands requests to a waiting
+/// thread through its own queue instead of paying a `spawn_blocking` per
+/// request (whose pool lock all connections share). A new worker is
+/// started only when more jobs wait than there are workers free to take
+/// them and the wait would exceed [`SPAWN_AFTER_NS`] at the measured service
+/// time (FLUSH/FUA requests in progress do not count as coming back soon),
+/// up to [`ServerConfig::max_workers`]: fast requests run back to back on a
+/// few threads, slow ones in parallel.
 struct Dispatcher {
     queue: Mutex<Queue>,
+    ready: Condvar,
     session: Arc<Session>,
     sink: Arc<Sink>,
     max_workers: usize,
@@ -332,7 +371,11 @@ struct Dispatcher {
 impl Dispatcher {
     fn new(session: Arc<Session>, sink: Arc<Sink>, max_workers: usize) -> Self {
         Dispatcher {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                service_ns: INITIAL_SERVICE_NS,
+                ..Queue::default()
+            }),
+            ready: Condvar::new(),
             session,
             sink,
             max_workers: max_workers.max(1),
@@ -347,10 +390,19 @@ impl Dispatcher {
         let spawn = {
             let mut q = self.lock();
             q.jobs.push_back(job);
-            let free = q.workers - q.busy;
-            if q.jobs.len() > free && q.workers < self.max_workers {
-                q.workers += 1;
-                true
+            if q.idle > q.signalled {
+                q.signalled += 1;
+                self.ready.notify_one();
+                false
+            } else if q.jobs.len() > q.workers - q.busy && q.workers < self.max_workers {
+                // Workers that will come back soon for the queued jobs.
+                let fast = (q.workers - q.busy_sync) as u64;
+                let waiting = (q.jobs.len() - (q.workers - q.busy)) as u64;
+                let spawn = fast == 0 || waiting * q.service_ns / fast > SPAWN_AFTER_NS;
+                if spawn {
+                    q.workers += 1;
+                }
+                spawn
             } else {
                 false
             }
@@ -361,19 +413,45 @@ impl Dispatcher {
         }
     }
 
+    /// Ends the workers once the queue is empty.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+
     fn work(&self) {
         let mut q = self.lock();
         loop {
-            let Some(job) = q.jobs.pop_front() else {
-                q.workers -= 1;
-                return;
-            };
-            q.busy += 1;
-            drop(q);
-            self.run(job);
-            q = self.lock();
-            q.busy -= 1;
+            if let Some(job) = q.jobs.pop_front() {
+                let sync = is_sync(&job.req);
+                q.busy += 1;
+                q.busy_sync += usize::from(sync);
+                drop(q);
+                let start = Instant::now();
+                self.run(job);
+                let took = start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u64;
+                q = self.lock();
+                q.busy -= 1;
+                q.busy_sync -= usize::from(sync);
+                q.service_ns = (q.service_ns * 7 + took) / 8;
+                continue;
+            }
+            if q.closed {
+                break;
+            }
+            q.idle += 1;
+            let (guard, res) = self
+                .ready
+                .wait_timeout(q, WORKER_LINGER)
+                .unwrap_or_else(|e| e.into_inner());
+            q = guard;
+            q.idle -= 1;
+            q.signalled = q.signalled.saturating_sub(1).min(q.idle);
+            if res.timed_out() && q.jobs.is_empty() {
+                break;
+            }
         }
+        q.workers -= 1;
     }
 
     fn run(&self, job: Job) {
