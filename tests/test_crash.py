@@ -80,12 +80,13 @@ class Model:
         prev = self.state.get(b, (0, True))
         floor = max(prev[0], self.durable.get(b, 0))
         cands = [prev] + self.issued.get(b, [])
+        floor_kind = next(("zeros (WRITE_ZEROES/TRIM)" if z else "data" for v, z in cands if v == floor), "?")
         ok = [c for c in cands if c[0] >= floor]
         if data == ZERO_BLOCK:
             zeros = [c for c in ok if c[1]]
             if zeros:
                 return None, zeros[0]
-            return (f"block {b}: reads zeros, but version {floor:#x} was acknowledged durable "
+            return (f"block {b}: reads zeros, but version {floor:#x} ({floor_kind}) was acknowledged durable "
                     f"(or seen after the previous recovery)"), prev
         hdr = parse_header(data)
         if hdr is None:
@@ -98,8 +99,8 @@ class Model:
         if not any(c[0] == ver and not c[1] for c in cands):
             return f"block {b}: version {ver:#x} was never issued for it since the last recovery (state {prev[0]:#x})", prev
         if ver < floor:
-            return (f"block {b}: reads version {ver:#x}, older than version {floor:#x} acknowledged durable "
-                    f"(or seen after the previous recovery)"), prev
+            return (f"block {b}: reads version {ver:#x}, older than version {floor:#x} ({floor_kind}) acknowledged "
+                    f"durable (or seen after the previous recovery)"), prev
         return None, (ver, False)
 
     def verify(self, h: nbd.NBD, size: int) -> list[str]:
