@@ -203,10 +203,7 @@ async fn start_with(config: ServerConfig) -> Server {
             ro.clone(),
         ),
     ]));
-    let l = bind().await;
-    let addr = l.local_addr().unwrap();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(serve_with_config(l, provider, rx, config));
+    let (addr, stop, task) = serve_provider(provider, config).await;
     Server {
         addr,
         stop,
@@ -214,6 +211,24 @@ async fn start_with(config: ServerConfig) -> Server {
         mem,
         ro,
     }
+}
+
+async fn serve_provider(
+    provider: Arc<dyn ExportProvider>,
+    config: ServerConfig,
+) -> (
+    SocketAddr,
+    watch::Sender<bool>,
+    JoinHandle<std::io::Result<()>>,
+) {
+    let l = bind().await;
+    let addr = l.local_addr().unwrap();
+    let (stop, rx) = watch::channel(false);
+    (
+        addr,
+        stop,
+        tokio::spawn(serve_with_config(l, provider, rx, config)),
+    )
 }
 
 async fn start() -> Server {
@@ -1172,4 +1187,126 @@ async fn client_that_stops_reading_is_dropped() {
         "all {total} bytes were delivered"
     );
     srv.stop().await;
+}
+
+/// An export whose READ and FLUSH take a while (a disk, not memory).
+struct SlowExport(Arc<MemExport>);
+
+impl BlockExport for SlowExport {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn preferred_block_size(&self) -> u32 {
+        4096
+    }
+    /// Reads of the first 32 KiB take 200 ms, the others are instant.
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        if offset < 32 * 1024 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.0.read(offset, len)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.0.trim(offset, len, fua)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        allocate: bool,
+        fua: bool,
+    ) -> Result<(), ExportError> {
+        self.0.write_zeroes(offset, len, allocate, fua)
+    }
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError> {
+        self.0.block_status(context, offset, len)
+    }
+}
+
+struct SlowProvider(Arc<SlowExport>);
+
+impl ExportProvider for SlowProvider {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "slow".into(),
+            description: String::new(),
+        }]
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
+        (name == "slow").then(|| self.0.clone() as Arc<dyn BlockExport>)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_requests_run_in_parallel() {
+    let slow = Arc::new(SlowExport(MemExport::new(1 << 20, false)));
+    let (addr, stop, task) =
+        serve_provider(Arc::new(SlowProvider(slow)), ServerConfig::default()).await;
+    let mut c = C::session(addr, "slow", false).await;
+    // 8 reads of 200 ms each: together well under 8 x 200 ms.
+    let t0 = std::time::Instant::now();
+    for i in 0..8 {
+        c.req(0, CMD_READ, i, i * 4096, 4096, &[]).await;
+    }
+    for _ in 0..8 {
+        assert_eq!(c.simple().await.0, 0);
+        c.get(4096).await;
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "reads were serialized: {took:?}"
+    );
+    // Teach the server that writes are fast, let the workers go idle, then:
+    // a fast write is not stuck behind a slow flush.
+    for i in 0..20 {
+        c.req(0, CMD_WRITE, 200 + i, 0, 4, b"abcd").await;
+        assert_eq!(c.simple().await, (0, 200 + i));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.req(0, CMD_FLUSH, 100, 0, 0, &[]).await;
+    c.req(0, CMD_WRITE, 101, 0, 4, b"abcd").await;
+    assert_eq!(c.simple().await, (0, 101));
+    assert_eq!(c.simple().await, (0, 100));
+    // Same with a read that is slow although reads were fast so far: the
+    // queued fast read gets its own worker after a short wait.
+    for i in 0..150 {
+        c.req(0, CMD_READ, 1000 + i, 64 * 1024, 512, &[]).await;
+        assert_eq!(c.simple().await, (0, 1000 + i));
+        c.get(512).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t0 = std::time::Instant::now();
+    c.req(0, CMD_READ, 400, 0, 512, &[]).await;
+    c.req(0, CMD_READ, 401, 64 * 1024, 512, &[]).await;
+    assert_eq!(c.simple().await, (0, 401));
+    assert!(
+        t0.elapsed() < Duration::from_millis(150),
+        "fast read waited {:?}",
+        t0.elapsed()
+    );
+    c.get(512).await;
+    assert_eq!(c.simple().await, (0, 400));
+    c.get(512).await;
+    stop.send(true).unwrap();
+    tokio::time::timeout(T, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

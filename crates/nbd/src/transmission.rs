@@ -146,25 +146,43 @@ where
     };
     tokio::pin!(stop);
 
-    let end = loop {
-        // ---- request header
+    // Armed while queued jobs wait for busy workers without a new one having
+    // been started: if they still wait when it fires, one is started.
+    let rebalance = tokio::time::sleep(Duration::from_secs(3600));
+    tokio::pin!(rebalance);
+    let mut rebalance_armed = false;
+
+    let end = 'conn: loop {
+        // ---- request header (cancel-safe: a single `read` either reads or
+        // not, and `filled` survives the timer branch)
         let mut hdr = [0u8; Request::SIZE];
-        let n = tokio::select! {
-            biased;
-            r = read_full(&mut rd, &mut hdr) => match r {
-                Ok(n) => n,
-                Err(e) => break End::Io(e),
-            },
-            e = &mut stop => break e,
-        };
-        if n == 0 {
-            break End::Eof;
-        }
-        if n < hdr.len() {
-            break End::Protocol(format!(
-                "truncated request header ({n} of {} bytes)",
-                hdr.len()
-            ));
+        let mut filled = 0;
+        while filled < hdr.len() {
+            let n = tokio::select! {
+                biased;
+                r = rd.read(&mut hdr[filled..]) => match r {
+                    Ok(n) => n,
+                    Err(e) => break 'conn End::Io(e),
+                },
+                e = &mut stop => break 'conn e,
+                _ = &mut rebalance, if rebalance_armed => {
+                    rebalance_armed = dispatcher.rebalance();
+                    if rebalance_armed {
+                        rebalance.as_mut().reset(tokio::time::Instant::now() + REBALANCE_AFTER);
+                    }
+                    continue;
+                }
+            };
+            if n == 0 {
+                if filled == 0 {
+                    break 'conn End::Eof;
+                }
+                break 'conn End::Protocol(format!(
+                    "truncated request header ({filled} of {} bytes)",
+                    hdr.len()
+                ));
+            }
+            filled += n;
         }
         let req = match Request::parse(&hdr) {
             Ok(r) => r,
@@ -185,7 +203,7 @@ where
             Command::Read | Command::Write if req.len <= MAX_PAYLOAD => req.len,
             _ => 0,
         };
-        let permits = async {
+        let acquire = || async {
             let slot = slots.clone().acquire_owned().await.ok()?;
             let bytes = if cost > 0 {
                 Some(bytes.clone().acquire_many_owned(cost).await.ok()?)
@@ -197,12 +215,21 @@ where
                 _bytes: bytes,
             })
         };
-        let permits = tokio::select! {
-            p = permits => match p {
-                Some(p) => p,
-                None => break End::Shutdown,
-            },
-            e = &mut stop => break e,
+        let permits = loop {
+            tokio::select! {
+                biased;
+                p = acquire() => match p {
+                    Some(p) => break p,
+                    None => break 'conn End::Shutdown,
+                },
+                e = &mut stop => break 'conn e,
+                _ = &mut rebalance, if rebalance_armed => {
+                    rebalance_armed = dispatcher.rebalance();
+                    if rebalance_armed {
+                        rebalance.as_mut().reset(tokio::time::Instant::now() + REBALANCE_AFTER);
+                    }
+                }
+            }
         };
 
         // ---- checks that need no export call, then the payload
@@ -260,11 +287,17 @@ where
         }
 
         // ---- hand it to the connection's blocking workers
-        dispatcher.submit(Job {
+        if dispatcher.submit(Job {
             req,
             payload,
             permits,
-        });
+        }) && !rebalance_armed
+        {
+            rebalance_armed = true;
+            rebalance
+                .as_mut()
+                .reset(tokio::time::Instant::now() + REBALANCE_AFTER);
+        }
     };
 
     // Wait for every request in flight: a slot comes back once its reply is
@@ -325,8 +358,9 @@ struct Queue {
     /// Workers waiting for a job, and how many of them were signalled.
     idle: usize,
     signalled: usize,
-    /// Busy workers running a FLUSH or FUA request (expected to be slow).
+    /// FLUSH or FUA requests (expected to be slow) running, and queued.
     busy_sync: usize,
+    queued_sync: usize,
     /// Moving average of the time a request takes to execute, in ns.
     service_ns: u64,
     /// The connection is over: workers exit once the queue is empty.
@@ -338,6 +372,9 @@ struct Queue {
 /// hand-off): cheap requests are then run back to back by few threads,
 /// slow ones in parallel.
 const SPAWN_AFTER_NS: u64 = 30_000;
+/// How long queued jobs may wait for busy workers before another worker is
+/// started regardless of the service-time estimate.
+const REBALANCE_AFTER: Duration = Duration::from_millis(1);
 /// Service time assumed before any request finished.
 const INITIAL_SERVICE_NS: u64 = 1_000_000;
 
@@ -386,31 +423,63 @@ impl Dispatcher {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn submit(self: &Arc<Self>, job: Job) {
-        let spawn = {
+    /// Queues a job, waking or starting a worker for it if that pays off.
+    /// Returns true if jobs are left waiting for busy workers (see
+    /// [`Dispatcher::rebalance`]).
+    fn submit(self: &Arc<Self>, job: Job) -> bool {
+        let (spawn, deferred) = {
             let mut q = self.lock();
+            q.queued_sync += usize::from(is_sync(&job.req));
             q.jobs.push_back(job);
             if q.idle > q.signalled {
                 q.signalled += 1;
                 self.ready.notify_one();
-                false
+                (false, false)
             } else if q.jobs.len() > q.workers - q.busy && q.workers < self.max_workers {
-                // Workers that will come back soon for the queued jobs.
-                let fast = (q.workers - q.busy_sync) as u64;
+                // Workers that will come back soon for the queued jobs (a
+                // queued FLUSH/FUA will hold one of them).
+                let fast = q.workers.saturating_sub(q.busy_sync + q.queued_sync) as u64;
                 let waiting = (q.jobs.len() - (q.workers - q.busy)) as u64;
                 let spawn = fast == 0 || waiting * q.service_ns / fast > SPAWN_AFTER_NS;
                 if spawn {
                     q.workers += 1;
                 }
-                spawn
+                (spawn, !spawn)
+            } else {
+                (false, false)
+            }
+        };
+        if spawn {
+            self.spawn_worker();
+        }
+        deferred
+    }
+
+    /// Called when jobs have waited [`REBALANCE_AFTER`] for busy workers
+    /// (one of which may be stuck in a slow request the service-time average
+    /// did not foresee): starts a worker if jobs still wait. Returns true if
+    /// jobs still wait without a free worker.
+    fn rebalance(self: &Arc<Self>) -> bool {
+        let spawn = {
+            let mut q = self.lock();
+            let waiting = q.jobs.len() > q.workers - q.busy;
+            if waiting && q.workers < self.max_workers {
+                q.workers += 1;
+                true
             } else {
                 false
             }
         };
         if spawn {
-            let d = self.clone();
-            tokio::task::spawn_blocking(move || d.work());
+            self.spawn_worker();
         }
+        let q = self.lock();
+        q.jobs.len() > q.workers - q.busy && q.workers < self.max_workers
+    }
+
+    fn spawn_worker(self: &Arc<Self>) {
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || d.work());
     }
 
     /// Ends the workers once the queue is empty.
@@ -424,6 +493,7 @@ impl Dispatcher {
         loop {
             if let Some(job) = q.jobs.pop_front() {
                 let sync = is_sync(&job.req);
+                q.queued_sync -= usize::from(sync);
                 q.busy += 1;
                 q.busy_sync += usize::from(sync);
                 drop(q);
@@ -475,19 +545,6 @@ impl Dispatcher {
         };
         self.sink.send(&reply, permits);
     }
-}
-
-/// Reads until `buf` is full or EOF; returns how many bytes were read.
-async fn read_full<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let n = rd.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
-    }
-    Ok(filled)
 }
 
 /// Reads exactly `len` payload bytes without zero-filling the buffer first.
