@@ -295,6 +295,13 @@ def daemon(make_daemon) -> Daemon:
 
 
 @pytest.fixture
+def cistern(daemon):
+    """cistern("pool", "list", check=True) -> CompletedProcess, with CISTERN_API
+    pointing at the test's daemon."""
+    return daemon.cli
+
+
+@pytest.fixture
 def disks(tmp_path) -> Path:
     d = tmp_path / "disks"
     d.mkdir()
