@@ -358,6 +358,14 @@ def test_read_only_volume_refuses_writes(make_volume, daemon):
     with vol.connected() as h:
         assert not h.is_read_only()
         h.pwrite(b"z" * 4096, 0)
+    # Read-only from creation on.
+    ro = make_volume("ro2", "16M", readonly="on")
+    with ro.connected(strict=False) as h:
+        assert h.is_read_only()
+        assert h.pread(4096, 0) == bytes(4096)
+        with pytest.raises(nbd.Error) as e:
+            h.pwrite(b"z" * 4096, 0)
+        assert e.value.errnum == errno.EPERM
 
 
 # ------------------------------------------------------------------ hostile input
