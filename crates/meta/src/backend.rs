@@ -165,4 +165,22 @@ mod tests {
         assert_eq!(t.get((1, 2, 3)).unwrap().unwrap().value(), b"bp");
         assert_eq!(t.iter().unwrap().count(), 1);
     }
+
+    #[test]
+    fn a_newer_metadata_format_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Vdev::open_or_create(&dir.path().join("d0"), Some(96 << 20)).unwrap();
+        let pool = Arc::new(Pool::create("tank", vec![(LayoutKind::Disk, vec![dev])]).unwrap());
+        let db = crate::create(pool.meta_region(), 1 << 20).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(schema::POOL_RECORDS)
+            .unwrap()
+            .insert(schema::RECORD_FORMAT, crate::META_FORMAT_VERSION + 1)
+            .unwrap();
+        tx.commit().unwrap();
+        drop(db);
+        let err = crate::open(pool.meta_region(), 1 << 20).unwrap_err();
+        assert!(matches!(err, crate::MetaError::Newer { .. }), "{err}");
+        assert!(err.to_string().contains("newer than this build"));
+    }
 }
