@@ -22,6 +22,9 @@ pub enum ClientError {
         kind: String,
         message: String,
     },
+    /// Connected, but no answer in time.
+    #[error("the daemon at {url} did not answer within {secs} s")]
+    Timeout { url: String, secs: u64 },
     /// The daemon answered something we do not understand.
     #[error("unexpected answer from {url}: {reason}")]
     Protocol { url: String, reason: String },
@@ -44,12 +47,19 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    timeout: Duration,
 }
 
 impl Client {
     /// `base` is like `http://127.0.0.1:10810` (a trailing `/` is ignored;
     /// a bare `host:port` gets `http://`).
     pub fn new(base: &str) -> Self {
+        // Pool creation and import can take a while on big devices.
+        Self::with_timeout(base, Duration::from_secs(600))
+    }
+
+    /// Like [`Client::new`] with a bound on each whole call.
+    pub fn with_timeout(base: &str, timeout: Duration) -> Self {
         let base = base.trim_end_matches('/');
         let base = if base.contains("://") {
             base.to_string()
@@ -60,11 +70,14 @@ impl Client {
             .http_status_as_error(false)
             .proxy(None)
             .timeout_connect(Some(Duration::from_secs(5)))
-            // Pool creation and import can take a while on big devices.
-            .timeout_global(Some(Duration::from_secs(600)))
+            .timeout_global(Some(timeout))
             .build()
             .into();
-        Self { base, agent }
+        Self {
+            base,
+            agent,
+            timeout,
+        }
     }
 
     pub fn base_url(&self) -> &str {
@@ -106,9 +119,15 @@ impl Client {
                 url,
                 reason: "connection failed".into(),
             },
-            ureq::Error::Timeout(t) => ClientError::Unreachable {
+            ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => {
+                ClientError::Unreachable {
+                    url,
+                    reason: "connection timed out".into(),
+                }
+            }
+            ureq::Error::Timeout(_) => ClientError::Timeout {
                 url,
-                reason: format!("timed out ({t})"),
+                secs: self.timeout.as_secs(),
             },
             ureq::Error::BadUri(u) => ClientError::Protocol {
                 url,
