@@ -451,14 +451,18 @@ fn import(client: &api::Client, a: ImportArgs) -> Result<()> {
                 ));
                 return Ok(());
             }
-            let text: Vec<String> = found.iter().map(render_importable).collect();
+            let text: Vec<String> = found.iter().map(|p| render_importable(p, &dirs)).collect();
             out(&text.join("\n"));
             Ok(())
         }
     }
 }
 
-fn render_importable(p: &ImportablePool) -> String {
+fn render_importable(p: &ImportablePool, dirs: &[PathBuf]) -> String {
+    let dir_args: String = dirs
+        .iter()
+        .map(|d| format!("-d {} ", d.display()))
+        .collect();
     let mut o = String::new();
     o.push_str(&format!("   pool: {}\n", p.name));
     o.push_str(&format!("     id: {}\n", p.guid));
@@ -470,7 +474,10 @@ fn render_importable(p: &ImportablePool) -> String {
             "UNAVAIL (devices missing)"
         }
     ));
-    o.push_str(&format!(" action: cistern pool import -d DIR {}\n", p.name));
+    o.push_str(&format!(
+        " action: cistern pool import {dir_args}{}\n",
+        p.name
+    ));
     o.push_str(" config:\n\n");
     for d in &p.devices {
         o.push_str(&format!("\t{}\n", d.display()));
