@@ -265,15 +265,15 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
     for ds in datasets {
         match &wanted {
             None => {
-                let mut all = vec![GetRow {
-                    name: ds.name.clone(),
-                    property: "type".into(),
-                    value: kind_name(ds.kind).into(),
-                    parsable: kind_name(ds.kind).into(),
-                    source: "-".into(),
-                }];
-                all.retain(|_| ds.property("type").is_none());
-                rows.extend(all);
+                if ds.property("type").is_none() {
+                    rows.push(GetRow {
+                        name: ds.name.clone(),
+                        property: "type".into(),
+                        value: kind_name(ds.kind).into(),
+                        parsable: kind_name(ds.kind).into(),
+                        source: "-".into(),
+                    });
+                }
                 for p in &ds.properties {
                     rows.push(GetRow {
                         name: ds.name.clone(),
