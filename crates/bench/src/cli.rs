@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
-use crate::compress::{self, CompressConfig, Corpus};
+use crate::compress::{self, CompressConfig, Corpus, ScratchPool};
 use crate::iops::{self, Format, IopsConfig, Rw};
 use crate::latency::{self, LatencyConfig};
 use crate::provision::{self, Params};
@@ -137,7 +137,7 @@ pub struct LatencyArgs {
 
 #[derive(Debug, Args)]
 pub struct CompressArgs {
-    /// Directory whose files make the corpus (read recursively).
+    /// Directory whose files make the corpus (read recursively, concatenated).
     pub dir: PathBuf,
     /// Settings to try, e.g. off,lz4,zstd-1,zstd-3,gzip-1..9
     /// [default: off, lz4, zstd-1,3,9,19, gzip-1..9].
@@ -149,8 +149,9 @@ pub struct CompressArgs {
     /// Repetitions of every measurement (10%-trimmed mean).
     #[arg(short, long, default_value_t = 5)]
     pub repeat: usize,
-    /// Record size the files are cut into.
-    #[arg(long, default_value = "128K", value_parser = util::parse_size)]
+    /// volblocksize of the scratch volumes, the records the corpus is cut
+    /// into (a power of two from 4K to 128K).
+    #[arg(long, alias = "volblocksize", default_value = "128K", value_parser = util::parse_size)]
     pub record_size: u64,
     /// Largest corpus; above it a seeded random choice of files is taken.
     #[arg(long, default_value = "16M", value_parser = util::parse_size)]
@@ -162,6 +163,14 @@ pub struct CompressArgs {
     /// Directory for the results and the chart [default: current directory].
     #[arg(short, long)]
     pub out: Option<PathBuf>,
+    /// Where the scratch pool (a sparse file of max(256M, 4x the corpus)) is
+    /// created, in a temporary directory removed afterwards; its file system
+    /// is the one measured [default: --out if given, else the system temp directory].
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// Runs one `cistern bench` subcommand.
@@ -420,19 +429,17 @@ fn run_compress(a: CompressArgs) -> anyhow::Result<()> {
         Some(l) => compress::parse_settings(l)?,
         None => compress::default_settings(),
     };
-    if a.record_size == 0 || a.record_size > (16 << 20) {
-        bail!("--record-size must be between 1 byte and 16 MiB");
-    }
+    let block_size = compress::check_block_size(a.record_size)?;
     let mut writers = a.writers.clone();
     writers.dedup();
     let dir = util::out_dir(a.out.as_deref())?;
-    let corpus = Corpus::load(&a.dir, a.record_size as usize, a.max_bytes)?;
+    let corpus = Corpus::load(&a.dir, block_size as usize, a.max_bytes)?;
     eprintln!(
-        "corpus: {} in {} files, {} records of up to {}{}",
+        "corpus: {} in {} files, {} records of {}{}",
         util::fmt_bytes(corpus.bytes),
         corpus.files,
         corpus.records.len(),
-        util::fmt_bytes(a.record_size),
+        util::fmt_bytes(block_size as u64),
         if corpus.skipped_bytes > 0 {
             format!(
                 " ({} more left out: --max-bytes)",
@@ -447,18 +454,36 @@ fn run_compress(a: CompressArgs) -> anyhow::Result<()> {
         writers: writers.clone(),
         repeat: a.repeat,
     };
-    let bar =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    let _sigint = interrupt::Guard::install();
+    let scratch_parent = match (&a.scratch, &a.out) {
+        (Some(s), _) => s.clone(),
+        (None, Some(_)) => dir.clone(),
+        (None, None) => std::env::temp_dir(),
+    };
+    let pool = ScratchPool::create(&scratch_parent, corpus.bytes, block_size)?;
+    eprintln!(
+        "scratch pool: {} ({} sparse file; removed at the end)",
+        pool.path().display(),
+        util::fmt_bytes(pool.size())
+    );
+    let bar = if a.no_progress {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr())
+    };
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta})",
     ) {
         bar.set_style(style);
     }
-    let rows = compress::measure(&corpus, &cfg, |done, total| {
+    let rows = compress::measure(&corpus, &cfg, &pool, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
-    })?;
+    });
     bar.finish_and_clear();
+    let pool_size = pool.size();
+    drop(pool); // the scratch pool goes whether or not the runs succeeded
+    let rows = rows?;
     let recs: Vec<_> = writers
         .iter()
         .filter_map(|w| compress::recommend(&rows, *w, a.time_budget))
@@ -467,15 +492,18 @@ fn run_compress(a: CompressArgs) -> anyhow::Result<()> {
     let stamp = util::stamp(util::unix_now());
     let json_path = util::unique_path(&dir, &format!("compress-{stamp}"), "json");
     let v = serde_json::json!({
-        "format": "cistern-bench-compress/1",
+        "format": "cistern-bench-compress/2",
         "dir": a.dir.display().to_string(),
         "corpus_bytes": corpus.bytes,
         "corpus_files": corpus.files,
         "records": corpus.records.len(),
-        "record_size": a.record_size,
-        "sector": compress::SECTOR,
+        "volblocksize": block_size,
         "repeat": a.repeat,
-        "measured": "block::encode (compress + checksum) per record; placement on a scratch dataset not yet included",
+        "scratch_pool_bytes": pool_size,
+        "measured": "the corpus written through dataset::Engine into a new scratch volume per run \
+                     (Volume::write by each writer thread, then Engine::sync_all: compress, checksum, \
+                     place, write, fsync, metadata commit); time from the first write to the end of the \
+                     commit; logical/physical are the volume's logicalused/used, compressratio its property",
         "rows": rows,
         "recommendations": recs,
     });
@@ -503,9 +531,11 @@ fn run_compress(a: CompressArgs) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "Measured: the block pipeline's compress + checksum stage on {}-byte records, physical sizes rounded to {} B sectors (a record that saves no sector is stored raw).",
-        a.record_size,
-        compress::SECTOR
+        "Measured: the corpus written into a scratch volume (volblocksize {}) and committed in a txg \
+         (compress, checksum, write, fsync, metadata), per setting, writer count and repetition; \
+         ratio = the engine's compressratio (logicalused / used). The commit compresses with up to \
+         min(cores, 8) threads whatever the writer count; writers parallelize the copy into the open txg.",
+        util::fmt_bytes(block_size as u64)
     )?;
     drop(out);
     print_paths(&[json_path, svg_path]);
@@ -569,6 +599,19 @@ mod tests {
         );
         let t = Top::try_parse_from(["bench", "compress", "/d", "--writers", "1,4"]).unwrap();
         assert!(matches!(t.cmd, BenchCommand::Compress(ref c) if c.writers == vec![1, 4]));
+        let t = Top::try_parse_from([
+            "bench",
+            "compress",
+            "/d",
+            "--volblocksize",
+            "16K",
+            "--scratch",
+            "/s",
+        ])
+        .unwrap();
+        assert!(
+            matches!(t.cmd, BenchCommand::Compress(ref c) if c.record_size == 16384 && c.scratch.as_deref() == Some(std::path::Path::new("/s")))
+        );
         let t = Top::try_parse_from(["bench", "latency", "nbd://h/x", "-n", "100"]).unwrap();
         assert!(
             matches!(t.cmd, BenchCommand::Latency(ref l) if l.requests == 100 && l.warmup == 100)
