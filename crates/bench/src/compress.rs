@@ -253,6 +253,9 @@ impl ScratchPool {
         check_block_size(block_size as u64)?;
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
+        // The engine wants absolute device paths.
+        let parent = &std::path::absolute(parent)
+            .with_context(|| format!("resolving {}", parent.display()))?;
         let size = MIN_POOL_BYTES
             .max(corpus_bytes.saturating_mul(4))
             .div_ceil(1 << 20)
