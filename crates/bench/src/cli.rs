@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 
 use crate::compress::{self, CompressConfig, Corpus, ScratchPool};
 use crate::iops::{self, Format, IopsConfig, Rw};
@@ -32,7 +32,7 @@ pub enum BenchCommand {
     Compress(CompressArgs),
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, clap::Args)]
 pub struct IopsArgs {
     /// A file (created and removed if missing), a block device,
     /// nbd://host[:port]/export, nbd+unix:///export?socket=PATH, or s3://bucket.
@@ -76,7 +76,7 @@ pub struct IopsArgs {
     pub no_progress: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, clap::Args)]
 pub struct ChartArgs {
     /// Saved runs (JSON or CSV from `bench iops`).
     #[arg(required = true)]
@@ -89,7 +89,7 @@ pub struct ChartArgs {
     pub title: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, clap::Args)]
 pub struct ProvisionArgs {
     /// IOPS the cluster must deliver in a second.
     #[arg(long)]
@@ -114,7 +114,7 @@ pub struct ProvisionArgs {
     pub samples: Vec<PathBuf>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, clap::Args)]
 pub struct LatencyArgs {
     /// A file or block device (read only), nbd://host[:port]/export, or s3://bucket.
     pub target: String,
@@ -135,7 +135,7 @@ pub struct LatencyArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, clap::Args)]
 pub struct CompressArgs {
     /// Directory whose files make the corpus (read recursively, concatenated).
     pub dir: PathBuf,
@@ -173,9 +173,23 @@ pub struct CompressArgs {
     pub no_progress: bool,
 }
 
-/// Runs one `cistern bench` subcommand.
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {
+/// `cistern bench` as a struct, for embedding as `Bench(bench::cli::Args)`
+/// (the other form is `Bench { #[command(subcommand)] cmd: BenchCommand }`).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: BenchCommand,
+}
+
+impl From<Args> for BenchCommand {
+    fn from(a: Args) -> Self {
+        a.cmd
+    }
+}
+
+/// Runs one `cistern bench` subcommand (a [`BenchCommand`] or an [`Args`]).
+pub fn run(cmd: impl Into<BenchCommand>) -> anyhow::Result<()> {
+    match cmd.into() {
         BenchCommand::Iops(a) => run_iops(a),
         BenchCommand::Chart(a) => run_chart(a),
         BenchCommand::Provision(a) => run_provision(a),
@@ -617,6 +631,43 @@ mod tests {
             matches!(t.cmd, BenchCommand::Latency(ref l) if l.requests == 100 && l.warmup == 100)
         );
         assert!(Top::try_parse_from(["bench", "chart"]).is_err());
+    }
+
+    /// Both ways the binary may embed the subcommands, next to a global flag.
+    #[test]
+    fn embeds_in_a_parent_cli() {
+        #[derive(Debug, Parser)]
+        struct Parent {
+            #[arg(long, global = true)]
+            api: Option<String>,
+            #[command(subcommand)]
+            command: ParentCommand,
+        }
+        #[derive(Debug, Subcommand)]
+        enum ParentCommand {
+            Bench(Args),
+            Bench2 {
+                #[command(subcommand)]
+                cmd: BenchCommand,
+            },
+        }
+        <Parent as clap::CommandFactory>::command().debug_assert();
+        let p = Parent::try_parse_from(["cistern", "bench", "latency", "nbd://h/x", "--api", "u"])
+            .unwrap();
+        assert_eq!(p.api.as_deref(), Some("u"));
+        match p.command {
+            ParentCommand::Bench(a) => {
+                assert!(matches!(BenchCommand::from(a), BenchCommand::Latency(_)))
+            }
+            other => panic!("{other:?}"),
+        }
+        let p = Parent::try_parse_from(["cistern", "bench2", "compress", "/d"]).unwrap();
+        assert!(matches!(
+            p.command,
+            ParentCommand::Bench2 {
+                cmd: BenchCommand::Compress(_)
+            }
+        ));
     }
 
     #[test]
