@@ -10,7 +10,8 @@ pub enum Error {
     AlreadyExists(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    #[error("{0} is busy")]
+    /// The message says what is in the way.
+    #[error("{0}")]
     Busy(String),
     #[error("out of space in pool {0}")]
     NoSpace(String),

@@ -113,7 +113,7 @@ pub fn format_size(n: u64) -> String {
         u += 1;
     }
     if u == 0 {
-        format!("{n}")
+        format!("{n}B")
     } else if v >= 100.0 || (v - v.round()).abs() < 0.005 {
         format!("{:.0}{}", v, UNITS[u])
     } else if v >= 10.0 {
@@ -121,6 +121,32 @@ pub fn format_size(n: u64) -> String {
     } else {
         format!("{:.2}{}", v, UNITS[u])
     }
+}
+
+/// Unix seconds as `zfs get creation` shows them: "Sat Nov 21 05:57 2026" (UTC).
+pub fn format_time(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = secs / 86400;
+    let (hh, mm) = ((secs % 86400) / 3600, (secs % 3600) / 60);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{} {} {:2} {hh:02}:{mm:02} {year}",
+        DAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        day
+    )
 }
 
 /// The chain from a dataset up to its pool's root, nearest first.
@@ -264,10 +290,17 @@ mod tests {
         for bad in ["", "G", "1X", "-1G", "1.2.3K", "99999999999999999999T"] {
             assert_eq!(parse_size(bad), None, "{bad}");
         }
-        assert_eq!(format_size(512), "512");
+        assert_eq!(format_size(512), "512B");
+        assert_eq!(format_size(0), "0B");
         assert_eq!(format_size(16384), "16K");
         assert_eq!(format_size(3 << 29), "1.50G");
         assert_eq!(format_size(10 << 30), "10G");
+    }
+
+    #[test]
+    fn creation_times_read_like_zfs() {
+        assert_eq!(format_time(0), "Thu Jan  1 00:00 1970");
+        assert_eq!(format_time(1_795_240_643), "Sat Nov 21 05:57 2026");
     }
 
     #[test]

@@ -705,9 +705,14 @@ impl ImportedPool {
         let (allocated, size) = (alloc.allocated(), self.pool.size());
         drop(alloc);
         let log = self.log.stats();
+        // One guard: a second lock of `open` in the same expression would deadlock.
+        let (open_txg, dirty_bytes) = {
+            let open = self.open.lock();
+            (open.txg, open.dirty_bytes)
+        };
         PoolStats {
             pool: self.pool.name.clone(),
-            txg: self.open.lock().txg.saturating_sub(1),
+            txg: open_txg.saturating_sub(1),
             txg_commits: self.counters.txg_commits.load(Ordering::Relaxed),
             txg_commit_seconds_total: self.counters.txg_commit_micros.load(Ordering::Relaxed)
                 as f64
@@ -717,7 +722,7 @@ impl ImportedPool {
             log_bytes: log.bytes.load(Ordering::Relaxed),
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
-            dirty_bytes: self.open.lock().dirty_bytes,
+            dirty_bytes,
             cache_hits: self.cache.hits.load(Ordering::Relaxed),
             cache_misses: self.cache.misses.load(Ordering::Relaxed),
             checksum_errors: self
