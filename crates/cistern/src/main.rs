@@ -57,8 +57,9 @@ pub enum Command {
     Set(cmd::dataset::SetArgs),
     /// Destroy a dataset.
     Destroy(cmd::dataset::DestroyArgs),
-    // Further subcommands delegate in one line each, e.g.
-    // `Bench(bench::cli::Args)` dispatched as `Command::Bench(a) => bench::cli::run(a)`.
+    /// Measure and size storage: iops, latency, provisioning, compression.
+    #[command(subcommand)]
+    Bench(bench::cli::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +77,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::main(args, api_flag),
         Command::Quickstart(args) => quickstart::main(args, api_flag),
+        Command::Bench(cmd) => bench::cli::run(cmd),
         command => {
             output::init_client_logging();
             let client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL));

@@ -15,7 +15,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Get(a) => dataset::get(client, a),
         Command::Set(a) => dataset::set(client, a),
         Command::Destroy(a) => dataset::destroy(client, a),
-        Command::Serve(_) | Command::Quickstart(_) => {
+        Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
             unreachable!("daemon commands are dispatched in main")
         }
     }
