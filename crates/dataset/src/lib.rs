@@ -32,6 +32,9 @@ pub struct EngineConfig {
     pub block_cache_bytes: u64,
     /// Bound of redb's page cache, bytes.
     pub meta_cache_bytes: u64,
+    /// Bound of intent-log records held in memory until a FLUSH/FUA; past
+    /// it, unflushed writes are left to the txg and a later FLUSH waits for it.
+    pub log_buffer_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +44,7 @@ impl Default for EngineConfig {
             dirty_max_bytes: 128 << 20,
             block_cache_bytes: 128 << 20,
             meta_cache_bytes: 64 << 20,
+            log_buffer_bytes: 32 << 20,
         }
     }
 }

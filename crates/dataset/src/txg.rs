@@ -77,6 +77,8 @@ pub struct OpenTxg {
 struct SyncCtl {
     requested: u64,
     done: u64,
+    /// The request generation of the last failed commit, and why.
+    failed: Option<(u64, String)>,
     shutdown: bool,
 }
 
@@ -224,7 +226,13 @@ impl ImportedPool {
                 }
             })
         };
-        let (log, records) = IntentLog::open(pool.log_region(), pool.guid, cp, request);
+        let (log, records) = IntentLog::open(
+            pool.log_region(),
+            pool.guid,
+            cp,
+            config.log_buffer_bytes as usize,
+            request,
+        );
         let imported = Arc::new(ImportedPool {
             cache: BlockCache::new(config.block_cache_bytes as usize),
             pool,
@@ -317,7 +325,12 @@ impl ImportedPool {
             self.ctl_changed
                 .wait_for(&mut c, Duration::from_millis(200));
         }
-        Ok(())
+        match &c.failed {
+            Some((generation, why)) if *generation >= want => {
+                Err(Error::Io(format!("txg commit failed: {why}")))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Writers call this first: past dirty_max they wait for a txg commit.
@@ -804,9 +817,10 @@ fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
         if p.log.fill() > 0.5 {
             p.request_sync();
         }
-        let _ = p.sync_txg();
+        let result = p.sync_txg();
         let mut c = p.ctl.lock();
         c.done = c.done.max(target);
+        c.failed = result.err().map(|e| (target, e.to_string()));
         p.ctl_changed.notify_all();
     }
 }

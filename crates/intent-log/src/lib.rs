@@ -125,6 +125,9 @@ struct State {
     /// Records with seq < applied_seq are in a committed txg.
     applied_seq: u64,
     writer_active: bool,
+    /// Records below this may have been dropped unwritten (see `append`):
+    /// they are durable only once a txg holds them.
+    dropped_below: u64,
     /// Where the next record goes, and the sequence number replay expects there.
     write_pos: u64,
     next_disk_seq: u64,
@@ -159,6 +162,8 @@ pub struct IntentLog {
     changed: Condvar,
     /// Asks the txg machinery for a commit (the log is full).
     request_txg: Box<dyn Fn() + Send + Sync>,
+    /// Bound of the records held in memory awaiting a commit.
+    max_pending: usize,
     stats: Stats,
 }
 
@@ -169,6 +174,7 @@ impl IntentLog {
         region: MirroredRegion,
         pool_guid: u64,
         cp: Checkpoint,
+        max_pending: usize,
         request_txg: Box<dyn Fn() + Send + Sync>,
     ) -> (Arc<IntentLog>, Vec<LogRecord>) {
         let size = region.size();
@@ -240,6 +246,7 @@ impl IntentLog {
                 durable_seq: next_seq,
                 applied_seq: cp.applied_seq,
                 writer_active: false,
+                dropped_below: 0,
                 write_pos: pos,
                 next_disk_seq: seq,
                 replay_start: cp.replay_pos,
@@ -248,6 +255,7 @@ impl IntentLog {
             }),
             changed: Condvar::new(),
             request_txg,
+            max_pending,
             stats: Stats::default(),
         };
         (Arc::new(log), records)
@@ -271,6 +279,15 @@ impl IntentLog {
         let mut st = self.state.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
+        if st.pending_bytes + HEADER + payload.len() > self.max_pending {
+            // More unflushed data than we hold twice in memory: let the txg
+            // carry all of it (bulk writes then cost no log copy); a commit
+            // of any of these records waits for that txg, as ZFS does.
+            st.pending.clear();
+            st.pending_bytes = 0;
+            st.dropped_below = st.next_seq;
+            return seq;
+        }
         let mut bytes = Vec::with_capacity(HEADER + payload.len());
         encode(
             self.pool_guid,
@@ -333,11 +350,19 @@ impl IntentLog {
             if let Some(f) = &st.failed {
                 return Err(LogError::Failed(f.clone()));
             }
-            if st.durable_seq > seq || st.applied_seq > seq {
+            if st.applied_seq > seq || (seq >= st.dropped_below && st.durable_seq > seq) {
                 return Ok(());
             }
             if st.closed {
                 return Err(LogError::Closed);
+            }
+            if seq < st.dropped_below {
+                // Only the txg holds this record now.
+                drop(st);
+                (self.request_txg)();
+                st = self.state.lock();
+                self.changed.wait_for(&mut st, Duration::from_millis(50));
+                continue;
             }
             if st.writer_active {
                 self.changed.wait(&mut st);

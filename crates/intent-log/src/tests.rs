@@ -22,7 +22,7 @@ fn start() -> Checkpoint {
 }
 
 fn open(p: &Arc<Pool>, cp: Checkpoint) -> (Arc<IntentLog>, Vec<LogRecord>) {
-    IntentLog::open(p.log_region(), p.guid, cp, Box::new(|| {}))
+    IntentLog::open(p.log_region(), p.guid, cp, 32 << 20, Box::new(|| {}))
 }
 
 #[test]
@@ -140,4 +140,30 @@ fn a_corrupted_record_on_one_mirror_side_is_read_from_the_other() {
     let (_, found) = open(&p, start());
     assert_eq!(found[0].payload, b"hello");
     assert_eq!(dev0.errors.checksum.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn records_dropped_past_the_memory_bound_wait_for_their_txg() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let (log, _) = IntentLog::open(p.log_region(), p.guid, start(), 64 << 10, Box::new(|| {}));
+    let first = log.append(RecordKind::Write, 1, 0, 40000, &[1; 40000]);
+    let dropped = log.append(RecordKind::Write, 1, 0, 40000, &[2; 40000]); // over the bound
+    assert_eq!(log.pending_bytes(), 0, "nothing held twice");
+    let later = log.append(RecordKind::Write, 1, 0, 10, &[3; 10]);
+    log.commit(later).unwrap(); // a record after the drop is logged normally
+    let cp = log.checkpoint();
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            log.applied(cp); // the txg holding them commits
+        });
+        log.commit(first).unwrap();
+        log.commit(dropped).unwrap();
+    });
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "commit of a dropped record waited for the txg"
+    );
 }

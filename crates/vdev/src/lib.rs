@@ -84,6 +84,10 @@ pub struct Vdev {
     /// returns, without flushing unrelated dirty data of the device (the
     /// intent log relies on this so a sync write does not wait for a txg).
     dsync_file: File,
+    /// The same device opened O_DIRECT where the filesystem allows it: txg
+    /// data goes through it, bypassing the page cache, whose writeback is
+    /// several times slower than the device here (decision 0004).
+    direct_file: Option<File>,
     size: u64,
     state: AtomicU8,
     pub errors: ErrorCounters,
@@ -115,10 +119,19 @@ impl Vdev {
                     source,
                 })?
         };
+        let direct_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        };
         Ok(Vdev {
             path: path.to_path_buf(),
             file,
             dsync_file,
+            direct_file,
             size,
             state: AtomicU8::new(DeviceState::Online as u8),
             errors: ErrorCounters::default(),
@@ -269,6 +282,32 @@ impl Vdev {
         Ok(())
     }
 
+    /// Writes an aligned buffer at an aligned offset bypassing the page
+    /// cache where the device allows it (falls back to a buffered write).
+    /// Durable only after [`Vdev::sync`], like any other write.
+    pub fn write_direct_at(&self, offset: u64, data: &AlignedBuf) -> Result<(), VdevError> {
+        let Some(direct) = self.direct_file.as_ref().filter(|_| offset % SECTOR == 0) else {
+            return self.write_at(offset, data.as_slice());
+        };
+        self.check_range(offset, data.len())?;
+        match direct.write_all_at(data.as_slice(), offset) {
+            Ok(()) => Ok(()),
+            // Some filesystems accept O_DIRECT at open and refuse it at write.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.write_at(offset, data.as_slice())
+            }
+            Err(source) => {
+                self.errors.write.fetch_add(1, Ordering::Relaxed);
+                Err(VdevError::Io {
+                    path: self.path.clone(),
+                    op: "write",
+                    offset,
+                    source,
+                })
+            }
+        }
+    }
+
     /// Writes and returns once those bytes are durable (O_DSYNC).
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
@@ -330,6 +369,63 @@ impl Vdev {
         self.write_at(0, &zeros)?;
         self.write_at(self.size - LABEL_SIZE, &zeros)?;
         self.sync()
+    }
+}
+
+/// A zeroed byte buffer whose start is SECTOR-aligned and whose length is a
+/// multiple of SECTOR, as O_DIRECT requires.
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer of `len` bytes rounded up to whole sectors.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let len = len.div_ceil(SECTOR as usize).max(1) * SECTOR as usize;
+        let layout = Self::layout(len);
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        AlignedBuf { ptr, len }
+    }
+
+    fn layout(len: usize) -> std::alloc::Layout {
+        match std::alloc::Layout::from_size_align(len, SECTOR as usize) {
+            Ok(l) => l,
+            Err(_) => panic!("aligned buffer of {len} bytes is not representable"),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialized (zeroed) bytes while self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }
 }
 
