@@ -84,6 +84,40 @@ pub struct Pool {
     allocator: Mutex<Allocator>,
 }
 
+fn is_live(d: &Vdev) -> bool {
+    !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted)
+}
+
+/// A redundant write succeeds if any copy was written; a device that failed
+/// is FAULTED so later I/O skips it.
+fn settle_writes(
+    pool: &str,
+    group: usize,
+    devices: &[&Arc<Vdev>],
+    results: Vec<Result<(), VdevError>>,
+) -> Result<(), PoolError> {
+    let mut written = 0;
+    let mut last = None;
+    for (dev, r) in devices.iter().zip(results) {
+        match r {
+            Ok(()) => written += 1,
+            Err(e) => {
+                tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");
+                dev.set_state(DeviceState::Faulted);
+                last = Some(e);
+            }
+        }
+    }
+    match (written, last) {
+        (0, Some(e)) => Err(e.into()),
+        (0, None) => Err(PoolError::GroupUnavailable {
+            pool: pool.to_string(),
+            group,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Runs `op` on every device at once (one thread each; inline for one device).
 fn on_each(
     devices: &[&Arc<Vdev>],
@@ -341,33 +375,12 @@ impl Pool {
                 }
                 buf
             });
-        let mut written = 0;
-        let mut last_err = None;
-        for dev in &group.devices {
-            if dev.state() == DeviceState::Offline || dev.state() == DeviceState::Faulted {
-                continue;
-            }
-            let result = match &direct {
-                Some(buf) => dev.write_direct_at(at, buf),
-                None => dev.write_vectored_at(at, bufs),
-            };
-            match result {
-                Ok(()) => written += 1,
-                Err(e) => {
-                    tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");
-                    dev.set_state(DeviceState::Faulted);
-                    last_err = Some(e);
-                }
-            }
-        }
-        match (written, last_err) {
-            (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable {
-                pool: self.name.clone(),
-                group: dva.group as usize,
-            }),
-            _ => Ok(()),
-        }
+        let devices: Vec<&Arc<Vdev>> = group.devices.iter().filter(|d| is_live(d)).collect();
+        let results = devices.iter().map(|dev| match &direct {
+            Some(buf) => dev.write_direct_at(at, buf),
+            None => dev.write_vectored_at(at, bufs),
+        });
+        settle_writes(&self.name, dva.group as usize, &devices, results.collect())
     }
 
     /// Reads `len` bytes of `dva`, trying each copy until `verify` accepts
@@ -384,7 +397,7 @@ impl Pool {
         let mut bad: Vec<&Arc<Vdev>> = Vec::new();
         let mut reason = String::from("no readable copy");
         for dev in &group.devices {
-            if matches!(dev.state(), DeviceState::Offline | DeviceState::Faulted) {
+            if !is_live(dev) {
                 continue;
             }
             let mut buf = vec![0u8; len];
@@ -423,11 +436,7 @@ impl Pool {
         let g = self.group(group)?;
         let at = self.regions.data_offset + offset;
         let mut last = None;
-        for dev in g
-            .devices
-            .iter()
-            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
-        {
+        for dev in g.devices.iter().filter(|d| is_live(d)) {
             let mut buf = vec![0u8; len];
             match dev.read_at(at, &mut buf) {
                 Ok(()) => return Ok(buf),
@@ -524,32 +533,14 @@ impl MirroredRegion {
     }
 
     fn live(&self) -> impl Iterator<Item = &Arc<Vdev>> {
-        self.pool
-            .devices()
-            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
+        self.pool.devices().filter(|d| is_live(d))
     }
 
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
-        let mut written = 0;
-        let mut last = None;
-        for dev in self.live() {
-            match dev.write_at(at, data) {
-                Ok(()) => written += 1,
-                Err(e) => {
-                    dev.set_state(DeviceState::Faulted);
-                    last = Some(e);
-                }
-            }
-        }
-        match (written, last) {
-            (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable {
-                pool: self.pool.name.clone(),
-                group: 0,
-            }),
-            _ => Ok(()),
-        }
+        let devices: Vec<&Arc<Vdev>> = self.live().collect();
+        let results = devices.iter().map(|d| d.write_at(at, data)).collect();
+        settle_writes(&self.pool.name, 0, &devices, results)
     }
 
     /// Writes to every device in parallel, each write durable on return.
@@ -557,25 +548,7 @@ impl MirroredRegion {
         let at = self.check(offset, data.len())?;
         let devices: Vec<&Arc<Vdev>> = self.live().collect();
         let results = on_each(&devices, |d| d.write_durable_at(at, data));
-        let mut written = 0;
-        let mut last = None;
-        for (dev, r) in devices.iter().zip(results) {
-            match r {
-                Ok(()) => written += 1,
-                Err(e) => {
-                    dev.set_state(DeviceState::Faulted);
-                    last = Some(e);
-                }
-            }
-        }
-        match (written, last) {
-            (0, Some(e)) => Err(e.into()),
-            (0, None) => Err(PoolError::GroupUnavailable {
-                pool: self.pool.name.clone(),
-                group: 0,
-            }),
-            _ => Ok(()),
-        }
+        settle_writes(&self.pool.name, 0, &devices, results)
     }
 
     /// Reads from the first device that answers.
