@@ -189,7 +189,7 @@ pub(crate) fn apply(
         let existing: HashSet<u64> = match op {
             Op::Zero {
                 allocate: false, ..
-            } if last > first + 1 || !is_partial(first) => {
+            } if (first..=last).any(|b| !is_partial(b)) => {
                 let mut set: HashSet<u64> = view
                     .pointers(ds, first, last, usize::MAX)?
                     .into_keys()

@@ -456,3 +456,42 @@ fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
         "undamaged blocks still read",
     );
 }
+
+#[test]
+fn trims_and_zeroes_of_every_shape_over_committed_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
+    mirror_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 16 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    const K: u64 = 1024;
+    let shapes = [
+        (16 * K, 16 * K),
+        (12 * K, 20 * K),
+        (16 * K, 20 * K),
+        (12 * K, 24 * K),
+        (4 * K, 8 * K),
+        (1, 40 * K),
+        (0, 64 * K),
+    ];
+    let data: Vec<u8> = (0..64 * K).map(|i| (i % 253) as u8 + 1).collect();
+    for allocate in [false, true] {
+        for (i, _) in shapes.iter().enumerate() {
+            vol.write((i as u64) << 20, &data, false).unwrap();
+        }
+        engine.sync_all().unwrap(); // committed, not dirty
+        for (i, &(off, len)) in shapes.iter().enumerate() {
+            vol.write_zeroes(((i as u64) << 20) + off, len, allocate, false)
+                .unwrap();
+        }
+        for (i, &(off, len)) in shapes.iter().enumerate() {
+            let mut want = data.clone();
+            want[off as usize..(off + len) as usize].fill(0);
+            same(
+                &read_all(&vol, (i as u64) << 20, 64 * K),
+                &want,
+                &format!("allocate={allocate} shape {off}+{len}"),
+            );
+        }
+    }
+}
