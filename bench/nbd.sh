@@ -23,6 +23,7 @@
 #   BENCH_DIR=bench/out/nbd-<time>   where files, logs and fio JSON go (same disk)
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
+#   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +36,7 @@ POOL_LAYOUT="${POOL_LAYOUT:-single}"
 BENCH_DIR="${BENCH_DIR:-$ROOT/bench/out/nbd-$(date +%Y%m%d-%H%M%S)}"
 CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"
 DROP_CACHES="${DROP_CACHES:-0}"
+KEEP_FILES="${KEEP_FILES:-0}"
 
 for tool in fio nbdkit python3; do
     command -v "$tool" >/dev/null || { echo "bench/nbd.sh: $tool is not installed (bash scripts/test.sh installs it)" >&2; exit 1; }
@@ -142,6 +144,7 @@ bench_nbdkit() {
     done
     printf 'rss\tnbdkit-file\t%s\n' "$(rss "$pid")" >>"$RESULTS"
     cleanup
+    [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
 }
 
 bench_cistern() { # compression volblocksize
@@ -172,6 +175,7 @@ bench_cistern() { # compression volblocksize
         "$CISTERN_BIN" get all bench/vol >"$dir/props.txt" 2>&1 || true
     unset CISTERN_API
     cleanup
+    [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
     if grep -q "panicked at" "$dir/daemon.log"; then
         echo "warning: the daemon panicked, see $dir/daemon.log" >&2
     fi

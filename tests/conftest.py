@@ -338,10 +338,26 @@ def volume(make_volume) -> helpers.Volume:
 # ------------------------------------------------------------------ reporting
 
 
+@pytest.fixture(autouse=True)
+def _free_disk_space(request, tmp_path):
+    """After a passing test, delete its big files (disk images, pool devices,
+    copies) at once; a full run would otherwise leave ~20 GB behind."""
+    yield
+    rep = getattr(request.node, "_rep_call", None)
+    if rep is None or not rep.passed:
+        return
+    for p in sorted(tmp_path.rglob("*"), reverse=True):
+        with contextlib.suppress(OSError):
+            if p.is_file() and not p.is_symlink() and p.stat().st_size > (1 << 20):
+                p.unlink()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    if rep.when == "call":
+        item._rep_call = rep
     if rep.failed:
         for d in getattr(item, "_cistern_daemons", []):
             rep.sections.append((f"cistern daemon log {d.log_path.name}", d.log_tail(200)))
