@@ -277,6 +277,30 @@ def test_interrupted_txg_commit(make_daemon, disks, point):
     _verify(d, vol, model, f"after recovery from {point}, new writes and a clean restart")
 
 
+@pytest.mark.parametrize("mib,conns", [(40, 1), (40, 3), (96, 2)])
+def test_bulk_writes_then_one_flush_survive_kill9(make_daemon, disks, mib, conns):
+    """Bulk writers (mkfs, nbdcopy, fio) write a lot and flush once: tens of
+    MiB without a flush (more than the in-memory log buffer), one FLUSH,
+    then kill -9. Every byte must be back."""
+    from helpers import close, connect, pattern
+    d = make_daemon()
+    d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
+    d.cli("create", "-V", "128M", "tank/bulk")
+    hs = [connect(d.uri("tank/bulk")) for _ in range(conns)]
+    try:
+        for i in range(mib):
+            hs[i % conns].pwrite(pattern(i, MiB), i * MiB)
+        hs[-1].flush()
+    finally:
+        for h in hs:
+            close(h)
+    d.kill9()
+    d.start()
+    with connected(d.uri("tank/bulk")) as h:
+        lost = [i for i in range(mib) if h.pread(MiB, i * MiB) != pattern(i, MiB)]
+    assert not lost, f"{len(lost)} of {mib} MiB acknowledged by FLUSH lost after kill -9 (MiB #{lost[:8]}...)"
+
+
 class _Nbdkit:
     """nbdkit's file plugin with the Daemon interface _run_workers needs:
     the reference server that the crash checker must find no fault in."""

@@ -32,11 +32,13 @@ def test_nbdcopy_256mib_round_trip(make_volume, tmp_path):
     assert back.stat().st_size == size
     assert sha256_file(back) == want, "data read back differs from data written"
     src.unlink()
-    # And once more after a restart (from disk, not from caches).
-    vol.daemon.restart()
+    # nbdcopy --flush ended with a FLUSH: everything must survive kill -9
+    # (and be read from disk, not from caches).
+    vol.daemon.kill9()
+    vol.daemon.start()
     back.unlink()
     run(["nbdcopy", vol.uri, back], timeout=300)
-    assert sha256_file(back) == want, "data differs after daemon restart"
+    assert sha256_file(back) == want, "data acknowledged by nbdcopy's FLUSH differs after kill -9"
 
 
 def test_qemu_img_convert_qcow2_onto_volume_and_back(make_volume, tmp_path):
