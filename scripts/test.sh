@@ -10,7 +10,8 @@
 # Runs unattended (CI=true, no stdin); exits non-zero on any failure.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k crash -x`).
 # CISTERN_SKIP_CARGO_TEST=1 skips step 3's `cargo test` (the build still runs);
-# CISTERN_TEST_TIMEOUT=SECONDS bounds the pytest run (default 2400).
+# CISTERN_TEST_TIMEOUT=SECONDS bounds the pytest run (default 2400),
+# CISTERN_CARGO_TEST_TIMEOUT=SECONDS the cargo test run (default 1200).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,7 +78,9 @@ cargo build --release 2>&1
 cargo_rc=0
 if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" != 1 ]]; then
     log "cargo test --release --workspace"
-    cargo test --release --workspace 2>&1 || cargo_rc=$?
+    # --no-fail-fast: every crate's tests run; bounded so a deadlock cannot stall CI.
+    timeout -k 30 "${CISTERN_CARGO_TEST_TIMEOUT:-1200}" \
+        cargo test --release --workspace --no-fail-fast 2>&1 || cargo_rc=$?
 fi
 
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
