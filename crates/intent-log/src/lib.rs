@@ -350,14 +350,16 @@ impl IntentLog {
             if let Some(f) = &st.failed {
                 return Err(LogError::Failed(f.clone()));
             }
-            if st.applied_seq > seq || (seq >= st.dropped_below && st.durable_seq > seq) {
+            // Durable means every record up to `seq`: dropped ones count only
+            // once a committed txg holds them all.
+            let dropped_done = st.applied_seq >= st.dropped_below;
+            if st.applied_seq > seq || (dropped_done && st.durable_seq > seq) {
                 return Ok(());
             }
             if st.closed {
                 return Err(LogError::Closed);
             }
-            if seq < st.dropped_below {
-                // Only the txg holds this record now.
+            if !dropped_done {
                 drop(st);
                 (self.request_txg)();
                 st = self.state.lock();
