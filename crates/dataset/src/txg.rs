@@ -461,6 +461,15 @@ impl ImportedPool {
         }
         let new_dvas: Vec<Dva> = placed.iter().flatten().map(|bp| bp.dvas[0]).collect();
         let result = self.write_placed(txg, &keys, &encoded, &placed, cp);
+        if result.is_ok() {
+            // Just-written blocks are the likeliest to be read (or partly
+            // rewritten) next: keep them in the cache under their new version.
+            for (i, k) in keys.iter().enumerate() {
+                if let (Some(_), Dirty::Data(d)) = (&placed[i], &dirty[k]) {
+                    self.cache.insert((k.0, k.1, txg), d.clone());
+                }
+            }
+        }
         if result.is_err() {
             let mut alloc = self.pool.allocator();
             for dva in new_dvas {
