@@ -432,13 +432,18 @@ impl Pool {
     /// Reads a run of adjacent blocks from the first readable copy, without
     /// verifying: callers verify each block and fall back to
     /// [`Pool::read_verified`] (which heals) for any that fail.
-    pub fn read_run(&self, group: u32, offset: u64, len: usize) -> Result<Vec<u8>, PoolError> {
+    pub fn read_run(
+        &self,
+        group: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<vdev::AlignedBuf, PoolError> {
         let g = self.group(group)?;
         let at = self.regions.data_offset + offset;
         let mut last = None;
         for dev in g.devices.iter().filter(|d| is_live(d)) {
-            let mut buf = vec![0u8; len];
-            match dev.read_at(at, &mut buf) {
+            let mut buf = vdev::AlignedBuf::zeroed(len);
+            match dev.read_direct_at(at, &mut buf) {
                 Ok(()) => return Ok(buf),
                 Err(e) => last = Some(e),
             }
