@@ -1,6 +1,7 @@
 //! `cistern create|list|get|set|destroy`: zfs-style dataset commands.
 
 use crate::cmd::props::{self, canonical, parse_assignment};
+use crate::cmd::OutputFlags;
 use crate::cmd::{size_arg, split_list};
 use crate::format::Table;
 use crate::output::{json, out, outln};
@@ -23,15 +24,8 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Scripted mode: no header, fields separated by tabs.
-    #[arg(short = 'H')]
-    pub scripted: bool,
-    /// Exact numbers instead of human-readable values.
-    #[arg(short = 'p')]
-    pub parsable: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: OutputFlags,
     /// Columns: name, type, or any property (default name,used,avail,refer).
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
@@ -47,15 +41,8 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct GetArgs {
-    /// Scripted mode: no header, fields separated by tabs.
-    #[arg(short = 'H')]
-    pub scripted: bool,
-    /// Exact numbers instead of human-readable values.
-    #[arg(short = 'p')]
-    pub parsable: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: OutputFlags,
     /// Fields: name,property,value,source.
     #[arg(short = 'o', value_name = "FIELDS")]
     pub fields: Option<String>,
@@ -215,17 +202,17 @@ pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
         DatasetKind::Volume => types.volume,
         DatasetKind::Filesystem => types.filesystem,
     });
-    if a.json {
+    if a.format.json {
         return json(&datasets);
     }
     if datasets.is_empty() {
-        if !a.scripted {
+        if !a.format.scripted {
             outln("no datasets available");
         }
         return Ok(());
     }
     check_columns(&datasets, &columns)?;
-    out(&dataset_table(&datasets, &columns, a.parsable).render(a.scripted));
+    out(&dataset_table(&datasets, &columns, a.format.parsable).render(a.format.scripted));
     Ok(())
 }
 
@@ -355,10 +342,10 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
     };
     let datasets = collect(client, &a.datasets, false)?;
     let rows = get_rows(&datasets, &a.props)?;
-    if a.json {
+    if a.format.json {
         return json(&rows);
     }
-    out(&get_table(&rows, &fields, a.parsable).render(a.scripted));
+    out(&get_table(&rows, &fields, a.format.parsable).render(a.format.scripted));
     Ok(())
 }
 

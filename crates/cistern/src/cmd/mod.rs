@@ -7,6 +7,20 @@ pub mod props;
 use crate::Command;
 use anyhow::Result;
 
+/// `-H`, `-p` and `--json`, shared by every listing command as in zfs/zpool.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct OutputFlags {
+    /// Scripted mode: no header, fields separated by tabs.
+    #[arg(short = 'H')]
+    pub scripted: bool,
+    /// Exact numbers instead of human-readable values.
+    #[arg(short = 'p')]
+    pub parsable: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 pub fn run(client: &api::Client, command: Command) -> Result<()> {
     match command {
         Command::Pool(c) => pool::run(client, c),

@@ -1,6 +1,6 @@
 //! `cistern pool ...`: zpool-style pool management.
 
-use crate::cmd::{size_arg, split_list};
+use crate::cmd::{size_arg, split_list, OutputFlags};
 use crate::format::{human_size, Table};
 use crate::output::{json, out, outln};
 use anyhow::{bail, Context, Result};
@@ -44,18 +44,11 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Scripted mode: no header, fields separated by tabs.
-    #[arg(short = 'H')]
-    pub scripted: bool,
-    /// Exact numbers (bytes) instead of human-readable sizes.
-    #[arg(short = 'p')]
-    pub parsable: bool,
+    #[command(flatten)]
+    pub format: OutputFlags,
     /// Columns: name,size,alloc,free,cap,health,guid,txg.
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
     /// Pools to show (default: all).
     pub pools: Vec<String>,
 }
@@ -304,14 +297,14 @@ fn list(client: &api::Client, a: ListArgs) -> Result<()> {
         pools.retain(|p| a.pools.contains(&p.name));
     }
     pools.sort_by(|x, y| x.name.cmp(&y.name));
-    if a.json {
+    if a.format.json {
         return json(&pools);
     }
-    if pools.is_empty() && !a.scripted {
+    if pools.is_empty() && !a.format.scripted {
         outln("no pools available");
         return Ok(());
     }
-    out(&pool_table(&pools, &columns, a.parsable).render(a.scripted));
+    out(&pool_table(&pools, &columns, a.format.parsable).render(a.format.scripted));
     Ok(())
 }
 
