@@ -97,6 +97,7 @@ fn routes_and_error_mapping() {
             devices: vec![disks.join("d0")],
         }],
         create_size: Some(512 << 20),
+        force: false,
     };
     let st = c.create_pool(&spec).unwrap();
     assert_eq!(st.summary.name, "tank");

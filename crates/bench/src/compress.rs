@@ -291,6 +291,7 @@ impl ScratchPool {
                     devices: vec![dir.path().join("d0")],
                 }],
                 create_size: Some(size),
+                force: false,
             })
             .context("creating the scratch pool")?;
         Ok(Self {

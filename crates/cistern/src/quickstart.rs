@@ -76,6 +76,7 @@ pub fn setup(engine: &Engine, disks: &Path) -> Result<()> {
             devices,
         }],
         create_size: Some(DISK_SIZE),
+        force: false,
     };
     engine
         .create_pool(spec)

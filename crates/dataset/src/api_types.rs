@@ -28,6 +28,10 @@ pub struct PoolSpec {
     /// `-s SIZE`: create missing device files sparse at this size.
     #[serde(default)]
     pub create_size: Option<u64>,
+    /// `-f`: use devices that carry the label of a pool that is not imported
+    /// here (exported, destroyed elsewhere, or left by an interrupted create).
+    #[serde(default)]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -213,12 +213,24 @@ impl Engine {
                 let dev = Vdev::open_or_create(path, spec.create_size)
                     .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 if let Ok(label) = dev.read_label() {
-                    return Err(Error::Busy(format!(
-                        "device {} is part of pool '{}'{}",
-                        path.display(),
-                        label.pool_name,
-                        if label.exported { " (exported)" } else { "" }
-                    )));
+                    let in_use = self
+                        .inner
+                        .pools
+                        .read()
+                        .values()
+                        .any(|p| p.pool.guid == label.pool_guid);
+                    if in_use || !spec.force {
+                        return Err(Error::Busy(format!(
+                            "device {} is part of pool '{}'{}",
+                            path.display(),
+                            label.pool_name,
+                            match (in_use, label.exported) {
+                                (true, _) => " (imported here)",
+                                (false, true) => " (exported; use -f to reuse the device)",
+                                (false, false) => " (use -f to reuse the device)",
+                            }
+                        )));
+                    }
                 }
                 devs.push(dev);
             }

@@ -21,6 +21,7 @@ fn mirror_pool(engine: &Engine, dir: &Path) {
             devices: vec![dir.join("d0"), dir.join("d1")],
         }],
         create_size: Some(256 << 20),
+        force: false,
     };
     engine.create_pool(spec).unwrap();
 }
@@ -296,9 +297,24 @@ fn bad_requests_are_refused_without_changing_anything() {
             devices: vec![dir.path().join("d0")],
         }],
         create_size: None,
+        force: false,
     };
-    let err = engine.create_pool(spec).unwrap_err().to_string();
+    let err = engine.create_pool(spec.clone()).unwrap_err().to_string();
     assert!(err.contains("part of pool 'tank'"), "{err}");
+    // -f does not take a device from a pool that is imported here...
+    let forced = PoolSpec {
+        force: true,
+        ..spec.clone()
+    };
+    assert!(engine.create_pool(forced.clone()).is_err());
+    // ...but does reuse one of a pool that is gone (exported, say).
+    engine.export_pool("tank").unwrap();
+    assert!(engine
+        .create_pool(spec)
+        .unwrap_err()
+        .to_string()
+        .contains("use -f"));
+    engine.create_pool(forced).unwrap();
 }
 
 #[test]
@@ -429,6 +445,7 @@ fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
             devices: vec![dir.path().join("s0")],
         }],
         create_size: Some(128 << 20),
+        force: false,
     };
     engine.create_pool(spec).unwrap();
     engine.create_volume("solo/v", 1 << 20, &[]).unwrap();

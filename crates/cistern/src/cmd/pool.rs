@@ -171,6 +171,7 @@ fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         name: a.pool,
         groups,
         create_size: a.size,
+        force: a.force,
     };
     client.create_pool(&spec)?;
     Ok(())
