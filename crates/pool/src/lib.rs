@@ -149,7 +149,7 @@ fn on_each(
 fn plan_regions(min_size: u64) -> Regions {
     let round = |v: u64| v / SECTOR * SECTOR;
     let meta_size = round((min_size / 16).clamp(16 << 20, 4 << 30));
-    let log_size = round((min_size / 16).clamp(16 << 20, 1 << 30));
+    let log_size = round((min_size / 32).clamp(16 << 20, 512 << 20));
     Regions {
         meta_offset: LABEL_SIZE,
         meta_size,
@@ -224,7 +224,7 @@ impl Pool {
                 };
                 // Old data in the metadata region's header must not be mistaken for ours.
                 dev.write_at(regions.meta_offset, &vec![0u8; 2 * SECTOR as usize])?;
-                dev.preallocate(regions.log_offset, regions.log_size);
+                dev.fill_zeros(regions.log_offset, regions.log_size)?;
                 dev.write_label(&label)?;
                 arcs.push(Arc::new(dev));
             }

