@@ -319,6 +319,14 @@ impl Engine {
                         write_errors: d.errors.write.load(Ordering::Relaxed),
                         checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
                     })
+                    .chain(g.missing.iter().map(|guid| DeviceStatus {
+                        path: PathBuf::from(format!("(missing device {guid})")),
+                        guid: *guid,
+                        state: "UNAVAIL".into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                    }))
                     .collect(),
             })
             .collect();

@@ -512,3 +512,38 @@ fn trims_and_zeroes_of_every_shape_over_committed_blocks() {
         }
     }
 }
+
+#[test]
+fn a_mirror_missing_a_device_imports_degraded_and_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let data: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i % 241) as u8).collect();
+    {
+        let engine = Engine::open(&state, config(3600.0)).unwrap();
+        mirror_pool(&engine, dir.path());
+        engine.create_volume("tank/v", 4 << 20, &[]).unwrap();
+        engine
+            .open_volume("tank/v")
+            .unwrap()
+            .write(0, &data, true)
+            .unwrap();
+        engine.shutdown().unwrap();
+    }
+    std::fs::remove_file(dir.path().join("d0")).unwrap();
+    let engine = Engine::open(&state, config(3600.0)).unwrap();
+    let status = engine.pool_status("tank").unwrap();
+    assert_eq!(status.summary.health, "DEGRADED");
+    assert_eq!(status.groups[0].state, "DEGRADED");
+    assert!(
+        status.groups[0]
+            .devices
+            .iter()
+            .any(|d| d.state == "UNAVAIL"),
+        "{:?}",
+        status.groups[0].devices
+    );
+    let vol = engine.open_volume("tank/v").unwrap();
+    same(&read_all(&vol, 0, 1 << 20), &data, "degraded read");
+    vol.write(2 << 20, b"still writable", true).unwrap();
+    assert_eq!(&read_all(&vol, 2 << 20, 14), b"still writable");
+}

@@ -57,6 +57,8 @@ pub struct Dva {
 pub struct Group {
     pub kind: LayoutKind,
     pub devices: Vec<Arc<Vdev>>,
+    /// Guids the label names for this group that were not found at import.
+    pub missing: Vec<u64>,
     pub data_size: u64,
 }
 
@@ -69,7 +71,7 @@ impl Group {
             .filter(|d| d.state() == DeviceState::Online)
             .count();
         match online {
-            n if n == self.devices.len() => DeviceState::Online,
+            n if n == self.devices.len() && self.missing.is_empty() => DeviceState::Online,
             0 => DeviceState::Unavail,
             _ => DeviceState::Degraded,
         }
@@ -231,6 +233,7 @@ impl Pool {
             built.push(Group {
                 kind,
                 devices: arcs,
+                missing: Vec::new(),
                 data_size: layout.data_size,
             });
         }
@@ -269,10 +272,12 @@ impl Pool {
         let mut groups = Vec::new();
         for (g, gl) in layout.groups.iter().enumerate() {
             let mut devs = Vec::new();
+            let mut missing = Vec::new();
             for guid in &gl.devices {
                 match by_guid.remove(guid) {
                     Some(d) => devs.push(Arc::new(d)),
                     None if gl.kind == LayoutKind::Mirror => {
+                        missing.push(*guid);
                         tracing::warn!(pool = %layout.pool_name, group = g, guid, "mirror device missing; pool is DEGRADED");
                     }
                     None => {
@@ -293,6 +298,7 @@ impl Pool {
             groups.push(Group {
                 kind: gl.kind,
                 devices: devs,
+                missing,
                 data_size: gl.data_size,
             });
         }
