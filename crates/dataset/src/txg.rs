@@ -542,6 +542,7 @@ impl ImportedPool {
         let live_ids: HashMap<u64, ()> =
             self.datasets.read().values().map(|d| (d.id, ())).collect();
         let mut orphaned: Vec<Dva> = Vec::new();
+        let changed: Vec<DatasetRecord>;
         let tx = self.db.begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
@@ -576,15 +577,24 @@ impl ImportedPool {
                     acct.1 += bp.asize() as i64;
                 }
             }
-            let mut records = self.datasets.read().clone();
-            let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
-            for rec in records.values_mut() {
-                if let Some((l, p)) = space.get(&rec.id) {
+            // Records whose space changed. No admin change can interleave:
+            // those take meta_lock too, which this commit holds.
+            changed = self
+                .datasets
+                .read()
+                .values()
+                .filter_map(|rec| {
+                    let (l, p) = space.get(&rec.id)?;
+                    let mut rec = rec.clone();
                     rec.logical_used = (rec.logical_used as i64 + l).max(0) as u64;
                     rec.physical_used = (rec.physical_used as i64 + p).max(0) as u64;
-                    let json = serde_json::to_vec(&rec).map_err(meta_err)?;
-                    table.insert(rec.id, json.as_slice()).map_err(meta_err)?;
-                }
+                    Some(rec)
+                })
+                .collect();
+            let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
+            for rec in &changed {
+                let json = serde_json::to_vec(rec).map_err(meta_err)?;
+                table.insert(rec.id, json.as_slice()).map_err(meta_err)?;
             }
             let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
             r.insert(RECORD_TXG, txg).map_err(meta_err)?;
@@ -609,11 +619,8 @@ impl ImportedPool {
             }
         }
         let mut datasets = self.datasets.write();
-        for rec in datasets.values_mut() {
-            if let Some((l, p)) = space.get(&rec.id) {
-                rec.logical_used = (rec.logical_used as i64 + l).max(0) as u64;
-                rec.physical_used = (rec.physical_used as i64 + p).max(0) as u64;
-            }
+        for rec in changed {
+            datasets.insert(rec.name.clone(), rec);
         }
         Ok(())
     }
