@@ -13,6 +13,8 @@ use std::sync::Arc;
 const MAX_LOG_RECORD: usize = 1 << 20;
 /// Most blocks one `allocation` call looks at (the reply covers a prefix).
 const MAX_STATUS_BLOCKS: u64 = 1 << 16;
+/// Reads that fetch more blocks than this from disk do not fill the cache.
+const SCAN_BLOCKS: usize = 8;
 /// Largest single read of adjacent blocks.
 const MAX_READ_RUN: u64 = 8 << 20;
 
@@ -79,6 +81,10 @@ pub(crate) fn read_outside_open(
         }
     }
     fetch.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
+    // Scan resistance: a large read (a backup, a copy) would push every hot
+    // block out of the FIFO cache for data read once; only small reads and
+    // read-modify-write bases are kept.
+    let keep_in_cache = fetch.len() <= SCAN_BLOCKS;
     let mut i = 0;
     while i < fetch.len() {
         // A run: blocks whose first copies lie back to back on one group.
@@ -125,7 +131,9 @@ pub(crate) fn read_outside_open(
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
             let data = Arc::new(data);
-            p.cache.insert((ds, b, bp.birth), data.clone());
+            if keep_in_cache {
+                p.cache.insert((ds, b, bp.birth), data.clone());
+            }
             out.insert(b, Some(data));
         }
         i = j;

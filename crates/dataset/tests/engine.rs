@@ -547,3 +547,34 @@ fn a_mirror_missing_a_device_imports_degraded_and_keeps_serving() {
     vol.write(2 << 20, b"still writable", true).unwrap();
     assert_eq!(&read_all(&vol, 2 << 20, 14), b"still writable");
 }
+
+#[test]
+fn large_reads_do_not_flush_the_block_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    {
+        let engine = Engine::open(&state, config(3600.0)).unwrap();
+        mirror_pool(&engine, dir.path());
+        engine
+            .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
+            .unwrap();
+        engine
+            .open_volume("tank/v")
+            .unwrap()
+            .write(0, &vec![7u8; 4 << 20], false)
+            .unwrap();
+        engine.shutdown().unwrap();
+    }
+    let engine = Engine::open(&state, config(3600.0)).unwrap(); // empty cache
+    let vol = engine.open_volume("tank/v").unwrap();
+    let hits = || engine.stats()[0].cache_hits;
+    read_all(&vol, 16384, 16384);
+    read_all(&vol, 16384, 16384);
+    assert_eq!(hits(), 1, "a small read is cached");
+    read_all(&vol, 1 << 20, 2 << 20); // a scan
+    let before = hits();
+    read_all(&vol, 1 << 20, 16384);
+    assert_eq!(hits(), before, "the scan did not fill the cache");
+    read_all(&vol, 16384, 16384);
+    assert_eq!(hits(), before + 1, "the hot block survived the scan");
+}
