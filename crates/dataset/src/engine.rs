@@ -482,7 +482,7 @@ impl Engine {
             match k.as_str() {
                 "volblocksize" => {
                     let n = props::parse_size(v)
-                        .ok_or_else(|| Error::InvalidArgument(format!("bad volblocksize '{v}'")))?;
+                        .map_err(|e| Error::InvalidArgument(format!("volblocksize: {e}")))?;
                     volblocksize = props::validate_volblocksize(n)?;
                 }
                 "volsize" => {

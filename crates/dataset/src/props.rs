@@ -59,7 +59,7 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             _ => Err(bad("expected on or off".into())),
         },
         "volsize" | "volblocksize" => {
-            let n = parse_size(value).ok_or_else(|| bad("expected a size like 16K, 10G".into()))?;
+            let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
             Ok(n.to_string())
         }
         _ => Err(Error::InvalidArgument(format!(
@@ -77,30 +77,92 @@ pub fn validate_volblocksize(n: u64) -> Result<u32> {
     Ok(n as u32)
 }
 
-/// Parses 512, 4K, 16k, 1.5G, 10GiB, 2T (binary units).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let t = s.trim_end_matches(['B', 'b']).trim_end_matches(['i', 'I']);
-    let (num, mult) = match t.chars().last()? {
-        c if c.is_ascii_digit() || c == '.' => (t, 1u64),
-        c => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                'P' => 50,
-                _ => return None,
-            };
-            (&t[..t.len() - 1], 1u64 << shift)
-        }
-    };
-    if num.contains('.') {
-        let f: f64 = num.parse().ok()?;
-        (f >= 0.0 && f.is_finite()).then_some((f * mult as f64) as u64)
-    } else {
-        num.parse::<u64>().ok()?.checked_mul(mult)
+/// Why a size string was refused; names the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeError {
+    pub value: String,
+    pub reason: &'static str,
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid size '{}': {} (expected a number with an optional K, M, G, T, P or E suffix, e.g. 512, 4K, 1.5G)",
+            self.value, self.reason
+        )
     }
+}
+
+impl std::error::Error for SizeError {}
+
+/// Parses a size like zfs does: `512`, `4K`, `16k`, `10M`, `1.5G`, `2T`,
+/// binary units, case-insensitive, with an optional `B` or `iB` suffix.
+/// Fractions are allowed with a unit; the result is rounded down to a byte.
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let err = |reason| SizeError {
+        value: s.to_string(),
+        reason,
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(err("empty"));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(err(if t.starts_with('-') {
+            "negative"
+        } else {
+            "no number"
+        }));
+    }
+    let suffix = suffix.trim_start().to_ascii_lowercase();
+    let shift: u32 = match suffix.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        "e" | "eb" | "eib" => 60,
+        _ => return Err(err("unknown unit")),
+    };
+    let (int_part, frac_part) = match num.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (num, ""),
+    };
+    if frac_part.contains('.') {
+        return Err(err("not a number"));
+    }
+    if int_part.is_empty() && frac_part.is_empty() {
+        return Err(err("not a number"));
+    }
+    if frac_part.len() > 18 {
+        return Err(err("too many decimals"));
+    }
+    let int: u128 = if int_part.is_empty() {
+        0
+    } else {
+        int_part.parse().map_err(|_| err("too large"))?
+    };
+    let frac: u128 = if frac_part.is_empty() {
+        0
+    } else {
+        frac_part.parse().map_err(|_| err("not a number"))?
+    };
+    if frac != 0 && shift == 0 {
+        return Err(err("fractional bytes"));
+    }
+    let unit: u128 = 1u128 << shift;
+    let scale = 10u128.pow(frac_part.len() as u32);
+    let total = int
+        .checked_mul(unit)
+        .and_then(|v| v.checked_add(frac * unit / scale))
+        .ok_or_else(|| err("too large"))?;
+    u64::try_from(total).map_err(|_| err("too large"))
 }
 
 /// ZFS-style human size: 512, 4K, 1.50G, 10G.
@@ -281,14 +343,14 @@ mod tests {
 
     #[test]
     fn sizes_parse_and_print_like_zfs() {
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("16K"), Some(16384));
-        assert_eq!(parse_size("16k"), Some(16384));
-        assert_eq!(parse_size("1.5G"), Some(3 << 29));
-        assert_eq!(parse_size("10GiB"), Some(10 << 30));
-        assert_eq!(parse_size("2TB"), Some(2 << 40));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("16K"), Ok(16384));
+        assert_eq!(parse_size("16k"), Ok(16384));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("2TB"), Ok(2 << 40));
         for bad in ["", "G", "1X", "-1G", "1.2.3K", "99999999999999999999T"] {
-            assert_eq!(parse_size(bad), None, "{bad}");
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
         assert_eq!(format_size(512), "512B");
         assert_eq!(format_size(0), "0B");
