@@ -1,7 +1,13 @@
 //! Blocking client for the management API (what the CLI uses).
 
-use crate::{CreateVolume, ErrorBody, Health, ImportRequest, SetProperty};
-use dataset::{DatasetInfo, ImportablePool, PoolSpec, PoolStatus, PoolSummary};
+use crate::{
+    CloneRequest, CreateVolume, ErrorBody, Health, HoldRequest, ImportRequest, RollbackRequest,
+    SetProperty, SnapshotRequest,
+};
+use dataset::{
+    DatasetInfo, DestroyOptions, DestroyReport, DiffReport, ImportablePool, PoolSpec, PoolStatus,
+    PoolSummary,
+};
 use serde::de::DeserializeOwned;
 use std::io;
 use std::path::PathBuf;
@@ -277,13 +283,84 @@ impl Client {
         )
     }
 
-    pub fn destroy_dataset(&self, name: &str) -> Result<()> {
-        self.expect_empty(
+    pub fn destroy(&self, name: &str, opts: &DestroyOptions) -> Result<DestroyReport> {
+        self.decode(
             self.agent
                 .delete(self.url("/v1/dataset"))
                 .query("name", name)
+                .query("recursive", opts.recursive.to_string())
+                .query("dry_run", opts.dry_run.to_string())
                 .call(),
         )
+    }
+
+    pub fn snapshot(&self, names: &[String], recursive: bool) -> Result<Vec<String>> {
+        let body = SnapshotRequest {
+            names: names.to_vec(),
+            recursive,
+        };
+        self.decode(self.agent.post(self.url("/v1/snapshots")).send_json(&body))
+    }
+
+    /// Returns the newer snapshots destroyed on the way (`-r`).
+    pub fn rollback(&self, snapshot: &str, recursive: bool) -> Result<Vec<String>> {
+        let body = RollbackRequest {
+            snapshot: snapshot.to_string(),
+            recursive,
+        };
+        self.decode(self.agent.post(self.url("/v1/rollback")).send_json(&body))
+    }
+
+    pub fn clone_snapshot(
+        &self,
+        snapshot: &str,
+        name: &str,
+        properties: &[(String, String)],
+    ) -> Result<DatasetInfo> {
+        let body = CloneRequest {
+            snapshot: snapshot.to_string(),
+            name: name.to_string(),
+            properties: properties.to_vec(),
+        };
+        self.decode(self.agent.post(self.url("/v1/clone")).send_json(&body))
+    }
+
+    pub fn set_hold(
+        &self,
+        tag: &str,
+        snapshots: &[String],
+        recursive: bool,
+        hold: bool,
+    ) -> Result<()> {
+        let body = HoldRequest {
+            tag: tag.to_string(),
+            snapshots: snapshots.to_vec(),
+            recursive,
+        };
+        let url = self.url("/v1/holds");
+        let req = if hold {
+            self.agent.post(url).send_json(&body)
+        } else {
+            self.agent.delete(url).force_send_body().send_json(&body)
+        };
+        self.expect_empty(req)
+    }
+
+    pub fn holds(&self, snapshots: &[String]) -> Result<Vec<(String, String)>> {
+        self.decode(
+            self.agent
+                .get(self.url("/v1/holds"))
+                .query("name", snapshots.join(","))
+                .call(),
+        )
+    }
+
+    pub fn diff(&self, from: &str, to: Option<&str>) -> Result<DiffReport> {
+        let mut req = self.agent.get(self.url("/v1/diff")).query("from", from);
+        if let Some(to) = to {
+            req = req.query("to", to);
+        }
+        self.decode(req.call())
     }
 
     /// The Prometheus text of `/metrics`.

@@ -66,6 +66,44 @@ pub struct CreateVolume {
     pub properties: Vec<(String, String)>,
 }
 
+/// `POST /v1/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `POST /v1/rollback`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    pub snapshot: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `POST /v1/clone`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    pub snapshot: String,
+    pub name: String,
+    #[serde(default)]
+    pub properties: Vec<(String, String)>,
+}
+
+/// `POST` (hold) / `DELETE` (release) `/v1/holds`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    pub tag: String,
+    pub snapshots: Vec<String>,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
 /// `PATCH /v1/dataset?name=`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,10 @@
 //! The axum router. Every engine call is blocking, so it runs in
 //! `spawn_blocking`; handlers only translate HTTP <-> engine types.
 
-use crate::{CreateVolume, ErrorBody, Health, ImportRequest, SetProperty};
+use crate::{
+    CloneRequest, CreateVolume, ErrorBody, Health, HoldRequest, ImportRequest, RollbackRequest,
+    SetProperty, SnapshotRequest,
+};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -9,7 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use dataset::Engine;
+use dataset::{DestroyOptions, Engine};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -53,6 +56,11 @@ pub fn router(state: ApiState) -> Router {
             "/v1/dataset",
             get(get_dataset).patch(set_property).delete(destroy_dataset),
         )
+        .route("/v1/snapshots", post(snapshot))
+        .route("/v1/rollback", post(rollback))
+        .route("/v1/clone", post(clone))
+        .route("/v1/holds", get(holds).post(hold).delete(release))
+        .route("/v1/diff", get(diff))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(state)
@@ -349,11 +357,88 @@ async fn set_property(
     .map(json)
 }
 
-async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
-    tracing::info!(name = %q.name, "destroying dataset");
-    blocking(&st, move |e| e.destroy_dataset(&q.name))
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestroyQuery {
+    name: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<DestroyQuery>) -> ApiResult<Response> {
+    tracing::info!(name = %q.name, recursive = q.recursive, dry_run = q.dry_run, "destroying");
+    let opts = DestroyOptions {
+        recursive: q.recursive,
+        dry_run: q.dry_run,
+    };
+    blocking(&st, move |e| e.destroy(&q.name, &opts))
         .await
-        .map(|()| no_content())
+        .map(json)
+}
+
+async fn snapshot(
+    State(st): State<ApiState>,
+    Json(req): Json<SnapshotRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(names = ?req.names, recursive = req.recursive, "snapshot");
+    blocking(&st, move |e| e.snapshot(&req.names, req.recursive))
+        .await
+        .map(created)
+}
+
+async fn rollback(
+    State(st): State<ApiState>,
+    Json(req): Json<RollbackRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(snapshot = %req.snapshot, recursive = req.recursive, "rollback");
+    blocking(&st, move |e| e.rollback(&req.snapshot, req.recursive))
+        .await
+        .map(json)
+}
+
+async fn clone(State(st): State<ApiState>, Json(req): Json<CloneRequest>) -> ApiResult<Response> {
+    tracing::info!(origin = %req.snapshot, name = %req.name, "clone");
+    blocking(&st, move |e| {
+        e.clone_snapshot(&req.snapshot, &req.name, &req.properties)
+    })
+    .await
+    .map(created)
+}
+
+async fn hold(State(st): State<ApiState>, Json(req): Json<HoldRequest>) -> ApiResult<Response> {
+    blocking(&st, move |e| {
+        e.set_hold(&req.tag, &req.snapshots, req.recursive, true)
+    })
+    .await
+    .map(|()| no_content())
+}
+
+async fn release(State(st): State<ApiState>, Json(req): Json<HoldRequest>) -> ApiResult<Response> {
+    blocking(&st, move |e| {
+        e.set_hold(&req.tag, &req.snapshots, req.recursive, false)
+    })
+    .await
+    .map(|()| no_content())
+}
+
+async fn holds(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
+    let names: Vec<String> = q.name.split(',').map(str::to_string).collect();
+    blocking(&st, move |e| e.holds(&names)).await.map(json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffQuery {
+    from: String,
+    to: Option<String>,
+}
+
+async fn diff(State(st): State<ApiState>, Q(q): Q<DiffQuery>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.diff(&q.from, q.to.as_deref()))
+        .await
+        .map(json)
 }
 
 async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {

@@ -141,7 +141,7 @@ fn routes_and_error_mapping() {
     let (status, _, _) = api_err(c.dataset("tank/none").unwrap_err());
     assert_eq!(status, 404);
 
-    c.destroy_dataset("tank/v").unwrap();
+    c.destroy("tank/v", &Default::default()).unwrap();
     c.export_pool("tank").unwrap();
     let found = c.importable_pools(std::slice::from_ref(&disks)).unwrap();
     assert_eq!(found.len(), 1);

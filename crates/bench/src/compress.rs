@@ -348,7 +348,7 @@ impl ScratchPool {
         let result = self.write_and_commit(&name, corpus, setting, writers, verify);
         let destroyed = self
             .engine
-            .destroy_dataset(&name)
+            .destroy(&name, &dataset::DestroyOptions::default())
             .with_context(|| format!("destroying scratch volume {name}"));
         let sample =
             result.with_context(|| format!("{} with {writers} writer(s)", label(setting)))?;

@@ -55,8 +55,22 @@ pub enum Command {
     Get(cmd::dataset::GetArgs),
     /// Set a property: `cistern set compression=lz4 tank/vol0`.
     Set(cmd::dataset::SetArgs),
-    /// Destroy a dataset.
+    /// Destroy a dataset or snapshots: `cistern destroy [-rnv] POOL/DS[@SNAP[%SNAP]]`.
     Destroy(cmd::dataset::DestroyArgs),
+    /// Take snapshots: `cistern snapshot [-r] POOL/DS@NAME...`.
+    Snapshot(cmd::snapshot::SnapshotArgs),
+    /// Roll a dataset back to a snapshot: `cistern rollback [-r] POOL/DS@NAME`.
+    Rollback(cmd::snapshot::RollbackArgs),
+    /// Create a writable clone of a snapshot: `cistern clone POOL/DS@NAME POOL/NEW`.
+    Clone(cmd::snapshot::CloneArgs),
+    /// Put a hold on snapshots (a held snapshot cannot be destroyed).
+    Hold(cmd::snapshot::HoldArgs),
+    /// Release a hold.
+    Release(cmd::snapshot::HoldArgs),
+    /// List the holds on snapshots.
+    Holds(cmd::snapshot::HoldsArgs),
+    /// Changed block ranges between a snapshot and a later one or the dataset now.
+    Diff(cmd::snapshot::DiffArgs),
     /// Measure and size storage: iops, latency, provisioning, compression.
     #[command(subcommand)]
     Bench(bench::cli::BenchCommand),

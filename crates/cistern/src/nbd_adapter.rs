@@ -1,5 +1,8 @@
-//! The engine as an NBD export provider: every volume `pool/vol` is the
-//! export of the same name.
+//! The engine as an NBD export provider: every volume `pool/vol` and every
+//! snapshot `pool/vol@snap` (read-only) is the export of the same name.
+//! Besides `base:allocation`, each export offers a meta context
+//! `cistern:changed:SNAP` per older snapshot of its volume: flag 1 marks
+//! ranges whose blocks changed since that snapshot.
 
 use dataset::{Engine, Extent, ReadSegment, Volume};
 use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
@@ -9,6 +12,9 @@ use std::sync::Arc;
 pub const NBD_STATE_HOLE: u32 = 1;
 pub const NBD_STATE_ZERO: u32 = 2;
 pub const BASE_ALLOCATION: &str = "base:allocation";
+pub const CHANGED_PREFIX: &str = "cistern:changed:";
+/// Flag of `cistern:changed:SNAP`: the range changed since the snapshot.
+pub const NBD_STATE_CHANGED: u32 = 1;
 
 pub struct EngineExports {
     engine: Arc<Engine>,
@@ -149,12 +155,34 @@ impl BlockExport for VolumeExport {
             .map_err(map_error)
     }
 
+    fn extra_meta_contexts(&self) -> Vec<String> {
+        self.vol
+            .older_snapshots()
+            .into_iter()
+            .map(|s| format!("{CHANGED_PREFIX}{s}"))
+            .collect()
+    }
+
     fn block_status(
         &self,
         context: &str,
         offset: u64,
         len: u64,
     ) -> Result<Vec<StatusExtent>, ExportError> {
+        if let Some(snap) = context.strip_prefix(CHANGED_PREFIX) {
+            let runs = self
+                .vol
+                .changed_since(snap, offset, len)
+                .map_err(map_error)?;
+            return Ok(runs
+                .into_iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, changed)| StatusExtent {
+                    len: n,
+                    flags: if changed { NBD_STATE_CHANGED } else { 0 },
+                })
+                .collect());
+        }
         if context != BASE_ALLOCATION {
             return Err(ExportError::NotSupported(format!("meta context {context}")));
         }

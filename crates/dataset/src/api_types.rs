@@ -97,13 +97,16 @@ pub struct Property {
     pub source: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DatasetKind {
     /// The root dataset of a pool (`tank`); holds children.
+    #[default]
     Filesystem,
     /// A fixed-size block device (`tank/vol0`).
     Volume,
+    /// A read-only point in time of a volume (`tank/vol0@monday`).
+    Snapshot,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,4 +141,41 @@ pub struct PoolStats {
     pub checksum_errors: u64,
     pub allocated: u64,
     pub size: u64,
+}
+
+/// `cistern destroy` flags.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestroyOptions {
+    /// Children and snapshots too (`-r`); for snapshots, the same snapshot of every child.
+    #[serde(default)]
+    pub recursive: bool,
+    /// Say what would be destroyed and freed, change nothing (`-n`).
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// What `destroy` removed (or would remove, for a dry run).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DestroyReport {
+    pub destroyed: Vec<String>,
+    /// Allocated bytes freed (exact: blocks no one else references).
+    pub freed: u64,
+    pub dry_run: bool,
+}
+
+/// One run of changed bytes in a `diff`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChangedRange {
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// `cistern diff FROM [TO]`: byte ranges whose blocks changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiffReport {
+    pub from: String,
+    pub to: String,
+    pub changed_bytes: u64,
+    pub ranges: Vec<ChangedRange>,
 }

@@ -39,7 +39,7 @@ fn io(context: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// Pool and dataset name components: a letter first, then letters, digits, `_-.:`.
-fn check_component(kind: &str, s: &str) -> Result<()> {
+pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
     let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && s.len() <= 200
         && s.chars()
@@ -62,13 +62,17 @@ fn check_component(kind: &str, s: &str) -> Result<()> {
     Ok(())
 }
 
-fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
-    if name.contains('@') {
-        return Err(Error::InvalidArgument(format!(
-            "'{name}': snapshots are not supported yet"
-        )));
-    }
-    match name.split_once('/') {
+/// `pool[/a/b][@snap]` -> (pool, rest of the dataset path). Snapshot names
+/// follow the component rules too.
+pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
+    let dataset = match name.split_once('@') {
+        Some((ds, snap)) => {
+            check_component("snapshot", snap)?;
+            ds
+        }
+        None => name,
+    };
+    match dataset.split_once('/') {
         None => {
             check_component("pool", name)?;
             Ok((name, None))
@@ -164,7 +168,7 @@ impl Engine {
         write().map_err(|e| io(&path.display().to_string(), e))
     }
 
-    fn pool(&self, name: &str) -> Result<Arc<ImportedPool>> {
+    pub(crate) fn pool(&self, name: &str) -> Result<Arc<ImportedPool>> {
         self.inner
             .pools
             .read()
@@ -513,8 +517,7 @@ impl Engine {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            logical_used: 0,
-            physical_used: 0,
+            ..Default::default()
         };
         p.store_dataset(&rec)?;
         tracing::info!(dataset = name, volsize, volblocksize, "volume created");
@@ -535,7 +538,12 @@ impl Engine {
                 }
             }
             for rec in datasets.values() {
-                if root.is_none_or(|r| rec.name == r || rec.name.starts_with(&format!("{r}/"))) {
+                let below = |r: &str| {
+                    rec.name == r
+                        || rec.name.starts_with(&format!("{r}/"))
+                        || rec.name.starts_with(&format!("{r}@"))
+                };
+                if root.is_none_or(below) {
                     out.push(info(&p, &datasets, rec));
                 }
             }
@@ -605,26 +613,6 @@ impl Engine {
         Ok(())
     }
 
-    pub fn destroy_dataset(&self, name: &str) -> Result<()> {
-        let (pool, rest) = split_dataset(name)?;
-        if rest.is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "'{name}' is a pool's root dataset: use `cistern pool destroy`"
-            )));
-        }
-        let p = self.pool(pool)?;
-        if p.datasets
-            .read()
-            .keys()
-            .any(|k| k.starts_with(&format!("{name}/")))
-        {
-            return Err(Error::Busy(format!("'{name}' has children")));
-        }
-        p.destroy_dataset(name)?;
-        tracing::info!(dataset = name, "dataset destroyed");
-        Ok(())
-    }
-
     pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>> {
         let (pool, _) = split_dataset(name)?;
         let p = self.pool(pool)?;
@@ -633,7 +621,7 @@ impl Engine {
             let rec = datasets
                 .get(name)
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
-            if rec.kind != DatasetKind::Volume {
+            if rec.volblocksize == 0 {
                 return Err(Error::InvalidArgument(format!("'{name}' is not a volume")));
             }
             rec.id
@@ -648,7 +636,7 @@ impl Engine {
                 p.datasets
                     .read()
                     .values()
-                    .filter(|d| d.kind == DatasetKind::Volume)
+                    .filter(|d| d.volblocksize != 0)
                     .map(|d| d.name.clone()),
             );
         }
@@ -704,28 +692,88 @@ fn summary(p: &ImportedPool) -> PoolSummary {
     }
 }
 
-fn info(
+pub(crate) fn info(
     p: &ImportedPool,
     datasets: &BTreeMap<String, DatasetRecord>,
     rec: &DatasetRecord,
 ) -> DatasetInfo {
-    let prefix = format!("{}/", rec.name);
-    let (mut used, mut logical) = (rec.physical_used, rec.logical_used);
-    for d in datasets.values().filter(|d| d.name.starts_with(&prefix)) {
-        used += d.physical_used;
-        logical += d.logical_used;
-    }
     let reserve = p.pool.size() / 32;
-    let space = Space {
-        used,
-        logical_used: logical,
-        referenced: rec.physical_used,
-        logical_referenced: rec.logical_used,
-        available: p.pool.allocator().free_bytes().saturating_sub(reserve),
+    let available = p.pool.allocator().free_bytes().saturating_sub(reserve);
+    let referenced = rec.physical_used + rec.inherited;
+    let logical_referenced = rec.logical_used + rec.inherited_logical;
+    let space = if rec.is_snapshot() {
+        let used = p.destroy_estimate(&[rec.id]).unwrap_or_else(|e| {
+            tracing::warn!(snapshot = %rec.name, error = %e, "cannot compute snapshot space");
+            0
+        });
+        Space {
+            used,
+            logical_used: logical_referenced,
+            referenced,
+            logical_referenced,
+            available: 0,
+            snapshots: 0,
+            written: rec.written,
+            compressratio: props::ratio(logical_referenced, referenced),
+        }
+    } else {
+        // A dataset's USED: its live blocks, what its snapshots hold, and its children's.
+        let prefix = format!("{}/", rec.name);
+        let (mut used, mut logical, mut live) = (
+            rec.physical_used + rec.snapshot_used,
+            rec.logical_used,
+            rec.physical_used,
+        );
+        for d in datasets
+            .values()
+            .filter(|d| !d.is_snapshot() && d.name.starts_with(&prefix))
+        {
+            used += d.physical_used + d.snapshot_used;
+            logical += d.logical_used;
+            live += d.physical_used;
+        }
+        Space {
+            used,
+            logical_used: logical,
+            referenced,
+            logical_referenced,
+            available,
+            snapshots: rec.snapshot_used,
+            written: rec.written,
+            compressratio: props::ratio(logical, live),
+        }
     };
+    let mut properties = props::properties(rec, &lineage(datasets, rec), space);
+    let stat = |name: &str, value: String| Property {
+        name: name.into(),
+        parsable: value.clone(),
+        value,
+        source: "-".into(),
+    };
+    let by_id = |id: u64| {
+        datasets
+            .values()
+            .find(|d| d.id == id)
+            .map(|d| d.name.clone())
+    };
+    if let Some(origin) = &rec.origin {
+        properties.push(stat(
+            "origin",
+            by_id(origin.snapshot).unwrap_or_else(|| "-".into()),
+        ));
+    }
+    if rec.is_snapshot() {
+        let clones: Vec<String> = datasets
+            .values()
+            .filter(|d| d.origin.as_ref().is_some_and(|o| o.snapshot == rec.id))
+            .map(|d| d.name.clone())
+            .collect();
+        properties.push(stat("clones", clones.join(",")));
+        properties.push(stat("userrefs", rec.holds.len().to_string()));
+    }
     DatasetInfo {
         name: rec.name.clone(),
         kind: rec.kind,
-        properties: props::properties(rec, &lineage(datasets, rec), space),
+        properties,
     }
 }

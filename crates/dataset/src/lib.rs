@@ -7,10 +7,13 @@
 //! administrative changes, `props.rs` holds properties and their inheritance.
 
 mod api_types;
+mod blockmap;
 mod cache;
 mod engine;
 mod error;
 pub mod props;
+mod snapshot;
+mod snapshot_admin;
 mod txg;
 mod volume;
 

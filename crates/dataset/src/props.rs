@@ -12,7 +12,7 @@ const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DatasetRecord {
     pub id: u64,
     pub name: String,
@@ -27,8 +27,58 @@ pub struct DatasetRecord {
     pub creation: u64,
     /// Sum of logical sizes of live blocks.
     pub logical_used: u64,
-    /// Sum of allocated sizes of live blocks.
+    /// Sum of allocated sizes of live blocks in the dataset's own block map.
+    /// For a snapshot: what its dataset referenced at the snapshot.
     pub physical_used: u64,
+    /// Clones: allocated/logical bytes of origin blocks the clone still sees
+    /// (not yet overwritten). REFER = physical_used + inherited.
+    #[serde(default)]
+    pub inherited: u64,
+    #[serde(default)]
+    pub inherited_logical: u64,
+    /// Allocated bytes kept only for snapshots: the sum of the dead lists.
+    #[serde(default)]
+    pub snapshot_used: u64,
+    /// Allocated bytes of live blocks born after the newest snapshot (for a
+    /// snapshot: born after the one before it) - zfs `written`.
+    #[serde(default)]
+    pub written: u64,
+    /// Clones: the snapshot whose blocks this dataset starts from.
+    #[serde(default)]
+    pub origin: Option<Origin>,
+    /// Snapshots: the dataset (block namespace) they belong to.
+    #[serde(default)]
+    pub snapshot_of: Option<u64>,
+    /// Snapshots: user holds (`cistern hold TAG SNAP`); a held snapshot cannot be destroyed.
+    #[serde(default)]
+    pub holds: std::collections::BTreeSet<String>,
+}
+
+/// Where a clone's blocks come from until it overwrites them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// The origin dataset's id (its block namespace).
+    pub dataset: u64,
+    /// The origin snapshot's txg: the clone sees versions born at or before it.
+    pub txg: u64,
+    /// The origin snapshot's record id.
+    pub snapshot: u64,
+}
+
+impl DatasetRecord {
+    pub fn is_snapshot(&self) -> bool {
+        self.kind == DatasetKind::Snapshot
+    }
+
+    /// The id of the block map this record reads: its own, or its dataset's for a snapshot.
+    pub fn data_id(&self) -> u64 {
+        self.snapshot_of.unwrap_or(self.id)
+    }
+
+    /// The dataset part of a snapshot name (`tank/vm0` of `tank/vm0@a`).
+    pub fn dataset_name(&self) -> &str {
+        self.name.split_once('@').map_or(&self.name, |(d, _)| d)
+    }
 }
 
 fn default_of(prop: &str) -> &'static str {
@@ -259,9 +309,14 @@ pub struct Space {
     pub referenced: u64,
     pub logical_referenced: u64,
     pub available: u64,
+    /// Held only by snapshots (`usedbysnapshots`).
+    pub snapshots: u64,
+    /// Written since the newest snapshot (for a snapshot: since the one before).
+    pub written: u64,
+    pub compressratio: f64,
 }
 
-fn ratio(logical: u64, physical: u64) -> f64 {
+pub fn ratio(logical: u64, physical: u64) -> f64 {
     if physical == 0 {
         1.0
     } else {
@@ -284,6 +339,7 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
             match rec.kind {
                 DatasetKind::Volume => "volume".into(),
                 DatasetKind::Filesystem => "filesystem".into(),
+                DatasetKind::Snapshot => "snapshot".into(),
             },
             String::new(),
         ),
@@ -296,11 +352,15 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         bytes("available", space.available),
         bytes("referenced", space.referenced),
         {
-            let r = ratio(space.logical_used, space.used);
+            let r = space.compressratio;
             stat("compressratio", format!("{r:.2}x"), format!("{r:.2}"))
         },
     ];
-    if rec.kind == DatasetKind::Volume {
+    if !rec.is_snapshot() {
+        out.push(bytes("usedbysnapshots", space.snapshots));
+    }
+    out.push(bytes("written", space.written));
+    if rec.volblocksize != 0 {
         out.push(Property {
             name: "volsize".into(),
             value: format_size(rec.volsize),

@@ -5,8 +5,10 @@
 //! pointers, space figures and the intent-log checkpoint -> free what the
 //! txg replaced -> trim the log.
 
+use crate::blockmap::{self, Chain};
 use crate::cache::BlockCache;
 use crate::props::{DatasetRecord, Lineage};
+use crate::snapshot::{Action, ActionOutcome, SpaceDelta, VersionChange};
 use crate::{EngineConfig, Error, PoolStats, Result};
 use block::{BlockPointer, ChecksumAlgo, Compression, EncodedBlock};
 use intent_log::{Checkpoint, IntentLog, LogRecord, RecordKind};
@@ -26,31 +28,27 @@ pub struct View {
 }
 
 impl View {
-    /// Live pointers of the committed blocks of `ds` in [first, last] (at most `limit`).
+    /// Data pointers of the committed blocks [first, last] as `chain` sees
+    /// them (holes and tombstones left out).
     pub fn pointers(
+        &self,
+        chain: &Chain,
+        first: u64,
+        last: u64,
+    ) -> Result<BTreeMap<u64, BlockPointer>> {
+        blockmap::resolve_range(&self.blocks, chain, first, last)
+    }
+
+    /// Blocks of `ds` in [first, last] with a committed version born in (after, upto].
+    pub fn changed(
         &self,
         ds: u64,
         first: u64,
         last: u64,
-        limit: usize,
-    ) -> Result<BTreeMap<u64, BlockPointer>> {
-        let mut out = BTreeMap::new();
-        for row in self
-            .blocks
-            .range((ds, first, 0)..=(ds, last, u64::MAX))
-            .map_err(meta_err)?
-        {
-            let (k, v) = row.map_err(meta_err)?;
-            let blk = k.value().1;
-            if out.len() >= limit && !out.contains_key(&blk) {
-                break;
-            }
-            // Versions of one block come oldest first: the last one is live.
-            let bp = BlockPointer::decode(v.value())
-                .map_err(|e| Error::Corrupt(format!("block {blk}: {e}")))?;
-            out.insert(blk, bp);
-        }
-        Ok(out)
+        after: u64,
+        upto: u64,
+    ) -> Result<std::collections::BTreeSet<u64>> {
+        blockmap::changed_blocks(&self.blocks, ds, first, last, after, upto)
     }
 }
 
@@ -123,7 +121,7 @@ fn fault_point(name: &str) {
     }
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -144,8 +142,7 @@ impl ImportedPool {
             local: BTreeMap::new(),
             created_txg: 0,
             creation: now_secs(),
-            logical_used: 0,
-            physical_used: 0,
+            ..Default::default()
         };
         let tx = db.begin_write().map_err(meta_err)?;
         {
@@ -167,6 +164,12 @@ impl ImportedPool {
     pub fn open(pool: Arc<Pool>, config: EngineConfig) -> Result<Arc<ImportedPool>> {
         let db =
             meta::open(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
+        {
+            // Tables added after format 1 (DEADLIST) exist from the first import on.
+            let tx = db.begin_write().map_err(meta_err)?;
+            tx.open_table(DEADLIST).map_err(meta_err)?;
+            tx.commit().map_err(meta_err)?;
+        }
         let (txg, cp, datasets) = {
             let tx = db.begin_read().map_err(meta_err)?;
             let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
@@ -203,8 +206,9 @@ impl ImportedPool {
                 .map_err(meta_err)?
             {
                 let (k, v) = row.map_err(meta_err)?;
-                let bp = BlockPointer::decode(v.value())
-                    .map_err(|e| Error::Corrupt(format!("block {:?}: {e}", k.value())))?;
+                let Some(bp) = blockmap::decode(k.value().1, v.value())? else {
+                    continue; // a tombstone
+                };
                 for dva in &bp.dvas {
                     if !alloc.claim(*dva) {
                         return Err(Error::Corrupt(format!(
@@ -361,12 +365,22 @@ impl ImportedPool {
 
     /// Commits the open txg. See the module documentation for the steps.
     pub fn sync_txg(&self) -> Result<()> {
+        self.commit_txg(None).map(|_| ())
+    }
+
+    /// Commits the open txg with `action` in the same metadata transaction
+    /// (a txg is committed even when nothing is dirty). Changes of the
+    /// dataset the action discards (rollback) are dropped from the txg.
+    pub(crate) fn commit_txg(&self, action: Option<Action>) -> Result<ActionOutcome> {
         let _meta = self.meta_lock.lock();
         let started = Instant::now();
         let (txg, dirty, cp) = {
             let mut open = self.open.lock();
-            if open.dirty.is_empty() {
-                return Ok(());
+            if open.dirty.is_empty() && action.is_none() {
+                return Ok(ActionOutcome::default());
+            }
+            if let Some(ds) = action.as_ref().and_then(Action::discards) {
+                open.dirty.retain(|k, _| k.0 != ds);
             }
             let cp = self.log.checkpoint();
             let txg = open.txg;
@@ -379,8 +393,8 @@ impl ImportedPool {
             *self.syncing.write() = Some(dirty.clone());
             (txg, dirty, cp)
         };
-        match self.write_txg(txg, &dirty, cp) {
-            Ok(()) => {
+        match self.write_txg(txg, &dirty, cp, action) {
+            Ok(outcome) => {
                 *self.syncing.write() = None;
                 self.log.applied(cp);
                 self.counters.txg_commits.fetch_add(1, Ordering::Relaxed);
@@ -388,7 +402,7 @@ impl ImportedPool {
                     .txg_commit_micros
                     .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                 tracing::debug!(pool = %self.pool.name, txg, blocks = dirty.len(), ms = started.elapsed().as_millis() as u64, "txg committed");
-                Ok(())
+                Ok(outcome)
             }
             Err(e) => {
                 // Keep the changes: put them back under newer ones and retry later.
@@ -403,7 +417,13 @@ impl ImportedPool {
         }
     }
 
-    fn write_txg(&self, txg: u64, dirty: &HashMap<BlockKey, Dirty>, cp: Checkpoint) -> Result<()> {
+    fn write_txg(
+        &self,
+        txg: u64,
+        dirty: &HashMap<BlockKey, Dirty>,
+        cp: Checkpoint,
+        action: Option<Action>,
+    ) -> Result<ActionOutcome> {
         let settings = self.pipeline_settings();
         let mut keys: Vec<BlockKey> = dirty.keys().copied().collect();
         keys.sort_unstable();
@@ -460,7 +480,7 @@ impl ImportedPool {
             }
         }
         let new_dvas: Vec<Dva> = placed.iter().flatten().map(|bp| bp.dvas[0]).collect();
-        let result = self.write_placed(txg, &keys, &encoded, &placed, cp);
+        let result = self.write_placed(txg, &keys, &encoded, &placed, cp, action);
         if result.is_ok() {
             // Just-written blocks are the likeliest to be read (or partly
             // rewritten) next: keep them in the cache under their new version.
@@ -486,7 +506,8 @@ impl ImportedPool {
         encoded: &[Option<EncodedBlock>],
         placed: &[Option<BlockPointer>],
         cp: Checkpoint,
-    ) -> Result<()> {
+        action: Option<Action>,
+    ) -> Result<ActionOutcome> {
         // Write: blocks adjacent on disk go out together, up to 8 MiB per vectored write.
         static PAD: [u8; pool::SECTOR as usize] = [0; pool::SECTOR as usize];
         let mut order: Vec<usize> = (0..keys.len()).filter(|&i| placed[i].is_some()).collect();
@@ -536,65 +557,78 @@ impl ImportedPool {
         self.pool.sync_all().map_err(|e| Error::Io(e.to_string()))?;
         fault_point("after_data");
 
-        // Metadata: one transaction for every pointer, space figure and the log checkpoint.
+        // Metadata: one transaction for every pointer, space figure, the
+        // log checkpoint and the administrative action riding on this txg.
+        // No admin change can interleave: those take meta_lock too, which
+        // this commit holds.
+        let mut recs: BTreeMap<u64, DatasetRecord> = self
+            .datasets
+            .read()
+            .values()
+            .map(|r| (r.id, r.clone()))
+            .collect();
+        let before = recs.clone();
+        // Newest snapshot of each dataset: versions born after it are freed when replaced.
+        let mut latest_snapshot: HashMap<u64, u64> = HashMap::new();
+        for r in recs.values().filter(|r| r.is_snapshot()) {
+            let e = latest_snapshot.entry(r.data_id()).or_default();
+            *e = (*e).max(r.created_txg);
+        }
+        let origins: HashMap<u64, Chain> = recs
+            .values()
+            .filter(|r| r.origin.is_some())
+            .map(|r| (r.id, Chain::of(r, before.values()).below()))
+            .collect();
         let mut freed: Vec<Dva> = Vec::new();
-        let mut space: HashMap<u64, (i64, i64)> = HashMap::new();
-        let live_ids: HashMap<u64, ()> =
-            self.datasets.read().values().map(|d| (d.id, ())).collect();
         let mut orphaned: Vec<Dva> = Vec::new();
-        let changed: Vec<DatasetRecord>;
+        let mut space: HashMap<u64, SpaceDelta> = HashMap::new();
+        let mut outcome = ActionOutcome::default();
         let tx = self.db.begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+            let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
             for (i, &(ds, blk)) in keys.iter().enumerate() {
-                if !live_ids.contains_key(&ds) {
+                if !recs.contains_key(&ds) {
                     orphaned.extend(placed[i].iter().map(|bp| bp.dvas[0]));
                     continue;
                 }
-                let old = blocks
-                    .range((ds, blk, 0)..=(ds, blk, u64::MAX))
-                    .map_err(meta_err)?
-                    .next_back()
-                    .transpose()
-                    .map_err(meta_err)?
-                    .map(|(k, v)| (k.value(), v.value().to_vec()));
-                let acct = space.entry(ds).or_default();
-                if let Some((old_key, old_bp)) = old {
-                    let old_bp =
-                        BlockPointer::decode(&old_bp).map_err(|e| Error::Corrupt(e.to_string()))?;
-                    // No snapshots yet: every replaced block is born after the newest
-                    // snapshot (txg 0), so it is freed rather than put on a dead list.
-                    blocks.remove(old_key).map_err(meta_err)?;
-                    freed.extend(old_bp.dvas.iter().copied());
-                    acct.0 -= old_bp.lsize as i64;
-                    acct.1 -= old_bp.asize() as i64;
-                }
-                if let Some(bp) = &placed[i] {
-                    blocks
-                        .insert((ds, blk, txg), bp.encode().as_slice())
-                        .map_err(meta_err)?;
-                    acct.0 += bp.lsize as i64;
-                    acct.1 += bp.asize() as i64;
+                let change = VersionChange {
+                    ds,
+                    blk,
+                    txg,
+                    latest_snapshot: latest_snapshot.get(&ds).copied().unwrap_or(0),
+                    origin: origins.get(&ds),
+                    new: placed[i].as_ref(),
+                };
+                change.apply(
+                    &mut blocks,
+                    &mut dead,
+                    space.entry(ds).or_default(),
+                    &mut freed,
+                )?;
+            }
+        }
+        {
+            for (id, d) in &space {
+                if let Some(rec) = recs.get_mut(id) {
+                    d.apply_to(rec);
                 }
             }
-            // Records whose space changed. No admin change can interleave:
-            // those take meta_lock too, which this commit holds.
-            changed = self
-                .datasets
-                .read()
-                .values()
-                .filter_map(|rec| {
-                    let (l, p) = space.get(&rec.id)?;
-                    let mut rec = rec.clone();
-                    rec.logical_used = (rec.logical_used as i64 + l).max(0) as u64;
-                    rec.physical_used = (rec.physical_used as i64 + p).max(0) as u64;
-                    Some(rec)
-                })
-                .collect();
+            if let Some(action) = action {
+                outcome = self.run_action(action, txg, &tx, &mut recs, &mut freed)?;
+            }
             let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
-            for rec in &changed {
-                let json = serde_json::to_vec(rec).map_err(meta_err)?;
-                table.insert(rec.id, json.as_slice()).map_err(meta_err)?;
+            for (id, rec) in &recs {
+                let unchanged = before
+                    .get(id)
+                    .is_some_and(|b| serde_json::to_vec(b).ok() == serde_json::to_vec(rec).ok());
+                if !unchanged {
+                    let json = serde_json::to_vec(rec).map_err(meta_err)?;
+                    table.insert(*id, json.as_slice()).map_err(meta_err)?;
+                }
+            }
+            for id in before.keys().filter(|id| !recs.contains_key(id)) {
+                table.remove(*id).map_err(meta_err)?;
             }
             let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
             r.insert(RECORD_TXG, txg).map_err(meta_err)?;
@@ -619,10 +653,18 @@ impl ImportedPool {
             }
         }
         let mut datasets = self.datasets.write();
-        for rec in changed {
+        datasets.retain(|_, r| recs.contains_key(&r.id));
+        for rec in recs.into_values() {
             datasets.insert(rec.name.clone(), rec);
         }
-        Ok(())
+        Ok(outcome)
+    }
+
+    /// The chain a dataset's head reads through (its own blocks, then its origins).
+    pub fn chain_of(&self, id: u64) -> Option<Chain> {
+        let datasets = self.datasets.read();
+        let rec = datasets.values().find(|d| d.id == id)?;
+        Some(Chain::of(rec, datasets.values()))
     }
 
     fn block_size_of(&self, id: u64) -> Option<u32> {
@@ -656,6 +698,10 @@ impl ImportedPool {
             if let Some(cur) = self.datasets.read().get(&rec.name) {
                 rec.logical_used = cur.logical_used;
                 rec.physical_used = cur.physical_used;
+                rec.inherited = cur.inherited;
+                rec.inherited_logical = cur.inherited_logical;
+                rec.snapshot_used = cur.snapshot_used;
+                rec.written = cur.written;
             }
             let json = serde_json::to_vec(&rec).map_err(meta_err)?;
             t.insert(rec.id, json.as_slice()).map_err(meta_err)?;
@@ -682,49 +728,15 @@ impl ImportedPool {
         Ok(id)
     }
 
-    /// Removes a dataset and frees all of its blocks.
+    /// Removes a dataset, its snapshots and frees all of its blocks.
     pub fn destroy_dataset(&self, name: &str) -> Result<()> {
-        // Commit what is in flight first so no txg writes blocks for it afterwards.
-        self.sync_txg()?;
-        let _meta = self.meta_lock.lock();
         let id = self
             .datasets
             .read()
             .get(name)
             .map(|d| d.id)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        {
-            let mut open = self.open.lock();
-            open.dirty.retain(|k, _| k.0 != id);
-        }
-        let mut freed = Vec::new();
-        let tx = self.db.begin_write().map_err(meta_err)?;
-        {
-            let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-            let doomed: Vec<((u64, u64, u64), Vec<u8>)> = blocks
-                .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
-                .map_err(meta_err)?
-                .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(meta_err)?;
-            for (k, v) in doomed {
-                blocks.remove(k).map_err(meta_err)?;
-                if let Ok(bp) = BlockPointer::decode(&v) {
-                    freed.extend(bp.dvas);
-                }
-            }
-            tx.open_table(DATASETS)
-                .map_err(meta_err)?
-                .remove(id)
-                .map_err(meta_err)?;
-        }
-        tx.commit().map_err(meta_err)?;
-        let mut alloc = self.pool.allocator();
-        for dva in freed {
-            alloc.free(dva);
-        }
-        drop(alloc);
-        self.datasets.write().remove(name);
+        self.commit_txg(Some(Action::DestroyDataset(id)))?;
         self.cache.forget_dataset(id);
         Ok(())
     }
@@ -790,6 +802,13 @@ pub fn lineage<'a>(
 ) -> Lineage<'a> {
     let mut chain = vec![rec];
     let mut name = rec.name.as_str();
+    // A snapshot inherits from its dataset, then up the tree.
+    if let Some((dataset, _)) = name.split_once('@') {
+        if let Some(d) = datasets.get(dataset) {
+            chain.push(d);
+        }
+        name = dataset;
+    }
     while let Some((parent, _)) = name.rsplit_once('/') {
         if let Some(p) = datasets.get(parent) {
             chain.push(p);

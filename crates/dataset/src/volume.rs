@@ -1,6 +1,7 @@
 //! Volume I/O: byte ranges mapped onto volblocksize blocks in the open txg,
 //! the txg being committed, and the committed block map, in that order.
 
+use crate::blockmap::Chain;
 use crate::txg::{Dirty, ImportedPool, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
@@ -32,20 +33,24 @@ impl Op<'_> {
     }
 }
 
-/// Contents of blocks outside the open txg: the syncing txg, else the
-/// committed block map (through the cache; adjacent blocks are read from
-/// disk in one I/O and verified one by one). `None` is a hole.
+/// Contents of blocks outside the open txg: the syncing txg (for a
+/// dataset's head, not a snapshot), else the committed block map as `chain`
+/// sees it (through the cache; adjacent blocks are read from disk in one
+/// I/O and verified one by one). `None` is a hole.
 pub(crate) fn read_outside_open(
     p: &ImportedPool,
     view: &View,
-    ds: u64,
+    chain: &Chain,
+    head: bool,
     bs: u32,
     blocks: &[u64],
 ) -> Result<HashMap<u64, Option<Arc<Vec<u8>>>>> {
+    let ds = chain.data_id();
     let mut out = HashMap::with_capacity(blocks.len());
     let mut committed = Vec::new();
+    let syncing = view.syncing.as_ref().filter(|_| head);
     for &b in blocks {
-        match view.syncing.as_ref().and_then(|s| s.get(&(ds, b))) {
+        match syncing.and_then(|s| s.get(&(ds, b))) {
             Some(d) => {
                 out.insert(b, materialized(d, bs));
             }
@@ -58,11 +63,11 @@ pub(crate) fn read_outside_open(
     // One range scan when the blocks are dense (a read), point lookups when
     // they are far apart (the head and tail of a large write).
     let pointers = if hi - lo < 4 * committed.len() as u64 {
-        view.pointers(ds, lo, hi, usize::MAX)?
+        view.pointers(chain, lo, hi)?
     } else {
         let mut m = std::collections::BTreeMap::new();
         for &b in &committed {
-            m.extend(view.pointers(ds, b, b, 1)?);
+            m.extend(view.pointers(chain, b, b)?);
         }
         m
     };
@@ -178,6 +183,9 @@ pub(crate) fn apply(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
+    let chain = p
+        .chain_of(ds)
+        .ok_or_else(|| Error::NotFound(format!("dataset {ds}")))?;
     for _attempt in 0..64 {
         let (txg, need): (u64, Vec<u64>) = {
             let open = p.open.lock();
@@ -192,16 +200,14 @@ pub(crate) fn apply(
         };
         // Old contents of partially written blocks, read without holding the lock.
         let view = p.view()?;
-        let bases = read_outside_open(p, &view, ds, bs, &need)?;
+        let bases = read_outside_open(p, &view, &chain, true, bs, &need)?;
         // For deallocation: which whole blocks exist at all (no need to record holes over holes).
         let existing: HashSet<u64> = match op {
             Op::Zero {
                 allocate: false, ..
             } if (first..=last).any(|b| !is_partial(b)) => {
-                let mut set: HashSet<u64> = view
-                    .pointers(ds, first, last, usize::MAX)?
-                    .into_keys()
-                    .collect();
+                let mut set: HashSet<u64> =
+                    view.pointers(&chain, first, last)?.into_keys().collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
                         s.keys()
@@ -291,13 +297,23 @@ pub(crate) fn apply(
     )))
 }
 
+/// A volume's (or snapshot's) settings as of one request.
+struct State {
+    size: u64,
+    bs: u32,
+    readonly: bool,
+    compressing: bool,
+    chain: Chain,
+    /// A snapshot: reads stop at its txg and skip uncommitted changes.
+    snapshot: Option<u64>,
+}
+
 impl Volume {
     pub(crate) fn new(pool: Arc<ImportedPool>, id: u64, name: String) -> Volume {
         Volume { pool, id, name }
     }
 
-    /// (volsize, volblocksize, readonly, compression is on) as of now.
-    fn current(&self) -> Result<(u64, u32, bool, bool)> {
+    fn current(&self) -> Result<State> {
         if self.pool.is_closed() {
             return Err(Error::NotFound(self.name.clone()));
         }
@@ -307,12 +323,14 @@ impl Volume {
             .filter(|r| r.id == self.id)
             .ok_or_else(|| Error::NotFound(self.name.clone()))?;
         let lineage = crate::txg::lineage(&datasets, rec);
-        Ok((
-            rec.volsize,
-            rec.volblocksize,
-            lineage.readonly(),
-            lineage.compression() != block::Compression::Off,
-        ))
+        Ok(State {
+            size: rec.volsize,
+            bs: rec.volblocksize,
+            readonly: rec.is_snapshot() || lineage.readonly(),
+            compressing: lineage.compression() != block::Compression::Off,
+            chain: Chain::of(rec, datasets.values()),
+            snapshot: rec.is_snapshot().then_some(rec.created_txg),
+        })
     }
 
     fn check_range(&self, offset: u64, len: u64, size: u64) -> Result<()> {
@@ -330,38 +348,54 @@ impl Volume {
     }
 
     pub fn size(&self) -> u64 {
-        self.current().map(|c| c.0).unwrap_or(0)
+        self.current().map(|c| c.size).unwrap_or(0)
     }
 
     pub fn block_size(&self) -> u32 {
-        self.current().map(|c| c.1).unwrap_or(4096)
+        self.current().map(|c| c.bs).unwrap_or(4096)
     }
 
     pub fn read_only(&self) -> bool {
-        self.current().map(|c| c.2).unwrap_or(true)
+        self.current().map(|c| c.readonly).unwrap_or(true)
+    }
+
+    /// Uncommitted changes of blocks [first, last] (none for a snapshot).
+    fn open_changes(&self, st: &State, first: u64, last: u64) -> Vec<Option<Dirty>> {
+        if st.snapshot.is_some() {
+            return vec![None; (last - first + 1) as usize];
+        }
+        let ds = st.chain.data_id();
+        let open = self.pool.open.lock();
+        (first..=last)
+            .map(|b| open.dirty.get(&(ds, b)).cloned())
+            .collect()
     }
 
     pub fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadSegment>> {
-        let (size, bs, _, _) = self.current()?;
-        self.check_range(offset, len, size)?;
+        let st = self.current()?;
+        self.check_range(offset, len, st.size)?;
         if len == 0 {
             return Ok(Vec::new());
         }
+        let bs = st.bs;
         let bsz = bs as u64;
         let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
-        let in_open: Vec<Option<Dirty>> = {
-            let open = self.pool.open.lock();
-            (first..=last)
-                .map(|b| open.dirty.get(&(self.id, b)).cloned())
-                .collect()
-        };
+        let in_open = self.open_changes(&st, first, last);
         let outside: Vec<u64> = (first..=last)
             .filter(|b| in_open[(b - first) as usize].is_none())
             .collect();
         let mut fetched = if outside.is_empty() {
             HashMap::new()
         } else {
-            read_outside_open(&self.pool, &self.pool.view()?, self.id, bs, &outside)?
+            let view = self.pool.view()?;
+            read_outside_open(
+                &self.pool,
+                &view,
+                &st.chain,
+                st.snapshot.is_none(),
+                bs,
+                &outside,
+            )?
         };
         let mut out: Vec<ReadSegment> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
@@ -387,14 +421,14 @@ impl Volume {
     }
 
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
-        let (size, bs, readonly, compressing) = self.current()?;
-        if readonly {
+        let st = self.current()?;
+        if st.readonly {
             return Err(Error::ReadOnly(self.name.clone()));
         }
-        self.check_range(offset, op.len(), size)?;
+        self.check_range(offset, op.len(), st.size)?;
         self.ensure_space(op.len())?;
         self.pool.throttle();
-        let seq = apply(&self.pool, self.id, bs, offset, op, true, compressing)?;
+        let seq = apply(&self.pool, self.id, st.bs, offset, op, true, st.compressing)?;
         if fua {
             self.pool
                 .log
@@ -448,29 +482,25 @@ impl Volume {
     }
 
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let (size, bs, _, _) = self.current()?;
-        self.check_range(offset, len, size)?;
+        let st = self.current()?;
+        self.check_range(offset, len, st.size)?;
         if len == 0 {
             return Ok(Vec::new());
         }
-        let bsz = bs as u64;
+        let bsz = st.bs as u64;
         let first = offset / bsz;
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
+        let ds = st.chain.data_id();
         // The open txg first, then the view (see ImportedPool::view for why).
-        let in_open: Vec<Option<Dirty>> = {
-            let open = self.pool.open.lock();
-            (first..=last)
-                .map(|b| open.dirty.get(&(self.id, b)).cloned())
-                .collect()
-        };
+        let in_open = self.open_changes(&st, first, last);
         let view = self.pool.view()?;
-        let committed = view.pointers(self.id, first, last, usize::MAX)?;
+        let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
+        let committed = view.pointers(&st.chain, first, last)?;
         let mut out: Vec<Extent> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
-            let key = (self.id, b);
             let dirty = in_open[i]
                 .as_ref()
-                .or_else(|| view.syncing.as_ref().and_then(|s| s.get(&key)));
+                .or_else(|| syncing.and_then(|s| s.get(&(ds, b))));
             let (hole, zero) = match dirty {
                 Some(Dirty::Data(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
@@ -483,6 +513,66 @@ impl Volume {
             match out.last_mut() {
                 Some(e) if e.hole == hole && e.zero == zero => e.len += n,
                 _ => out.push(Extent { len: n, hole, zero }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Short names of the snapshots of this volume older than it (all of
+    /// them for the volume itself), oldest first.
+    pub fn older_snapshots(&self) -> Vec<String> {
+        let Ok(st) = self.current() else {
+            return Vec::new();
+        };
+        let ds = st.chain.data_id();
+        let upto = st.snapshot.unwrap_or(u64::MAX);
+        let datasets = self.pool.datasets.read();
+        let mut snaps: Vec<(u64, String)> = datasets
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == ds && r.created_txg < upto)
+            .filter_map(|r| Some((r.created_txg, r.name.split_once('@')?.1.to_string())))
+            .collect();
+        snaps.sort();
+        snaps.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// Which parts of [offset, offset+len) changed since snapshot `since`
+    /// of this volume (the `cistern:changed:SNAP` NBD meta context): runs
+    /// of `(len, changed)`. Uncommitted writes count as changed.
+    pub fn changed_since(&self, since: &str, offset: u64, len: u64) -> Result<Vec<(u64, bool)>> {
+        let st = self.current()?;
+        self.check_range(offset, len, st.size)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let ds = st.chain.data_id();
+        let after = {
+            let datasets = self.pool.datasets.read();
+            let name = format!("{}@{since}", self.name.split('@').next().unwrap_or(""));
+            datasets
+                .get(&name)
+                .filter(|r| r.is_snapshot() && r.data_id() == ds)
+                .map(|r| r.created_txg)
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{name}'")))?
+        };
+        let upto = st.snapshot.unwrap_or(u64::MAX);
+        let bsz = st.bs as u64;
+        let first = offset / bsz;
+        let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
+        let in_open = self.open_changes(&st, first, last);
+        let view = self.pool.view()?;
+        let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
+        let committed = view.changed(ds, first, last, after, upto)?;
+        let mut out: Vec<(u64, bool)> = Vec::new();
+        for (i, b) in (first..=last).enumerate() {
+            let changed = in_open[i].is_some()
+                || syncing.is_some_and(|s| s.contains_key(&(ds, b)))
+                || committed.contains(&b);
+            let start = b * bsz;
+            let n = (offset + len).min(start + bsz) - offset.max(start);
+            match out.last_mut() {
+                Some(e) if e.1 == changed => e.0 += n,
+                _ => out.push((n, changed)),
             }
         }
         Ok(out)

@@ -240,7 +240,9 @@ fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
             zero: false
         }
     );
-    engine.destroy_dataset("tank/v").unwrap();
+    engine
+        .destroy("tank/v", &DestroyOptions::default())
+        .unwrap();
     assert_eq!(engine.list_pools()[0].allocated, base);
     assert!(matches!(vol.read(0, 10), Err(Error::NotFound(_))));
 }

@@ -22,3 +22,12 @@ pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets
 /// in the key keeps older versions addressable for snapshots: the live
 /// version of a block is the entry with the greatest birth.
 pub const BLOCKS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("blocks");
+
+/// Dead lists of all snapshots of a dataset, in one ordered table:
+/// (dataset id, death txg, block index, birth txg) -> allocated bytes. A
+/// row names a version of a block (its BLOCKS key is (dataset, block,
+/// birth)) that the dataset's head stopped referencing at `death` while a
+/// snapshot taken before still does. The rows with death in (S, N] are
+/// the dead list of the snapshot or head N that follows snapshot S, so
+/// destroying a snapshot needs no merge: removing S joins two ranges.
+pub const DEADLIST: TableDefinition<(u64, u64, u64, u64), u64> = TableDefinition::new("deadlist");

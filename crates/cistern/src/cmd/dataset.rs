@@ -29,7 +29,8 @@ pub struct ListArgs {
     /// Columns: name, type, or any property (default name,used,avail,refer).
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
-    /// Types to list: volume, filesystem or all (comma-separated).
+    /// Types to list: volume, filesystem, snapshot or all (comma-separated;
+    /// default: volumes and filesystems).
     #[arg(short = 't', value_name = "TYPE")]
     pub types: Option<String>,
     /// Also list the children of the named datasets.
@@ -64,6 +65,19 @@ pub struct SetArgs {
 
 #[derive(Debug, Args)]
 pub struct DestroyArgs {
+    /// Also destroy children and snapshots (for DS@SNAP: that snapshot of every child).
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// Dry run: change nothing (use with -v to see what would go).
+    #[arg(short = 'n')]
+    pub dry_run: bool,
+    /// Print what is destroyed and how much space is reclaimed.
+    #[arg(short = 'v')]
+    pub verbose: bool,
+    /// Exact byte counts with -v.
+    #[arg(short = 'p')]
+    pub parsable: bool,
+    /// POOL/DS, or snapshots: POOL/DS@SNAP, POOL/DS@FIRST%LAST, POOL/DS@A,B.
     pub dataset: String,
 }
 
@@ -87,31 +101,47 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
 pub struct TypeFilter {
     pub volume: bool,
     pub filesystem: bool,
+    pub snapshot: bool,
+}
+
+impl TypeFilter {
+    fn wants(&self, k: DatasetKind) -> bool {
+        match k {
+            DatasetKind::Volume => self.volume,
+            DatasetKind::Filesystem => self.filesystem,
+            DatasetKind::Snapshot => self.snapshot,
+        }
+    }
 }
 
 pub fn parse_types(s: Option<&str>) -> Result<TypeFilter> {
     let Some(s) = s else {
+        // As zfs with listsnapshots=off: snapshots only when asked for.
         return Ok(TypeFilter {
             volume: true,
             filesystem: true,
+            snapshot: false,
         });
     };
     let mut f = TypeFilter {
         volume: false,
         filesystem: false,
+        snapshot: false,
     };
     for t in split_list(s) {
         match t.to_ascii_lowercase().as_str() {
             "volume" | "vol" => f.volume = true,
             "filesystem" | "fs" => f.filesystem = true,
+            "snapshot" | "snap" => f.snapshot = true,
             "all" => {
                 f.volume = true;
-                f.filesystem = true
+                f.filesystem = true;
+                f.snapshot = true;
             }
-            other => bail!("invalid type '{other}' (valid: volume, filesystem, all)"),
+            other => bail!("invalid type '{other}' (valid: volume, filesystem, snapshot, all)"),
         }
     }
-    if !f.volume && !f.filesystem {
+    if !f.volume && !f.filesystem && !f.snapshot {
         bail!("no type given to -t");
     }
     Ok(f)
@@ -121,6 +151,7 @@ fn kind_name(k: DatasetKind) -> &'static str {
     match k {
         DatasetKind::Filesystem => "filesystem",
         DatasetKind::Volume => "volume",
+        DatasetKind::Snapshot => "snapshot",
     }
 }
 
@@ -162,7 +193,14 @@ pub fn dataset_table(datasets: &[DatasetInfo], columns: &[String], parsable: boo
     t
 }
 
-fn collect(client: &api::Client, names: &[String], recursive: bool) -> Result<Vec<DatasetInfo>> {
+/// The named datasets (with `recursive`, their children; with
+/// `snapshots`, their snapshots too), or every dataset.
+fn collect(
+    client: &api::Client,
+    names: &[String],
+    recursive: bool,
+    snapshots: bool,
+) -> Result<Vec<DatasetInfo>> {
     if names.is_empty() {
         return Ok(client.list_datasets(None)?);
     }
@@ -170,6 +208,13 @@ fn collect(client: &api::Client, names: &[String], recursive: bool) -> Result<Ve
     for n in names {
         let found = if recursive {
             client.list_datasets(Some(n))?
+        } else if snapshots && !n.contains('@') {
+            let prefix = format!("{n}@");
+            client
+                .list_datasets(Some(n))?
+                .into_iter()
+                .filter(|d| d.name == *n || d.name.starts_with(&prefix))
+                .collect()
         } else {
             vec![client.dataset(n)?]
         };
@@ -197,11 +242,9 @@ pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
     if columns.is_empty() {
         bail!("no columns given to -o");
     }
-    let mut datasets = collect(client, &a.datasets, a.recursive)?;
-    datasets.retain(|d| match d.kind {
-        DatasetKind::Volume => types.volume,
-        DatasetKind::Filesystem => types.filesystem,
-    });
+    let mut datasets = collect(client, &a.datasets, a.recursive, types.snapshot)?;
+    // A name given explicitly is listed whatever its type (as zfs).
+    datasets.retain(|d| types.wants(d.kind) || a.datasets.contains(&d.name));
     if a.format.json {
         return json(&datasets);
     }
@@ -340,7 +383,7 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
         }
         None => GET_FIELDS.iter().map(|s| s.to_string()).collect(),
     };
-    let datasets = collect(client, &a.datasets, false)?;
+    let datasets = collect(client, &a.datasets, false, false)?;
     let rows = get_rows(&datasets, &a.props)?;
     if a.format.json {
         return json(&rows);
@@ -358,7 +401,23 @@ pub fn set(client: &api::Client, a: SetArgs) -> Result<()> {
 }
 
 pub fn destroy(client: &api::Client, a: DestroyArgs) -> Result<()> {
-    client.destroy_dataset(&a.dataset)?;
+    let opts = dataset::DestroyOptions {
+        recursive: a.recursive,
+        dry_run: a.dry_run,
+    };
+    let report = client.destroy(&a.dataset, &opts)?;
+    if a.verbose {
+        let verb = if report.dry_run { "would" } else { "will" };
+        for name in &report.destroyed {
+            outln(&format!("{verb} destroy {name}"));
+        }
+        let freed = if a.parsable {
+            report.freed.to_string()
+        } else {
+            dataset::props::format_size(report.freed)
+        };
+        outln(&format!("{verb} reclaim {freed}"));
+    }
     Ok(())
 }
 

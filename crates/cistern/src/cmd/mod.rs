@@ -3,6 +3,7 @@
 pub mod dataset;
 pub mod pool;
 pub mod props;
+pub mod snapshot;
 
 use crate::Command;
 use anyhow::Result;
@@ -29,6 +30,13 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Get(a) => dataset::get(client, a),
         Command::Set(a) => dataset::set(client, a),
         Command::Destroy(a) => dataset::destroy(client, a),
+        Command::Snapshot(a) => snapshot::snapshot(client, a),
+        Command::Rollback(a) => snapshot::rollback(client, a),
+        Command::Clone(a) => snapshot::clone(client, a),
+        Command::Hold(a) => snapshot::hold(client, a, true),
+        Command::Release(a) => snapshot::hold(client, a, false),
+        Command::Holds(a) => snapshot::holds(client, a),
+        Command::Diff(a) => snapshot::diff(client, a),
         Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
             unreachable!("daemon commands are dispatched in main")
         }

@@ -1,0 +1,130 @@
+//! `cistern snapshot|rollback|clone|hold|release|holds|diff`: zfs-style
+//! snapshot commands.
+
+use crate::cmd::props::parse_assignment;
+use crate::cmd::OutputFlags;
+use crate::format::Table;
+use crate::output::{json, out, outln};
+use anyhow::Result;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// Snapshot every dataset below too, all at one point in time.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// POOL/DS@NAME (several: taken together, atomically).
+    #[arg(value_name = "POOL/DS@NAME", required = true, num_args = 1..)]
+    pub names: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    /// Destroy snapshots newer than the one rolled back to.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// POOL/DS@NAME
+    pub snapshot: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CloneArgs {
+    /// Property for the clone (repeatable).
+    #[arg(short = 'o', value_name = "PROP=VALUE")]
+    pub props: Vec<String>,
+    /// POOL/DS@NAME
+    pub snapshot: String,
+    /// POOL/NEW
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// The same snapshot of every dataset below too.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    pub tag: String,
+    #[arg(value_name = "POOL/DS@NAME", required = true, num_args = 1..)]
+    pub snapshots: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldsArgs {
+    #[command(flatten)]
+    pub format: OutputFlags,
+    #[arg(value_name = "POOL/DS@NAME", required = true, num_args = 1..)]
+    pub snapshots: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub format: OutputFlags,
+    /// POOL/DS@NAME
+    pub from: String,
+    /// A later snapshot of the same dataset, or the dataset (default: the dataset now).
+    pub to: Option<String>,
+}
+
+pub fn snapshot(client: &api::Client, a: SnapshotArgs) -> Result<()> {
+    client.snapshot(&a.names, a.recursive)?;
+    Ok(())
+}
+
+pub fn rollback(client: &api::Client, a: RollbackArgs) -> Result<()> {
+    for name in client.rollback(&a.snapshot, a.recursive)? {
+        outln(&format!("destroyed {name}"));
+    }
+    Ok(())
+}
+
+pub fn clone(client: &api::Client, a: CloneArgs) -> Result<()> {
+    let props = a
+        .props
+        .iter()
+        .map(|p| parse_assignment(p))
+        .collect::<Result<Vec<_>>>()?;
+    client.clone_snapshot(&a.snapshot, &a.name, &props)?;
+    Ok(())
+}
+
+pub fn hold(client: &api::Client, a: HoldArgs, hold: bool) -> Result<()> {
+    client.set_hold(&a.tag, &a.snapshots, a.recursive, hold)?;
+    Ok(())
+}
+
+pub fn holds(client: &api::Client, a: HoldsArgs) -> Result<()> {
+    let rows = client.holds(&a.snapshots)?;
+    if a.format.json {
+        return json(&rows);
+    }
+    let mut t = Table::new(&["NAME".to_string(), "TAG".to_string()]);
+    for (name, tag) in rows {
+        t.push(vec![name, tag]);
+    }
+    out(&t.render(a.format.scripted));
+    Ok(())
+}
+
+/// `OFFSET LENGTH` per changed range (bytes with -p, human sizes otherwise).
+pub fn diff(client: &api::Client, a: DiffArgs) -> Result<()> {
+    let report = client.diff(&a.from, a.to.as_deref())?;
+    if a.format.json {
+        return json(&report);
+    }
+    let size = |n: u64| {
+        if a.format.parsable {
+            n.to_string()
+        } else {
+            dataset::props::format_size(n)
+        }
+    };
+    let mut t = Table::new(&["OFFSET".to_string(), "LENGTH".to_string()]);
+    t.align_right(0);
+    t.align_right(1);
+    for r in &report.ranges {
+        t.push(vec![size(r.offset), size(r.length)]);
+    }
+    out(&t.render(a.format.scripted));
+    Ok(())
+}

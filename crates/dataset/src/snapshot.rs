@@ -1,0 +1,519 @@
+//! Snapshots, clones, rollback and destroy: what a txg commit does to the
+//! block map and dead lists when a block is replaced, and the
+//! administrative actions that ride on a txg commit (so each is atomic
+//! with the data before it and ordered against every acknowledged write).
+//!
+//! Space rules (as ZFS, design brief "Snapshots: birth time and dead lists"):
+//! a replaced version born after the dataset's newest snapshot is freed at
+//! once; an older one stays in BLOCKS and gets a DEADLIST row keyed by the
+//! txg it died in. Destroying snapshot S (previous P, next N or the head)
+//! frees exactly the dead rows with death in (S, N] and birth > P.
+
+use crate::blockmap::{self, Chain, Key};
+use crate::props::{DatasetRecord, Origin};
+use crate::txg::ImportedPool;
+use crate::{DatasetKind, Error, Result};
+use block::BlockPointer;
+use meta::redb::{ReadableDatabase, ReadableTable, Table, WriteTransaction};
+use meta::schema::{BLOCKS, DEADLIST};
+use pool::Dva;
+use std::collections::BTreeMap;
+
+type DeadKey = (u64, u64, u64, u64);
+
+fn meta_err(e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("metadata store: {e}"))
+}
+
+/// Space changes of one dataset during a txg, applied to its record at commit.
+#[derive(Debug, Default)]
+pub(crate) struct SpaceDelta {
+    own: i64,
+    own_logical: i64,
+    inherited: i64,
+    inherited_logical: i64,
+    snapshots: i64,
+    written: i64,
+}
+
+fn add(v: &mut u64, d: i64) {
+    let n = *v as i64 + d;
+    debug_assert!(n >= 0, "space figure would go negative: {v} + {d}");
+    *v = n.max(0) as u64;
+}
+
+impl SpaceDelta {
+    pub(crate) fn apply_to(&self, rec: &mut DatasetRecord) {
+        add(&mut rec.physical_used, self.own);
+        add(&mut rec.logical_used, self.own_logical);
+        add(&mut rec.inherited, self.inherited);
+        add(&mut rec.inherited_logical, self.inherited_logical);
+        add(&mut rec.snapshot_used, self.snapshots);
+        add(&mut rec.written, self.written);
+    }
+}
+
+fn sizes(bp: &Option<BlockPointer>) -> (i64, i64) {
+    bp.as_ref()
+        .map_or((0, 0), |bp| (bp.asize() as i64, bp.lsize as i64))
+}
+
+/// One block of one dataset gets a new version (data, or a hole) in `txg`.
+pub(crate) struct VersionChange<'a> {
+    pub ds: u64,
+    pub blk: u64,
+    pub txg: u64,
+    /// Txg of the dataset's newest snapshot (0 if none).
+    pub latest_snapshot: u64,
+    /// For clones: the levels below the clone's own block map.
+    pub origin: Option<&'a Chain>,
+    /// The new data, or `None` for a hole.
+    pub new: Option<&'a BlockPointer>,
+}
+
+impl VersionChange<'_> {
+    /// Invariant kept: the newest version of a block in its dataset's map
+    /// is live (the head's); everything older is on a dead list.
+    pub(crate) fn apply(
+        &self,
+        blocks: &mut Table<Key, &'static [u8]>,
+        dead: &mut Table<DeadKey, u64>,
+        d: &mut SpaceDelta,
+        freed: &mut Vec<Dva>,
+    ) -> Result<()> {
+        let (ds, blk) = (self.ds, self.blk);
+        let (old, older_exists) = {
+            let mut rows = blocks
+                .range((ds, blk, 0)..=(ds, blk, u64::MAX))
+                .map_err(meta_err)?
+                .rev();
+            let old = match rows.next() {
+                Some(row) => {
+                    let (k, v) = row.map_err(meta_err)?;
+                    Some((k.value().2, blockmap::decode(blk, v.value())?))
+                }
+                None => None,
+            };
+            (old, rows.next().is_some())
+        };
+        if self.new.is_none() && matches!(old, Some((_, None))) {
+            return Ok(()); // a hole over a live tombstone changes nothing
+        }
+        // Whether some older version stays in the map after `old` is handled.
+        let mut shadowed = false;
+        match &old {
+            Some((birth, bp)) => {
+                let (phys, logical) = sizes(bp);
+                d.own -= phys;
+                d.own_logical -= logical;
+                if *birth > self.latest_snapshot {
+                    // No snapshot can see it: free now.
+                    blocks.remove((ds, blk, *birth)).map_err(meta_err)?;
+                    if let Some(bp) = bp {
+                        freed.extend(bp.dvas.iter().copied());
+                    }
+                    d.written -= phys;
+                    shadowed = older_exists;
+                } else {
+                    dead.insert((ds, self.txg, blk, *birth), phys as u64)
+                        .map_err(meta_err)?;
+                    d.snapshots += phys;
+                    shadowed = true;
+                }
+            }
+            None => {
+                if let Some(chain) = self.origin {
+                    let (phys, logical) = sizes(&blockmap::resolve(&*blocks, chain, blk)?);
+                    d.inherited -= phys;
+                    d.inherited_logical -= logical;
+                }
+            }
+        }
+        match self.new {
+            Some(bp) => {
+                blocks
+                    .insert((ds, blk, self.txg), bp.encode().as_slice())
+                    .map_err(meta_err)?;
+                d.own += bp.asize() as i64;
+                d.own_logical += bp.lsize as i64;
+                d.written += bp.asize() as i64;
+            }
+            None => {
+                // A tombstone hides what would otherwise show through: an
+                // older version kept for a snapshot, or the clone's origin.
+                let hides = shadowed
+                    || match (&old, self.origin) {
+                        (None, Some(chain)) => blockmap::resolve(&*blocks, chain, blk)?.is_some(),
+                        _ => false,
+                    };
+                if hides {
+                    blocks
+                        .insert((ds, blk, self.txg), &[][..])
+                        .map_err(meta_err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A new snapshot: its dataset, a fresh record id and its full name.
+#[derive(Debug, Clone)]
+pub(crate) struct NewSnapshot {
+    pub dataset: u64,
+    pub id: u64,
+    pub name: String,
+}
+
+/// Administrative changes committed in the same metadata transaction as a txg.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Snapshots taken at the end of this txg (all at one point in time).
+    Snapshot(Vec<NewSnapshot>),
+    /// Snapshots destroyed, in this order.
+    DestroySnapshots(Vec<u64>),
+    /// Back to `snapshot` (the dataset's newest once `destroy_later` are gone).
+    Rollback {
+        dataset: u64,
+        snapshot: u64,
+        destroy_later: Vec<u64>,
+    },
+    Clone(DatasetRecord),
+    /// A dataset, its snapshots and every block it holds.
+    DestroyDataset(u64),
+}
+
+impl Action {
+    /// The dataset whose uncommitted changes the action throws away.
+    pub(crate) fn discards(&self) -> Option<u64> {
+        match self {
+            Action::Rollback { dataset, .. } | Action::DestroyDataset(dataset) => Some(*dataset),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ActionOutcome {
+    /// Allocated bytes the action freed.
+    pub freed: u64,
+}
+
+/// Snapshot txgs of dataset `ds`, oldest first.
+fn snapshot_txgs(recs: &BTreeMap<u64, DatasetRecord>, ds: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = recs
+        .values()
+        .filter(|r| r.is_snapshot() && r.data_id() == ds)
+        .map(|r| r.created_txg)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The snapshot before `first` (0 if none) and the point after `last` (u64::MAX: the head).
+fn neighbours(txgs: &[u64], first: u64, last: u64) -> (u64, u64) {
+    let prev = txgs
+        .iter()
+        .copied()
+        .filter(|&t| t < first)
+        .max()
+        .unwrap_or(0);
+    let next = txgs
+        .iter()
+        .copied()
+        .filter(|&t| t > last)
+        .min()
+        .unwrap_or(u64::MAX);
+    (prev, next)
+}
+
+/// Dead rows of `ds` with death in (after, upto] and birth > born_after.
+fn dead_rows<T: ReadableTable<DeadKey, u64>>(
+    dead: &T,
+    ds: u64,
+    after: u64,
+    upto: u64,
+    born_after: u64,
+) -> Result<Vec<(DeadKey, u64)>> {
+    if after >= upto {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for row in dead
+        .range((ds, after + 1, 0, 0)..=(ds, upto, u64::MAX, u64::MAX))
+        .map_err(meta_err)?
+    {
+        let (k, v) = row.map_err(meta_err)?;
+        if k.value().3 > born_after {
+            out.push((k.value(), v.value()));
+        }
+    }
+    Ok(out)
+}
+
+/// Contiguous runs (in the dataset's snapshot order) of the txgs in `doomed`.
+fn runs(all: &[u64], doomed: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut open: Option<(u64, u64)> = None;
+    for &t in all {
+        if doomed.contains(&t) {
+            open = Some(open.map_or((t, t), |(a, _)| (a, t)));
+        } else if let Some(r) = open.take() {
+            out.push(r);
+        }
+    }
+    out.extend(open);
+    out
+}
+
+impl ImportedPool {
+    /// Runs `action` inside the txg commit's metadata transaction. `recs`
+    /// (every record of the pool, by id) is updated in place.
+    pub(crate) fn run_action(
+        &self,
+        action: Action,
+        txg: u64,
+        tx: &WriteTransaction,
+        recs: &mut BTreeMap<u64, DatasetRecord>,
+        freed: &mut Vec<Dva>,
+    ) -> Result<ActionOutcome> {
+        let mut outcome = ActionOutcome::default();
+        match action {
+            Action::Snapshot(list) => {
+                for s in &list {
+                    if recs.values().any(|r| r.name == s.name) {
+                        return Err(Error::AlreadyExists(format!("snapshot '{}'", s.name)));
+                    }
+                    let head = recs
+                        .get_mut(&s.dataset)
+                        .ok_or_else(|| Error::NotFound(s.name.clone()))?;
+                    let snap = DatasetRecord {
+                        id: s.id,
+                        name: s.name.clone(),
+                        kind: DatasetKind::Snapshot,
+                        volsize: head.volsize,
+                        volblocksize: head.volblocksize,
+                        local: BTreeMap::new(),
+                        created_txg: txg,
+                        creation: crate::txg::now_secs(),
+                        logical_used: head.logical_used,
+                        physical_used: head.physical_used,
+                        inherited: head.inherited,
+                        inherited_logical: head.inherited_logical,
+                        snapshot_used: 0,
+                        written: head.written,
+                        origin: None,
+                        snapshot_of: Some(s.dataset),
+                        holds: Default::default(),
+                    };
+                    head.written = 0;
+                    recs.insert(snap.id, snap);
+                }
+            }
+            Action::DestroySnapshots(ids) => {
+                for id in ids {
+                    outcome.freed += self.destroy_snapshot_in(tx, recs, id, freed)?;
+                }
+            }
+            Action::Rollback {
+                dataset,
+                snapshot,
+                destroy_later,
+            } => {
+                for id in destroy_later {
+                    outcome.freed += self.destroy_snapshot_in(tx, recs, id, freed)?;
+                }
+                let snap = recs
+                    .get(&snapshot)
+                    .cloned()
+                    .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot}")))?;
+                let at = snap.created_txg;
+                if snapshot_txgs(recs, dataset).last() != Some(&at) {
+                    return Err(Error::Busy(format!(
+                        "'{}' is not the most recent snapshot",
+                        snap.name
+                    )));
+                }
+                // Versions born after the snapshot: only the head has them.
+                let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+                let newer: Vec<(Key, Vec<u8>)> = blocks
+                    .range((dataset, 0, 0)..=(dataset, u64::MAX, u64::MAX))
+                    .map_err(meta_err)?
+                    .filter(|r| r.as_ref().map_or(true, |(k, _)| k.value().2 > at))
+                    .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(meta_err)?;
+                for (k, v) in newer {
+                    blocks.remove(k).map_err(meta_err)?;
+                    if let Some(bp) = blockmap::decode(k.1, &v)? {
+                        outcome.freed += bp.asize();
+                        freed.extend(bp.dvas);
+                    }
+                }
+                // Versions that died after the snapshot are the head's again.
+                let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+                let revived = dead_rows(&dead, dataset, at, u64::MAX, 0)?;
+                let head = recs
+                    .get_mut(&dataset)
+                    .ok_or_else(|| Error::NotFound(format!("dataset {dataset}")))?;
+                for (k, asize) in revived {
+                    dead.remove(k).map_err(meta_err)?;
+                    add(&mut head.snapshot_used, -(asize as i64));
+                }
+                head.physical_used = snap.physical_used;
+                head.logical_used = snap.logical_used;
+                head.inherited = snap.inherited;
+                head.inherited_logical = snap.inherited_logical;
+                head.written = 0;
+            }
+            Action::Clone(rec) => {
+                if recs.values().any(|r| r.name == rec.name) {
+                    return Err(Error::AlreadyExists(format!("dataset '{}'", rec.name)));
+                }
+                let Some(Origin { snapshot, .. }) = rec.origin else {
+                    return Err(Error::InvalidArgument("a clone needs an origin".into()));
+                };
+                let snap = recs
+                    .get(&snapshot)
+                    .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot}")))?;
+                let mut rec = rec;
+                rec.inherited = snap.physical_used + snap.inherited;
+                rec.inherited_logical = snap.logical_used + snap.inherited_logical;
+                recs.insert(rec.id, rec);
+            }
+            Action::DestroyDataset(id) => {
+                if let Some(clone) = recs
+                    .values()
+                    .find(|r| r.origin.as_ref().is_some_and(|o| o.dataset == id) && r.id != id)
+                {
+                    return Err(Error::Busy(format!(
+                        "dataset {id} has dependent clone '{}'",
+                        clone.name
+                    )));
+                }
+                let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+                let doomed: Vec<(Key, Vec<u8>)> = blocks
+                    .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
+                    .map_err(meta_err)?
+                    .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(meta_err)?;
+                for (k, v) in doomed {
+                    blocks.remove(k).map_err(meta_err)?;
+                    if let Some(bp) = blockmap::decode(k.1, &v)? {
+                        outcome.freed += bp.asize();
+                        freed.extend(bp.dvas);
+                    }
+                }
+                let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+                for (k, _) in dead_rows(&dead, id, 0, u64::MAX, 0)? {
+                    dead.remove(k).map_err(meta_err)?;
+                }
+                recs.retain(|_, r| r.id != id && r.snapshot_of != Some(id));
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Frees what only snapshot `id` holds and removes it; returns the bytes freed.
+    fn destroy_snapshot_in(
+        &self,
+        tx: &WriteTransaction,
+        recs: &mut BTreeMap<u64, DatasetRecord>,
+        id: u64,
+        freed: &mut Vec<Dva>,
+    ) -> Result<u64> {
+        let snap = recs
+            .get(&id)
+            .filter(|r| r.is_snapshot())
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
+        if !snap.holds.is_empty() {
+            return Err(Error::Busy(format!(
+                "snapshot '{}' is held ({})",
+                snap.name,
+                snap.holds.iter().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        if let Some(clone) = recs
+            .values()
+            .find(|r| r.origin.as_ref().is_some_and(|o| o.snapshot == id))
+        {
+            return Err(Error::Busy(format!(
+                "snapshot '{}' has dependent clone '{}'",
+                snap.name, clone.name
+            )));
+        }
+        let ds = snap.data_id();
+        let txgs = snapshot_txgs(recs, ds);
+        let (prev, next) = neighbours(&txgs, snap.created_txg, snap.created_txg);
+        let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let mut bytes = 0;
+        for (k, asize) in dead_rows(&dead, ds, snap.created_txg, next, prev)? {
+            let (_, _, blk, birth) = k;
+            dead.remove(k).map_err(meta_err)?;
+            if let Some(v) = blocks.remove((ds, blk, birth)).map_err(meta_err)? {
+                if let Some(bp) = blockmap::decode(blk, v.value())? {
+                    freed.extend(bp.dvas.iter().copied());
+                }
+            }
+            bytes += asize;
+        }
+        if let Some(head) = recs.get_mut(&ds) {
+            add(&mut head.snapshot_used, -(bytes as i64));
+        }
+        recs.remove(&id);
+        Ok(bytes)
+    }
+
+    /// What destroying the snapshots `ids` (all of one dataset) would free,
+    /// exactly: for each run of adjacent doomed snapshots, the dead rows
+    /// between its first and the next kept point born after the kept one before.
+    pub fn destroy_estimate(&self, ids: &[u64]) -> Result<u64> {
+        let recs: BTreeMap<u64, DatasetRecord> = self
+            .datasets
+            .read()
+            .values()
+            .map(|r| (r.id, r.clone()))
+            .collect();
+        let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for id in ids {
+            let snap = recs
+                .get(id)
+                .filter(|r| r.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
+            by_ds
+                .entry(snap.data_id())
+                .or_default()
+                .push(snap.created_txg);
+        }
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let mut total = 0;
+        for (ds, doomed) in by_ds {
+            let txgs = snapshot_txgs(&recs, ds);
+            for (first, last) in runs(&txgs, &doomed) {
+                let (prev, next) = neighbours(&txgs, first, last);
+                total += dead_rows(&dead, ds, first, next, prev)?
+                    .iter()
+                    .map(|(_, a)| a)
+                    .sum::<u64>();
+            }
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_group_adjacent_snapshots() {
+        assert_eq!(runs(&[1, 2, 3, 4, 5], &[2, 3, 5]), vec![(2, 3), (5, 5)]);
+        assert_eq!(runs(&[1, 2], &[]), vec![]);
+        assert_eq!(neighbours(&[1, 2, 3], 2, 2), (1, 3));
+        assert_eq!(neighbours(&[1, 2, 3], 1, 3), (0, u64::MAX));
+    }
+}

@@ -1,0 +1,526 @@
+//! The engine's snapshot commands: snapshot, destroy (datasets, snapshots,
+//! ranges, dry runs), rollback, clone, holds and diff. Each change to the
+//! block map rides on a txg commit (see `snapshot.rs`).
+
+use crate::blockmap::{Chain, MAX_CHAIN};
+use crate::engine::split_dataset;
+use crate::props::{self, DatasetRecord, Origin};
+use crate::snapshot::{Action, NewSnapshot};
+use crate::txg::ImportedPool;
+use crate::*;
+use std::collections::BTreeMap;
+
+/// Names of every dataset at or below `root` (not snapshots), deepest first.
+fn subtree(datasets: &BTreeMap<String, DatasetRecord>, root: &str) -> Vec<String> {
+    let prefix = format!("{root}/");
+    let mut names: Vec<String> = datasets
+        .values()
+        .filter(|d| !d.is_snapshot() && (d.name == root || d.name.starts_with(&prefix)))
+        .map(|d| d.name.clone())
+        .collect();
+    names.sort_by_key(|n| std::cmp::Reverse(n.matches('/').count()));
+    names
+}
+
+/// Snapshots of dataset `ds` (by name), oldest first.
+fn snapshots_of<'a>(
+    datasets: &'a BTreeMap<String, DatasetRecord>,
+    ds: &str,
+) -> Vec<&'a DatasetRecord> {
+    let prefix = format!("{ds}@");
+    let mut v: Vec<&DatasetRecord> = datasets
+        .values()
+        .filter(|d| d.is_snapshot() && d.name.starts_with(&prefix))
+        .collect();
+    v.sort_by_key(|d| d.created_txg);
+    v
+}
+
+fn split_snapshot(name: &str) -> Result<(&str, &str)> {
+    name.split_once('@')
+        .filter(|(d, s)| !d.is_empty() && !s.is_empty())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "'{name}' is not a snapshot name (DATASET@SNAPSHOT)"
+            ))
+        })
+}
+
+/// `a`, `a%b`, `%b`, `a%`, and comma lists of them, over one dataset's snapshots.
+fn select_snapshots<'a>(
+    snaps: &[&'a DatasetRecord],
+    ds: &str,
+    spec: &str,
+) -> Result<Vec<&'a DatasetRecord>> {
+    let index = |short: &str| -> Result<usize> {
+        let full = format!("{ds}@{short}");
+        snaps
+            .iter()
+            .position(|s| s.name == full)
+            .ok_or_else(|| Error::NotFound(format!("snapshot '{full}'")))
+    };
+    let mut picked: Vec<usize> = Vec::new();
+    for item in spec.split(',') {
+        match item.split_once('%') {
+            Some((a, b)) => {
+                let lo = if a.is_empty() { 0 } else { index(a)? };
+                let hi = if b.is_empty() {
+                    snaps.len().saturating_sub(1)
+                } else {
+                    index(b)?
+                };
+                if snaps.is_empty() || lo > hi {
+                    return Err(Error::InvalidArgument(format!(
+                        "snapshot range '{item}': the first snapshot is newer than the last"
+                    )));
+                }
+                picked.extend(lo..=hi);
+            }
+            None => picked.push(index(item)?),
+        }
+    }
+    picked.sort_unstable();
+    picked.dedup();
+    Ok(picked.into_iter().map(|i| snaps[i]).collect())
+}
+
+impl Engine {
+    /// `cistern snapshot [-r] DS@NAME...`: every snapshot at one point in
+    /// time, the end of one txg: writes acknowledged before are in it,
+    /// writes issued after it returns are not.
+    pub fn snapshot(&self, names: &[String], recursive: bool) -> Result<Vec<String>> {
+        let mut pool_name: Option<&str> = None;
+        for name in names {
+            let (pool, _) = split_dataset(name)?;
+            split_snapshot(name)?;
+            if pool_name.is_some_and(|p| p != pool) {
+                return Err(Error::InvalidArgument(
+                    "snapshots taken together must be in one pool".into(),
+                ));
+            }
+            pool_name = Some(pool);
+        }
+        let Some(pool_name) = pool_name else {
+            return Ok(Vec::new());
+        };
+        let p = self.pool(pool_name)?;
+        let mut wanted: Vec<(u64, String)> = Vec::new();
+        {
+            let datasets = p.datasets.read();
+            for name in names {
+                let (ds, snap) = split_snapshot(name)?;
+                let rec = datasets
+                    .get(ds)
+                    .filter(|d| !d.is_snapshot())
+                    .ok_or_else(|| Error::NotFound(format!("dataset '{ds}'")))?;
+                let targets = if recursive {
+                    subtree(&datasets, ds)
+                } else {
+                    vec![rec.name.clone()]
+                };
+                for t in targets {
+                    let full = format!("{t}@{snap}");
+                    if datasets.contains_key(&full) || wanted.iter().any(|(_, n)| *n == full) {
+                        return Err(Error::AlreadyExists(format!("snapshot '{full}'")));
+                    }
+                    wanted.push((datasets[&t].id, full));
+                }
+            }
+        }
+        let mut list = Vec::new();
+        for (dataset, name) in wanted {
+            list.push(NewSnapshot {
+                dataset,
+                id: p.next_dataset_id()?,
+                name,
+            });
+        }
+        let created: Vec<String> = list.iter().map(|s| s.name.clone()).collect();
+        p.commit_txg(Some(Action::Snapshot(list)))?;
+        tracing::info!(snapshots = ?created, "snapshot taken");
+        Ok(created)
+    }
+
+    /// `cistern destroy [-r] [-n] NAME`: a dataset (with `-r` its children
+    /// and snapshots), or snapshots `DS@a`, `DS@a%b`, `DS@a,b`.
+    pub fn destroy(&self, name: &str, opts: &DestroyOptions) -> Result<DestroyReport> {
+        let (pool, rest) = split_dataset(name)?;
+        let p = self.pool(pool)?;
+        if let Some((ds, spec)) = name.split_once('@') {
+            return self.destroy_snapshots(&p, ds, spec, opts);
+        }
+        if rest.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}' is a pool's root dataset: use `cistern pool destroy`"
+            )));
+        }
+        let (doomed, freed) = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+            let doomed = subtree(&datasets, name);
+            if !opts.recursive {
+                if doomed.len() > 1 {
+                    return Err(Error::Busy(format!(
+                        "'{name}' has children: use -r to destroy them too"
+                    )));
+                }
+                if let Some(s) = snapshots_of(&datasets, name).first() {
+                    return Err(Error::Busy(format!(
+                        "'{name}' has snapshots (such as '{}'): use -r to destroy them too",
+                        s.name
+                    )));
+                }
+            }
+            let ids: Vec<u64> = doomed.iter().map(|n| datasets[n].id).collect();
+            if let Some(clone) = datasets.values().find(|d| {
+                d.origin.as_ref().is_some_and(|o| ids.contains(&o.dataset)) && !ids.contains(&d.id)
+            }) {
+                return Err(Error::Busy(format!(
+                    "'{name}' has dependent clone '{}': destroy it or promote it first",
+                    clone.name
+                )));
+            }
+            let _ = rec;
+            let freed: u64 = doomed
+                .iter()
+                .map(|n| datasets[n].physical_used + datasets[n].snapshot_used)
+                .sum();
+            let mut all = Vec::new();
+            for n in &doomed {
+                all.extend(snapshots_of(&datasets, n).iter().map(|s| s.name.clone()));
+                all.push(n.clone());
+            }
+            (all, freed)
+        };
+        if !opts.dry_run {
+            for n in doomed.iter().filter(|n| !n.contains('@')) {
+                p.destroy_dataset(n)?;
+                tracing::info!(dataset = %n, "dataset destroyed");
+            }
+        }
+        Ok(DestroyReport {
+            destroyed: doomed,
+            freed,
+            dry_run: opts.dry_run,
+        })
+    }
+
+    fn destroy_snapshots(
+        &self,
+        p: &ImportedPool,
+        ds: &str,
+        spec: &str,
+        opts: &DestroyOptions,
+    ) -> Result<DestroyReport> {
+        let (ids, names) = {
+            let datasets = p.datasets.read();
+            if !datasets.get(ds).is_some_and(|d| !d.is_snapshot()) {
+                return Err(Error::NotFound(format!("dataset '{ds}'")));
+            }
+            let targets = if opts.recursive {
+                subtree(&datasets, ds)
+            } else {
+                vec![ds.to_string()]
+            };
+            let mut ids = Vec::new();
+            let mut names = Vec::new();
+            for t in &targets {
+                let snaps = snapshots_of(&datasets, t);
+                let picked = match select_snapshots(&snaps, t, spec) {
+                    Ok(v) => v,
+                    // With -r, children without that snapshot are skipped (as zfs).
+                    Err(Error::NotFound(_)) if opts.recursive && t != ds => continue,
+                    Err(e) => return Err(e),
+                };
+                for s in picked {
+                    if !s.holds.is_empty() {
+                        return Err(Error::Busy(format!(
+                            "snapshot '{}' is held ({}): release it first",
+                            s.name,
+                            s.holds.iter().cloned().collect::<Vec<_>>().join(", ")
+                        )));
+                    }
+                    if let Some(c) = datasets
+                        .values()
+                        .find(|d| d.origin.as_ref().is_some_and(|o| o.snapshot == s.id))
+                    {
+                        return Err(Error::Busy(format!(
+                            "snapshot '{}' has dependent clone '{}'",
+                            s.name, c.name
+                        )));
+                    }
+                    ids.push(s.id);
+                    names.push(s.name.clone());
+                }
+            }
+            (ids, names)
+        };
+        let freed = if opts.dry_run {
+            p.destroy_estimate(&ids)?
+        } else {
+            let outcome = p.commit_txg(Some(Action::DestroySnapshots(ids)))?;
+            tracing::info!(snapshots = ?names, freed = outcome.freed, "snapshots destroyed");
+            outcome.freed
+        };
+        Ok(DestroyReport {
+            destroyed: names,
+            freed,
+            dry_run: opts.dry_run,
+        })
+    }
+
+    /// `cistern rollback [-r] DS@SNAP`: the dataset becomes what it was at
+    /// the snapshot; with `-r`, newer snapshots are destroyed first (in the
+    /// same transaction).
+    pub fn rollback(&self, snapshot: &str, recursive: bool) -> Result<Vec<String>> {
+        let (pool, _) = split_dataset(snapshot)?;
+        let (ds, _) = split_snapshot(snapshot)?;
+        let p = self.pool(pool)?;
+        let (dataset, snap_id, later) = {
+            let datasets = p.datasets.read();
+            let snap = datasets
+                .get(snapshot)
+                .filter(|d| d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{snapshot}'")))?;
+            let later: Vec<&DatasetRecord> = snapshots_of(&datasets, ds)
+                .into_iter()
+                .filter(|s| s.created_txg > snap.created_txg)
+                .collect();
+            if !later.is_empty() && !recursive {
+                return Err(Error::Busy(format!(
+                    "'{snapshot}' is not the most recent snapshot; newer: {}; use -r to destroy them",
+                    later
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            (
+                snap.data_id(),
+                snap.id,
+                later
+                    .iter()
+                    .map(|s| (s.id, s.name.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        p.commit_txg(Some(Action::Rollback {
+            dataset,
+            snapshot: snap_id,
+            destroy_later: later.iter().map(|l| l.0).collect(),
+        }))?;
+        tracing::info!(snapshot, destroyed = later.len(), "rolled back");
+        Ok(later.into_iter().map(|l| l.1).collect())
+    }
+
+    /// `cistern clone SNAP NEW`: a writable dataset that starts as the
+    /// snapshot and shares its blocks until it overwrites them.
+    pub fn clone_snapshot(
+        &self,
+        snapshot: &str,
+        name: &str,
+        props_in: &[(String, String)],
+    ) -> Result<DatasetInfo> {
+        let (pool, _) = split_dataset(snapshot)?;
+        let (new_pool, rest) = split_dataset(name)?;
+        if name.contains('@') || rest.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}': a clone is named POOL/DATASET"
+            )));
+        }
+        if new_pool != pool {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}': a clone must be in the pool of its origin ('{pool}')"
+            )));
+        }
+        let p = self.pool(pool)?;
+        let mut rec = {
+            let datasets = p.datasets.read();
+            let snap = datasets
+                .get(snapshot)
+                .filter(|d| d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{snapshot}'")))?;
+            if datasets.contains_key(name) {
+                return Err(Error::AlreadyExists(format!("dataset '{name}'")));
+            }
+            let parent = &name[..name.rfind('/').unwrap_or(0)];
+            match datasets.get(parent) {
+                Some(d) if d.kind == DatasetKind::Filesystem => {}
+                Some(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "parent '{parent}' is not a filesystem"
+                    )))
+                }
+                None => return Err(Error::NotFound(format!("parent dataset '{parent}'"))),
+            }
+            if Chain::of(snap, datasets.values()).0.len() >= MAX_CHAIN {
+                return Err(Error::InvalidArgument(format!(
+                    "'{snapshot}' is a clone {MAX_CHAIN} levels deep; promote or copy instead"
+                )));
+            }
+            let mut local = BTreeMap::new();
+            for (k, v) in props_in {
+                local.insert(k.clone(), props::normalize(k, v)?);
+            }
+            DatasetRecord {
+                id: 0,
+                name: name.to_string(),
+                kind: if snap.volblocksize != 0 {
+                    DatasetKind::Volume
+                } else {
+                    DatasetKind::Filesystem
+                },
+                volsize: snap.volsize,
+                volblocksize: snap.volblocksize,
+                local,
+                created_txg: p.open.lock().txg,
+                creation: crate::txg::now_secs(),
+                origin: Some(Origin {
+                    dataset: snap.data_id(),
+                    txg: snap.created_txg,
+                    snapshot: snap.id,
+                }),
+                ..Default::default()
+            }
+        };
+        rec.id = p.next_dataset_id()?;
+        p.commit_txg(Some(Action::Clone(rec)))?;
+        tracing::info!(origin = snapshot, clone = name, "clone created");
+        self.dataset(name)
+    }
+
+    /// `cistern hold TAG SNAP...` / `cistern release TAG SNAP...`.
+    pub fn set_hold(
+        &self,
+        tag: &str,
+        snapshots: &[String],
+        recursive: bool,
+        hold: bool,
+    ) -> Result<()> {
+        if tag.is_empty() || tag.len() > 256 {
+            return Err(Error::InvalidArgument(format!(
+                "hold tag '{tag}' must be 1 to 256 characters"
+            )));
+        }
+        for snapshot in snapshots {
+            let (pool, _) = split_dataset(snapshot)?;
+            let (ds, snap) = split_snapshot(snapshot)?;
+            let p = self.pool(pool)?;
+            let targets: Vec<DatasetRecord> = {
+                let datasets = p.datasets.read();
+                let names = if recursive {
+                    subtree(&datasets, ds)
+                } else {
+                    vec![ds.to_string()]
+                };
+                let mut out = Vec::new();
+                for n in names {
+                    match datasets.get(&format!("{n}@{snap}")) {
+                        Some(r) => out.push(r.clone()),
+                        None if recursive && n != ds => {}
+                        None => return Err(Error::NotFound(format!("snapshot '{snapshot}'"))),
+                    }
+                }
+                out
+            };
+            for mut rec in targets {
+                if hold && !rec.holds.insert(tag.to_string()) {
+                    return Err(Error::AlreadyExists(format!(
+                        "hold '{tag}' on '{}'",
+                        rec.name
+                    )));
+                }
+                if !hold && !rec.holds.remove(tag) {
+                    return Err(Error::NotFound(format!("hold '{tag}' on '{}'", rec.name)));
+                }
+                p.store_dataset(&rec)?;
+                tracing::info!(snapshot = %rec.name, tag, hold, "hold changed");
+            }
+        }
+        Ok(())
+    }
+
+    /// `cistern holds SNAP...`: (snapshot, tag) pairs.
+    pub fn holds(&self, snapshots: &[String]) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for snapshot in snapshots {
+            let (pool, _) = split_dataset(snapshot)?;
+            let p = self.pool(pool)?;
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(snapshot)
+                .filter(|d| d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{snapshot}'")))?;
+            out.extend(rec.holds.iter().map(|t| (rec.name.clone(), t.clone())));
+        }
+        Ok(out)
+    }
+
+    /// `cistern diff SNAP [SNAP|DS]`: byte ranges whose blocks changed
+    /// between a snapshot and a later snapshot or the dataset now.
+    pub fn diff(&self, from: &str, to: Option<&str>) -> Result<DiffReport> {
+        let (pool, _) = split_dataset(from)?;
+        let (ds, _) = split_snapshot(from)?;
+        let p = self.pool(pool)?;
+        let (data_id, after, upto, bs, size, to_name) = {
+            let datasets = p.datasets.read();
+            let snap = datasets
+                .get(from)
+                .filter(|d| d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{from}'")))?;
+            let to_name = to.unwrap_or(ds).to_string();
+            let upto = match to {
+                None => u64::MAX,
+                Some(t) if t == ds => u64::MAX,
+                Some(t) => {
+                    let later = datasets
+                        .get(t)
+                        .filter(|d| d.is_snapshot() && d.dataset_name() == ds)
+                        .ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "'{t}' is neither '{ds}' nor one of its snapshots"
+                            ))
+                        })?;
+                    if later.created_txg < snap.created_txg {
+                        return Err(Error::InvalidArgument(format!(
+                            "'{t}' is older than '{from}'"
+                        )));
+                    }
+                    later.created_txg
+                }
+            };
+            (
+                snap.data_id(),
+                snap.created_txg,
+                upto,
+                snap.volblocksize.max(1) as u64,
+                snap.volsize,
+                to_name,
+            )
+        };
+        if upto == u64::MAX {
+            p.sync_now()?; // uncommitted writes count
+        }
+        let changed = p.view()?.changed(data_id, 0, u64::MAX, after, upto)?;
+        let mut ranges: Vec<ChangedRange> = Vec::new();
+        for blk in changed {
+            let offset = blk * bs;
+            match ranges.last_mut() {
+                Some(r) if r.offset + r.length == offset => r.length += bs,
+                _ => ranges.push(ChangedRange { offset, length: bs }),
+            }
+        }
+        for r in &mut ranges {
+            r.length = r.length.min(size.saturating_sub(r.offset));
+        }
+        Ok(DiffReport {
+            from: from.to_string(),
+            to: to_name,
+            changed_bytes: ranges.iter().map(|r| r.length).sum(),
+            ranges,
+        })
+    }
+}
