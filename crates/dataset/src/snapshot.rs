@@ -142,9 +142,9 @@ impl VersionChange<'_> {
                 // A tombstone hides what would otherwise show through: an
                 // older version kept for a snapshot, or the clone's origin.
                 let hides = shadowed
-                    || match (&old, self.origin) {
-                        (None, Some(chain)) => blockmap::resolve(&*blocks, chain, blk)?.is_some(),
-                        _ => false,
+                    || match self.origin {
+                        Some(chain) => blockmap::resolve(&*blocks, chain, blk)?.is_some(),
+                        None => false,
                     };
                 if hides {
                     blocks
@@ -462,6 +462,18 @@ impl ImportedPool {
         }
         if let Some(head) = recs.get_mut(&ds) {
             add(&mut head.snapshot_used, -(bytes as i64));
+        }
+        // What the snapshot's blocks born since `prev` still account for
+        // moves to the next point: the freed ones were all born since `prev`.
+        let next_rec = recs.values_mut().find(|r| {
+            if next == u64::MAX {
+                r.id == ds
+            } else {
+                r.is_snapshot() && r.data_id() == ds && r.created_txg == next
+            }
+        });
+        if let Some(n) = next_rec {
+            n.written += snap.written.saturating_sub(bytes);
         }
         recs.remove(&id);
         Ok(bytes)

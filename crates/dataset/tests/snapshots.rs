@@ -1,0 +1,580 @@
+//! Snapshots, clones, rollback and destroy against an in-memory model:
+//! after every step every dataset and snapshot reads back equal to the
+//! model, and the pool's allocated space and every space figure equal what
+//! the model predicts (nothing leaked, nothing freed twice).
+
+use dataset::*;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+const BS: u64 = 4096;
+const BLOCKS: usize = 96;
+const VOLSIZE: u64 = BS * BLOCKS as u64;
+
+fn config() -> EngineConfig {
+    // Commits happen when the test (or an admin command) asks.
+    EngineConfig {
+        txg_timeout_secs: 3600.0,
+        ..EngineConfig::default()
+    }
+}
+
+fn create_pool(engine: &Engine, dir: &Path) {
+    engine
+        .create_pool(PoolSpec {
+            name: "tank".into(),
+            groups: vec![GroupSpec {
+                kind: GroupKind::Mirror,
+                devices: vec![dir.join("d0"), dir.join("d1")],
+            }],
+            create_size: Some(256 << 20),
+            force: false,
+        })
+        .unwrap();
+}
+
+fn read_all(vol: &Volume) -> Vec<u8> {
+    let mut out = Vec::new();
+    for seg in vol.read(0, VOLSIZE).unwrap() {
+        match seg {
+            ReadSegment::Data(d) => out.extend_from_slice(&d),
+            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    out
+}
+
+fn prop(engine: &Engine, ds: &str, name: &str) -> u64 {
+    engine
+        .dataset(ds)
+        .unwrap()
+        .property(name)
+        .unwrap_or_else(|| panic!("{ds} has no {name}"))
+        .parsable
+        .parse()
+        .unwrap()
+}
+
+/// A block's content and the token of the write that made it (tokens are
+/// what the pool allocates: one per block version that reached a txg).
+type Block = Option<(u64, Vec<u8>)>;
+
+#[derive(Clone)]
+struct Image {
+    blocks: Vec<Block>,
+}
+
+impl Image {
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(VOLSIZE as usize);
+        for b in &self.blocks {
+            match b {
+                Some((_, d)) => out.extend_from_slice(d),
+                None => out.extend(std::iter::repeat_n(0u8, BS as usize)),
+            }
+        }
+        out
+    }
+
+    fn tokens(&self) -> BTreeSet<u64> {
+        self.blocks.iter().flatten().map(|(t, _)| *t).collect()
+    }
+}
+
+struct Snap {
+    dataset: String,
+    image: Image,
+    clones: BTreeSet<String>,
+    /// Token sequence number when it was taken (for `written`).
+    seq: u64,
+}
+
+#[derive(Default)]
+struct Model {
+    next: u64,
+    heads: BTreeMap<String, Image>,
+    snaps: BTreeMap<String, Snap>,
+    /// Token -> the dataset whose write made it.
+    owner: BTreeMap<u64, String>,
+    /// Dataset -> origin snapshot (clones).
+    origin: BTreeMap<String, String>,
+    /// Dataset -> token sequence at creation (clones) for `written`.
+    born: BTreeMap<String, u64>,
+}
+
+impl Model {
+    fn token(&mut self, ds: &str) -> u64 {
+        self.next += 1;
+        self.owner.insert(self.next, ds.to_string());
+        self.next
+    }
+
+    fn referenced(&self) -> BTreeSet<u64> {
+        let mut all = BTreeSet::new();
+        for i in self.heads.values() {
+            all.extend(i.tokens());
+        }
+        for s in self.snaps.values() {
+            all.extend(s.image.tokens());
+        }
+        all
+    }
+
+    fn snaps_of(&self, ds: &str) -> Vec<&String> {
+        let mut v: Vec<(&u64, &String)> = self
+            .snaps
+            .iter()
+            .filter(|(_, s)| s.dataset == ds)
+            .map(|(n, s)| (&s.seq, n))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, n)| n).collect()
+    }
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    engine: Arc<Engine>,
+    model: Model,
+    rng: rand::rngs::StdRng,
+}
+
+impl Harness {
+    fn state(&self) -> std::path::PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn write(&mut self, ds: &str) {
+        let first = self.rng.random_range(0..BLOCKS);
+        let n = self.rng.random_range(1..=6).min(BLOCKS - first);
+        // Whole blocks mostly; sometimes a partial write (read-modify-write).
+        let (offset, len) = if self.rng.random_bool(0.7) {
+            (first as u64 * BS, n as u64 * BS)
+        } else {
+            let start = first as u64 * BS + self.rng.random_range(1..BS);
+            let end = ((first + n) as u64 * BS).min(VOLSIZE);
+            (start, end - start)
+        };
+        let mut data = vec![0u8; len as usize];
+        self.rng.fill(&mut data[..]);
+        for b in data.iter_mut() {
+            *b |= 1; // never all zeros
+        }
+        let vol = self.engine.open_volume(ds).unwrap();
+        vol.write(offset, &data, self.rng.random_bool(0.3)).unwrap();
+        for blk in (offset / BS)..=((offset + len - 1) / BS) {
+            let start = blk * BS;
+            let lo = offset.max(start);
+            let hi = (offset + len).min(start + BS);
+            let token = self.model.token(ds);
+            let img = self.model.heads.get_mut(ds).unwrap();
+            let mut content = img.blocks[blk as usize]
+                .as_ref()
+                .map(|(_, d)| d.clone())
+                .unwrap_or_else(|| vec![0u8; BS as usize]);
+            content[(lo - start) as usize..(hi - start) as usize]
+                .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+            img.blocks[blk as usize] = Some((token, content));
+        }
+    }
+
+    fn trim(&mut self, ds: &str) {
+        let first = self.rng.random_range(0..BLOCKS);
+        let n = self.rng.random_range(1..=8).min(BLOCKS - first);
+        let vol = self.engine.open_volume(ds).unwrap();
+        vol.trim(first as u64 * BS, n as u64 * BS, false).unwrap();
+        let img = self.model.heads.get_mut(ds).unwrap();
+        for b in first..first + n {
+            img.blocks[b] = None;
+        }
+    }
+
+    fn snapshot(&mut self, ds: &str, name: &str) {
+        let full = format!("{ds}@{name}");
+        let created = self.engine.snapshot(&[full.clone()], false).unwrap();
+        assert_eq!(created, vec![full.clone()]);
+        let image = self.model.heads[ds].clone();
+        self.model.snaps.insert(
+            full,
+            Snap {
+                dataset: ds.to_string(),
+                image,
+                clones: BTreeSet::new(),
+                seq: self.model.next,
+            },
+        );
+    }
+
+    fn clone(&mut self, snap: &str, name: &str) {
+        self.engine.clone_snapshot(snap, name, &[]).unwrap();
+        let image = self.model.snaps[snap].image.clone();
+        self.model.heads.insert(name.to_string(), image);
+        self.model.origin.insert(name.to_string(), snap.to_string());
+        self.model.born.insert(name.to_string(), self.model.next);
+        self.model
+            .snaps
+            .get_mut(snap)
+            .unwrap()
+            .clones
+            .insert(name.to_string());
+    }
+
+    fn rollback(&mut self, snap: &str) {
+        let ds = self.model.snaps[snap].dataset.clone();
+        let order = self.model.snaps_of(&ds);
+        let pos = order.iter().position(|n| *n == snap).unwrap();
+        let later: Vec<String> = order[pos + 1..].iter().map(|s| s.to_string()).collect();
+        let blocked = later.iter().any(|l| !self.model.snaps[l].clones.is_empty());
+        let result = self.engine.rollback(snap, true);
+        if blocked {
+            assert!(
+                matches!(result, Err(Error::Busy(_))),
+                "rollback past a snapshot with clones: {result:?}"
+            );
+            return;
+        }
+        assert_eq!(result.unwrap(), later);
+        for l in later {
+            self.model.snaps.remove(&l);
+        }
+        let image = self.model.snaps[snap].image.clone();
+        self.model.heads.insert(ds, image);
+    }
+
+    fn destroy_snapshot(&mut self, snap: &str) {
+        let has_clones = !self.model.snaps[snap].clones.is_empty();
+        let opts = DestroyOptions::default();
+        if has_clones {
+            assert!(matches!(
+                self.engine.destroy(snap, &opts),
+                Err(Error::Busy(_))
+            ));
+            return;
+        }
+        let estimate = self
+            .engine
+            .destroy(
+                snap,
+                &DestroyOptions {
+                    dry_run: true,
+                    ..opts.clone()
+                },
+            )
+            .unwrap();
+        let predicted = self.unique_bytes(snap);
+        assert_eq!(estimate.freed, predicted, "dry run of destroying {snap}");
+        let report = self.engine.destroy(snap, &opts).unwrap();
+        assert_eq!(report.freed, predicted, "destroying {snap}");
+        self.model.snaps.remove(snap);
+    }
+
+    fn destroy_clone(&mut self, ds: &str) {
+        let snaps: Vec<String> = self.model.snaps_of(ds).into_iter().cloned().collect();
+        let blocked = snaps
+            .iter()
+            .any(|s| !self.model.snaps[s].clones.is_empty());
+        let result = self.engine.destroy(
+            ds,
+            &DestroyOptions {
+                recursive: true,
+                dry_run: false,
+            },
+        );
+        if blocked {
+            assert!(matches!(result, Err(Error::Busy(_))), "{result:?}");
+            return;
+        }
+        result.unwrap();
+        for s in snaps {
+            self.model.snaps.remove(&s);
+        }
+        self.model.heads.remove(ds);
+        if let Some(origin) = self.model.origin.remove(ds) {
+            if let Some(s) = self.model.snaps.get_mut(&origin) {
+                s.clones.remove(ds);
+            }
+        }
+    }
+
+    /// Bytes only snapshot `snap` references (what destroying it frees).
+    fn unique_bytes(&self, snap: &str) -> u64 {
+        let mut others = BTreeSet::new();
+        for i in self.model.heads.values() {
+            others.extend(i.tokens());
+        }
+        for (n, s) in &self.model.snaps {
+            if n != snap {
+                others.extend(s.image.tokens());
+            }
+        }
+        self.model.snaps[snap]
+            .image
+            .tokens()
+            .difference(&others)
+            .count() as u64
+            * BS
+    }
+
+    fn crash_and_reopen(&mut self) {
+        for ds in self.model.heads.keys() {
+            self.engine.open_volume(ds).unwrap().flush().unwrap();
+        }
+        let engine = std::mem::replace(
+            &mut self.engine,
+            Engine::open(&self.dir.path().join("unused"), config()).unwrap(),
+        );
+        // Abandoned: no txg commit, no shutdown; only the log has the latest writes.
+        std::mem::forget(engine);
+        self.engine = Engine::open(&self.state(), config()).unwrap();
+    }
+
+    fn check(&self, step: usize, what: &str) {
+        let ctx = |name: &str| format!("step {step} ({what}): {name}");
+        for (name, img) in &self.model.heads {
+            let got = read_all(&self.engine.open_volume(name).unwrap());
+            if got != img.bytes() {
+                let want = img.bytes();
+                let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                panic!(
+                    "{}: contents differ at byte {i} (block {}): got {} want {}; origin {:?}",
+                    ctx(name),
+                    i as u64 / BS,
+                    got[i],
+                    want[i],
+                    self.model.origin.get(name)
+                );
+            }
+        }
+        for (name, s) in &self.model.snaps {
+            let vol = self.engine.open_volume(name).unwrap();
+            assert!(vol.read_only());
+            let got = read_all(&vol);
+            assert!(got == s.image.bytes(), "{}: contents differ", ctx(name));
+        }
+        // Space, once everything is committed.
+        self.engine.sync_all().unwrap();
+        let referenced = self.model.referenced();
+        let allocated = self.engine.stats()[0].allocated;
+        assert_eq!(
+            allocated,
+            referenced.len() as u64 * BS,
+            "{}",
+            ctx("pool allocated")
+        );
+        for (name, img) in &self.model.heads {
+            let own = |t: &u64| self.model.owner.get(t) == Some(name);
+            let live_own = img.tokens().iter().filter(|t| own(t)).count() as u64 * BS;
+            let mut snap_tokens = BTreeSet::new();
+            for s in self.model.snaps_of(name) {
+                snap_tokens.extend(self.model.snaps[s].image.tokens());
+            }
+            let held = snap_tokens
+                .iter()
+                .filter(|t| own(t) && !img.tokens().contains(t))
+                .count() as u64
+                * BS;
+            assert_eq!(
+                prop(&self.engine, name, "usedbysnapshots"),
+                held,
+                "{}",
+                ctx(&format!("{name} usedbysnapshots"))
+            );
+            assert_eq!(
+                prop(&self.engine, name, "used"),
+                live_own + held,
+                "{}",
+                ctx(&format!("{name} used"))
+            );
+            assert_eq!(
+                prop(&self.engine, name, "referenced"),
+                img.tokens().len() as u64 * BS,
+                "{}",
+                ctx(&format!("{name} referenced"))
+            );
+            let since = self
+                .model
+                .snaps_of(name)
+                .last()
+                .map(|s| self.model.snaps[*s].seq)
+                .or_else(|| self.model.born.get(name).copied())
+                .unwrap_or(0);
+            let written = img
+                .tokens()
+                .iter()
+                .filter(|t| own(t) && **t > since)
+                .count() as u64
+                * BS;
+            assert_eq!(
+                prop(&self.engine, name, "written"),
+                written,
+                "{}",
+                ctx(&format!("{name} written"))
+            );
+        }
+        for (name, s) in &self.model.snaps {
+            assert_eq!(
+                prop(&self.engine, name, "referenced"),
+                s.image.tokens().len() as u64 * BS,
+                "{}",
+                ctx(&format!("{name} referenced"))
+            );
+            if s.clones.is_empty() {
+                assert_eq!(
+                    prop(&self.engine, name, "used"),
+                    self.unique_bytes(name),
+                    "{}",
+                    ctx(&format!("{name} used"))
+                );
+            }
+        }
+    }
+}
+
+fn run_model(seed: u64, steps: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_volume(
+            "tank/v",
+            VOLSIZE,
+            &[
+                ("compression".into(), "off".into()),
+                ("volblocksize".into(), "4K".into()),
+            ],
+        )
+        .unwrap();
+    let mut h = Harness {
+        dir,
+        engine,
+        model: Model::default(),
+        rng: rand::rngs::StdRng::seed_from_u64(seed),
+    };
+    h.model.heads.insert(
+        "tank/v".into(),
+        Image {
+            blocks: vec![None; BLOCKS],
+        },
+    );
+    let mut names = 0;
+    for step in 0..steps {
+        let heads: Vec<String> = h.model.heads.keys().cloned().collect();
+        let snaps: Vec<String> = h.model.snaps.keys().cloned().collect();
+        let ds = heads[h.rng.random_range(0..heads.len())].clone();
+        let roll = h.rng.random_range(0..100);
+        let what = match roll {
+            0..=44 => {
+                h.write(&ds);
+                "write"
+            }
+            45..=54 => {
+                h.trim(&ds);
+                "trim"
+            }
+            55..=67 if snaps.len() < 12 => {
+                names += 1;
+                h.snapshot(&ds, &format!("s{names}"));
+                "snapshot"
+            }
+            68..=73 if !snaps.is_empty() && heads.len() < 5 => {
+                names += 1;
+                let s = snaps[h.rng.random_range(0..snaps.len())].clone();
+                h.clone(&s, &format!("tank/c{names}"));
+                "clone"
+            }
+            74..=80 if !snaps.is_empty() => {
+                let s = snaps[h.rng.random_range(0..snaps.len())].clone();
+                h.rollback(&s);
+                "rollback"
+            }
+            81..=91 if !snaps.is_empty() => {
+                let s = snaps[h.rng.random_range(0..snaps.len())].clone();
+                h.destroy_snapshot(&s);
+                "destroy snapshot"
+            }
+            92..=95 if ds != "tank/v" => {
+                h.destroy_clone(&ds);
+                "destroy clone"
+            }
+            96..=99 => {
+                h.crash_and_reopen();
+                "crash and reopen"
+            }
+            _ => "nothing",
+        };
+        eprintln!("step {step}: {what} on {ds} (snapshots {snaps:?})");
+        h.check(step, what);
+    }
+    h.engine.shutdown().unwrap();
+}
+
+#[test]
+fn snapshots_clones_rollbacks_and_destroys_match_a_model() {
+    let seeds: u64 = std::env::var("CISTERN_MODEL_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    for seed in 1..=seeds {
+        run_model(seed, 120);
+    }
+}
+
+#[test]
+fn snapshot_is_instant_and_ordered_against_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 64 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    vol.write(0, &[7u8; 65536], false).unwrap(); // acknowledged, not flushed, not committed
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    vol.write(0, &[9u8; 65536], false).unwrap();
+    let snap = engine.open_volume("tank/v@a").unwrap();
+    let got = snap.read(0, 65536).unwrap();
+    assert_eq!(got, vec![ReadSegment::Data(vec![7u8; 65536])]);
+    assert!(matches!(
+        snap.write(0, &[1], false),
+        Err(Error::ReadOnly(_))
+    ));
+    // Changed-since map: the first 64 KiB only.
+    let runs = vol.changed_since("a", 0, 1 << 20).unwrap();
+    assert_eq!(runs, vec![(65536, true), ((1 << 20) - 65536, false)]);
+    assert_eq!(vol.older_snapshots(), vec!["a".to_string()]);
+    let diff = engine.diff("tank/v@a", None).unwrap();
+    assert_eq!(
+        diff.ranges,
+        vec![ChangedRange {
+            offset: 0,
+            length: 65536
+        }]
+    );
+    // Holds block destroy; names are checked.
+    engine
+        .set_hold("keep", &["tank/v@a".into()], false, true)
+        .unwrap();
+    assert!(matches!(
+        engine.destroy("tank/v@a", &DestroyOptions::default()),
+        Err(Error::Busy(_))
+    ));
+    engine
+        .set_hold("keep", &["tank/v@a".into()], false, false)
+        .unwrap();
+    for bad in ["tank/v@", "tank/v@a b", "tank/v@a@b"] {
+        assert!(
+            engine.snapshot(&[bad.into()], false).is_err(),
+            "{bad} accepted"
+        );
+    }
+    assert!(matches!(
+        engine.snapshot(&["tank/v@a".into()], false),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        engine.destroy("tank/v", &DestroyOptions::default()),
+        Err(Error::Busy(_))
+    ));
+    engine.destroy("tank/v@a", &DestroyOptions::default()).unwrap();
+    engine.shutdown().unwrap();
+}
