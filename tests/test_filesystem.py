@@ -38,13 +38,13 @@ pytestmark = pytest.mark.skipif(_why_no_fs() is not None, reason=_why_no_fs() or
 
 
 @contextlib.contextmanager
-def nbdfuse(uri: str, mnt: Path, log: Path):
+def nbdfuse(uri: str, mnt: Path, log: Path, read_only: bool = False):
     """Mounts `uri` as the file mnt/nbd; unmounts (fusermount3 -u) on exit."""
     mnt.mkdir(exist_ok=True)
     pidfile = mnt.parent / f"{mnt.name}.pid"
     pidfile.unlink(missing_ok=True)
     with open(log, "ab") as lf:
-        p = popen(["nbdfuse", "-P", pidfile, mnt, uri], stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        p = popen(["nbdfuse", *(["-r"] if read_only else []), "-P", pidfile, mnt, uri], stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         wait_until(lambda: pidfile.exists() or p.poll() is not None, 30, what="nbdfuse ready")
         assert p.poll() is None, f"nbdfuse exited with {p.returncode}: {log.read_text(errors='replace')}"

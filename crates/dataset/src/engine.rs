@@ -74,8 +74,8 @@ pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
     };
     match dataset.split_once('/') {
         None => {
-            check_component("pool", name)?;
-            Ok((name, None))
+            check_component("pool", dataset)?;
+            Ok((dataset, None))
         }
         Some((pool, rest)) => {
             check_component("pool", pool)?;

@@ -144,11 +144,18 @@ impl Engine {
     /// `cistern destroy [-r] [-n] NAME`: a dataset (with `-r` its children
     /// and snapshots), or snapshots `DS@a`, `DS@a%b`, `DS@a,b`.
     pub fn destroy(&self, name: &str, opts: &DestroyOptions) -> Result<DestroyReport> {
+        if let Some((ds, spec)) = name.split_once('@') {
+            // The spec (`a%b,c`) is checked name by name against existing snapshots.
+            let (pool, _) = split_dataset(ds)?;
+            if spec.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "'{name}': no snapshot name after '@'"
+                )));
+            }
+            return self.destroy_snapshots(&*self.pool(pool)?, ds, spec, opts);
+        }
         let (pool, rest) = split_dataset(name)?;
         let p = self.pool(pool)?;
-        if let Some((ds, spec)) = name.split_once('@') {
-            return self.destroy_snapshots(&p, ds, spec, opts);
-        }
         if rest.is_none() {
             return Err(Error::InvalidArgument(format!(
                 "'{name}' is a pool's root dataset: use `cistern pool destroy`"

@@ -113,7 +113,9 @@ fn meta_err(e: impl std::fmt::Display) -> Error {
 }
 
 /// Test hook for the crash tests: `CISTERN_FAULT_TXG_CRASH=after_data|after_meta`
-/// aborts the process at that point of a txg commit that has data.
+/// aborts the process at that point of a txg commit;
+/// `action_before_meta|action_after_meta` only in a commit carrying an
+/// administrative action (snapshot, destroy, rollback, clone).
 fn fault_point(name: &str) {
     if std::env::var("CISTERN_FAULT_TXG_CRASH").is_ok_and(|v| v == name) {
         tracing::error!(point = name, "fault injection: aborting during txg commit");
@@ -583,6 +585,7 @@ impl ImportedPool {
         let mut orphaned: Vec<Dva> = Vec::new();
         let mut space: HashMap<u64, SpaceDelta> = HashMap::new();
         let mut outcome = ActionOutcome::default();
+        let mut has_action = false;
         let tx = self.db.begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
@@ -616,6 +619,8 @@ impl ImportedPool {
             }
             if let Some(action) = action {
                 outcome = self.run_action(action, txg, &tx, &mut recs, &mut freed)?;
+                fault_point("action_before_meta");
+                has_action = true;
             }
             let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
             for (id, rec) in &recs {
@@ -641,6 +646,9 @@ impl ImportedPool {
         }
         tx.commit().map_err(meta_err)?;
         fault_point("after_meta");
+        if has_action {
+            fault_point("action_after_meta");
+        }
 
         // Only now may replaced space be reused: a crash before the commit
         // brings back the previous txg, which still points there.

@@ -272,9 +272,7 @@ impl Harness {
 
     fn destroy_clone(&mut self, ds: &str) {
         let snaps: Vec<String> = self.model.snaps_of(ds).into_iter().cloned().collect();
-        let blocked = snaps
-            .iter()
-            .any(|s| !self.model.snaps[s].clones.is_empty());
+        let blocked = snaps.iter().any(|s| !self.model.snaps[s].clones.is_empty());
         let result = self.engine.destroy(
             ds,
             &DestroyOptions {
@@ -575,6 +573,32 @@ fn snapshot_is_instant_and_ordered_against_writes() {
         engine.destroy("tank/v", &DestroyOptions::default()),
         Err(Error::Busy(_))
     ));
-    engine.destroy("tank/v@a", &DestroyOptions::default()).unwrap();
+    engine
+        .destroy("tank/v@a", &DestroyOptions::default())
+        .unwrap();
     engine.shutdown().unwrap();
+}
+
+#[test]
+fn a_trim_after_a_snapshot_is_a_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 4 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    vol.write(0, &data, false).unwrap();
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    vol.trim(16384, 2 << 20, false).unwrap();
+    let open = vol.changed_since("a", 0, 4 << 20).unwrap();
+    engine.sync_all().unwrap();
+    let committed = vol.changed_since("a", 0, 4 << 20).unwrap();
+    let want = vec![(16384, false), ((1 << 20) - 16384, true), (3 << 20, false)];
+    assert_eq!(open, want, "before the commit");
+    assert_eq!(committed, want, "after the commit");
+    let snap = engine.open_volume("tank/v@a").unwrap();
+    assert_eq!(
+        snap.read(0, 1 << 20).unwrap(),
+        vec![ReadSegment::Data(data)]
+    );
 }
