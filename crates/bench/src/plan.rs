@@ -390,7 +390,7 @@ pub fn layout(req: &Request, family: Family, groups: u32, width: u32) -> Layout 
         format!("{groups}x {}", family.name())
     };
     let note = if family == Family::Stripe {
-        Some("no redundancy: one failed drive loses the pool".to_string())
+        Some("no redundancy".to_string())
     } else if (sectors_per_block as f64) > unpadded + 1e-9 {
         Some(format!(
             "padding: a {} block takes {}",
