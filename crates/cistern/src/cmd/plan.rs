@@ -74,8 +74,8 @@ pub struct PlanArgs {
     /// groups, width (largest first) or layout [default: usable].
     #[arg(long, value_name = "KEY")]
     pub sort: Option<String>,
-    /// Columns: layout,groups,width,drives,spares,usable,avail,eff,lose,
-    /// lose-max,riops,wiops,rmbps,wmbps,note.
+    /// Columns, comma-separated: layout, groups, width, drives, spares,
+    /// usable, avail, eff, lose, lose-max, riops, wiops, rmbps, wmbps, note.
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
     #[command(flatten)]
