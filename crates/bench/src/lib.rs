@@ -4,6 +4,8 @@
 //!   `latency`, `compress`) and [`cli::run`].
 //! * [`stats`]: per-second series, latency histogram, quantiles, "X or better".
 //! * [`provision`]: nodes needed for a target IOPS (Monte Carlo and exact).
+//! * [`plan`]: pool layouts for N drives: capacity, failures, predicted speed
+//!   (`cistern pool plan`); [`measure`] measures one drive for it.
 //! * [`target`]: what a benchmark writes to (file/device, NBD, S3 stub).
 //! * [`nbd_client`]: a small blocking NBD client.
 //! * [`svg`]: hand-written SVG charts.
@@ -13,7 +15,9 @@ pub mod compress;
 pub mod interrupt;
 pub mod iops;
 pub mod latency;
+pub mod measure;
 pub mod nbd_client;
+pub mod plan;
 pub mod provision;
 pub mod stats;
 pub mod svg;

@@ -29,6 +29,15 @@ pub trait Target: Send {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> anyhow::Result<()>;
     /// Writes `data` at `offset`, durable when this returns (fdatasync, FUA).
     fn write_sync(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()>;
+    /// Writes `data` at `offset`, durable only after [`Target::sync`]
+    /// (streaming writes); by default as durable as `write_sync`.
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
+        self.write_sync(offset, data)
+    }
+    /// Makes earlier `write_at`s durable (fdatasync, FLUSH).
+    fn sync(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// Closes cleanly (NBD: DISC).
     fn close(self: Box<Self>) -> anyhow::Result<()> {
         Ok(())
@@ -450,6 +459,16 @@ impl Target for FileTarget {
             .sync_data()
             .with_context(|| format!("fdatasync {}", self.path.display()))
     }
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
+        self.file
+            .write_all_at(data, offset)
+            .with_context(|| format!("write {} at {offset}", self.path.display()))
+    }
+    fn sync(&mut self) -> anyhow::Result<()> {
+        self.file
+            .sync_data()
+            .with_context(|| format!("fdatasync {}", self.path.display()))
+    }
 }
 
 struct NbdTarget {
@@ -468,6 +487,12 @@ impl Target for NbdTarget {
             self.client.flush()?;
         }
         Ok(())
+    }
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
+        Ok(self.client.write(offset, data, false)?)
+    }
+    fn sync(&mut self) -> anyhow::Result<()> {
+        Ok(self.client.flush()?)
     }
     fn close(self: Box<Self>) -> anyhow::Result<()> {
         Ok(self.client.disconnect()?)
