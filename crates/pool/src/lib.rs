@@ -1469,6 +1469,31 @@ impl MirroredRegion {
         len: usize,
         verify: impl Fn(&[u8]) -> bool,
     ) -> Result<(Vec<u8>, ScrubOutcome), PoolError> {
+        let (good, out, lost) = self.scrub_pages(offset, len, len.max(1), |_, b| verify(b))?;
+        if !lost.is_empty() {
+            return Err(PoolError::Unrecoverable {
+                group: u32::MAX,
+                offset,
+                reason: "no copy of the region range verifies".into(),
+            });
+        }
+        Ok((good, out))
+    }
+
+    /// [`MirroredRegion::scrub`] page by page: reads each device's copy of
+    /// the whole range once, then for each `page`-byte page (`verify` gets
+    /// its index in the range) rewrites only the copies of that page that
+    /// are wrong, from one that verifies. Returns the best bytes (pages
+    /// without a good copy as the first device read them), what was
+    /// repaired, and the indexes of pages with no good copy.
+    pub fn scrub_pages(
+        &self,
+        offset: u64,
+        len: usize,
+        page: usize,
+        verify: impl Fn(usize, &[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ScrubOutcome, Vec<usize>), PoolError> {
+        assert!(page > 0);
         let at = self.check(offset, len)?;
         // (guid, device, resilvering, what it holds)
         type Copy = (u64, Arc<Vdev>, bool, Result<Vec<u8>, VdevError>);
@@ -1481,40 +1506,51 @@ impl MirroredRegion {
                 copies.push((c.guid(), dev, c.resilvering(), r));
             }
         }
-        let good = copies
+        // Trusted devices first: a resilvering copy is used only if no other verifies.
+        copies.sort_by_key(|c| c.2);
+        let mut best = copies
             .iter()
-            .filter(|c| !c.2)
-            .chain(copies.iter().filter(|c| c.2))
-            .find_map(|c| c.3.as_ref().ok().filter(|b| verify(b)).cloned());
-        let Some(good) = good else {
-            return Err(PoolError::Unrecoverable {
-                group: u32::MAX,
-                offset,
-                reason: "no copy of the region range verifies".into(),
-            });
-        };
+            .find_map(|c| c.3.as_ref().ok().cloned())
+            .unwrap_or_else(|| vec![0u8; len]);
         let mut out = ScrubOutcome::default();
-        for (guid, dev, resilvering, copy) in &copies {
-            let wrong = match copy {
-                Ok(b) => !verify(b),
-                Err(_) => true,
-            };
-            if !wrong {
+        let mut lost = Vec::new();
+        for (i, start) in (0..len).step_by(page).enumerate() {
+            let end = (start + page).min(len);
+            let good = copies.iter().find_map(|c| {
+                c.3.as_ref()
+                    .ok()
+                    .map(|b| &b[start..end])
+                    .filter(|b| verify(i, b))
+            });
+            let Some(good) = good else {
+                lost.push(i);
                 continue;
-            }
-            if !resilvering {
-                if copy.is_ok() {
-                    dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
+            };
+            best[start..end].copy_from_slice(good);
+            for (guid, dev, resilvering, copy) in &copies {
+                let wrong = match copy {
+                    Ok(b) => !verify(i, &b[start..end]),
+                    Err(_) => true,
+                };
+                if !wrong {
+                    continue;
                 }
-                out.bad_devices.push(*guid);
-            }
-            tracing::warn!(device = %dev.path().display(), offset = at, "scrub: healing region copy");
-            match dev.write_at(at, &good) {
-                Ok(()) => out.repaired_bytes += len as u64,
-                Err(e) => fault(dev, &e),
+                if !resilvering {
+                    if copy.is_ok() {
+                        dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !out.bad_devices.contains(guid) {
+                        out.bad_devices.push(*guid);
+                    }
+                }
+                tracing::warn!(device = %dev.path().display(), offset = at + start as u64, "scrub: healing region copy");
+                match dev.write_at(at + start as u64, good) {
+                    Ok(()) => out.repaired_bytes += (end - start) as u64,
+                    Err(e) => fault(dev, &e),
+                }
             }
         }
-        Ok((good, out))
+        Ok((best, out, lost))
     }
 
     pub fn sync(&self) -> Result<(), PoolError> {
