@@ -573,16 +573,14 @@ impl Pool {
     }
 
     pub fn group(&self, index: u32) -> Result<Arc<Group>, PoolError> {
-        self.groups
-            .read()
-            .get(index as usize)
-            .cloned()
-            .ok_or_else(|| {
-                PoolError::Layout(format!(
-                    "block names group {index}, pool has {}",
-                    self.groups.read().len()
-                ))
-            })
+        let groups = self.groups.read();
+        match groups.get(index as usize) {
+            Some(g) => Ok(g.clone()),
+            None => Err(PoolError::Layout(format!(
+                "block names group {index}, pool has {}",
+                groups.len()
+            ))),
+        }
     }
 
     /// Every device present, group by group.

@@ -644,3 +644,43 @@ fn device_admin_primitives() {
     pool.finish_resilver(c[1].guid).unwrap();
     assert!(!pool.is_resilvering(c[1].guid));
 }
+
+/// Throughput of 8 MiB raidz runs (as the txg writes them) and of run
+/// reads, healthy and degraded: `cargo test -p pool --release -- --ignored`.
+#[test]
+#[ignore]
+fn raidz_run_throughput() {
+    let dir = tempfile::tempdir().unwrap();
+    let devices = (0..6)
+        .map(|i| Vdev::open_or_create(&dir.path().join(format!("t{i}")), Some(512 << 20)).unwrap())
+        .collect();
+    let pool = Pool::create("t", vec![(raidz(2), devices)]).unwrap();
+    let run = 8 << 20;
+    let data = pattern(1, run);
+    let n = 32;
+    let t = std::time::Instant::now();
+    let mut dvas = Vec::new();
+    for _ in 0..n {
+        let dva = pool.allocator().allocate(run as u64).unwrap();
+        pool.write(dva, &data).unwrap();
+        dvas.push(dva);
+    }
+    pool.sync_all().unwrap();
+    let mb = (n * run) as f64 / (1 << 20) as f64;
+    eprintln!("write {:.0} MiB/s", mb / t.elapsed().as_secs_f64());
+    for degraded in [false, true] {
+        if degraded {
+            pool.groups()[0].devices()[0].set_state(DeviceState::Offline);
+        }
+        let t = std::time::Instant::now();
+        for dva in &dvas {
+            let r = pool.read_run(0, dva.offset, run).unwrap();
+            assert!(r[..run] == data[..]);
+        }
+        eprintln!(
+            "read {} {:.0} MiB/s",
+            if degraded { "degraded" } else { "healthy" },
+            mb / t.elapsed().as_secs_f64()
+        );
+    }
+}
