@@ -1,12 +1,12 @@
 //! Blocking client for the management API (what the CLI uses).
 
 use crate::{
-    CloneRequest, CreateVolume, ErrorBody, Health, HoldRequest, ImportRequest, RollbackRequest,
-    SetProperty, SnapshotRequest,
+    ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
+    ImportRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use dataset::{
     DatasetInfo, DestroyOptions, DestroyReport, DiffReport, ImportablePool, PoolSpec, PoolStatus,
-    PoolSummary,
+    PoolSummary, ScrubAction,
 };
 use serde::de::DeserializeOwned;
 use std::io;
@@ -221,6 +221,72 @@ impl Client {
 
     pub fn export_pool(&self, pool: &str) -> Result<()> {
         self.expect_empty(self.agent.post(self.pool_url(pool, "/export")).send_empty())
+    }
+
+    /// Starts, pauses or stops a scrub.
+    pub fn scrub(&self, pool: &str, action: ScrubAction) -> Result<PoolStatus> {
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/scrub"))
+                .send_json(&ScrubRequest { action }),
+        )
+    }
+
+    pub fn offline(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let body = DeviceRequest {
+            device: device.to_string(),
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/offline"))
+                .send_json(&body),
+        )
+    }
+
+    pub fn online(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let body = DeviceRequest {
+            device: device.to_string(),
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/online"))
+                .send_json(&body),
+        )
+    }
+
+    pub fn clear(&self, pool: &str, device: Option<&str>) -> Result<PoolStatus> {
+        let body = ClearRequest {
+            device: device.map(str::to_string),
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/clear"))
+                .send_json(&body),
+        )
+    }
+
+    pub fn replace(
+        &self,
+        pool: &str,
+        old: &str,
+        new: &std::path::Path,
+        force: bool,
+    ) -> Result<PoolStatus> {
+        let body = ReplaceRequest {
+            old: old.to_string(),
+            new: new.to_path_buf(),
+            force,
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/replace"))
+                .send_json(&body),
+        )
+    }
+
+    /// `POST /v1/pools/{pool}/add`: append groups to a pool.
+    pub fn pool_add(&self, pool: &str, spec: &dataset::PoolAddSpec) -> Result<PoolStatus> {
+        self.decode(self.agent.post(self.pool_url(pool, "/add")).send_json(spec))
     }
 
     pub fn importable_pools(&self, dirs: &[PathBuf]) -> Result<Vec<ImportablePool>> {

@@ -20,6 +20,11 @@
 //! | GET | /v1/dataset?name=N | | `DatasetInfo` |
 //! | PATCH | /v1/dataset?name=N | [`SetProperty`] | `DatasetInfo` |
 //! | DELETE | /v1/dataset?name=N | | 204 |
+//! | POST | /v1/pools/{pool}/scrub | [`ScrubRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/offline | [`DeviceRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/online | [`DeviceRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/clear | [`ClearRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/replace | [`ReplaceRequest`] | `PoolStatus` |
 //! | GET | /metrics | | Prometheus text |
 //!
 //! Errors are `{"error": "...", "kind": "NotFound"}` ([`ErrorBody`]) with a
@@ -110,6 +115,40 @@ pub struct HoldRequest {
 pub struct SetProperty {
     pub property: String,
     pub value: String,
+}
+
+/// `POST /v1/pools/{pool}/scrub`: start (or resume), pause, or stop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubRequest {
+    pub action: dataset::ScrubAction,
+}
+
+/// `POST /v1/pools/{pool}/offline` and `/online`: a device by path, file name or guid.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceRequest {
+    pub device: String,
+}
+
+/// `POST /v1/pools/{pool}/clear`: one device's counters, or all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearRequest {
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+/// `POST /v1/pools/{pool}/replace`: `new` (an absolute path that exists)
+/// takes `old`'s place and is resilvered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaceRequest {
+    pub old: String,
+    pub new: PathBuf,
+    /// Use `new` even if it carries the label of a pool not imported here.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Body of every error response.

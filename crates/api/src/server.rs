@@ -2,8 +2,8 @@
 //! `spawn_blocking`; handlers only translate HTTP <-> engine types.
 
 use crate::{
-    CloneRequest, CreateVolume, ErrorBody, Health, HoldRequest, ImportRequest, RollbackRequest,
-    SetProperty, SnapshotRequest,
+    ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
+    ImportRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -50,6 +50,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/pools", get(list_pools).post(create_pool))
         .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
         .route("/v1/pools/{pool}/export", post(export_pool))
+        .route("/v1/pools/{pool}/scrub", post(scrub_pool))
+        .route("/v1/pools/{pool}/offline", post(offline_device))
+        .route("/v1/pools/{pool}/online", post(online_device))
+        .route("/v1/pools/{pool}/clear", post(clear_errors))
+        .route("/v1/pools/{pool}/replace", post(replace_device))
+        .route("/v1/pools/{pool}/add", post(add_groups))
         .route("/v1/import", get(importable).post(import_pool))
         .route("/v1/datasets", get(list_datasets).post(create_volume))
         .route(
@@ -269,6 +275,77 @@ async fn export_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> Ap
     blocking(&st, move |e| e.export_pool(&pool))
         .await
         .map(|()| no_content())
+}
+
+async fn scrub_pool(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<ScrubRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, action = ?req.action, "scrub");
+    blocking(&st, move |e| e.scrub_pool(&pool, req.action))
+        .await
+        .map(json)
+}
+
+async fn offline_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<DeviceRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = %req.device, "offline");
+    blocking(&st, move |e| e.offline_device(&pool, &req.device))
+        .await
+        .map(json)
+}
+
+async fn online_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<DeviceRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = %req.device, "online");
+    blocking(&st, move |e| e.online_device(&pool, &req.device))
+        .await
+        .map(json)
+}
+
+async fn clear_errors(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<ClearRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = ?req.device, "clear");
+    blocking(&st, move |e| e.clear_errors(&pool, req.device.as_deref()))
+        .await
+        .map(json)
+}
+
+async fn replace_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<ReplaceRequest>,
+) -> ApiResult<Response> {
+    if req.old.is_empty() {
+        return Err(ApiError::bad_request("name the device to replace"));
+    }
+    tracing::info!(%pool, old = %req.old, new = %req.new.display(), "replace");
+    blocking(&st, move |e| {
+        e.replace_device(&pool, &req.old, &req.new, req.force)
+    })
+    .await
+    .map(json)
+}
+
+async fn add_groups(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(spec): Json<dataset::PoolAddSpec>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, groups = spec.groups.len(), "add");
+    blocking(&st, move |e| e.add_groups(&pool, spec))
+        .await
+        .map(json)
 }
 
 async fn importable(

@@ -210,7 +210,9 @@ mod tests {
         let bp = write_block(&pool, &enc, 5).unwrap();
         assert_eq!(read_block(&pool, &bp).unwrap(), data);
         let at = pool.regions.data_offset + bp.dvas[0].offset;
-        pool.groups[0].devices[0].write_at(at + 3, b"XX").unwrap();
+        pool.groups()[0].devices()[0]
+            .write_at(at + 3, b"XX")
+            .unwrap();
         assert!(matches!(
             read_block(&pool, &bp),
             Err(BlockError::Pool(PoolError::Unrecoverable { .. }))

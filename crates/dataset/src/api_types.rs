@@ -12,12 +12,30 @@ pub enum GroupKind {
     Disk,
     /// An n-way mirror: every device holds every block.
     Mirror,
+    /// Reed-Solomon parity over the devices, surviving the loss of 1, 2 or
+    /// 3 of them (`raidz1`..`raidz3`, as zpool names them).
+    Raidz1,
+    Raidz2,
+    Raidz3,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GroupSpec {
     pub kind: GroupKind,
     pub devices: Vec<PathBuf>,
+}
+
+/// What `cistern pool add POOL <groups>` asks for: groups appended to an
+/// imported pool (`POST /v1/pools/{pool}/add`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolAddSpec {
+    pub groups: Vec<GroupSpec>,
+    /// `-s SIZE`: create missing device files sparse at this size.
+    #[serde(default)]
+    pub create_size: Option<u64>,
+    /// `-f`: use devices that carry the label of a pool not imported here.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// What `cistern pool create` asks for.
@@ -56,6 +74,9 @@ pub struct DeviceStatus {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// Being rebuilt by a resilver (`replace`, or `online` after `offline`).
+    #[serde(default)]
+    pub resilvering: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,6 +94,80 @@ pub struct PoolStatus {
     pub groups: Vec<GroupStatus>,
     /// Human-readable notes ("errors: No known data errors").
     pub errors: Vec<String>,
+    /// The scrub or resilver running, or the last one that ran.
+    #[serde(default)]
+    pub scan: Option<ScanStatus>,
+    /// Blocks that could not be read or repaired (`pool status -v`).
+    #[serde(default)]
+    pub data_errors: Vec<DataError>,
+}
+
+/// What a scan does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanFunction {
+    /// Verify every live block and metadata page; repair from redundancy.
+    Scrub,
+    /// Rebuild one device's copies/columns from the others.
+    Resilver,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanState {
+    Scanning,
+    Paused,
+    Finished,
+    Canceled,
+}
+
+/// Progress or result of a scan, as `zpool status` shows it under `scan:`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScanStatus {
+    pub function: ScanFunction,
+    pub state: ScanState,
+    /// Unix seconds.
+    pub start_time: u64,
+    /// Unix seconds; 0 while the scan has not ended.
+    pub end_time: u64,
+    /// Bytes verified (every copy / column counted).
+    pub examined: u64,
+    /// Bytes to verify (allocated bytes when the scan started).
+    pub total: u64,
+    /// Bytes rewritten from redundancy.
+    pub repaired: u64,
+    /// Blocks that could not be repaired.
+    pub errors: u64,
+    /// Bytes per second since the scan (re)started in this process.
+    pub rate: u64,
+    /// Seconds left at `rate`, if known.
+    pub eta_secs: Option<u64>,
+    /// Resilver: the device being rebuilt.
+    #[serde(default)]
+    pub target: Option<PathBuf>,
+}
+
+/// `cistern pool scrub [-p|-s]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubAction {
+    /// Start a scrub, or resume a paused one.
+    Start,
+    /// `-p`: pause where it is.
+    Pause,
+    /// `-s`: cancel.
+    Stop,
+}
+
+/// A block whose every copy failed: where it hit, for `pool status -v`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataError {
+    /// The dataset's name, or `<dataset N>` if it no longer exists.
+    pub dataset: String,
+    /// Byte offset in the dataset (block index x volblocksize).
+    pub offset: u64,
+    /// Bytes of the dataset the block covers.
+    pub length: u64,
 }
 
 /// A pool found on devices that is not imported (`cistern pool import -d DIR`).

@@ -2,6 +2,7 @@
 //! start (like zpool.cache), and the administrative operations.
 
 use crate::props::{self, DatasetRecord, Space};
+use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
 use crate::*;
 use parking_lot::{Mutex, RwLock};
@@ -32,6 +33,9 @@ pub struct EngineInner {
     pub(crate) pools: RwLock<BTreeMap<String, Arc<ImportedPool>>>,
     /// Serializes pool-level changes (create, destroy, import, export).
     pub(crate) admin: Mutex<()>,
+    /// The engine itself, for work that finishes in the background (a
+    /// resilver rewrites the cache file when it is done).
+    pub(crate) me: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 fn io(context: &str, e: impl std::fmt::Display) -> Error {
@@ -96,6 +100,7 @@ impl Engine {
                 config,
                 pools: RwLock::new(BTreeMap::new()),
                 admin: Mutex::new(()),
+                me: std::sync::OnceLock::new(),
             },
         };
         let cache = engine.read_cache()?;
@@ -110,7 +115,13 @@ impl Engine {
                 }
             }
         }
-        Ok(Arc::new(engine))
+        let engine = Arc::new(engine);
+        let _ = engine.inner.me.set(Arc::downgrade(&engine));
+        let pools: Vec<_> = engine.inner.pools.read().values().cloned().collect();
+        for p in pools {
+            engine.resume_scan(&p);
+        }
+        Ok(engine)
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -191,10 +202,7 @@ impl Engine {
         let mut seen = std::collections::HashSet::new();
         let mut groups = Vec::new();
         for g in &spec.groups {
-            let kind = match g.kind {
-                GroupKind::Disk => LayoutKind::Disk,
-                GroupKind::Mirror => LayoutKind::Mirror,
-            };
+            let kind = layout_of(g.kind);
             if kind == LayoutKind::Mirror && g.devices.len() < 2 {
                 return Err(Error::InvalidArgument(
                     "a mirror needs at least two devices".into(),
@@ -250,6 +258,69 @@ impl Engine {
         self.pool_status(&spec.name)
     }
 
+    /// `cistern pool add POOL <groups>`: appends groups to an imported pool
+    /// (labels of every device name them; new space is used at once).
+    pub fn add_groups(&self, pool: &str, spec: PoolAddSpec) -> Result<PoolStatus> {
+        let _admin = self.inner.admin.lock();
+        let p = self.pool(pool)?;
+        if spec.groups.is_empty() || spec.groups.iter().any(|g| g.devices.is_empty()) {
+            return Err(Error::InvalidArgument(
+                "name at least one device in every group to add".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut groups = Vec::new();
+        for g in &spec.groups {
+            let mut devs = Vec::new();
+            for path in &g.devices {
+                if !path.is_absolute() || !seen.insert(path.clone()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "device path {} is not absolute or is named twice",
+                        path.display()
+                    )));
+                }
+                if p.pool.device_paths().contains(path) {
+                    return Err(Error::Busy(format!(
+                        "device {} is already part of pool '{pool}'",
+                        path.display()
+                    )));
+                }
+                let dev = Vdev::open_or_create(path, spec.create_size)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                if let Ok(label) = dev.read_label() {
+                    let in_use = self
+                        .inner
+                        .pools
+                        .read()
+                        .values()
+                        .any(|q| q.pool.guid == label.pool_guid);
+                    if in_use || !spec.force {
+                        return Err(Error::Busy(format!(
+                            "device {} is part of pool '{}'{}",
+                            path.display(),
+                            label.pool_name,
+                            if in_use {
+                                " (imported here)"
+                            } else {
+                                " (use -f to reuse the device)"
+                            }
+                        )));
+                    }
+                }
+                devs.push(dev);
+            }
+            groups.push((layout_of(g.kind), devs));
+        }
+        for (kind, devs) in groups {
+            p.pool
+                .add_group(kind, devs)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        }
+        self.write_cache()?;
+        tracing::info!(pool, groups = spec.groups.len(), "groups added");
+        self.pool_status(pool)
+    }
+
     /// Opens the devices, checks they form one pool, assembles and imports it.
     fn import_devices(&self, paths: &[PathBuf], guid: Option<u64>) -> Result<Arc<ImportedPool>> {
         let mut devs = Vec::new();
@@ -295,55 +366,273 @@ impl Engine {
         let p = self.pool(pool)?;
         let groups = p
             .pool
-            .groups
+            .groups()
             .iter()
-            .enumerate()
-            .map(|(i, g)| GroupStatus {
-                name: match g.kind {
-                    LayoutKind::Mirror => format!("mirror-{i}"),
-                    LayoutKind::Disk => g
-                        .devices
-                        .first()
-                        .map(|d| d.path().display().to_string())
-                        .unwrap_or_default(),
-                },
-                kind: match g.kind {
-                    LayoutKind::Mirror => GroupKind::Mirror,
-                    LayoutKind::Disk => GroupKind::Disk,
-                },
-                state: g.state().as_str().to_string(),
-                devices: g
-                    .devices
-                    .iter()
-                    .map(|d| DeviceStatus {
-                        path: d.path().to_path_buf(),
-                        guid: 0,
-                        state: d.state().as_str().to_string(),
-                        read_errors: d.errors.read.load(Ordering::Relaxed),
-                        write_errors: d.errors.write.load(Ordering::Relaxed),
-                        checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
-                    })
-                    .chain(g.missing.iter().map(|guid| DeviceStatus {
-                        path: PathBuf::from(format!("(missing device {guid})")),
-                        guid: *guid,
-                        state: "UNAVAIL".into(),
-                        read_errors: 0,
-                        write_errors: 0,
-                        checksum_errors: 0,
-                    }))
-                    .collect(),
+            .map(|g| {
+                let i = g.index;
+                let children = g.children();
+                GroupStatus {
+                    name: match g.kind {
+                        LayoutKind::Disk => children
+                            .first()
+                            .and_then(|c| c.device.as_ref())
+                            .map(|d| d.path().display().to_string())
+                            .unwrap_or_else(|| format!("disk-{i}")),
+                        kind => format!("{}-{i}", kind.name()),
+                    },
+                    kind: kind_of(g.kind),
+                    state: g.state().as_str().to_string(),
+                    devices: children
+                        .iter()
+                        .map(|c| match &c.device {
+                            Some(d) => DeviceStatus {
+                                path: d.path().to_path_buf(),
+                                guid: c.guid,
+                                state: d.state().as_str().to_string(),
+                                read_errors: d.errors.read.load(Ordering::Relaxed),
+                                write_errors: d.errors.write.load(Ordering::Relaxed),
+                                checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
+                                resilvering: c.resilvering,
+                            },
+                            None => DeviceStatus {
+                                path: PathBuf::from(format!("(missing device {})", c.guid)),
+                                guid: c.guid,
+                                state: "UNAVAIL".into(),
+                                read_errors: 0,
+                                write_errors: 0,
+                                checksum_errors: 0,
+                                resilvering: c.resilvering,
+                            },
+                        })
+                        .collect(),
+                }
             })
             .collect();
+        let (scan, data_errors) = scrub::status(&p);
+        let errors = if data_errors.is_empty() {
+            vec!["No known data errors".into()]
+        } else {
+            vec![format!(
+                "{} data errors, use '-v' for a list",
+                scan.as_ref().map_or(data_errors.len() as u64, |s| s
+                    .errors
+                    .max(data_errors.len() as u64))
+            )]
+        };
         Ok(PoolStatus {
             summary: summary(&p),
             groups,
-            errors: vec!["No known data errors".into()],
+            errors,
+            scan,
+            data_errors,
         })
+    }
+
+    /// Continues a scan persisted as running (import, restart after a crash).
+    fn resume_scan(&self, p: &Arc<ImportedPool>) {
+        if let Err(e) = scrub::resume_at_import(p) {
+            tracing::error!(pool = %p.pool.name, error = %e, "cannot resume scan");
+        }
+    }
+
+    /// `cistern pool scrub [-p|-s] POOL`.
+    pub fn scrub_pool(&self, pool: &str, action: ScrubAction) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        match action {
+            ScrubAction::Start => scrub::start_scrub(&p)?,
+            ScrubAction::Pause => scrub::pause(&p)?,
+            ScrubAction::Stop => scrub::cancel(&p)?,
+        }
+        self.pool_status(pool)
+    }
+
+    /// `cistern pool offline POOL DEV`: no more I/O to the device; refused
+    /// when the group would be left without enough devices to read from.
+    pub fn offline_device(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let (g, guid, dev) = find_device(&p, device)?;
+        let Some(dev) = dev else {
+            return Err(Error::InvalidArgument(format!(
+                "device {device} is missing; it is already unavailable"
+            )));
+        };
+        if dev.state() == pool::DeviceState::Offline {
+            return self.pool_status(pool);
+        }
+        let group = p.pool.group(g).map_err(|e| Error::Io(e.to_string()))?;
+        // Readable devices of the group other than this one.
+        let others = group
+            .children()
+            .iter()
+            .filter(|c| c.guid != guid && !c.resilvering)
+            .filter(|c| {
+                c.device.as_ref().is_some_and(|d| {
+                    !matches!(
+                        d.state(),
+                        pool::DeviceState::Offline | pool::DeviceState::Faulted
+                    )
+                })
+            })
+            .count();
+        if others < min_live(&group) {
+            return Err(Error::Busy(format!(
+                "cannot offline {device}: no valid replicas (its group would lose data)"
+            )));
+        }
+        {
+            // No txg in the middle of its writes while the set of devices changes.
+            let _meta = p.meta_lock.lock();
+            p.pool
+                .set_device_state(guid, pool::DeviceState::Offline)
+                .map_err(|e| Error::Io(e.to_string()))?;
+        }
+        tracing::info!(pool, device, "device taken offline");
+        self.pool_status(pool)
+    }
+
+    /// `cistern pool online POOL DEV`: back in service; what was written
+    /// while it was away is resilvered onto it.
+    pub fn online_device(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let (_, guid, dev) = find_device(&p, device)?;
+        let Some(dev) = dev else {
+            return Err(Error::InvalidArgument(format!(
+                "device {device} is missing: replace it with `cistern pool replace`"
+            )));
+        };
+        if !matches!(
+            dev.state(),
+            pool::DeviceState::Offline | pool::DeviceState::Faulted
+        ) {
+            return self.pool_status(pool);
+        }
+        scrub::preempt(&p)?;
+        let rec = {
+            let _meta = p.meta_lock.lock();
+            p.pool
+                .set_device_state(guid, pool::DeviceState::Online)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            // Missed the writes made meanwhile: trusted for reads only once rebuilt.
+            p.pool
+                .begin_resilver(guid)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            let rec = scrub::resilver_record(&p, guid, guid);
+            scrub::store_new_locked(&p, &rec)?;
+            rec
+        };
+        scrub::start_resilver(&p, rec)?;
+        tracing::info!(pool, device, "device brought online; resilvering");
+        self.pool_status(pool)
+    }
+
+    /// `cistern pool clear POOL [DEV]`: error counters to zero, FAULTED devices back.
+    pub fn clear_errors(&self, pool: &str, device: Option<&str>) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let guid = match device {
+            Some(d) => Some(find_device(&p, d)?.1),
+            None => None,
+        };
+        p.pool
+            .clear_errors(guid)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        tracing::info!(pool, ?device, "errors cleared");
+        self.pool_status(pool)
+    }
+
+    /// `cistern pool replace POOL OLD NEW`: NEW (an existing file or block
+    /// device) takes OLD's place and is resilvered; OLD may be missing.
+    pub fn replace_device(
+        &self,
+        pool: &str,
+        old: &str,
+        new: &Path,
+        force: bool,
+    ) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let (g, old_guid, old_dev) = find_device(&p, old)?;
+        if !new.is_absolute() {
+            return Err(Error::InvalidArgument(format!(
+                "device path {} is not absolute",
+                new.display()
+            )));
+        }
+        if old_dev.as_ref().is_some_and(|d| d.path() == new) {
+            return Err(Error::InvalidArgument(format!(
+                "{} is already {old}: give a different device",
+                new.display()
+            )));
+        }
+        if p.pool.devices().iter().any(|d| d.path() == new) {
+            return Err(Error::Busy(format!(
+                "{} is already part of pool '{pool}'",
+                new.display()
+            )));
+        }
+        if scrub::status(&p)
+            .0
+            .is_some_and(|s| s.function == ScanFunction::Resilver && s.state == ScanState::Scanning)
+        {
+            return Err(Error::Busy(format!(
+                "pool '{pool}' is already resilvering; replace again when it is done"
+            )));
+        }
+        let vdev = Vdev::open(new).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let data_size = p
+            .pool
+            .group(g)
+            .map_err(|e| Error::Io(e.to_string()))?
+            .data_size;
+        let need = p.pool.regions.data_offset + data_size + pool::LABEL_SIZE;
+        if vdev.size() < need {
+            return Err(Error::InvalidArgument(format!(
+                "{} is {} bytes; the group needs at least {need}",
+                new.display(),
+                vdev.size()
+            )));
+        }
+        if let Ok(label) = vdev.read_label() {
+            let in_use = self
+                .inner
+                .pools
+                .read()
+                .values()
+                .any(|q| q.pool.guid == label.pool_guid);
+            if in_use || !force {
+                return Err(Error::Busy(format!(
+                    "device {} is part of pool '{}'{}",
+                    new.display(),
+                    label.pool_name,
+                    if in_use {
+                        " (imported here)"
+                    } else {
+                        " (use -f to reuse the device)"
+                    }
+                )));
+            }
+        }
+        scrub::preempt(&p)?;
+        let rec = {
+            // No txg is writing while the device joins: every txg after this
+            // writes to it, every block before is in BLOCKS for the walk.
+            let _meta = p.meta_lock.lock();
+            let new_guid = p
+                .pool
+                .replace_device(old_guid, vdev)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let rec = scrub::resilver_record(&p, new_guid, old_guid);
+            scrub::store_new_locked(&p, &rec)?;
+            rec
+        };
+        scrub::start_resilver(&p, rec)?;
+        self.write_cache()?;
+        tracing::info!(pool, old, new = %new.display(), "replacing device; resilvering");
+        self.pool_status(pool)
     }
 
     pub fn destroy_pool(&self, pool: &str) -> Result<()> {
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
+        scrub::stop(&p);
         self.inner.pools.write().remove(pool);
         let _ = p.close();
         p.pool.wipe_labels().map_err(|e| Error::Io(e.to_string()))?;
@@ -355,6 +644,7 @@ impl Engine {
     pub fn export_pool(&self, pool: &str) -> Result<()> {
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
+        scrub::stop(&p);
         p.close()?;
         p.pool
             .set_exported(true)
@@ -446,9 +736,10 @@ impl Engine {
             .set_exported(false)
             .map_err(|e| Error::Io(e.to_string()))?;
         let name = p.pool.name.clone();
-        self.inner.pools.write().insert(name.clone(), p);
+        self.inner.pools.write().insert(name.clone(), p.clone());
         self.write_cache()?;
         tracing::info!(pool = %name, "pool imported");
+        self.resume_scan(&p);
         self.pool_status(&name)
     }
 
@@ -665,6 +956,7 @@ impl Engine {
         let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
         let mut first_err = None;
         for p in pools {
+            scrub::stop(&p);
             if let Err(e) = p.close() {
                 tracing::error!(pool = %p.pool.name, error = %e, "final txg commit failed");
                 first_err.get_or_insert(e);
@@ -676,18 +968,25 @@ impl Engine {
 
 fn summary(p: &ImportedPool) -> PoolSummary {
     let (size, allocated) = (p.pool.size(), p.pool.allocated());
-    let degraded = p
-        .pool
-        .groups
+    let states: Vec<pool::DeviceState> = p.pool.groups().iter().map(|g| g.state()).collect();
+    let unavail = states
         .iter()
-        .any(|g| g.state() != pool::DeviceState::Online);
+        .any(|s| matches!(s, pool::DeviceState::Unavail | pool::DeviceState::Faulted));
+    let degraded = states.iter().any(|s| *s != pool::DeviceState::Online);
     PoolSummary {
         name: p.pool.name.clone(),
         guid: p.pool.guid,
         size,
         allocated,
         free: size - allocated,
-        health: if degraded { "DEGRADED" } else { "ONLINE" }.into(),
+        health: if unavail {
+            "UNAVAIL"
+        } else if degraded {
+            "DEGRADED"
+        } else {
+            "ONLINE"
+        }
+        .into(),
         txg: p.open.lock().txg.saturating_sub(1),
     }
 }
@@ -775,5 +1074,68 @@ pub(crate) fn info(
         name: rec.name.clone(),
         kind: rec.kind,
         properties,
+    }
+}
+
+/// The group index, guid and (if present) device named by `spec`: its path,
+/// its file name, or its guid (missing devices only by guid).
+fn find_device(p: &ImportedPool, spec: &str) -> Result<(u32, u64, Option<Arc<Vdev>>)> {
+    let as_guid = spec.parse::<u64>().ok();
+    let as_path = Path::new(spec);
+    let canonical = std::fs::canonicalize(as_path).ok();
+    let mut found = Vec::new();
+    for group in p.pool.groups() {
+        for c in group.children() {
+            let matches = as_guid == Some(c.guid)
+                || spec == format!("(missing device {})", c.guid)
+                || c.device.as_ref().is_some_and(|d| {
+                    let path = d.path();
+                    Some(path) == canonical.as_deref()
+                        || path == as_path
+                        || (!spec.contains('/') && path.file_name().is_some_and(|f| f == spec))
+                });
+            if matches {
+                found.push((group.index, c.guid, c.device.clone()));
+            }
+        }
+    }
+    match found.len() {
+        0 => Err(Error::NotFound(format!(
+            "device '{spec}' in pool '{}' (give its path, file name or guid)",
+            p.pool.name
+        ))),
+        1 => Ok(found.remove(0)),
+        _ => Err(Error::InvalidArgument(format!(
+            "'{spec}' names several devices of pool '{}': give the full path or the guid",
+            p.pool.name
+        ))),
+    }
+}
+
+/// Devices a group must keep readable so that no block is lost.
+fn min_live(group: &pool::Group) -> usize {
+    let n = group.width();
+    n - group.kind.redundancy(n)
+}
+
+/// The pool layer's kind of a group asked for by the API.
+fn layout_of(kind: GroupKind) -> LayoutKind {
+    match kind {
+        GroupKind::Disk => LayoutKind::Disk,
+        GroupKind::Mirror => LayoutKind::Mirror,
+        GroupKind::Raidz1 => LayoutKind::Raidz { parity: 1 },
+        GroupKind::Raidz2 => LayoutKind::Raidz { parity: 2 },
+        GroupKind::Raidz3 => LayoutKind::Raidz { parity: 3 },
+    }
+}
+
+/// The API's name for a group kind of the pool layer.
+fn kind_of(kind: LayoutKind) -> GroupKind {
+    match kind {
+        LayoutKind::Disk => GroupKind::Disk,
+        LayoutKind::Mirror => GroupKind::Mirror,
+        LayoutKind::Raidz { parity: 1 } => GroupKind::Raidz1,
+        LayoutKind::Raidz { parity: 2 } => GroupKind::Raidz2,
+        LayoutKind::Raidz { .. } => GroupKind::Raidz3,
     }
 }

@@ -12,6 +12,7 @@ mod cache;
 mod engine;
 mod error;
 pub mod props;
+mod scrub;
 mod snapshot;
 mod snapshot_admin;
 mod txg;
@@ -38,6 +39,10 @@ pub struct EngineConfig {
     /// Bound of intent-log records held in memory until a FLUSH/FUA; past
     /// it, unflushed writes are left to the txg and a later FLUSH waits for it.
     pub log_buffer_bytes: u64,
+    /// Bound of the rate at which a scrub or resilver reads, bytes per
+    /// second; 0 is unlimited (the default: a scan yields to I/O by
+    /// reading in short batches).
+    pub scan_rate_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +53,7 @@ impl Default for EngineConfig {
             block_cache_bytes: 128 << 20,
             meta_cache_bytes: 64 << 20,
             log_buffer_bytes: 32 << 20,
+            scan_rate_bytes: 0,
         }
     }
 }

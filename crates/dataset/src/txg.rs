@@ -106,6 +106,8 @@ pub struct ImportedPool {
     pub counters: Counters,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Scrub / resilver state (crate::scrub).
+    pub scan: crate::scrub::ScanSlot,
 }
 
 fn meta_err(e: impl std::fmt::Display) -> Error {
@@ -258,6 +260,7 @@ impl ImportedPool {
             counters: Counters::default(),
             sync_thread: Mutex::new(None),
             closed: AtomicBool::new(false),
+            scan: Default::default(),
         });
         let _ = slot.set(Arc::downgrade(&imported));
         let replayed = records.len();
@@ -548,9 +551,12 @@ impl ImportedPool {
             }
             if let Some(r) = run.as_mut() {
                 parts.push(&enc.payload);
-                let pad = dva.asize as usize - enc.payload.len();
-                if pad > 0 {
-                    parts.push(&PAD[..pad]);
+                // A raidz allocation is whole rows: up to 31 sectors of padding.
+                let mut pad = dva.asize as usize - enc.payload.len();
+                while pad > 0 {
+                    let n = pad.min(PAD.len());
+                    parts.push(&PAD[..n]);
+                    pad -= n;
                 }
                 r.asize += dva.asize;
             }
@@ -653,6 +659,7 @@ impl ImportedPool {
         // Only now may replaced space be reused: a crash before the commit
         // brings back the previous txg, which still points there.
         {
+            let _scan = self.scan.free_gate();
             let mut alloc = self.pool.allocator();
             for dva in freed.iter().chain(&orphaned) {
                 if !alloc.free(*dva) {
@@ -777,6 +784,7 @@ impl ImportedPool {
             checksum_errors: self
                 .pool
                 .devices()
+                .iter()
                 .map(|d| d.errors.checksum.load(Ordering::Relaxed))
                 .sum(),
             allocated,

@@ -134,7 +134,7 @@ fn a_corrupted_record_on_one_mirror_side_is_read_from_the_other() {
     let s = log.append(RecordKind::Write, 1, 0, 5, b"hello");
     log.commit(s).unwrap();
     drop(log);
-    let dev0 = p.groups[0].devices[0].clone();
+    let dev0 = p.groups()[0].devices()[0].clone();
     dev0.write_at(p.regions.log_offset + HEADER as u64 + 1, b"XX")
         .unwrap();
     let (_, found) = open(&p, start());

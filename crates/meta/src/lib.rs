@@ -3,14 +3,17 @@
 mod backend;
 pub mod schema;
 
-pub use backend::RegionBackend;
+pub use backend::{verify_all, MetaScrubReport, RegionBackend, REGION_FORMAT};
 pub use redb;
 
 use pool::MirroredRegion;
 use redb::{Database, ReadableDatabase};
 
-/// Version of the table layout in `schema.rs`; stored in POOL_RECORDS.
-pub const META_FORMAT_VERSION: u64 = 1;
+/// Version of the metadata format: the table layout in `schema.rs` (stored
+/// in POOL_RECORDS) and the region layout of `backend.rs` (stored in its
+/// header slots). 2: per-page checksums (decision 0007). Format 1 is
+/// refused by name ([`MetaError::Older`]).
+pub const META_FORMAT_VERSION: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -18,6 +21,8 @@ pub enum MetaError {
     Store(String),
     #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_VERSION})")]
     Newer { found: u64 },
+    #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_VERSION}); import the pool with the build that created it and copy its data to a new pool")]
+    Older { found: u64, what: &'static str },
     #[error("metadata region: {0}")]
     Region(String),
 }
@@ -57,7 +62,7 @@ pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Me
 
 /// Opens an existing pool's store, refusing a newer format by name.
 pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, MetaError> {
-    let backend = RegionBackend::open(region).map_err(|e| MetaError::Region(e.to_string()))?;
+    let backend = RegionBackend::open(region)?;
     let db = Database::builder()
         .set_cache_size(cache_bytes)
         .create_with_backend(backend)?;
@@ -68,7 +73,11 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         v
     };
     match found {
-        Some(v) if v <= META_FORMAT_VERSION => Ok(db),
+        Some(v) if v == META_FORMAT_VERSION => Ok(db),
+        Some(v) if v < META_FORMAT_VERSION => Err(MetaError::Older {
+            found: v,
+            what: "older table layout",
+        }),
         Some(v) => Err(MetaError::Newer { found: v }),
         None => Err(MetaError::Store(
             "no format record: not a Cistern metadata store".into(),

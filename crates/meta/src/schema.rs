@@ -15,6 +15,38 @@ pub const RECORD_LOG_REPLAY_POS: &str = "log_replay_pos";
 /// ...and the sequence number replay expects there.
 pub const RECORD_LOG_EXPECT_SEQ: &str = "log_expect_seq";
 
+// The scan (scrub or resilver) in progress or last finished, as ZFS's
+// dsl_scan_phys: one scan at a time; absent records mean "never scanned".
+// Written by `dataset::scrub` in small transactions of their own.
+/// 1 scrub, 2 resilver.
+pub const RECORD_SCAN_FUNC: &str = "scan_func";
+/// 1 scanning, 2 paused, 3 finished, 4 canceled.
+pub const RECORD_SCAN_STATE: &str = "scan_state";
+/// Unix seconds the scan started / ended (0 while running).
+pub const RECORD_SCAN_START: &str = "scan_start";
+pub const RECORD_SCAN_END: &str = "scan_end";
+/// Whether the metadata pass (every page on every device) is done.
+pub const RECORD_SCAN_META_DONE: &str = "scan_meta_done";
+/// Whether `RECORD_SCAN_POS_*` holds a position (0: start from the first key).
+pub const RECORD_SCAN_POS_VALID: &str = "scan_pos_valid";
+/// The last `BLOCKS` key (dataset, block, birth) fully verified: resume after it.
+pub const RECORD_SCAN_POS_DATASET: &str = "scan_pos_dataset";
+pub const RECORD_SCAN_POS_BLOCK: &str = "scan_pos_block";
+pub const RECORD_SCAN_POS_BIRTH: &str = "scan_pos_birth";
+/// Bytes examined so far / to examine (allocated bytes at the start).
+pub const RECORD_SCAN_EXAMINED: &str = "scan_examined";
+pub const RECORD_SCAN_TOTAL: &str = "scan_total";
+/// Bytes rewritten from redundancy, and blocks that could not be repaired.
+pub const RECORD_SCAN_REPAIRED: &str = "scan_repaired";
+pub const RECORD_SCAN_ERRORS: &str = "scan_errors";
+/// Resilver: guid of the device being rebuilt, and of the one it replaces
+/// (equal when an offlined device is brought back).
+pub const RECORD_SCAN_TARGET_GUID: &str = "scan_target_guid";
+pub const RECORD_SCAN_OLD_GUID: &str = "scan_old_guid";
+/// Prefix of the records listing blocks a scan could not repair:
+/// `scan_error/<dataset id>/<block index>` -> birth txg (a bounded list).
+pub const RECORD_SCAN_ERROR_PREFIX: &str = "scan_error/";
+
 /// Dataset id -> JSON-encoded dataset record (name, kind, properties, space).
 pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets");
 

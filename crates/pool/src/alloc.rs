@@ -3,6 +3,10 @@
 //! with few large I/Os. Groups take turns every ROTOR_BYTES (dynamic striping).
 //! The map is rebuilt at import from the live block pointers; see
 //! docs/decisions/0002-space-map-rebuilt-at-import.md.
+//!
+//! Each group has an allocation unit: SECTOR for disks and mirrors, one
+//! raidz row (`data columns x SECTOR`) for raidz, so a raidz block always
+//! owns whole rows (decision 0006). Groups can be added (`pool add`).
 
 use crate::{Dva, SECTOR};
 use std::collections::BTreeMap;
@@ -12,6 +16,8 @@ const ROTOR_BYTES: u64 = 1 << 20;
 #[derive(Debug)]
 struct GroupSpace {
     size: u64,
+    /// Every offset and size handed out is a multiple of this.
+    unit: u64,
     /// offset -> length of each free extent; extents never touch or overlap.
     free: BTreeMap<u64, u64>,
     free_bytes: u64,
@@ -19,13 +25,16 @@ struct GroupSpace {
 }
 
 impl GroupSpace {
-    fn new(size: u64) -> Self {
+    fn new(size: u64, unit: u64) -> Self {
+        assert!(unit > 0 && unit % SECTOR == 0, "allocation unit {unit}");
+        let size = size / unit * unit;
         let mut free = BTreeMap::new();
         if size > 0 {
             free.insert(0, size);
         }
         GroupSpace {
             size,
+            unit,
             free,
             free_bytes: size,
             cursor: 0,
@@ -121,21 +130,43 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// Groups of `size` bytes each, allocated in whole sectors.
     pub fn new(group_sizes: Vec<u64>) -> Self {
+        Self::with_units(group_sizes.into_iter().map(|s| (s, SECTOR)).collect())
+    }
+
+    /// Groups of (size, allocation unit); the unit is a multiple of SECTOR.
+    pub fn with_units(groups: Vec<(u64, u64)>) -> Self {
         Allocator {
-            groups: group_sizes.into_iter().map(GroupSpace::new).collect(),
+            groups: groups
+                .into_iter()
+                .map(|(size, unit)| GroupSpace::new(size, unit))
+                .collect(),
             rotor: 0,
             rotor_used: 0,
         }
     }
 
-    /// Allocates `len` bytes rounded up to whole sectors.
+    /// Appends a group (`pool add`); its index is the number of groups before.
+    pub fn add_group(&mut self, size: u64, unit: u64) {
+        self.groups.push(GroupSpace::new(size, unit));
+    }
+
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Allocates `len` bytes rounded up to whole units of the chosen group.
     pub fn allocate(&mut self, len: u64) -> Option<Dva> {
-        let size = len.div_ceil(SECTOR) * SECTOR;
-        assert!(size > 0 && size <= u32::MAX as u64);
+        assert!(len > 0 && len <= u32::MAX as u64 / 2);
         let n = self.groups.len();
         for i in 0..n {
             let g = (self.rotor + i) % n;
+            let unit = self.groups[g].unit;
+            let size = len.div_ceil(unit) * unit;
+            if size > u32::MAX as u64 {
+                continue;
+            }
             if let Some(offset) = self.groups[g].allocate(size) {
                 if g != self.rotor {
                     self.rotor = g;
@@ -157,18 +188,24 @@ impl Allocator {
     }
 
     /// Marks a live block's space used while rebuilding at import.
+    /// False also for a range not aligned to the group's unit.
     pub fn claim(&mut self, dva: Dva) -> bool {
-        self.groups
-            .get_mut(dva.group as usize)
-            .is_some_and(|g| g.claim(dva.offset, dva.asize as u64))
+        self.groups.get_mut(dva.group as usize).is_some_and(|g| {
+            dva.asize > 0
+                && dva.offset % g.unit == 0
+                && dva.asize as u64 % g.unit == 0
+                && g.claim(dva.offset, dva.asize as u64)
+        })
     }
 
     /// Frees a block's space. Callers free only after the txg that stopped
     /// referencing it has committed, so a crash never exposes reused space.
     pub fn free(&mut self, dva: Dva) -> bool {
-        self.groups
-            .get_mut(dva.group as usize)
-            .is_some_and(|g| g.release(dva.offset, dva.asize as u64))
+        self.groups.get_mut(dva.group as usize).is_some_and(|g| {
+            dva.offset % g.unit == 0
+                && dva.asize as u64 % g.unit == 0
+                && g.release(dva.offset, dva.asize as u64)
+        })
     }
 
     pub fn allocated(&self) -> u64 {
@@ -219,5 +256,25 @@ mod tests {
         }
         assert_eq!(seen, [32, 32]);
         assert_eq!(a.free_bytes(), 0);
+    }
+
+    #[test]
+    fn raidz_groups_allocate_whole_rows_and_groups_can_be_added() {
+        // A 5-wide raidz1 row holds 4 data sectors.
+        let unit = 4 * SECTOR;
+        let mut a = Allocator::with_units(vec![(100 * unit + 5, unit)]);
+        let x = a.allocate(1).unwrap();
+        assert_eq!((x.offset, x.asize as u64), (0, unit));
+        let y = a.allocate(unit + 1).unwrap();
+        assert_eq!((y.offset, y.asize as u64), (unit, 2 * unit));
+        assert!(!a.claim(Dva {
+            group: 0,
+            offset: SECTOR,
+            asize: unit as u32
+        }));
+        assert_eq!(a.free_bytes(), 97 * unit);
+        a.add_group(1 << 20, SECTOR);
+        assert_eq!(a.groups(), 2);
+        assert_eq!(a.free_bytes(), 97 * unit + (1 << 20));
     }
 }

@@ -1,22 +1,37 @@
 //! A pool: top-level groups of devices, their regions, data allocation and
 //! redundant, self-healing I/O.
+//!
+//! Groups are disks (one device), n-way mirrors or raidz1/2/3 (Reed-Solomon
+//! parity, full-stripe writes only: `raidz.rs`, decision 0006). Every group
+//! is a list of child *slots*: a slot names a device guid and holds the
+//! device if it is present. Slots are swapped at run time by
+//! [`Pool::replace_device`]; a device being rebuilt is written but not read
+//! until [`Pool::finish_resilver`]. Groups are added by [`Pool::add_group`].
 
 mod alloc;
+mod raidz;
 
 pub use alloc::Allocator;
+pub use raidz::{MAX_RAIDZ_WIDTH, ROTATE_ROWS};
 pub use vdev::{
     DeviceState, GroupLayout, Label, LayoutKind, Regions, Vdev, VdevError, LABEL_SIZE, SECTOR,
 };
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+use raidz::Geometry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use vdev::AlignedBuf;
 
 /// Smallest device a pool accepts.
 pub const MIN_DEVICE_SIZE: u64 = 64 << 20;
+
+/// Reads and writes of at least this many bytes per device go through
+/// O_DIRECT (decision 0004) and, with several devices, run in parallel.
+const DIRECT_MIN: usize = 64 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -34,46 +49,215 @@ pub enum PoolError {
     },
     #[error("pool {pool}: group {group} has no readable device")]
     GroupUnavailable { pool: String, group: usize },
+    #[error(
+        "pool {pool}: {kind} group {group} is UNAVAIL: {} of its devices are missing ({}), it survives the loss of {tolerated}",
+        missing.len(),
+        missing.iter().map(|g| format!("{g:#x}")).collect::<Vec<_>>().join(", ")
+    )]
+    TooManyMissing {
+        pool: String,
+        group: usize,
+        kind: String,
+        missing: Vec<u64>,
+        tolerated: usize,
+    },
     #[error("no valid copy of block at group {group} offset {offset}: {reason}")]
     Unrecoverable {
         group: u32,
         offset: u64,
         reason: String,
     },
+    #[error("{path}: device is {size} bytes, {needed} needed to hold this pool's regions and group data")]
+    DeviceTooSmall {
+        path: PathBuf,
+        size: u64,
+        needed: u64,
+    },
+    #[error("pool {pool}: no device with guid {guid:#x}")]
+    NoSuchDevice { pool: String, guid: u64 },
+    #[error("parity: {0}")]
+    Parity(String),
     #[error("out of space")]
     NoSpace,
 }
 
 /// Data virtual address: where one copy-set of a block lives.
+///
+/// For disks and mirrors `offset`/`asize` are bytes of each device's data
+/// region. For raidz they are bytes of the group's logical data space, in
+/// whole rows (`data columns x SECTOR`); see `raidz.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Dva {
     pub group: u32,
-    /// Byte offset inside the group's data region (a multiple of SECTOR).
+    /// Byte offset inside the group's data space (a multiple of its unit).
     pub offset: u64,
-    /// Allocated bytes (a multiple of SECTOR).
+    /// Allocated bytes (a multiple of the group's unit).
     pub asize: u32,
 }
 
+/// What [`Pool::scrub_block`] found and fixed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    /// Bytes rewritten on devices whose copy or column was wrong or unreadable.
+    pub repaired_bytes: u64,
+    /// Guids of the devices whose copy or column was wrong or unreadable.
+    pub bad_devices: Vec<u64>,
+}
+
+/// One position in a group: the guid the labels name there and the device,
+/// if present.
+struct Child {
+    guid: AtomicU64,
+    dev: RwLock<Option<Arc<Vdev>>>,
+    /// Written but not trusted for reads until a resilver completes.
+    resilvering: AtomicBool,
+}
+
+impl Child {
+    fn new(guid: u64, dev: Option<Arc<Vdev>>, resilvering: bool) -> Child {
+        Child {
+            guid: AtomicU64::new(guid),
+            dev: RwLock::new(dev),
+            resilvering: AtomicBool::new(resilvering),
+        }
+    }
+
+    fn device(&self) -> Option<Arc<Vdev>> {
+        self.dev.read().clone()
+    }
+
+    fn guid(&self) -> u64 {
+        self.guid.load(Ordering::Acquire)
+    }
+
+    fn resilvering(&self) -> bool {
+        self.resilvering.load(Ordering::Acquire)
+    }
+
+    /// Present, not offline or faulted, and not being rebuilt.
+    fn readable(&self) -> Option<Arc<Vdev>> {
+        self.device().filter(|d| is_live(d) && !self.resilvering())
+    }
+
+    /// Present and not offline or faulted (resilvering devices included).
+    fn writable(&self) -> Option<Arc<Vdev>> {
+        self.device().filter(|d| is_live(d))
+    }
+}
+
+/// A snapshot of one child slot, for status and for callers choosing targets.
+#[derive(Debug, Clone)]
+pub struct ChildInfo {
+    pub guid: u64,
+    /// `None`: the device was not found at import (UNAVAIL).
+    pub device: Option<Arc<Vdev>>,
+    /// Being rebuilt: written, not read (`pool status` shows "resilvering").
+    pub resilvering: bool,
+}
+
+/// A top-level group of the pool.
 pub struct Group {
+    pub index: u32,
     pub kind: LayoutKind,
-    pub devices: Vec<Arc<Vdev>>,
-    /// Guids the label names for this group that were not found at import.
-    pub missing: Vec<u64>,
+    /// Usable data bytes on each device of the group.
     pub data_size: u64,
+    children: Vec<Child>,
 }
 
 impl Group {
-    /// Mirror: ONLINE if all children are, DEGRADED if some, UNAVAIL if none.
-    pub fn state(&self) -> DeviceState {
-        let online = self
-            .devices
+    pub fn width(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Every slot in order: guid, device if present, resilvering.
+    pub fn children(&self) -> Vec<ChildInfo> {
+        self.children
             .iter()
-            .filter(|d| d.state() == DeviceState::Online)
+            .map(|c| ChildInfo {
+                guid: c.guid(),
+                device: c.device(),
+                resilvering: c.resilvering(),
+            })
+            .collect()
+    }
+
+    /// The devices present, in slot order.
+    pub fn devices(&self) -> Vec<Arc<Vdev>> {
+        self.children.iter().filter_map(|c| c.device()).collect()
+    }
+
+    /// Guids the labels name for this group whose device is not present.
+    pub fn missing(&self) -> Vec<u64> {
+        self.children
+            .iter()
+            .filter(|c| c.device().is_none())
+            .map(|c| c.guid())
+            .collect()
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        match self.kind {
+            LayoutKind::Raidz { parity } => Some(Geometry::new(self.width(), parity as usize)),
+            _ => None,
+        }
+    }
+
+    /// Allocation unit: a sector, or one raidz row of data sectors.
+    pub fn unit(&self) -> u64 {
+        self.geometry().map_or(SECTOR, |g| g.unit())
+    }
+
+    /// Allocatable bytes (data only: raidz parity is not counted).
+    pub fn capacity(&self) -> u64 {
+        match self.geometry() {
+            Some(g) => g.capacity(self.data_size),
+            None => self.data_size,
+        }
+    }
+
+    /// Disk: ONLINE, or the device's own state / UNAVAIL. Mirror: ONLINE if
+    /// every child is, UNAVAIL if none is, else DEGRADED. Raidz: ONLINE,
+    /// DEGRADED while at most `parity` children are not ONLINE (missing,
+    /// faulted, offline or resilvering), else UNAVAIL.
+    pub fn state(&self) -> DeviceState {
+        let healthy = self
+            .children
+            .iter()
+            .filter(|c| {
+                !c.resilvering() && c.device().is_some_and(|d| d.state() == DeviceState::Online)
+            })
             .count();
-        match online {
-            n if n == self.devices.len() && self.missing.is_empty() => DeviceState::Online,
-            0 => DeviceState::Unavail,
-            _ => DeviceState::Degraded,
+        let bad = self.width() - healthy;
+        if bad == 0 {
+            return DeviceState::Online;
+        }
+        match self.kind {
+            LayoutKind::Disk => match self.children.first().and_then(|c| c.device()) {
+                Some(d) if d.state() != DeviceState::Online => d.state(),
+                _ => DeviceState::Unavail,
+            },
+            LayoutKind::Mirror if healthy == 0 => DeviceState::Unavail,
+            LayoutKind::Mirror => DeviceState::Degraded,
+            LayoutKind::Raidz { parity } if bad <= parity as usize => DeviceState::Degraded,
+            LayoutKind::Raidz { .. } => DeviceState::Unavail,
+        }
+    }
+
+    fn position(&self, guid: u64) -> Option<usize> {
+        self.children.iter().position(|c| c.guid() == guid)
+    }
+
+    fn layout(&self) -> GroupLayout {
+        GroupLayout {
+            kind: self.kind,
+            devices: self.children.iter().map(|c| c.guid()).collect(),
+            data_size: self.data_size,
+            resilvering: self
+                .children
+                .iter()
+                .filter(|c| c.resilvering())
+                .map(|c| c.guid())
+                .collect(),
         }
     }
 }
@@ -81,9 +265,17 @@ impl Group {
 pub struct Pool {
     pub name: String,
     pub guid: u64,
-    pub groups: Vec<Group>,
     pub regions: Regions,
+    groups: RwLock<Vec<Arc<Group>>>,
     allocator: Mutex<Allocator>,
+    /// Serializes layout changes and label rewrites.
+    admin: Mutex<()>,
+    /// Label generation last written.
+    generation: AtomicU64,
+    /// Held shared by mirrored-region writes and exclusively while a chunk
+    /// of the regions is copied to a device being rebuilt, so the copy never
+    /// overwrites a newer write.
+    region_lock: RwLock<()>,
 }
 
 fn is_live(d: &Vdev) -> bool {
@@ -95,7 +287,7 @@ fn is_live(d: &Vdev) -> bool {
 fn settle_writes(
     pool: &str,
     group: usize,
-    devices: &[&Arc<Vdev>],
+    devices: &[Arc<Vdev>],
     results: Vec<Result<(), VdevError>>,
 ) -> Result<(), PoolError> {
     let mut written = 0;
@@ -104,8 +296,7 @@ fn settle_writes(
         match r {
             Ok(()) => written += 1,
             Err(e) => {
-                tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");
-                dev.set_state(DeviceState::Faulted);
+                fault(dev, &e);
                 last = Some(e);
             }
         }
@@ -120,31 +311,45 @@ fn settle_writes(
     }
 }
 
-/// Runs `op` on every device at once (one thread each; inline for one device).
-fn on_each(
-    devices: &[&Arc<Vdev>],
-    op: impl Fn(&Vdev) -> Result<(), VdevError> + Sync,
-) -> Vec<Result<(), VdevError>> {
-    if devices.len() == 1 {
-        return vec![op(devices[0])];
+fn fault(dev: &Vdev, e: &VdevError) {
+    tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");
+    dev.set_state(DeviceState::Faulted);
+}
+
+/// Runs `op` on every item at once (one thread each; inline for one item).
+fn on_each<T: Sync, R: Send>(items: &[T], op: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(&op).collect();
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = devices.iter().map(|d| s.spawn(|| op(d))).collect();
+        let op = &op;
+        let handles: Vec<_> = items.iter().map(|d| s.spawn(move || op(d))).collect();
         handles
             .into_iter()
-            .zip(devices)
-            .map(|(h, d)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(VdevError::Io {
-                        path: d.path().to_path_buf(),
-                        op: "io thread",
-                        offset: 0,
-                        source: std::io::Error::other("panicked"),
-                    })
-                })
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(p) => std::panic::resume_unwind(p),
             })
             .collect()
     })
+}
+
+/// Writes `buf` at `at`, through O_DIRECT when it is large.
+fn write_buf(dev: &Vdev, at: u64, buf: &AlignedBuf, len: usize) -> Result<(), VdevError> {
+    if len >= DIRECT_MIN && len == buf.len() {
+        dev.write_direct_at(at, buf)
+    } else {
+        dev.write_at(at, &buf[..len])
+    }
+}
+
+/// Reads `buf.len()` bytes at `at`, through O_DIRECT when it is large.
+fn read_buf(dev: &Vdev, at: u64, buf: &mut AlignedBuf) -> Result<(), VdevError> {
+    if buf.len() >= DIRECT_MIN {
+        dev.read_direct_at(at, buf)
+    } else {
+        dev.read_at(at, buf.as_mut_slice())
+    }
 }
 
 /// Region sizes for a pool whose smallest device has `min_size` bytes.
@@ -161,6 +366,56 @@ fn plan_regions(min_size: u64) -> Regions {
     }
 }
 
+/// Checks a group's kind against its number of devices.
+fn check_group(kind: LayoutKind, n: usize) -> Result<(), PoolError> {
+    match (kind, n) {
+        (LayoutKind::Disk, 1) => Ok(()),
+        (LayoutKind::Disk, n) => Err(PoolError::Layout(format!(
+            "a disk group has one device, not {n}"
+        ))),
+        (LayoutKind::Mirror, n) if n < 2 => Err(PoolError::Layout(
+            "a mirror needs at least two devices".into(),
+        )),
+        (LayoutKind::Mirror, _) => Ok(()),
+        (LayoutKind::Raidz { parity }, _) if !(1..=3).contains(&parity) => Err(PoolError::Layout(
+            format!("raidz parity is 1, 2 or 3, not {parity}"),
+        )),
+        (LayoutKind::Raidz { parity }, n) if n < parity as usize + 1 => {
+            Err(PoolError::Layout(format!(
+                "raidz{parity} needs at least {} devices, {n} given ({} or more recommended)",
+                parity + 1,
+                parity + 2
+            )))
+        }
+        (LayoutKind::Raidz { parity }, n) if n > MAX_RAIDZ_WIDTH => Err(PoolError::Layout(format!(
+            "raidz{parity} of {n} devices: at most {MAX_RAIDZ_WIDTH} devices per raidz group (use several groups)"
+        ))),
+        (LayoutKind::Raidz { .. }, _) => Ok(()),
+    }
+}
+
+/// Zeroes the metadata header and the log region of a device joining a pool.
+fn prepare_device(dev: &Vdev, regions: &Regions) -> Result<(), PoolError> {
+    // Old data in the metadata region's header must not be mistaken for ours.
+    dev.write_at(regions.meta_offset, &vec![0u8; 2 * SECTOR as usize])?;
+    dev.fill_zeros(regions.log_offset, regions.log_size)?;
+    Ok(())
+}
+
+fn label_version(groups: &[GroupLayout]) -> u32 {
+    groups
+        .iter()
+        .map(|g| {
+            if g.resilvering.is_empty() {
+                g.kind.label_version()
+            } else {
+                vdev::LABEL_VERSION
+            }
+        })
+        .max()
+        .unwrap_or(vdev::LABEL_VERSION_PLAIN)
+}
+
 impl Pool {
     /// Lays out a new pool on `groups` and writes every label.
     pub fn create(name: &str, groups: Vec<(LayoutKind, Vec<Vdev>)>) -> Result<Pool, PoolError> {
@@ -169,20 +424,7 @@ impl Pool {
         }
         let mut min_size = u64::MAX;
         for (kind, devices) in &groups {
-            match (kind, devices.len()) {
-                (LayoutKind::Disk, 1) => {}
-                (LayoutKind::Disk, n) => {
-                    return Err(PoolError::Layout(format!(
-                        "a disk group has one device, not {n}"
-                    )))
-                }
-                (LayoutKind::Mirror, n) if n < 2 => {
-                    return Err(PoolError::Layout(
-                        "a mirror needs at least two devices".into(),
-                    ))
-                }
-                _ => {}
-            }
+            check_group(*kind, devices.len())?;
             for d in devices {
                 if d.size() < MIN_DEVICE_SIZE {
                     return Err(VdevError::TooSmall {
@@ -197,135 +439,249 @@ impl Pool {
         }
         let regions = plan_regions(min_size);
         let pool_guid = rand::random::<u64>() | 1;
-        let layouts: Vec<GroupLayout> = groups
-            .iter()
-            .map(|(kind, devices)| {
-                let smallest = devices.iter().map(|d| d.size()).min().unwrap_or(0);
-                let data_size = (smallest - regions.data_offset - LABEL_SIZE) / SECTOR * SECTOR;
-                GroupLayout {
-                    kind: *kind,
-                    devices: devices.iter().map(|_| rand::random::<u64>() | 1).collect(),
-                    data_size,
-                }
-            })
-            .collect();
         let mut built = Vec::new();
-        for (g, ((kind, devices), layout)) in groups.into_iter().zip(&layouts).enumerate() {
-            let mut arcs = Vec::new();
-            for (c, dev) in devices.into_iter().enumerate() {
-                let label = Label {
-                    version: vdev::LABEL_VERSION,
-                    pool_name: name.to_string(),
-                    pool_guid,
-                    device_guid: layout.devices[c],
-                    group: g as u32,
-                    child: c as u32,
-                    groups: layouts.clone(),
-                    regions,
-                    exported: false,
-                };
-                // Old data in the metadata region's header must not be mistaken for ours.
-                dev.write_at(regions.meta_offset, &vec![0u8; 2 * SECTOR as usize])?;
-                dev.fill_zeros(regions.log_offset, regions.log_size)?;
-                dev.write_label(&label)?;
-                arcs.push(Arc::new(dev));
+        for (g, (kind, devices)) in groups.into_iter().enumerate() {
+            let smallest = devices.iter().map(|d| d.size()).min().unwrap_or(0);
+            let data_size = (smallest - regions.data_offset - LABEL_SIZE) / SECTOR * SECTOR;
+            let mut children = Vec::new();
+            for dev in devices {
+                prepare_device(&dev, &regions)?;
+                children.push(Child::new(
+                    rand::random::<u64>() | 1,
+                    Some(Arc::new(dev)),
+                    false,
+                ));
             }
-            built.push(Group {
+            built.push(Arc::new(Group {
+                index: g as u32,
                 kind,
-                devices: arcs,
-                missing: Vec::new(),
-                data_size: layout.data_size,
-            });
+                data_size,
+                children,
+            }));
         }
-        Ok(Pool::assemble(name.to_string(), pool_guid, built, regions))
+        let pool = Pool::assemble(name.to_string(), pool_guid, built, regions, 0);
+        pool.write_labels(false)?;
+        Ok(pool)
     }
 
-    fn assemble(name: String, guid: u64, groups: Vec<Group>, regions: Regions) -> Pool {
-        let allocator = Allocator::new(groups.iter().map(|g| g.data_size).collect());
+    fn assemble(
+        name: String,
+        guid: u64,
+        groups: Vec<Arc<Group>>,
+        regions: Regions,
+        generation: u64,
+    ) -> Pool {
+        let allocator =
+            Allocator::with_units(groups.iter().map(|g| (g.capacity(), g.unit())).collect());
         Pool {
             name,
             guid,
-            groups,
             regions,
+            groups: RwLock::new(groups),
             allocator: Mutex::new(allocator),
+            admin: Mutex::new(()),
+            generation: AtomicU64::new(generation),
+            region_lock: RwLock::new(()),
         }
     }
 
-    /// Assembles a pool from opened devices that carry its labels. Missing
-    /// mirror children are tolerated (the group is DEGRADED); a group with
-    /// no device is an error.
+    /// Assembles a pool from opened devices that carry its labels. The label
+    /// with the highest generation gives the layout; devices it does not
+    /// name (replaced ones) are ignored. A group may miss as many devices as
+    /// its redundancy allows (mirror: all but one; raidz: `parity`) and is
+    /// then DEGRADED; more is [`PoolError::TooManyMissing`] (a disk group:
+    /// [`PoolError::MissingDevice`]).
     pub fn open(devices: Vec<(Vdev, Label)>) -> Result<Pool, PoolError> {
         let Some((_, first)) = devices.first() else {
             return Err(PoolError::Layout("no devices given".into()));
         };
-        let layout = first.clone();
-        let mut by_guid: HashMap<u64, Vdev> = HashMap::new();
-        for (dev, label) in devices {
-            if label.pool_guid != layout.pool_guid {
+        let pool_guid = first.pool_guid;
+        let mut layout = first.clone();
+        for (dev, label) in &devices {
+            if label.pool_guid != pool_guid {
                 return Err(PoolError::Layout(format!(
                     "{} belongs to another pool",
                     dev.path().display()
                 )));
             }
+            if label.generation > layout.generation {
+                layout = label.clone();
+            }
+        }
+        let mut by_guid: HashMap<u64, Vdev> = HashMap::new();
+        for (dev, label) in devices {
             by_guid.insert(label.device_guid, dev);
         }
         let mut groups = Vec::new();
         for (g, gl) in layout.groups.iter().enumerate() {
-            let mut devs = Vec::new();
+            check_group(gl.kind, gl.devices.len())?;
+            let mut children = Vec::new();
             let mut missing = Vec::new();
             for guid in &gl.devices {
-                match by_guid.remove(guid) {
-                    Some(d) => devs.push(Arc::new(d)),
-                    None if gl.kind == LayoutKind::Mirror => {
-                        missing.push(*guid);
-                        tracing::warn!(pool = %layout.pool_name, group = g, guid, "mirror device missing; pool is DEGRADED");
-                    }
-                    None => {
-                        return Err(PoolError::MissingDevice {
-                            pool: layout.pool_name.clone(),
-                            group: g,
-                            guid: *guid,
-                        })
-                    }
+                let dev = by_guid.remove(guid).map(Arc::new);
+                if dev.is_none() {
+                    missing.push(*guid);
                 }
+                children.push(Child::new(*guid, dev, gl.resilvering.contains(guid)));
             }
-            if devs.is_empty() {
-                return Err(PoolError::GroupUnavailable {
-                    pool: layout.pool_name.clone(),
-                    group: g,
+            let tolerated = gl.kind.redundancy(gl.devices.len());
+            if missing.len() > tolerated {
+                return Err(match gl.kind {
+                    LayoutKind::Disk => PoolError::MissingDevice {
+                        pool: layout.pool_name.clone(),
+                        group: g,
+                        guid: missing[0],
+                    },
+                    LayoutKind::Mirror => PoolError::GroupUnavailable {
+                        pool: layout.pool_name.clone(),
+                        group: g,
+                    },
+                    kind => PoolError::TooManyMissing {
+                        pool: layout.pool_name.clone(),
+                        group: g,
+                        kind: kind.name(),
+                        missing,
+                        tolerated,
+                    },
                 });
             }
-            groups.push(Group {
+            if !missing.is_empty() {
+                tracing::warn!(pool = %layout.pool_name, group = g, ?missing, "devices missing; pool is DEGRADED");
+            }
+            groups.push(Arc::new(Group {
+                index: g as u32,
                 kind: gl.kind,
-                devices: devs,
-                missing,
                 data_size: gl.data_size,
-            });
+                children,
+            }));
+        }
+        for (guid, dev) in by_guid {
+            tracing::warn!(pool = %layout.pool_name, device = %dev.path().display(), guid, "device not in the pool's current layout (replaced?); ignored");
         }
         Ok(Pool::assemble(
             layout.pool_name,
             layout.pool_guid,
             groups,
             layout.regions,
+            layout.generation,
         ))
     }
 
-    pub fn devices(&self) -> impl Iterator<Item = &Arc<Vdev>> {
-        self.groups.iter().flat_map(|g| g.devices.iter())
+    /// The groups, in index order (a snapshot: `pool add` may append more).
+    pub fn groups(&self) -> Vec<Arc<Group>> {
+        self.groups.read().clone()
+    }
+
+    pub fn group(&self, index: u32) -> Result<Arc<Group>, PoolError> {
+        let groups = self.groups.read();
+        match groups.get(index as usize) {
+            Some(g) => Ok(g.clone()),
+            None => Err(PoolError::Layout(format!(
+                "block names group {index}, pool has {}",
+                groups.len()
+            ))),
+        }
+    }
+
+    /// Every device present, group by group.
+    pub fn devices(&self) -> Vec<Arc<Vdev>> {
+        self.groups
+            .read()
+            .iter()
+            .flat_map(|g| g.devices())
+            .collect()
     }
 
     pub fn device_paths(&self) -> Vec<PathBuf> {
-        self.devices().map(|d| d.path().to_path_buf()).collect()
+        self.devices()
+            .iter()
+            .map(|d| d.path().to_path_buf())
+            .collect()
+    }
+
+    /// The device with this guid, if present.
+    pub fn device_by_guid(&self, guid: u64) -> Option<Arc<Vdev>> {
+        self.find(guid)
+            .ok()
+            .and_then(|(g, c)| g.children[c].device())
+    }
+
+    /// The guid of a present device (by identity).
+    pub fn guid_of(&self, dev: &Vdev) -> Option<u64> {
+        for g in self.groups.read().iter() {
+            for c in &g.children {
+                if c.device().is_some_and(|d| std::ptr::eq(&*d, dev)) {
+                    return Some(c.guid());
+                }
+            }
+        }
+        None
+    }
+
+    fn find(&self, guid: u64) -> Result<(Arc<Group>, usize), PoolError> {
+        for g in self.groups.read().iter() {
+            if let Some(c) = g.position(guid) {
+                return Ok((g.clone(), c));
+            }
+        }
+        Err(PoolError::NoSuchDevice {
+            pool: self.name.clone(),
+            guid,
+        })
+    }
+
+    /// Writes the current layout into the label of every present device
+    /// (failures on one device are logged; all failing is an error).
+    fn write_labels(&self, exported: bool) -> Result<(), PoolError> {
+        let groups = self.groups();
+        let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
+        let version = label_version(&layouts);
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut written = 0;
+        let mut last = None;
+        for g in &groups {
+            for (c, child) in g.children.iter().enumerate() {
+                let Some(dev) = child.device() else { continue };
+                if dev.state() == DeviceState::Faulted {
+                    continue;
+                }
+                let label = Label {
+                    version,
+                    pool_name: self.name.clone(),
+                    pool_guid: self.guid,
+                    device_guid: child.guid(),
+                    group: g.index,
+                    child: c as u32,
+                    groups: layouts.clone(),
+                    regions: self.regions,
+                    exported,
+                    generation,
+                };
+                match dev.write_label(&label) {
+                    Ok(()) => written += 1,
+                    Err(e) => {
+                        tracing::error!(device = %dev.path().display(), error = %e, "label write failed");
+                        last = Some(e);
+                    }
+                }
+            }
+        }
+        match (written, last) {
+            (0, Some(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Raises the generation and rewrites every label.
+    fn relabel(&self) -> Result<(), PoolError> {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.write_labels(false)
     }
 
     /// Rewrites every label with `exported` set or cleared.
     pub fn set_exported(&self, exported: bool) -> Result<(), PoolError> {
-        for dev in self.devices() {
-            let mut label = dev.read_label()?;
-            label.exported = exported;
-            dev.write_label(&label)?;
-        }
-        Ok(())
+        let _admin = self.admin.lock();
+        self.write_labels(exported)
     }
 
     /// Wipes the labels: the devices are free for other use.
@@ -340,22 +696,322 @@ impl Pool {
         self.allocator.lock()
     }
 
-    /// Usable data bytes.
+    /// Usable data bytes (raidz parity excluded).
     pub fn size(&self) -> u64 {
-        self.groups.iter().map(|g| g.data_size).sum()
+        self.groups.read().iter().map(|g| g.capacity()).sum()
     }
 
     pub fn allocated(&self) -> u64 {
         self.allocator.lock().allocated()
     }
 
+    // ---------------------------------------------------------------
+    // Layout changes
+
+    /// Adds a group (`pool add`): new devices get the pool's regions (the
+    /// metadata and log regions are copied onto them from a healthy device),
+    /// every label names the new group, then the allocator starts using it.
+    /// Each new device must hold the pool's regions plus at least 16 MiB of
+    /// data, and be at least MIN_DEVICE_SIZE.
+    pub fn add_group(&self, kind: LayoutKind, devices: Vec<Vdev>) -> Result<(), PoolError> {
+        let _admin = self.admin.lock();
+        check_group(kind, devices.len())?;
+        let needed = (self.regions.data_offset + LABEL_SIZE + (16 << 20)).max(MIN_DEVICE_SIZE);
+        for d in &devices {
+            if d.size() < needed {
+                return Err(PoolError::DeviceTooSmall {
+                    path: d.path().to_path_buf(),
+                    size: d.size(),
+                    needed,
+                });
+            }
+            let present = self.devices();
+            if present.iter().any(|p| p.path() == d.path()) {
+                return Err(PoolError::Layout(format!(
+                    "{} is already part of pool {}",
+                    d.path().display(),
+                    self.name
+                )));
+            }
+        }
+        let smallest = devices.iter().map(|d| d.size()).min().unwrap_or(0);
+        let data_size = (smallest - self.regions.data_offset - LABEL_SIZE) / SECTOR * SECTOR;
+        let mut children = Vec::new();
+        for dev in devices {
+            prepare_device(&dev, &self.regions)?;
+            // Flagged until the regions are copied: written, not read.
+            children.push(Child::new(
+                rand::random::<u64>() | 1,
+                Some(Arc::new(dev)),
+                true,
+            ));
+        }
+        let group = {
+            let mut groups = self.groups.write();
+            let group = Arc::new(Group {
+                index: groups.len() as u32,
+                kind,
+                data_size,
+                children,
+            });
+            groups.push(group.clone());
+            group
+        };
+        let result = (|| {
+            for c in &group.children {
+                self.resilver_regions(c.guid())?;
+            }
+            for c in &group.children {
+                c.resilvering.store(false, Ordering::Release);
+            }
+            self.relabel()
+        })();
+        if let Err(e) = result {
+            // Not in any label yet (or only in some): take it out again.
+            self.groups.write().pop();
+            return Err(e);
+        }
+        self.allocator
+            .lock()
+            .add_group(group.capacity(), group.unit());
+        tracing::info!(pool = %self.name, group = group.index, kind = %kind.name(), "group added");
+        Ok(())
+    }
+
+    /// Puts `new` in the slot of the device `old_guid` (present or missing).
+    /// The new device gets a new guid and is marked resilvering: written by
+    /// every write, read by nothing until [`Pool::finish_resilver`]. All
+    /// labels are rewritten to name it instead of the old device, whose own
+    /// label is wiped if it is still present. The caller then rebuilds it
+    /// with [`Pool::resilver_regions`] and [`Pool::resilver_block`] for every
+    /// live block. Returns the new device's guid.
+    pub fn replace_device(&self, old_guid: u64, new: Vdev) -> Result<u64, PoolError> {
+        let _admin = self.admin.lock();
+        let (group, c) = self.find(old_guid)?;
+        if group.kind == LayoutKind::Disk {
+            return Err(PoolError::Layout(format!(
+                "device {old_guid:#x} is a single-disk group: without redundancy there is nothing to rebuild it from"
+            )));
+        }
+        let needed = self.regions.data_offset + group.data_size + LABEL_SIZE;
+        if new.size() < needed {
+            return Err(PoolError::DeviceTooSmall {
+                path: new.path().to_path_buf(),
+                size: new.size(),
+                needed,
+            });
+        }
+        if self.devices().iter().any(|d| {
+            d.path() == new.path()
+                && group.children[c]
+                    .device()
+                    .is_none_or(|o| !Arc::ptr_eq(&o, d))
+        }) {
+            return Err(PoolError::Layout(format!(
+                "{} is already part of pool {}",
+                new.path().display(),
+                self.name
+            )));
+        }
+        // Rebuilding needs enough of the rest of the group.
+        let others_ok = group
+            .children
+            .iter()
+            .enumerate()
+            .filter(|(i, ch)| *i != c && ch.readable().is_some())
+            .count();
+        let need = group.width() - group.kind.redundancy(group.width());
+        if others_ok < need {
+            return Err(PoolError::Layout(format!(
+                "group {} has {others_ok} readable devices besides the one replaced, {need} needed to rebuild it",
+                group.index
+            )));
+        }
+        let child = &group.children[c];
+        if let Some(old) = child.device() {
+            if old.path() != new.path() {
+                if let Err(e) = old.clear_label() {
+                    tracing::warn!(device = %old.path().display(), error = %e, "could not wipe the replaced device's label");
+                }
+            }
+        }
+        prepare_device(&new, &self.regions)?;
+        let new_guid = rand::random::<u64>() | 1;
+        {
+            let mut slot = child.dev.write();
+            child.resilvering.store(true, Ordering::Release);
+            child.guid.store(new_guid, Ordering::Release);
+            *slot = Some(Arc::new(new));
+        }
+        tracing::info!(pool = %self.name, old = old_guid, new = new_guid, "device replaced; resilver needed");
+        self.relabel()?;
+        Ok(new_guid)
+    }
+
+    /// Marks a present device as being rebuilt (e.g. brought back online
+    /// after being offline while writes went on): written, not read.
+    pub fn begin_resilver(&self, guid: u64) -> Result<(), PoolError> {
+        let _admin = self.admin.lock();
+        let (group, c) = self.find(guid)?;
+        group.children[c].resilvering.store(true, Ordering::Release);
+        self.relabel()
+    }
+
+    /// Ends a rebuild: the device is trusted for reads again and the labels
+    /// say so.
+    pub fn finish_resilver(&self, guid: u64) -> Result<(), PoolError> {
+        let _admin = self.admin.lock();
+        let (group, c) = self.find(guid)?;
+        group.children[c]
+            .resilvering
+            .store(false, Ordering::Release);
+        self.relabel()
+    }
+
+    /// Whether the device is being rebuilt.
+    pub fn is_resilvering(&self, guid: u64) -> bool {
+        self.find(guid)
+            .is_ok_and(|(g, c)| g.children[c].resilvering())
+    }
+
+    /// Sets a present device's state (`offline`/`online`). Not persisted.
+    pub fn set_device_state(&self, guid: u64, state: DeviceState) -> Result<(), PoolError> {
+        let dev = self.device_by_guid(guid).ok_or(PoolError::NoSuchDevice {
+            pool: self.name.clone(),
+            guid,
+        })?;
+        dev.set_state(state);
+        Ok(())
+    }
+
+    /// Zeroes the READ/WRITE/CKSUM counters of one device or of all, and
+    /// brings FAULTED devices back ONLINE (as `zpool clear`).
+    pub fn clear_errors(&self, guid: Option<u64>) -> Result<(), PoolError> {
+        let devices = match guid {
+            Some(g) => vec![self.device_by_guid(g).ok_or(PoolError::NoSuchDevice {
+                pool: self.name.clone(),
+                guid: g,
+            })?],
+            None => self.devices(),
+        };
+        for d in devices {
+            d.errors.read.store(0, Ordering::Relaxed);
+            d.errors.write.store(0, Ordering::Relaxed);
+            d.errors.checksum.store(0, Ordering::Relaxed);
+            if d.state() == DeviceState::Faulted {
+                d.set_state(DeviceState::Online);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the metadata and intent-log regions onto a device (being
+    /// rebuilt or newly added) from a readable one, 1 MiB at a time; each
+    /// chunk is copied with mirrored-region writes held off, so a newer
+    /// write is never overwritten. Returns the bytes written. The copy is
+    /// raw: a metadata page that was wrong on the source is caught and
+    /// healed by `meta::verify_all` afterwards.
+    pub fn resilver_regions(&self, target_guid: u64) -> Result<u64, PoolError> {
+        const CHUNK: u64 = 1 << 20;
+        let target = self
+            .device_by_guid(target_guid)
+            .ok_or(PoolError::NoSuchDevice {
+                pool: self.name.clone(),
+                guid: target_guid,
+            })?;
+        let mut written = 0;
+        for (start, size) in [
+            (self.regions.meta_offset, self.regions.meta_size),
+            (self.regions.log_offset, self.regions.log_size),
+        ] {
+            let mut buf = AlignedBuf::zeroed(CHUNK as usize);
+            let mut at = start;
+            while at < start + size {
+                let n = CHUNK.min(start + size - at) as usize;
+                let _excl = self.region_lock.write();
+                let mut copied = false;
+                let mut last = None;
+                for src in self.region_readers() {
+                    if Arc::ptr_eq(&src, &target) {
+                        continue;
+                    }
+                    let r = if n == CHUNK as usize {
+                        src.read_direct_at(at, &mut buf)
+                    } else {
+                        src.read_at(at, &mut buf[..n])
+                    };
+                    match r {
+                        Ok(()) => {
+                            write_buf(&target, at, &buf, n)?;
+                            copied = true;
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                if !copied {
+                    return Err(last
+                        .map(PoolError::from)
+                        .unwrap_or(PoolError::Unrecoverable {
+                            group: u32::MAX,
+                            offset: at,
+                            reason: "no readable device to copy the regions from".into(),
+                        }));
+                }
+                written += n as u64;
+                at += n as u64;
+            }
+        }
+        target.sync()?;
+        Ok(written)
+    }
+
+    /// Devices the mirrored regions may be read from.
+    fn region_readers(&self) -> Vec<Arc<Vdev>> {
+        self.groups
+            .read()
+            .iter()
+            .flat_map(|g| {
+                g.children
+                    .iter()
+                    .filter_map(|c| c.readable())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Devices the mirrored regions are written to (resilvering ones included).
+    fn region_writers(&self) -> Vec<Arc<Vdev>> {
+        self.groups
+            .read()
+            .iter()
+            .flat_map(|g| {
+                g.children
+                    .iter()
+                    .filter_map(|c| c.writable())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    // ---------------------------------------------------------------
+    // Block I/O
+
     /// Writes `data` (length <= dva.asize) to every copy of `dva`.
     pub fn write(&self, dva: Dva, data: &[u8]) -> Result<(), PoolError> {
         self.write_vectored(dva, &[data])
     }
 
-    /// Writes the concatenation of `bufs` (length <= dva.asize) to every copy of `dva`.
-    /// Succeeds if at least one copy was written; failed devices are faulted.
+    /// Writes the concatenation of `bufs` (length <= dva.asize) to `dva`.
+    ///
+    /// Mirror/disk: every copy; succeeds if at least one copy was written.
+    /// Raidz: the data columns plus parity computed over them (bytes up to
+    /// `asize` are zeros), one write per device; devices missing or failing
+    /// are tolerated up to the parity. Failed devices are faulted.
+    ///
+    /// `dva` may cover a run of adjacent blocks (the txg writes runs of up
+    /// to 8 MiB this way): for raidz each block owns whole rows and parity
+    /// is per row, so the run lands exactly as its blocks written one by one.
     pub fn write_vectored(&self, dva: Dva, bufs: &[&[u8]]) -> Result<(), PoolError> {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         assert!(
@@ -364,16 +1020,19 @@ impl Pool {
         );
         let group = self.group(dva.group)?;
         assert!(
-            dva.offset + dva.asize as u64 <= group.data_size,
+            dva.offset + dva.asize as u64 <= group.capacity(),
             "dva beyond group data region"
         );
+        if let Some(geo) = group.geometry() {
+            return raidz::write(self, &group, geo, dva, bufs);
+        }
         let at = self.regions.data_offset + dva.offset;
         // Whole-sector runs go through O_DIRECT from one aligned copy (decision 0004).
         let direct = (dva.offset % SECTOR == 0
             && len as u64 == dva.asize as u64
-            && len >= 64 << 10)
+            && len >= DIRECT_MIN)
             .then(|| {
-                let mut buf = vdev::AlignedBuf::zeroed(len);
+                let mut buf = AlignedBuf::zeroed(len);
                 let mut at = 0;
                 for b in bufs {
                     buf.as_mut_slice()[at..at + b.len()].copy_from_slice(b);
@@ -381,17 +1040,26 @@ impl Pool {
                 }
                 buf
             });
-        let devices: Vec<&Arc<Vdev>> = group.devices.iter().filter(|d| is_live(d)).collect();
-        let results = devices.iter().map(|dev| match &direct {
-            Some(buf) => dev.write_direct_at(at, buf),
-            None => dev.write_vectored_at(at, bufs),
-        });
-        settle_writes(&self.name, dva.group as usize, &devices, results.collect())
+        let devices: Vec<Arc<Vdev>> = group.children.iter().filter_map(|c| c.writable()).collect();
+        let results = devices
+            .iter()
+            .map(|dev| match &direct {
+                Some(buf) => dev.write_direct_at(at, buf),
+                None => dev.write_vectored_at(at, bufs),
+            })
+            .collect();
+        settle_writes(&self.name, dva.group as usize, &devices, results)
     }
 
-    /// Reads `len` bytes of `dva`, trying each copy until `verify` accepts
-    /// one; copies that failed to read or verify are rewritten with the good
-    /// data and their READ/CKSUM counters raised.
+    /// Reads `len` bytes of `dva` and returns them once `verify` accepts.
+    ///
+    /// Mirror: tries each copy until one verifies. Raidz: reads the data
+    /// columns; if they do not verify (or a device is missing or fails to
+    /// read), reads the parity too and tries reconstructing every
+    /// combination of up to `parity` suspect columns until the result
+    /// verifies. Copies/columns found wrong are rewritten in place with the
+    /// right bytes and their device's CKSUM counter raised (READ for read
+    /// errors). Wrong data is never returned: [`PoolError::Unrecoverable`].
     pub fn read_verified(
         &self,
         dva: Dva,
@@ -399,13 +1067,15 @@ impl Pool {
         verify: impl Fn(&[u8]) -> bool,
     ) -> Result<Vec<u8>, PoolError> {
         let group = self.group(dva.group)?;
+        if let Some(geo) = group.geometry() {
+            return raidz::repair(self, &group, geo, dva, len, &verify, raidz::Mode::Read)
+                .map(|r| r.data);
+        }
+        check_extent(&group, dva)?;
         let at = self.regions.data_offset + dva.offset;
-        let mut bad: Vec<&Arc<Vdev>> = Vec::new();
+        let mut bad: Vec<Arc<Vdev>> = Vec::new();
         let mut reason = String::from("no readable copy");
-        for dev in &group.devices {
-            if !is_live(dev) {
-                continue;
-            }
+        for dev in group.children.iter().filter_map(|c| c.readable()) {
             let mut buf = vec![0u8; len];
             match dev.read_at(at, &mut buf) {
                 Ok(()) if verify(&buf) => {
@@ -435,20 +1105,170 @@ impl Pool {
         })
     }
 
-    /// Reads a run of adjacent blocks from the first readable copy, without
-    /// verifying: callers verify each block and fall back to
-    /// [`Pool::read_verified`] (which heals) for any that fail.
-    pub fn read_run(
+    /// Verifies every copy (mirror) or every column including parity
+    /// (raidz) of a block, not just until one verifies: every copy/column
+    /// that is wrong or unreadable is rewritten from the good data and
+    /// counted (CKSUM, or READ for read errors) on its device. Devices
+    /// being resilvered are not examined. A block with no good copy (or
+    /// more bad columns than parity) is [`PoolError::Unrecoverable`]; a
+    /// disk group's only copy is just verified.
+    pub fn scrub_block(
         &self,
-        group: u32,
-        offset: u64,
+        dva: Dva,
         len: usize,
-    ) -> Result<vdev::AlignedBuf, PoolError> {
+        verify: impl Fn(&[u8]) -> bool,
+    ) -> Result<ScrubOutcome, PoolError> {
+        let group = self.group(dva.group)?;
+        if let Some(geo) = group.geometry() {
+            let r = raidz::repair(self, &group, geo, dva, len, &verify, raidz::Mode::Scrub)?;
+            return Ok(ScrubOutcome {
+                repaired_bytes: r.repaired_bytes,
+                bad_devices: r.bad,
+            });
+        }
+        check_extent(&group, dva)?;
+        let at = self.regions.data_offset + dva.offset;
+        let readers: Vec<(u64, Arc<Vdev>)> = group
+            .children
+            .iter()
+            .filter_map(|c| c.readable().map(|d| (c.guid(), d)))
+            .collect();
+        let copies: Vec<Result<Vec<u8>, VdevError>> = readers
+            .iter()
+            .map(|(_, d)| {
+                let mut buf = vec![0u8; len];
+                d.read_at(at, &mut buf).map(|()| buf)
+            })
+            .collect();
+        let good = copies
+            .iter()
+            .position(|c| c.as_ref().is_ok_and(|b| verify(b)));
+        let mut out = ScrubOutcome::default();
+        let mut reason = String::from("no readable copy");
+        for ((guid, dev), copy) in readers.iter().zip(&copies) {
+            let bad = match copy {
+                Ok(b) if good.is_some_and(|g| copies[g].as_ref().is_ok_and(|gb| gb == b)) => false,
+                Ok(b) if verify(b) => false,
+                Ok(_) => {
+                    dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
+                    reason = format!("checksum mismatch on {}", dev.path().display());
+                    true
+                }
+                Err(e) => {
+                    reason = e.to_string();
+                    true
+                }
+            };
+            if !bad {
+                continue;
+            }
+            out.bad_devices.push(*guid);
+            if let Some(Ok(data)) = good.map(|g| &copies[g]) {
+                tracing::warn!(device = %dev.path().display(), offset = at, "scrub: healing bad copy");
+                match dev.write_at(at, data) {
+                    Ok(()) => out.repaired_bytes += len as u64,
+                    Err(e) => fault(dev, &e),
+                }
+            }
+        }
+        if good.is_none() {
+            return Err(PoolError::Unrecoverable {
+                group: dva.group,
+                offset: dva.offset,
+                reason,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Rebuilds one block on the device `target_guid` (being resilvered):
+    /// reads verified data from the other devices (reconstructing from
+    /// parity if needed; bad copies found on the way are healed and counted
+    /// as by [`Pool::read_verified`]) and writes only the target's copy or
+    /// column. Returns the bytes written to the target. The caller must
+    /// keep the block's space from being freed and reused meanwhile.
+    pub fn resilver_block(
+        &self,
+        dva: Dva,
+        len: usize,
+        verify: impl Fn(&[u8]) -> bool,
+        target_guid: u64,
+    ) -> Result<u64, PoolError> {
+        let group = self.group(dva.group)?;
+        let Some(c) = group.position(target_guid) else {
+            return Err(PoolError::NoSuchDevice {
+                pool: self.name.clone(),
+                guid: target_guid,
+            });
+        };
+        if let Some(geo) = group.geometry() {
+            let r = raidz::repair(
+                self,
+                &group,
+                geo,
+                dva,
+                len,
+                &verify,
+                raidz::Mode::Resilver(c),
+            )?;
+            return Ok(r.written);
+        }
+        check_extent(&group, dva)?;
+        let target = group.children[c]
+            .writable()
+            .ok_or(PoolError::NoSuchDevice {
+                pool: self.name.clone(),
+                guid: target_guid,
+            })?;
+        let at = self.regions.data_offset + dva.offset;
+        let mut reason = String::from("no readable copy besides the target");
+        for (i, child) in group.children.iter().enumerate() {
+            let Some(dev) = child.readable().filter(|_| i != c) else {
+                continue;
+            };
+            let mut buf = vec![0u8; len];
+            match dev.read_at(at, &mut buf) {
+                Ok(()) if verify(&buf) => {
+                    target.write_at(at, &buf)?;
+                    return Ok(len as u64);
+                }
+                Ok(()) => {
+                    dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
+                    reason = format!("checksum mismatch on {}", dev.path().display());
+                }
+                Err(e) => reason = e.to_string(),
+            }
+        }
+        Err(PoolError::Unrecoverable {
+            group: dva.group,
+            offset: dva.offset,
+            reason,
+        })
+    }
+
+    /// Reads a run of adjacent blocks (`len` bytes of the group's data space
+    /// from `offset`) without verifying: callers verify each block and fall
+    /// back to [`Pool::read_verified`] (which heals) for any that fail.
+    /// Mirror: the first readable copy. Raidz: one read per device holding
+    /// data in the run; with devices missing or failing (up to parity), the
+    /// parity is read too and the data reconstructed.
+    pub fn read_run(&self, group: u32, offset: u64, len: usize) -> Result<AlignedBuf, PoolError> {
         let g = self.group(group)?;
+        if let Some(geo) = g.geometry() {
+            return raidz::read_run(self, &g, geo, offset, len);
+        }
+        check_extent(
+            &g,
+            Dva {
+                group,
+                offset,
+                asize: len.min(u32::MAX as usize) as u32,
+            },
+        )?;
         let at = self.regions.data_offset + offset;
         let mut last = None;
-        for dev in g.devices.iter().filter(|d| is_live(d)) {
-            let mut buf = vdev::AlignedBuf::zeroed(len);
+        for dev in g.children.iter().filter_map(|c| c.readable()) {
+            let mut buf = AlignedBuf::zeroed(len);
             match dev.read_direct_at(at, &mut buf) {
                 Ok(()) => return Ok(buf),
                 Err(e) => last = Some(e),
@@ -462,20 +1282,12 @@ impl Pool {
             }))
     }
 
-    fn group(&self, index: u32) -> Result<&Group, PoolError> {
-        self.groups.get(index as usize).ok_or_else(|| {
-            PoolError::Layout(format!(
-                "block names group {index}, pool has {}",
-                self.groups.len()
-            ))
-        })
-    }
-
     /// Makes every completed write on every device durable, devices in parallel.
     pub fn sync_all(&self) -> Result<(), PoolError> {
-        let devices: Vec<&Arc<Vdev>> = self
+        let devices: Vec<Arc<Vdev>> = self
             .devices()
-            .filter(|d| d.state() != DeviceState::Offline)
+            .into_iter()
+            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
             .collect();
         let results = on_each(&devices, |d| d.sync());
         let ok = results.iter().filter(|r| r.is_ok()).count();
@@ -506,9 +1318,36 @@ impl Pool {
     }
 }
 
+/// A DVA read from disk must lie inside its group (never trusted blindly).
+fn check_extent(group: &Group, dva: Dva) -> Result<(), PoolError> {
+    let unit = group.unit();
+    let ok = dva.asize > 0
+        && dva.offset % unit == 0
+        && dva.asize as u64 % unit == 0
+        && dva
+            .offset
+            .checked_add(dva.asize as u64)
+            .is_some_and(|end| end <= group.capacity());
+    if ok {
+        Ok(())
+    } else {
+        Err(PoolError::Unrecoverable {
+            group: dva.group,
+            offset: dva.offset,
+            reason: format!(
+                "address {}+{} is not a valid extent of the group (capacity {}, unit {unit})",
+                dva.offset,
+                dva.asize,
+                group.capacity()
+            ),
+        })
+    }
+}
+
 /// A byte range at the same place on every device of the pool, written to
-/// all of them and read from the first that answers. Used for the metadata
-/// store and the intent log, which are kept at least as redundant as data.
+/// all of them (devices being resilvered included) and read from the first
+/// readable one that answers. Used for the metadata store and the intent
+/// log, which are kept at least as redundant as data (decision 0001).
 #[derive(Clone)]
 pub struct MirroredRegion {
     pool: Arc<Pool>,
@@ -531,6 +1370,15 @@ impl MirroredRegion {
         self.size
     }
 
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Byte offset of the region on every device.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     fn check(&self, offset: u64, len: usize) -> Result<u64, VdevError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(self.offset + offset),
@@ -543,13 +1391,10 @@ impl MirroredRegion {
         }
     }
 
-    fn live(&self) -> impl Iterator<Item = &Arc<Vdev>> {
-        self.pool.devices().filter(|d| is_live(d))
-    }
-
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
-        let devices: Vec<&Arc<Vdev>> = self.live().collect();
+        let _shared = self.pool.region_lock.read();
+        let devices = self.pool.region_writers();
         let results = devices.iter().map(|d| d.write_at(at, data)).collect();
         settle_writes(&self.pool.name, 0, &devices, results)
     }
@@ -557,7 +1402,8 @@ impl MirroredRegion {
     /// Writes to every device in parallel, each write durable on return.
     pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
-        let devices: Vec<&Arc<Vdev>> = self.live().collect();
+        let _shared = self.pool.region_lock.read();
+        let devices = self.pool.region_writers();
         let results = on_each(&devices, |d| d.write_durable_at(at, data));
         settle_writes(&self.pool.name, 0, &devices, results)
     }
@@ -567,7 +1413,8 @@ impl MirroredRegion {
         self.read_verified(offset, buf, |_| true)
     }
 
-    /// Reads from each device in turn until `verify` accepts; heals the others.
+    /// Reads from each device in turn until `verify` accepts; heals the
+    /// others and raises their CKSUM counter.
     pub fn read_verified(
         &self,
         offset: u64,
@@ -575,14 +1422,17 @@ impl MirroredRegion {
         verify: impl Fn(&[u8]) -> bool,
     ) -> Result<(), PoolError> {
         let at = self.check(offset, buf.len())?;
-        let mut bad: Vec<&Arc<Vdev>> = Vec::new();
+        let mut bad: Vec<(Arc<Vdev>, bool)> = Vec::new();
         let mut reason = String::from("no readable device");
-        for dev in self.live() {
+        for dev in self.pool.region_readers() {
             match dev.read_at(at, buf) {
                 Ok(()) if verify(buf) => {
-                    for b in bad {
-                        b.errors.checksum.fetch_add(1, Ordering::Relaxed);
-                        let _ = Vdev::write_at(b, at, buf);
+                    for (b, mismatch) in bad {
+                        if mismatch {
+                            b.errors.checksum.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tracing::warn!(device = %b.path().display(), offset = at, "healing bad region copy");
+                        let _ = b.write_at(at, buf);
                     }
                     return Ok(());
                 }
@@ -590,11 +1440,11 @@ impl MirroredRegion {
                 // also probe past the end of the log, where no copy verifies.
                 Ok(()) => {
                     reason = format!("checksum mismatch on {}", dev.path().display());
-                    bad.push(dev);
+                    bad.push((dev, true));
                 }
                 Err(e) => {
                     reason = e.to_string();
-                    bad.push(dev);
+                    bad.push((dev, false));
                 }
             }
         }
@@ -605,84 +1455,106 @@ impl MirroredRegion {
         })
     }
 
+    /// Reads every device's copy of `len` bytes at `offset` (devices being
+    /// resilvered included), and rewrites every copy that `verify` refuses
+    /// or that fails to read with a copy that verifies. CKSUM is counted on
+    /// readable devices whose copy was wrong, not on resilvering ones.
+    /// Returns the good bytes and what was repaired; no good copy is
+    /// [`PoolError::Unrecoverable`] (nothing is rewritten then).
+    pub fn scrub(
+        &self,
+        offset: u64,
+        len: usize,
+        verify: impl Fn(&[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ScrubOutcome), PoolError> {
+        let (good, out, lost) = self.scrub_pages(offset, len, len.max(1), |_, b| verify(b))?;
+        if !lost.is_empty() {
+            return Err(PoolError::Unrecoverable {
+                group: u32::MAX,
+                offset,
+                reason: "no copy of the region range verifies".into(),
+            });
+        }
+        Ok((good, out))
+    }
+
+    /// [`MirroredRegion::scrub`] page by page: reads each device's copy of
+    /// the whole range once, then for each `page`-byte page (`verify` gets
+    /// its index in the range) rewrites only the copies of that page that
+    /// are wrong, from one that verifies. Returns the best bytes (pages
+    /// without a good copy as the first device read them), what was
+    /// repaired, and the indexes of pages with no good copy.
+    pub fn scrub_pages(
+        &self,
+        offset: u64,
+        len: usize,
+        page: usize,
+        verify: impl Fn(usize, &[u8]) -> bool,
+    ) -> Result<(Vec<u8>, ScrubOutcome, Vec<usize>), PoolError> {
+        assert!(page > 0);
+        let at = self.check(offset, len)?;
+        // (guid, device, resilvering, what it holds)
+        type Copy = (u64, Arc<Vdev>, bool, Result<Vec<u8>, VdevError>);
+        let mut copies: Vec<Copy> = Vec::new();
+        for g in self.pool.groups() {
+            for c in &g.children {
+                let Some(dev) = c.writable() else { continue };
+                let mut buf = vec![0u8; len];
+                let r = dev.read_at(at, &mut buf).map(|()| buf);
+                copies.push((c.guid(), dev, c.resilvering(), r));
+            }
+        }
+        // Trusted devices first: a resilvering copy is used only if no other verifies.
+        copies.sort_by_key(|c| c.2);
+        let mut best = copies
+            .iter()
+            .find_map(|c| c.3.as_ref().ok().cloned())
+            .unwrap_or_else(|| vec![0u8; len]);
+        let mut out = ScrubOutcome::default();
+        let mut lost = Vec::new();
+        for (i, start) in (0..len).step_by(page).enumerate() {
+            let end = (start + page).min(len);
+            let good = copies.iter().find_map(|c| {
+                c.3.as_ref()
+                    .ok()
+                    .map(|b| &b[start..end])
+                    .filter(|b| verify(i, b))
+            });
+            let Some(good) = good else {
+                lost.push(i);
+                continue;
+            };
+            best[start..end].copy_from_slice(good);
+            for (guid, dev, resilvering, copy) in &copies {
+                let wrong = match copy {
+                    Ok(b) => !verify(i, &b[start..end]),
+                    Err(_) => true,
+                };
+                if !wrong {
+                    continue;
+                }
+                if !resilvering {
+                    if copy.is_ok() {
+                        dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !out.bad_devices.contains(guid) {
+                        out.bad_devices.push(*guid);
+                    }
+                }
+                tracing::warn!(device = %dev.path().display(), offset = at + start as u64, "scrub: healing region copy");
+                match dev.write_at(at + start as u64, good) {
+                    Ok(()) => out.repaired_bytes += (end - start) as u64,
+                    Err(e) => fault(dev, &e),
+                }
+            }
+        }
+        Ok((best, out, lost))
+    }
+
     pub fn sync(&self) -> Result<(), PoolError> {
         self.pool.sync_all()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn devs(dir: &std::path::Path, n: usize) -> Vec<Vdev> {
-        (0..n)
-            .map(|i| Vdev::open_or_create(&dir.join(format!("d{i}")), Some(128 << 20)).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn mirror_read_heals_a_corrupted_copy() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::create("tank", vec![(LayoutKind::Mirror, devs(dir.path(), 2))]).unwrap();
-        let dva = pool.allocator().allocate(8192).unwrap();
-        let data = vec![7u8; 8192];
-        pool.write(dva, &data).unwrap();
-        let dev0 = pool.groups[0].devices[0].clone();
-        dev0.write_at(pool.regions.data_offset + dva.offset + 10, &[1, 2, 3])
-            .unwrap();
-        let got = pool
-            .read_verified(dva, 8192, |b| b == data.as_slice())
-            .unwrap();
-        assert_eq!(got, data);
-        assert_eq!(dev0.errors.checksum.load(Ordering::Relaxed), 1);
-        // Healed: the first copy is right again.
-        let mut buf = vec![0u8; 8192];
-        dev0.read_at(pool.regions.data_offset + dva.offset, &mut buf)
-            .unwrap();
-        assert_eq!(buf, data);
-    }
-
-    #[test]
-    fn reassembles_from_labels_and_refuses_missing_stripe_member() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = Pool::create(
-            "tank",
-            vec![
-                (LayoutKind::Disk, devs(dir.path(), 1)),
-                (LayoutKind::Disk, devs(&dir.path().join(""), 0)),
-            ],
-        )
-        .err();
-        assert!(pool.is_some(), "a disk group without a device is refused");
-        let ds = devs(dir.path(), 2);
-        let groups = ds
-            .into_iter()
-            .map(|d| (LayoutKind::Disk, vec![d]))
-            .collect();
-        let pool = Pool::create("tank", groups).unwrap();
-        let paths = pool.device_paths();
-        drop(pool);
-        let opened: Vec<_> = paths
-            .iter()
-            .map(|p| {
-                let v = Vdev::open(p).unwrap();
-                let l = v.read_label().unwrap();
-                (v, l)
-            })
-            .collect();
-        let pool = Pool::open(opened).unwrap();
-        assert_eq!(pool.groups.len(), 2);
-        let one: Vec<_> = paths[..1]
-            .iter()
-            .map(|p| {
-                let v = Vdev::open(p).unwrap();
-                let l = v.read_label().unwrap();
-                (v, l)
-            })
-            .collect();
-        assert!(matches!(
-            Pool::open(one),
-            Err(PoolError::MissingDevice { .. })
-        ));
-    }
-}
+mod tests;

@@ -2,13 +2,21 @@
 //! that one overwritten end does not lose the pool. Format (docs/on-disk-format.md):
 //! `"CISTLABL"` | u32 LE version | u32 LE json length | 32-byte blake3 of the json | json,
 //! zero-padded to LABEL_SIZE.
+//!
+//! Versions: 1 knows `disk` and `mirror` groups; 2 adds `raidz` groups (a
+//! version-1 reader would misread them, so labels of pools with a raidz
+//! group are written as version 2 and refused by name by older builds).
+//! Both are read by this build.
 
 use crate::{Vdev, VdevError};
 use serde::{Deserialize, Serialize};
 
 /// Bytes reserved for each of the two labels.
 pub const LABEL_SIZE: u64 = 256 * 1024;
-pub const LABEL_VERSION: u32 = 1;
+/// Newest label version this build reads and writes.
+pub const LABEL_VERSION: u32 = 2;
+/// Version written for pools whose layout a version-1 reader understands.
+pub const LABEL_VERSION_PLAIN: u32 = 1;
 const MAGIC: &[u8; 8] = b"CISTLABL";
 const HEADER: usize = 8 + 4 + 4 + 32;
 
@@ -26,11 +34,45 @@ pub enum LabelError {
     TooLarge,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How the devices of one group hold data. Serialized as `"disk"`,
+/// `"mirror"` or `{"raidz":{"parity":P}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LayoutKind {
     Disk,
     Mirror,
+    /// Reed-Solomon parity over `width - parity` data columns; `parity` is 1..=3.
+    Raidz {
+        parity: u8,
+    },
+}
+
+impl LayoutKind {
+    /// Devices of the group that may be lost without losing data.
+    pub fn redundancy(self, width: usize) -> usize {
+        match self {
+            LayoutKind::Disk => 0,
+            LayoutKind::Mirror => width.saturating_sub(1),
+            LayoutKind::Raidz { parity } => parity as usize,
+        }
+    }
+
+    /// The label version needed to describe a group of this kind.
+    pub fn label_version(self) -> u32 {
+        match self {
+            LayoutKind::Raidz { .. } => LABEL_VERSION,
+            _ => LABEL_VERSION_PLAIN,
+        }
+    }
+
+    /// `disk`, `mirror`, `raidz1`..`raidz3` as `zpool` names them.
+    pub fn name(self) -> String {
+        match self {
+            LayoutKind::Disk => "disk".into(),
+            LayoutKind::Mirror => "mirror".into(),
+            LayoutKind::Raidz { parity } => format!("raidz{parity}"),
+        }
+    }
 }
 
 /// One top-level group of the pool, naming its devices by guid in order.
@@ -40,6 +82,11 @@ pub struct GroupLayout {
     pub devices: Vec<u64>,
     /// Usable data bytes on each device of the group (the smallest device wins).
     pub data_size: u64,
+    /// Guids of devices being rebuilt (replaced, not yet resilvered): their
+    /// copies are written but not trusted for reads. Absent when empty, so
+    /// the field does not change version-1 labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resilvering: Vec<u64>,
 }
 
 /// Where each region of a device lies, in bytes from its start. Identical on
@@ -69,6 +116,15 @@ pub struct Label {
     pub regions: Regions,
     /// Set by `pool export`; an active pool is imported only by its own host's cache.
     pub exported: bool,
+    /// Raised each time the layout changes (`pool add`, `replace`): at import
+    /// the label with the highest generation describes the pool, and a
+    /// device it does not list (a replaced one) is ignored. Absent = 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn encode(label: &Label) -> Result<Vec<u8>, LabelError> {
@@ -166,6 +222,7 @@ mod tests {
                 kind: LayoutKind::Mirror,
                 devices: vec![8, 9],
                 data_size: 1 << 20,
+                resilvering: vec![],
             }],
             regions: Regions {
                 meta_offset: LABEL_SIZE,
@@ -175,7 +232,40 @@ mod tests {
                 data_offset: 0,
             },
             exported: false,
+            generation: 0,
         }
+    }
+
+    #[test]
+    fn version_1_labels_still_read_and_raidz_round_trips() {
+        // A label as version 1 wrote it (no `resilvering`, kinds as strings).
+        let v1 = r#"{"version":1,"pool_name":"old","pool_guid":3,"device_guid":5,"group":0,"child":0,"groups":[{"kind":"mirror","devices":[5,6],"data_size":4096}],"regions":{"meta_offset":262144,"meta_size":1048576,"log_offset":0,"log_size":0,"data_offset":0},"exported":true}"#;
+        let mut buf = vec![0u8; LABEL_SIZE as usize];
+        buf[..8].copy_from_slice(MAGIC);
+        buf[8..12].copy_from_slice(&1u32.to_le_bytes());
+        buf[12..16].copy_from_slice(&(v1.len() as u32).to_le_bytes());
+        buf[16..48].copy_from_slice(blake3::hash(v1.as_bytes()).as_bytes());
+        buf[HEADER..HEADER + v1.len()].copy_from_slice(v1.as_bytes());
+        let Decoded::Label(l) = decode(&buf) else {
+            panic!("version 1 label not read")
+        };
+        assert_eq!(l.groups[0].kind, LayoutKind::Mirror);
+        assert!(l.groups[0].resilvering.is_empty());
+        // A plain layout still serializes exactly as version 1 did.
+        let json = serde_json::to_string(&l.groups[0]).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"mirror","devices":[5,6],"data_size":4096}"#
+        );
+        let mut rz = sample();
+        rz.version = LayoutKind::Raidz { parity: 2 }.label_version();
+        rz.groups[0].kind = LayoutKind::Raidz { parity: 2 };
+        rz.groups[0].resilvering = vec![9];
+        let Decoded::Label(back) = decode(&encode(&rz).unwrap()) else {
+            panic!("raidz label not read back")
+        };
+        assert_eq!(*back, rz);
+        assert_eq!(back.version, 2);
     }
 
     #[test]

@@ -2,7 +2,10 @@
 
 mod label;
 
-pub use label::{GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION};
+pub use label::{
+    GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
+    LABEL_VERSION_PLAIN,
+};
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -121,7 +124,9 @@ impl Vdev {
         };
         let direct_file = {
             use std::os::unix::fs::OpenOptionsExt;
+            // Read and write: runs of blocks are also read through it.
             OpenOptions::new()
+                .read(true)
                 .write(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(path)

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use dataset::{
     GroupKind, GroupSpec, GroupStatus, ImportablePool, PoolSpec, PoolStatus, PoolSummary,
+    ScanFunction, ScanState, ScanStatus, ScrubAction,
 };
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,76 @@ pub enum PoolCommand {
     /// Compare layouts for N drives before buying them: capacity, failures
     /// survived, predicted IOPS and MB/s (`-n 12 --size 8T --iops 180 --mbps 250`).
     Plan(Box<crate::cmd::plan::PlanArgs>),
+    /// Verify every block and metadata page in the background, repairing from
+    /// redundancy: `cistern pool scrub [-w] [-p|-s] POOL`.
+    Scrub(ScrubArgs),
+    /// Take a device out of service (no more reads or writes to it).
+    Offline(DeviceArgs),
+    /// Bring an offlined or faulted device back; it is resilvered.
+    Online(DeviceArgs),
+    /// Reset error counters of the pool or one device; FAULTED devices are retried.
+    Clear(ClearArgs),
+    /// Replace a device with another (which must exist) and resilver onto it.
+    Replace(ReplaceArgs),
+    /// Add groups to a pool: `cistern pool add tank raidz2 d6 d7 d8 d9`.
+    Add(AddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// Create missing device files as sparse files of this size (e.g. 8G).
+    #[arg(short = 's', long = "size", value_name = "SIZE", value_parser = size_arg)]
+    pub size: Option<u64>,
+    /// Use devices even if they hold a label of another pool.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    pub pool: String,
+    /// Groups, as for create: `d0`, `mirror a b`, `raidz1 a b c`...
+    #[arg(value_name = "VDEV", required = true, num_args = 1..)]
+    pub vdevs: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScrubArgs {
+    /// Wait until the scrub has finished (or was paused or canceled).
+    #[arg(short = 'w')]
+    pub wait: bool,
+    /// Pause the scrub; `cistern pool scrub POOL` resumes it.
+    #[arg(short = 'p', conflicts_with = "stop")]
+    pub pause: bool,
+    /// Stop (cancel) the scrub.
+    #[arg(short = 's')]
+    pub stop: bool,
+    pub pool: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    pub pool: String,
+    /// Device path, file name, or guid.
+    pub device: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ClearArgs {
+    pub pool: String,
+    /// Only this device (path, file name or guid).
+    pub device: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplaceArgs {
+    /// Use NEW even if it holds the label of a pool that is not imported.
+    #[arg(short = 'f')]
+    pub force: bool,
+    /// Wait until the resilver has finished.
+    #[arg(short = 'w')]
+    pub wait: bool,
+    pub pool: String,
+    /// The device to replace: path, file name, or guid (for a missing device).
+    pub old: String,
+    /// The new device: an existing file or block device.
+    pub new: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -40,7 +111,8 @@ pub struct CreateArgs {
     pub force: bool,
     /// Name of the new pool.
     pub pool: String,
-    /// Devices: `d0 d1` (stripe), `mirror d0 d1` (mirror), `mirror a b mirror c d`.
+    /// Devices: `d0 d1` (stripe), `mirror d0 d1` (mirror), `mirror a b mirror c d`,
+    /// `raidz1 a b c` (also raidz2, raidz3; `raidz` = raidz1).
     #[arg(value_name = "VDEV", required = true, num_args = 1..)]
     pub vdevs: Vec<String>,
 }
@@ -61,6 +133,9 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// List the blocks that could not be repaired (dataset and byte offset).
+    #[arg(short = 'v')]
+    pub verbose: bool,
     /// Pool to show (default: all).
     pub pool: Option<String>,
 }
@@ -85,12 +160,78 @@ pub struct ImportArgs {
 pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
     match cmd {
         PoolCommand::Create(a) => create(client, a),
+        PoolCommand::Add(a) => add(client, a),
         PoolCommand::List(a) => list(client, a),
         PoolCommand::Status(a) => status(client, a),
         PoolCommand::Destroy(a) => Ok(client.destroy_pool(&a.pool)?),
         PoolCommand::Export(a) => Ok(client.export_pool(&a.pool)?),
         PoolCommand::Import(a) => import(client, a),
         PoolCommand::Plan(a) => crate::cmd::plan::run(*a),
+        PoolCommand::Scrub(a) => scrub(client, a),
+        PoolCommand::Offline(a) => {
+            client.offline(&a.pool, &a.device)?;
+            Ok(())
+        }
+        PoolCommand::Online(a) => {
+            client.online(&a.pool, &a.device)?;
+            Ok(())
+        }
+        PoolCommand::Clear(a) => {
+            client.clear(&a.pool, a.device.as_deref())?;
+            Ok(())
+        }
+        PoolCommand::Replace(a) => replace(client, a),
+    }
+}
+
+fn scrub(client: &api::Client, a: ScrubArgs) -> Result<()> {
+    let action = match (a.pause, a.stop) {
+        (true, _) => ScrubAction::Pause,
+        (_, true) => ScrubAction::Stop,
+        _ => ScrubAction::Start,
+    };
+    client.scrub(&a.pool, action)?;
+    if a.wait && action == ScrubAction::Start {
+        let s = wait_scan(client, &a.pool, ScanFunction::Scrub)?;
+        if s.errors > 0 {
+            bail!(
+                "scrub of '{}' finished with {} unrepaired errors (see `cistern pool status -v {}`)",
+                a.pool,
+                s.errors,
+                a.pool
+            );
+        }
+    }
+    Ok(())
+}
+
+fn replace(client: &api::Client, a: ReplaceArgs) -> Result<()> {
+    let new = absolute(&a.new, &cwd()?);
+    if !new.exists() {
+        bail!(
+            "{} does not exist (create it first, e.g. `truncate -s SIZE {}`)",
+            new.display(),
+            new.display()
+        );
+    }
+    client.replace(&a.pool, &a.old, &new, a.force)?;
+    if a.wait {
+        wait_scan(client, &a.pool, ScanFunction::Resilver)?;
+    }
+    Ok(())
+}
+
+/// Polls `pool status` until the scan of kind `function` is no longer
+/// running; returns its final state.
+fn wait_scan(client: &api::Client, pool: &str, function: ScanFunction) -> Result<ScanStatus> {
+    loop {
+        let s = client.pool_status(pool)?;
+        match s.scan {
+            Some(scan) if scan.function == function && scan.state == ScanState::Scanning => {}
+            Some(scan) => return Ok(scan),
+            None => bail!("pool '{pool}' has no scan"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
 
@@ -103,17 +244,21 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
     let mut seen = HashSet::new();
     for w in words {
         match w.as_str() {
-            "mirror" => {
+            "mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3" => {
                 in_mirror = true;
                 groups.push(GroupSpec {
-                    kind: GroupKind::Mirror,
+                    kind: match w.as_str() {
+                        "mirror" => GroupKind::Mirror,
+                        "raidz2" => GroupKind::Raidz2,
+                        "raidz3" => GroupKind::Raidz3,
+                        _ => GroupKind::Raidz1,
+                    },
                     devices: Vec::new(),
                 });
                 continue;
             }
-            "raidz" | "raidz1" | "raidz2" | "raidz3" | "draid" | "spare" | "log" | "cache"
-            | "special" | "dedup" => {
-                bail!("'{w}' groups are not supported yet (use devices or mirror)")
+            "draid" | "spare" | "log" | "cache" | "special" | "dedup" => {
+                bail!("'{w}' groups are not supported yet (use devices, mirror or raidz1/2/3)")
             }
             "" => bail!("empty device name"),
             _ => {}
@@ -143,6 +288,19 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
                 g.devices.len()
             );
         }
+        let parity = match g.kind {
+            GroupKind::Raidz1 => 1,
+            GroupKind::Raidz2 => 2,
+            GroupKind::Raidz3 => 3,
+            _ => 0,
+        };
+        if parity > 0 && g.devices.len() < parity + 1 {
+            bail!(
+                "raidz{parity}-{i} needs at least {} devices, got {}",
+                parity + 1,
+                g.devices.len()
+            );
+        }
     }
     Ok(groups)
 }
@@ -164,6 +322,20 @@ fn absolute(p: &Path, cwd: &Path) -> PathBuf {
 
 fn cwd() -> Result<PathBuf> {
     std::env::current_dir().context("cannot find the current directory")
+}
+
+fn add(client: &api::Client, a: AddArgs) -> Result<()> {
+    let groups = parse_vdev_spec(&a.vdevs, &cwd()?)?;
+    if !a.force {
+        refuse_devices_of_other_pools(client, &groups)?;
+    }
+    let spec = dataset::PoolAddSpec {
+        groups,
+        create_size: a.size,
+        force: a.force,
+    };
+    client.pool_add(&a.pool, &spec)?;
+    Ok(())
 }
 
 fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
@@ -341,13 +513,89 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
         outln("no pools available");
         return Ok(());
     }
-    let text: Vec<String> = statuses.iter().map(render_status).collect();
+    let text: Vec<String> = statuses
+        .iter()
+        .map(|s| render_status_with(s, a.verbose, now_secs()))
+        .collect();
     out(&text.join("\n"));
     Ok(())
 }
 
-/// zpool-status-style text for one pool.
-pub fn render_status(s: &PoolStatus) -> String {
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `HH:MM:SS` (hours grow past 99 as needed), as zpool prints durations.
+fn hms(secs: u64) -> String {
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// The `scan:` lines of `pool status`, zpool style.
+pub fn render_scan(scan: &ScanStatus, now: u64) -> String {
+    let time = dataset::props::format_time;
+    let (noun, done_verb) = match scan.function {
+        ScanFunction::Scrub => ("scrub", "scrub repaired"),
+        ScanFunction::Resilver => ("resilver", "resilvered"),
+    };
+    match scan.state {
+        ScanState::Finished => format!(
+            "  scan: {done_verb} {} in {} with {} errors on {}\n",
+            human_size(scan.repaired),
+            hms(scan.end_time.saturating_sub(scan.start_time)),
+            scan.errors,
+            time(scan.end_time)
+        ),
+        ScanState::Canceled => format!(
+            "  scan: {noun} canceled on {} ({} of {} examined, {} repaired, {} errors)\n",
+            time(scan.end_time),
+            human_size(scan.examined),
+            human_size(scan.total),
+            human_size(scan.repaired),
+            scan.errors
+        ),
+        ScanState::Scanning | ScanState::Paused => {
+            let pct = if scan.total == 0 {
+                0.0
+            } else {
+                scan.examined as f64 * 100.0 / scan.total as f64
+            };
+            let head = if scan.state == ScanState::Paused {
+                format!("  scan: {noun} paused since {}\n", time(scan.start_time))
+            } else {
+                format!(
+                    "  scan: {noun} in progress since {}\n",
+                    time(scan.start_time)
+                )
+            };
+            let tail = match (scan.state, scan.eta_secs) {
+                (ScanState::Paused, _) => "paused".to_string(),
+                (_, Some(eta)) => format!("{} to go", hms(eta)),
+                (_, None) => "no estimated completion time".to_string(),
+            };
+            let target = scan
+                .target
+                .as_ref()
+                .map(|t| format!(" onto {}", t.display()))
+                .unwrap_or_default();
+            let _ = now;
+            format!(
+                "{head}\t{} / {} scanned at {}/s, {} {}{target}, {} errors, {pct:.2}% done, {tail}\n",
+                human_size(scan.examined),
+                human_size(scan.total.max(scan.examined)),
+                human_size(scan.rate),
+                human_size(scan.repaired),
+                if scan.function == ScanFunction::Resilver { "resilvered" } else { "repaired" },
+                scan.errors,
+            )
+        }
+    }
+}
+
+/// zpool-status-style text for one pool; `verbose` lists unrepaired blocks.
+pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     let mut rows: Vec<(String, &str, [u64; 3])> = Vec::new();
     let sum = |gs: &[GroupStatus]| {
         let mut c = [0u64; 3];
@@ -377,7 +625,11 @@ pub fn render_status(s: &PoolStatus) -> String {
             ));
             for d in &g.devices {
                 rows.push((
-                    format!("    {}", d.path.display()),
+                    format!(
+                        "    {}{}",
+                        d.path.display(),
+                        if d.resilvering { "  (resilvering)" } else { "" }
+                    ),
                     &d.state,
                     [d.read_errors, d.write_errors, d.checksum_errors],
                 ));
@@ -401,6 +653,9 @@ pub fn render_status(s: &PoolStatus) -> String {
     o.push_str(&format!("  pool: {}\n", s.summary.name));
     o.push_str(&format!(" state: {}\n", s.summary.health));
     o.push_str(&format!("   txg: {}\n", s.summary.txg));
+    if let Some(scan) = &s.scan {
+        o.push_str(&render_scan(scan, now));
+    }
     o.push_str("config:\n\n");
     for line in t.render(false).lines() {
         o.push('\t');
@@ -408,7 +663,15 @@ pub fn render_status(s: &PoolStatus) -> String {
         o.push('\n');
     }
     o.push('\n');
-    if s.errors.is_empty() {
+    if verbose && !s.data_errors.is_empty() {
+        o.push_str("errors: Permanent errors have been detected in the following datasets:\n\n");
+        for e in &s.data_errors {
+            o.push_str(&format!(
+                "        {} @ offset {} ({} bytes)\n",
+                e.dataset, e.offset, e.length
+            ));
+        }
+    } else if s.errors.is_empty() {
         o.push_str("errors: No known data errors\n");
     } else {
         for e in &s.errors {
@@ -545,10 +808,28 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("more than once"));
-        assert!(spec("raidz a b c")
+        assert!(spec("draid a b c")
             .unwrap_err()
             .to_string()
             .contains("not supported"));
+        assert!(spec("raidz3 a b c")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 4"));
+    }
+
+    #[test]
+    fn raidz_groups() {
+        let g = spec("raidz2 a b c d raidz2 e f g h").unwrap();
+        assert_eq!(g.len(), 2);
+        assert!(g
+            .iter()
+            .all(|g| g.kind == GroupKind::Raidz2 && g.devices.len() == 4));
+        let g = spec("raidz a b mirror c d raidz3 e f g h").unwrap();
+        assert_eq!(
+            g.iter().map(|g| g.kind).collect::<Vec<_>>(),
+            vec![GroupKind::Raidz1, GroupKind::Mirror, GroupKind::Raidz3]
+        );
     }
 
     fn summary(name: &str, size: u64, alloc: u64) -> PoolSummary {
@@ -593,6 +874,7 @@ mod tests {
             read_errors: 0,
             write_errors: 0,
             checksum_errors: cksum,
+            resilvering: false,
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
@@ -611,8 +893,10 @@ mod tests {
                 },
             ],
             errors: vec![],
+            scan: None,
+            data_errors: vec![],
         };
-        let text = render_status(&s);
+        let text = render_status_with(&s, false, 0);
         let expected = "  pool: tank\n state: ONLINE\n   txg: 9\nconfig:\n\n\
             \tNAME        STATE   READ  WRITE  CKSUM\n\
             \ttank        ONLINE     0      0      3\n\
