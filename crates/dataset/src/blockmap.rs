@@ -22,21 +22,29 @@ pub struct Chain(pub Vec<(u64, u64)>);
 
 impl Chain {
     /// The chain of a dataset or snapshot record; `datasets` is every record of the pool.
-    pub fn of<'a>(rec: &DatasetRecord, datasets: impl Iterator<Item = &'a DatasetRecord>) -> Chain {
-        let by_id: BTreeMap<u64, &DatasetRecord> = datasets.map(|r| (r.id, r)).collect();
+    pub fn of<'a>(
+        rec: &'a DatasetRecord,
+        datasets: impl Iterator<Item = &'a DatasetRecord> + Clone,
+    ) -> Chain {
         let bound = if rec.is_snapshot() {
             rec.created_txg
         } else {
             u64::MAX
         };
         let mut levels = vec![(rec.data_id(), bound)];
-        let mut head = by_id.get(&rec.data_id()).copied();
+        let by_id = |id: u64| datasets.clone().find(|r| r.id == id);
+        // Only clones (and their snapshots) look further: the common case costs one lookup at most.
+        let mut head = if rec.is_snapshot() {
+            by_id(rec.data_id())
+        } else {
+            Some(rec)
+        };
         while let Some(origin) = head.and_then(|h| h.origin.as_ref()) {
             if levels.len() >= MAX_CHAIN {
                 break;
             }
             levels.push((origin.dataset, origin.txg));
-            head = by_id.get(&origin.dataset).copied();
+            head = by_id(origin.dataset);
         }
         Chain(levels)
     }
