@@ -316,3 +316,27 @@ def test_kill_during_snapshot_commands(make_daemon, disks, op, point):
             d.cli("destroy", "tank/c")
     d.cli("destroy", "-r", "tank/v")
     assert allocated(d) == 0, "space leaked or double counted after the crash"
+
+
+def test_promote_lets_the_origin_go(daemon, make_volume):
+    gold = make_volume("gold", "16M")
+    write_export(gold.uri, 0, pattern("golden", 4 * MiB))
+    daemon.cli("snapshot", "tank/gold@v1")
+    write_export(gold.uri, 0, pattern("gold-later", MiB))
+    daemon.cli("clone", "tank/gold@v1", "tank/vm")
+    write_export(daemon.uri("tank/vm"), 2 * MiB, pattern("vm", MiB))
+    p = daemon.cli("destroy", "-r", "tank/gold", check=False)
+    assert p.returncode != 0 and "tank/vm" in p.stderr  # a clone depends on it
+    daemon.cli("promote", "tank/vm")
+    snaps = daemon.cli("list", "-H", "-o", "name", "-t", "snapshot").stdout.split()
+    assert snaps == ["tank/vm@v1"]
+    assert daemon.prop("tank/gold", "origin") == "tank/vm@v1"
+    daemon.cli("destroy", "tank/gold")
+    want = pattern("golden", 4 * MiB)
+    want = want[: 2 * MiB] + pattern("vm", MiB) + want[3 * MiB :]
+    assert read_export(daemon.uri("tank/vm"), 4 * MiB) == want
+    assert read_export(daemon.uri("tank/vm@v1"), 4 * MiB) == pattern("golden", 4 * MiB)
+    daemon.restart()
+    assert read_export(daemon.uri("tank/vm"), 4 * MiB) == want
+    daemon.cli("destroy", "-r", "tank/vm")
+    assert allocated(daemon) == 0

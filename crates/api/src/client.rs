@@ -391,6 +391,15 @@ impl Client {
         self.decode(self.agent.post(self.url("/v1/clone")).send_json(&body))
     }
 
+    pub fn promote(&self, name: &str) -> Result<()> {
+        self.expect_empty(
+            self.agent
+                .post(self.url("/v1/promote"))
+                .query("name", name)
+                .send_empty(),
+        )
+    }
+
     pub fn set_hold(
         &self,
         tag: &str,

@@ -65,6 +65,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/snapshots", post(snapshot))
         .route("/v1/rollback", post(rollback))
         .route("/v1/clone", post(clone))
+        .route("/v1/promote", post(promote))
         .route("/v1/holds", get(holds).post(hold).delete(release))
         .route("/v1/diff", get(diff))
         .route("/metrics", get(metrics))
@@ -482,6 +483,13 @@ async fn clone(State(st): State<ApiState>, Json(req): Json<CloneRequest>) -> Api
     })
     .await
     .map(created)
+}
+
+async fn promote(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
+    tracing::info!(name = %q.name, "promote");
+    blocking(&st, move |e| e.promote(&q.name))
+        .await
+        .map(|()| no_content())
 }
 
 async fn hold(State(st): State<ApiState>, Json(req): Json<HoldRequest>) -> ApiResult<Response> {

@@ -63,6 +63,8 @@ pub enum Command {
     Rollback(cmd::snapshot::RollbackArgs),
     /// Create a writable clone of a snapshot: `cistern clone POOL/DS@NAME POOL/NEW`.
     Clone(cmd::snapshot::CloneArgs),
+    /// Make a clone independent of its origin: `cistern promote POOL/CLONE`.
+    Promote(cmd::snapshot::PromoteArgs),
     /// Put a hold on snapshots (a held snapshot cannot be destroyed).
     Hold(cmd::snapshot::HoldArgs),
     /// Release a hold.

@@ -181,6 +181,8 @@ pub(crate) enum Action {
     Clone(DatasetRecord),
     /// A dataset, its snapshots and every block it holds.
     DestroyDataset(u64),
+    /// The clone takes over its origin's history up to the origin snapshot.
+    Promote(u64),
 }
 
 impl Action {
@@ -381,6 +383,7 @@ impl ImportedPool {
                 rec.inherited_logical = snap.logical_used + snap.inherited_logical;
                 recs.insert(rec.id, rec);
             }
+            Action::Promote(clone) => self.promote_in(tx, recs, clone)?,
             Action::DestroyDataset(id) => {
                 if let Some(clone) = recs
                     .values()
@@ -413,6 +416,205 @@ impl ImportedPool {
             }
         }
         Ok(outcome)
+    }
+
+    /// `promote`: clone C of O@S takes over O's history up to S. O's rows
+    /// born at or before S move to C's key range (C's own rows are all born
+    /// later, so keys never collide), with their dead-list rows; O's
+    /// snapshots up to S become C's; O becomes a clone of C@S. Record ids
+    /// stay, so open volumes keep working. O(rows of O's history).
+    fn promote_in(
+        &self,
+        tx: &WriteTransaction,
+        recs: &mut BTreeMap<u64, DatasetRecord>,
+        clone: u64,
+    ) -> Result<()> {
+        let c = recs
+            .get(&clone)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("dataset {clone}")))?;
+        let origin = c
+            .origin
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument(format!("'{}' is not a clone", c.name)))?;
+        let (o_id, s_txg) = (origin.dataset, origin.txg);
+        let o = recs
+            .get(&o_id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("dataset {o_id}")))?;
+        // O's snapshots up to S are renamed onto C.
+        let moving: Vec<u64> = recs
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == o_id && r.created_txg <= s_txg)
+            .map(|r| r.id)
+            .collect();
+        for id in &moving {
+            let short = recs[id].name.split_once('@').map_or("", |x| x.1);
+            let new_name = format!("{}@{short}", c.name);
+            if recs.values().any(|r| r.name == new_name) {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot '{new_name}' (rename it before promoting)"
+                )));
+            }
+        }
+        let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        // History rows of O (born <= S) move to C.
+        let history: Vec<(Key, Vec<u8>)> = blocks
+            .range((o_id, 0, 0)..=(o_id, u64::MAX, u64::MAX))
+            .map_err(meta_err)?
+            .filter(|r| r.as_ref().map_or(true, |(k, _)| k.value().2 <= s_txg))
+            .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(meta_err)?;
+        // Versions visible at S, per block: C's rows above them decide whether they die in C.
+        let mut visible_at_s: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for ((_, blk, birth), v) in &history {
+            let asize = blockmap::decode(*blk, v)?.map_or(0, |bp| bp.asize());
+            visible_at_s.insert(*blk, (*birth, asize));
+            blocks.remove((o_id, *blk, *birth)).map_err(meta_err)?;
+            blocks
+                .insert((clone, *blk, *birth), v.as_slice())
+                .map_err(meta_err)?;
+        }
+        // Dead rows of O: deaths up to S are history (held by the moving
+        // snapshots) and move; later deaths of history versions were O's
+        // overwrites and are redone against C's rows below.
+        for (k, asize) in dead_rows(&dead, o_id, 0, u64::MAX, 0)? {
+            let (_, death, blk, birth) = k;
+            if birth > s_txg {
+                continue; // O's own post-S versions stay O's
+            }
+            dead.remove(k).map_err(meta_err)?;
+            if death <= s_txg {
+                dead.insert((clone, death, blk, birth), asize)
+                    .map_err(meta_err)?;
+            }
+        }
+        for (&blk, &(birth, asize)) in &visible_at_s {
+            // C's oldest own row of this block (born after S) is where the history version died for C.
+            let first_own = blocks
+                .range((clone, blk, s_txg + 1)..=(clone, blk, u64::MAX))
+                .map_err(meta_err)?
+                .next()
+                .transpose()
+                .map_err(meta_err)?
+                .map(|(k, _)| k.value().2);
+            if let Some(death) = first_own {
+                dead.insert((clone, death, blk, birth), asize)
+                    .map_err(meta_err)?;
+            }
+        }
+        drop(blocks);
+        drop(dead);
+        // Records: snapshots, origins, then space recomputed from the rows.
+        for id in &moving {
+            let r = recs.get_mut(id).expect("listed above");
+            let short = r.name.split_once('@').map_or("", |x| x.1).to_string();
+            r.name = format!("{}@{short}", c.name);
+            r.snapshot_of = Some(clone);
+        }
+        let s_id = origin.snapshot;
+        for r in recs.values_mut() {
+            if let Some(orig) = r.origin.as_mut() {
+                if orig.dataset == o_id && orig.txg <= s_txg && r.id != clone {
+                    orig.dataset = clone;
+                }
+            }
+        }
+        if let Some(cr) = recs.get_mut(&clone) {
+            cr.origin = o.origin.clone();
+        }
+        if let Some(or) = recs.get_mut(&o_id) {
+            or.origin = Some(Origin {
+                dataset: clone,
+                txg: s_txg,
+                snapshot: s_id,
+            });
+        }
+        self.recount(tx, recs, o_id)?;
+        self.recount(tx, recs, clone)?;
+        Ok(())
+    }
+
+    /// Recomputes a dataset's space figures (and its snapshots' own/inherited
+    /// split) from its rows; what it references does not change.
+    fn recount(
+        &self,
+        tx: &WriteTransaction,
+        recs: &mut BTreeMap<u64, DatasetRecord>,
+        ds: u64,
+    ) -> Result<()> {
+        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let mut snaps: Vec<(u64, u64)> = recs
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == ds)
+            .map(|r| (r.created_txg, r.id))
+            .collect();
+        snaps.sort_unstable();
+        let latest = snaps.last().map_or(0, |s| s.0);
+        // Own bytes visible at each snapshot and at the head.
+        let mut at_snap: Vec<(u64, u64)> = vec![(0, 0); snaps.len()];
+        let (mut live, mut live_logical, mut written) = (0u64, 0u64, 0u64);
+        let mut rows: Vec<(u64, u64, Option<BlockPointer>)> = Vec::new();
+        let mut flush = |rows: &mut Vec<(u64, u64, Option<BlockPointer>)>| {
+            for (i, (t, _)) in snaps.iter().enumerate() {
+                if let Some((_, _, Some(bp))) = rows.iter().rev().find(|r| r.1 <= *t) {
+                    at_snap[i].0 += bp.asize();
+                    at_snap[i].1 += bp.lsize as u64;
+                }
+            }
+            if let Some((_, birth, Some(bp))) = rows.last() {
+                live += bp.asize();
+                live_logical += bp.lsize as u64;
+                if *birth > latest {
+                    written += bp.asize();
+                }
+            }
+            rows.clear();
+        };
+        for row in blocks
+            .range((ds, 0, 0)..=(ds, u64::MAX, u64::MAX))
+            .map_err(meta_err)?
+        {
+            let (k, v) = row.map_err(meta_err)?;
+            let (_, blk, birth) = k.value();
+            if rows.first().is_some_and(|r| r.0 != blk) {
+                flush(&mut rows);
+            }
+            rows.push((blk, birth, blockmap::decode(blk, v.value())?));
+        }
+        flush(&mut rows);
+        let held: u64 = dead_rows(&dead, ds, 0, u64::MAX, 0)?
+            .iter()
+            .map(|(_, a)| a)
+            .sum();
+        for (i, (_, id)) in snaps.iter().enumerate() {
+            if let Some(r) = recs.get_mut(id) {
+                let (refer, refer_logical) = (
+                    r.physical_used + r.inherited,
+                    r.logical_used + r.inherited_logical,
+                );
+                r.physical_used = at_snap[i].0;
+                r.logical_used = at_snap[i].1;
+                r.inherited = refer.saturating_sub(at_snap[i].0);
+                r.inherited_logical = refer_logical.saturating_sub(at_snap[i].1);
+            }
+        }
+        if let Some(r) = recs.get_mut(&ds) {
+            let (refer, refer_logical) = (
+                r.physical_used + r.inherited,
+                r.logical_used + r.inherited_logical,
+            );
+            r.physical_used = live;
+            r.logical_used = live_logical;
+            r.inherited = refer.saturating_sub(live);
+            r.inherited_logical = refer_logical.saturating_sub(live_logical);
+            r.snapshot_used = held;
+            r.written = written;
+        }
+        Ok(())
     }
 
     /// Frees what only snapshot `id` holds and removes it; returns the bytes freed.

@@ -399,6 +399,28 @@ impl Engine {
         self.dataset(name)
     }
 
+    /// `cistern promote CLONE`: the clone takes over its origin's snapshots
+    /// up to the origin snapshot (renamed `CLONE@...`) and the origin becomes
+    /// a clone of it, so the origin can be destroyed without the clone.
+    pub fn promote(&self, name: &str) -> Result<()> {
+        let (pool, _) = split_dataset(name)?;
+        let p = self.pool(pool)?;
+        let id = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .filter(|d| !d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+            if rec.origin.is_none() {
+                return Err(Error::InvalidArgument(format!("'{name}' is not a clone")));
+            }
+            rec.id
+        };
+        p.commit_txg(Some(Action::Promote(id)))?;
+        tracing::info!(dataset = name, "clone promoted");
+        Ok(())
+    }
+
     /// `cistern hold TAG SNAP...` / `cistern release TAG SNAP...`.
     pub fn set_hold(
         &self,

@@ -668,7 +668,8 @@ impl ImportedPool {
             }
         }
         let mut datasets = self.datasets.write();
-        datasets.retain(|_, r| recs.contains_key(&r.id));
+        // Renamed records (promote) leave their old name behind.
+        datasets.retain(|name, r| recs.get(&r.id).is_some_and(|n| n.name == *name));
         for rec in recs.into_values() {
             datasets.insert(rec.name.clone(), rec);
         }

@@ -89,6 +89,8 @@ struct Snap {
     clones: BTreeSet<String>,
     /// Token sequence number when it was taken (for `written`).
     seq: u64,
+    /// Creation order (several snapshots can share a `seq`).
+    order: u64,
 }
 
 #[derive(Default)]
@@ -102,6 +104,7 @@ struct Model {
     origin: BTreeMap<String, String>,
     /// Dataset -> token sequence at creation (clones) for `written`.
     born: BTreeMap<String, u64>,
+    next_order: u64,
 }
 
 impl Model {
@@ -127,7 +130,7 @@ impl Model {
             .snaps
             .iter()
             .filter(|(_, s)| s.dataset == ds)
-            .map(|(n, s)| (&s.seq, n))
+            .map(|(n, s)| (&s.order, n))
             .collect();
         v.sort();
         v.into_iter().map(|(_, n)| n).collect()
@@ -193,6 +196,7 @@ impl Harness {
 
     fn snapshot(&mut self, ds: &str, name: &str) {
         let full = format!("{ds}@{name}");
+        self.model.next_order += 1;
         let created = self.engine.snapshot(&[full.clone()], false).unwrap();
         assert_eq!(created, vec![full.clone()]);
         let image = self.model.heads[ds].clone();
@@ -203,6 +207,7 @@ impl Harness {
                 image,
                 clones: BTreeSet::new(),
                 seq: self.model.next,
+                order: self.model.next_order,
             },
         );
     }
@@ -292,6 +297,67 @@ impl Harness {
         if let Some(origin) = self.model.origin.remove(ds) {
             if let Some(s) = self.model.snaps.get_mut(&origin) {
                 s.clones.remove(ds);
+            }
+        }
+    }
+
+    fn promote(&mut self, c: &str) {
+        self.engine.promote(c).unwrap();
+        let m = &mut self.model;
+        let s_name = m.origin[c].clone();
+        let o = m.snaps[&s_name].dataset.clone();
+        let s_seq = m.snaps[&s_name].seq;
+        let s_order = m.snaps[&s_name].order;
+        // O's snapshots up to S become C's (renamed), with the history they hold.
+        let moving: Vec<String> = m
+            .snaps
+            .iter()
+            .filter(|(_, s)| s.dataset == o && s.order <= s_order)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut renamed = BTreeMap::new();
+        for n in moving {
+            let mut snap = m.snaps.remove(&n).unwrap();
+            snap.dataset = c.to_string();
+            let new = format!("{c}@{}", n.split_once('@').unwrap().1);
+            renamed.insert(n, new.clone());
+            m.snaps.insert(new, snap);
+        }
+        for (t, owner) in m.owner.iter_mut() {
+            if *owner == o && *t <= s_seq {
+                *owner = c.to_string();
+            }
+        }
+        let new_s = renamed[&s_name].clone();
+        let old_origin = m.origin.remove(c);
+        debug_assert_eq!(old_origin.as_deref(), Some(s_name.as_str()));
+        match m.origin.remove(&o) {
+            Some(x) => {
+                m.origin.insert(c.to_string(), x);
+            }
+            None => {
+                m.born.remove(c);
+            }
+        }
+        m.origin.insert(o.clone(), new_s.clone());
+        m.born.insert(o.clone(), s_seq);
+        for v in m.origin.values_mut() {
+            if let Some(n) = renamed.get(v) {
+                *v = n.clone();
+            }
+        }
+        // Clone sets follow the origins.
+        for s in m.snaps.values_mut() {
+            s.clones.clear();
+        }
+        let pairs: Vec<(String, String)> = m
+            .origin
+            .iter()
+            .map(|(d, s)| (d.clone(), s.clone()))
+            .collect();
+        for (d, s) in pairs {
+            if let Some(snap) = m.snaps.get_mut(&s) {
+                snap.clones.insert(d);
             }
         }
     }
@@ -492,9 +558,13 @@ fn run_model(seed: u64, steps: usize) {
                 h.destroy_snapshot(&s);
                 "destroy snapshot"
             }
-            92..=95 if ds != "tank/v" => {
+            92..=93 if h.model.origin.contains_key(&ds) => {
                 h.destroy_clone(&ds);
                 "destroy clone"
+            }
+            94..=95 if h.model.origin.contains_key(&ds) => {
+                h.promote(&ds);
+                "promote"
             }
             96..=99 => {
                 h.crash_and_reopen();

@@ -34,6 +34,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Snapshot(a) => snapshot::snapshot(client, a),
         Command::Rollback(a) => snapshot::rollback(client, a),
         Command::Clone(a) => snapshot::clone(client, a),
+        Command::Promote(a) => snapshot::promote(client, a),
         Command::Hold(a) => snapshot::hold(client, a, true),
         Command::Release(a) => snapshot::hold(client, a, false),
         Command::Holds(a) => snapshot::holds(client, a),

@@ -1,4 +1,4 @@
-//! `cistern snapshot|rollback|clone|hold|release|holds|diff`: zfs-style
+//! `cistern snapshot|rollback|clone|promote|hold|release|holds|diff`: zfs-style
 //! snapshot commands.
 
 use crate::cmd::props::parse_assignment;
@@ -36,6 +36,12 @@ pub struct CloneArgs {
     pub snapshot: String,
     /// POOL/NEW
     pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PromoteArgs {
+    /// POOL/CLONE
+    pub clone: String,
 }
 
 #[derive(Debug, Args)]
@@ -85,6 +91,11 @@ pub fn clone(client: &api::Client, a: CloneArgs) -> Result<()> {
         .map(|p| parse_assignment(p))
         .collect::<Result<Vec<_>>>()?;
     client.clone_snapshot(&a.snapshot, &a.name, &props)?;
+    Ok(())
+}
+
+pub fn promote(client: &api::Client, a: PromoteArgs) -> Result<()> {
+    client.promote(&a.clone)?;
     Ok(())
 }
 
