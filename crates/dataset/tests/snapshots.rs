@@ -672,3 +672,70 @@ fn a_trim_after_a_snapshot_is_a_change() {
         vec![ReadSegment::Data(data)]
     );
 }
+
+#[test]
+fn volumes_keep_serving_during_snapshot_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(
+        &dir.path().join("state"),
+        EngineConfig {
+            txg_timeout_secs: 0.05,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    create_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 8 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (vol, stop) = (vol.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let block = n % 512;
+                vol.write(block * 16384, &[(n % 251) as u8 + 1; 16384], n % 7 == 0)
+                    .unwrap();
+                n += 1;
+            }
+            vol.flush().unwrap();
+            n
+        })
+    };
+    for i in 0..20 {
+        engine.snapshot(&[format!("tank/v@s{i}")], false).unwrap();
+        if i % 3 == 0 {
+            engine
+                .clone_snapshot(&format!("tank/v@s{i}"), &format!("tank/c{i}"), &[])
+                .unwrap();
+        }
+        if i >= 2 && (i - 2) % 3 != 0 {
+            engine
+                .destroy(&format!("tank/v@s{}", i - 2), &DestroyOptions::default())
+                .unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = writer.join().unwrap();
+    assert!(n > 100, "the writer made progress ({n} writes)");
+    // The last write of each block is what the volume holds.
+    let got = read_all_sized(&vol, 8 << 20);
+    for block in 0..512u64 {
+        let last = (0..n).rev().find(|k| k % 512 == block);
+        let want = last.map_or(0, |k| (k % 251) as u8 + 1);
+        let at = (block * 16384) as usize;
+        assert!(got[at..at + 16384].iter().all(|&b| b == want), "block {block}");
+    }
+    engine.shutdown().unwrap();
+}
+
+fn read_all_sized(vol: &Volume, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for seg in vol.read(0, len).unwrap() {
+        match seg {
+            ReadSegment::Data(d) => out.extend_from_slice(&d),
+            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    out
+}
