@@ -345,11 +345,10 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         ),
         stat(
             "creation",
-            rec.creation.to_string(),
+            format_time(rec.creation),
             rec.creation.to_string(),
         ),
         bytes("used", space.used),
-        bytes("available", space.available),
         bytes("referenced", space.referenced),
         {
             let r = space.compressratio;
@@ -357,6 +356,8 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         },
     ];
     if !rec.is_snapshot() {
+        // A snapshot has no space of its own to offer (zfs shows "-").
+        out.insert(3, bytes("available", space.available));
         out.push(bytes("usedbysnapshots", space.snapshots));
     }
     out.push(bytes("written", space.written));
@@ -379,7 +380,10 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         });
     }
     for prop in INHERITABLE {
-        let (value, source) = lineage.resolve(prop);
+        let (value, source) = match *prop {
+            "readonly" if rec.is_snapshot() => ("on".to_string(), "-".to_string()),
+            _ => lineage.resolve(prop),
+        };
         out.push(Property {
             name: (*prop).into(),
             parsable: value.clone(),

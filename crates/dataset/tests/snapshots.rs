@@ -724,7 +724,10 @@ fn volumes_keep_serving_during_snapshot_commands() {
         let last = (0..n).rev().find(|k| k % 512 == block);
         let want = last.map_or(0, |k| (k % 251) as u8 + 1);
         let at = (block * 16384) as usize;
-        assert!(got[at..at + 16384].iter().all(|&b| b == want), "block {block}");
+        assert!(
+            got[at..at + 16384].iter().all(|&b| b == want),
+            "block {block}"
+        );
     }
     engine.shutdown().unwrap();
 }

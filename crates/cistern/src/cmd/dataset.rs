@@ -491,35 +491,20 @@ mod tests {
 
     #[test]
     fn types() {
+        let f = |volume, filesystem, snapshot| TypeFilter {
+            volume,
+            filesystem,
+            snapshot,
+        };
+        assert_eq!(parse_types(None).unwrap(), f(true, true, false));
+        assert_eq!(parse_types(Some("volume")).unwrap(), f(true, false, false));
+        assert_eq!(parse_types(Some("fs")).unwrap(), f(false, true, false));
         assert_eq!(
-            parse_types(None).unwrap(),
-            TypeFilter {
-                volume: true,
-                filesystem: true
-            }
+            parse_types(Some("snapshot")).unwrap(),
+            f(false, false, true)
         );
-        assert_eq!(
-            parse_types(Some("volume")).unwrap(),
-            TypeFilter {
-                volume: true,
-                filesystem: false
-            }
-        );
-        assert_eq!(
-            parse_types(Some("fs")).unwrap(),
-            TypeFilter {
-                volume: false,
-                filesystem: true
-            }
-        );
-        assert_eq!(
-            parse_types(Some("all")).unwrap(),
-            TypeFilter {
-                volume: true,
-                filesystem: true
-            }
-        );
-        assert!(parse_types(Some("snapshot")).is_err());
+        assert_eq!(parse_types(Some("all")).unwrap(), f(true, true, true));
+        assert!(parse_types(Some("bookmark")).is_err());
     }
 
     #[test]
