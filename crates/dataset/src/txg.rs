@@ -59,10 +59,68 @@ pub type BlockKey = (u64, u64);
 #[derive(Debug, Clone)]
 pub enum Dirty {
     Data(Arc<Vec<u8>>),
+    /// Part of a block, written without reading the rest: the byte ranges
+    /// of `data` listed in `ranges` are new, everything else comes from the
+    /// version below. Merged when a reader needs the whole block or when the
+    /// txg commits, so a small write never waits for a read.
+    Partial(Arc<PartialBlock>),
     /// Zeros that stay allocated (WRITE_ZEROES with NO_HOLE).
     Zero,
     /// Deallocated.
     Hole,
+}
+
+#[derive(Debug, Clone)]
+pub struct PartialBlock {
+    pub data: Vec<u8>,
+    /// Sorted, disjoint, non-adjacent [start, end) byte ranges.
+    pub ranges: Vec<(u32, u32)>,
+}
+
+impl PartialBlock {
+    pub fn new(bs: u32) -> PartialBlock {
+        PartialBlock {
+            data: vec![0; bs as usize],
+            ranges: Vec::new(),
+        }
+    }
+
+    /// Copies `bytes` (or zeros) to [lo, hi) and records the range.
+    pub fn put(&mut self, lo: usize, hi: usize, bytes: Option<&[u8]>) {
+        match bytes {
+            Some(b) => self.data[lo..hi].copy_from_slice(b),
+            None => self.data[lo..hi].fill(0),
+        }
+        let (mut lo, mut hi) = (lo as u32, hi as u32);
+        let mut kept = Vec::with_capacity(self.ranges.len() + 1);
+        for &(a, b) in &self.ranges {
+            if b < lo || a > hi {
+                kept.push((a, b));
+            } else {
+                lo = lo.min(a);
+                hi = hi.max(b);
+            }
+        }
+        kept.push((lo, hi));
+        kept.sort_unstable();
+        self.ranges = kept;
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.ranges == [(0, self.data.len() as u32)]
+    }
+
+    /// The whole block: `base` (None: zeros) with the new ranges on top.
+    pub fn over(&self, base: Option<&[u8]>) -> Vec<u8> {
+        let mut out = match base {
+            Some(b) => b.to_vec(),
+            None => vec![0; self.data.len()],
+        };
+        for &(a, b) in &self.ranges {
+            out[a as usize..b as usize].copy_from_slice(&self.data[a as usize..b as usize]);
+        }
+        out
+    }
 }
 
 pub struct OpenTxg {
@@ -432,6 +490,7 @@ impl ImportedPool {
         let settings = self.pipeline_settings();
         let mut keys: Vec<BlockKey> = dirty.keys().copied().collect();
         keys.sort_unstable();
+        let merged = self.merge_partials(dirty)?;
 
         // Compress and checksum, in parallel.
         let encode_one = |k: &BlockKey| -> Option<EncodedBlock> {
@@ -441,6 +500,7 @@ impl ImportedPool {
                 .unwrap_or((Compression::Off, ChecksumAlgo::Blake3));
             match &dirty[k] {
                 Dirty::Data(d) => Some(block::encode_shared(d, comp, sum)),
+                Dirty::Partial(_) => merged.get(k).map(|d| block::encode_shared(d, comp, sum)),
                 Dirty::Zero => {
                     let bs = self.block_size_of(k.0)?;
                     Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum))
@@ -490,7 +550,12 @@ impl ImportedPool {
             // Just-written blocks are the likeliest to be read (or partly
             // rewritten) next: keep them in the cache under their new version.
             for (i, k) in keys.iter().enumerate() {
-                if let (Some(_), Dirty::Data(d)) = (&placed[i], &dirty[k]) {
+                let data = match &dirty[k] {
+                    Dirty::Data(d) => Some(d),
+                    Dirty::Partial(_) => merged.get(k),
+                    _ => None,
+                };
+                if let (Some(_), Some(d)) = (&placed[i], data) {
                     self.cache.insert((k.0, k.1, txg), d.clone());
                 }
             }
@@ -703,6 +768,54 @@ impl ImportedPool {
         Ok(View { syncing, blocks })
     }
 
+    /// The committed block map alone, without the txg being committed (whose
+    /// partial blocks are merged over it).
+    fn committed_view(&self) -> Result<View> {
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        Ok(View {
+            syncing: None,
+            blocks,
+        })
+    }
+
+    /// Whole contents of the partial blocks of a committing txg: each read
+    /// once from the committed map (in runs, like any read) and overlaid.
+    fn merge_partials(
+        &self,
+        dirty: &HashMap<BlockKey, Dirty>,
+    ) -> Result<HashMap<BlockKey, Arc<Vec<u8>>>> {
+        let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (k, d) in dirty {
+            if matches!(d, Dirty::Partial(_)) {
+                by_ds.entry(k.0).or_default().push(k.1);
+            }
+        }
+        let mut out = HashMap::new();
+        if by_ds.is_empty() {
+            return Ok(out);
+        }
+        let view = self.committed_view()?;
+        for (ds, mut blocks) in by_ds {
+            // A dataset destroyed meanwhile: its blocks are dropped at placement.
+            let (Some(chain), Some(bs)) = (self.chain_of(ds), self.block_size_of(ds)) else {
+                continue;
+            };
+            blocks.sort_unstable();
+            let bases = crate::volume::read_outside_open(self, &view, &chain, false, bs, &blocks)?;
+            for b in blocks {
+                if let Some(Dirty::Partial(p)) = dirty.get(&(ds, b)) {
+                    let base = bases.get(&b).cloned().flatten();
+                    out.insert(
+                        (ds, b),
+                        Arc::new(p.over(base.as_deref().map(|v| v.as_slice()))),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Writes a dataset record (created or changed) in its own transaction.
     pub fn store_dataset(&self, rec: &DatasetRecord) -> Result<()> {
         let _meta = self.meta_lock.lock();
@@ -874,5 +987,30 @@ fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
         c.done = c.done.max(target);
         c.failed = result.err().map(|e| (target, e.to_string()));
         p.ctl_changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartialBlock;
+
+    #[test]
+    fn partial_blocks_merge_ranges_and_overlay_the_base() {
+        let mut p = PartialBlock::new(16);
+        p.put(4, 8, Some(&[1; 4]));
+        p.put(10, 12, None);
+        p.put(8, 10, Some(&[2; 2])); // joins both neighbours
+        assert_eq!(p.ranges, vec![(4, 12)]);
+        p.put(14, 16, Some(&[3; 2]));
+        assert_eq!(p.ranges, vec![(4, 12), (14, 16)]);
+        assert!(!p.is_complete());
+        let base = [9u8; 16];
+        assert_eq!(
+            p.over(Some(&base)),
+            vec![9, 9, 9, 9, 1, 1, 1, 1, 2, 2, 0, 0, 9, 9, 3, 3]
+        );
+        assert_eq!(p.over(None)[..4], [0, 0, 0, 0]);
+        p.put(0, 16, Some(&[5; 16]));
+        assert!(p.is_complete());
     }
 }

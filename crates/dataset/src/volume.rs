@@ -2,7 +2,7 @@
 //! the txg being committed, and the committed block map, in that order.
 
 use crate::blockmap::Chain;
-use crate::txg::{Dirty, ImportedPool, View};
+use crate::txg::{Dirty, ImportedPool, PartialBlock, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
 use intent_log::RecordKind;
@@ -49,16 +49,43 @@ pub(crate) fn read_outside_open(
     let mut out = HashMap::with_capacity(blocks.len());
     let mut committed = Vec::new();
     let syncing = view.syncing.as_ref().filter(|_| head);
+    // Partial blocks of the syncing txg lie over the committed version.
+    let mut partial: Vec<(u64, Arc<PartialBlock>)> = Vec::new();
     for &b in blocks {
         match syncing.and_then(|s| s.get(&(ds, b))) {
+            Some(Dirty::Partial(p)) => {
+                partial.push((b, p.clone()));
+                committed.push(b);
+            }
             Some(d) => {
                 out.insert(b, materialized(d, bs));
             }
             None => committed.push(b),
         }
     }
+    read_committed(p, view, chain, bs, &committed, &mut out)?;
+    for (b, part) in partial {
+        let base = out.get(&b).cloned().flatten();
+        out.insert(
+            b,
+            Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice())))),
+        );
+    }
+    Ok(out)
+}
+
+/// Committed contents of `committed` blocks as `chain` sees them, into `out`.
+fn read_committed(
+    p: &ImportedPool,
+    view: &View,
+    chain: &Chain,
+    bs: u32,
+    committed: &[u64],
+    out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
+) -> Result<()> {
+    let ds = chain.data_id();
     let (Some(&lo), Some(&hi)) = (committed.iter().min(), committed.iter().max()) else {
-        return Ok(out);
+        return Ok(());
     };
     // One range scan when the blocks are dense (a read), point lookups when
     // they are far apart (the head and tail of a large write).
@@ -66,13 +93,13 @@ pub(crate) fn read_outside_open(
         view.pointers(chain, lo, hi)?
     } else {
         let mut m = std::collections::BTreeMap::new();
-        for &b in &committed {
+        for &b in committed {
             m.extend(view.pointers(chain, b, b)?);
         }
         m
     };
     let mut fetch: Vec<(u64, &BlockPointer)> = Vec::new();
-    for b in committed {
+    for &b in committed {
         match pointers.get(&b) {
             None => {
                 out.insert(b, None);
@@ -143,14 +170,16 @@ pub(crate) fn read_outside_open(
         }
         i = j;
     }
-    Ok(out)
+    Ok(())
 }
 
+/// Contents of a dirty block that needs nothing below it (not `Partial`).
 fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
     match d {
         Dirty::Data(v) => Some(v.clone()),
         Dirty::Zero => Some(Arc::new(vec![0u8; bs as usize])),
         Dirty::Hole => None,
+        Dirty::Partial(_) => unreachable!("partial blocks are merged by the caller"),
     }
 }
 
@@ -177,37 +206,30 @@ pub(crate) fn apply(
         let start = b * bsz;
         offset > start || offset + len < start + bsz
     };
-    let partials: Vec<u64> = [first, last]
-        .into_iter()
-        .filter(|&b| is_partial(b))
-        .collect::<HashSet<_>>()
-        .into_iter()
-        .collect();
-    let chain = p
-        .chain_of(ds)
-        .ok_or_else(|| Error::NotFound(format!("dataset {ds}")))?;
+    let deallocates = matches!(
+        op,
+        Op::Zero {
+            allocate: false,
+            ..
+        }
+    ) && (first..=last).any(|b| !is_partial(b));
+    let chain = if deallocates {
+        Some(
+            p.chain_of(ds)
+                .ok_or_else(|| Error::NotFound(format!("dataset {ds}")))?,
+        )
+    } else {
+        None
+    };
     for _attempt in 0..64 {
-        let (txg, need): (u64, Vec<u64>) = {
-            let open = p.open.lock();
-            (
-                open.txg,
-                partials
-                    .iter()
-                    .copied()
-                    .filter(|b| !open.dirty.contains_key(&(ds, *b)))
-                    .collect(),
-            )
-        };
-        // Old contents of partially written blocks, read without holding the lock.
-        let view = p.view()?;
-        let bases = read_outside_open(p, &view, &chain, true, bs, &need)?;
-        // For deallocation: which whole blocks exist at all (no need to record holes over holes).
-        let existing: HashSet<u64> = match op {
-            Op::Zero {
-                allocate: false, ..
-            } if (first..=last).any(|b| !is_partial(b)) => {
+        let txg = p.open.lock().txg;
+        // For deallocation: which whole blocks exist at all (no need to
+        // record holes over holes). Read without holding the lock.
+        let existing: HashSet<u64> = match &chain {
+            Some(chain) => {
+                let view = p.view()?;
                 let mut set: HashSet<u64> =
-                    view.pointers(&chain, first, last)?.into_keys().collect();
+                    view.pointers(chain, first, last)?.into_keys().collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
                         s.keys()
@@ -217,11 +239,11 @@ pub(crate) fn apply(
                 }
                 set
             }
-            _ => HashSet::new(),
+            None => HashSet::new(),
         };
         let mut open = p.open.lock();
         if open.txg != txg {
-            continue; // a txg started meanwhile: the bases may be stale
+            continue; // a txg started meanwhile: `existing` may be stale
         }
         for b in first..=last {
             let start = b * bsz;
@@ -246,20 +268,43 @@ pub(crate) fn apply(
                         .then_some(Dirty::Hole),
                 }
             } else {
-                let mut buf: Vec<u8> = match open.dirty.get(&key) {
-                    Some(d) => materialized(d, bs).map(|a| a.to_vec()),
-                    None => bases.get(&b).cloned().flatten().map(|a| a.to_vec()),
-                }
-                .unwrap_or_else(|| vec![0u8; bs as usize]);
-                match op {
-                    Op::Write(data) => buf[in_lo..in_hi]
-                        .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]),
-                    Op::Zero { .. } => buf[in_lo..in_hi].fill(0),
-                }
-                Some(Dirty::Data(Arc::new(buf)))
+                // Part of a block: merged into what the open txg has, or
+                // kept as a partial block to merge later (no read here).
+                let bytes = match op {
+                    Op::Write(data) => Some(&data[(lo - offset) as usize..(hi - offset) as usize]),
+                    Op::Zero { .. } => None,
+                };
+                let patch = |mut buf: Vec<u8>| {
+                    match bytes {
+                        Some(b) => buf[in_lo..in_hi].copy_from_slice(b),
+                        None => buf[in_lo..in_hi].fill(0),
+                    }
+                    Dirty::Data(Arc::new(buf))
+                };
+                Some(match open.dirty.get(&key) {
+                    Some(Dirty::Partial(part)) => {
+                        let mut part = PartialBlock::clone(part);
+                        part.put(in_lo, in_hi, bytes);
+                        if part.is_complete() {
+                            Dirty::Data(Arc::new(part.data))
+                        } else {
+                            Dirty::Partial(Arc::new(part))
+                        }
+                    }
+                    Some(d) => patch(
+                        materialized(d, bs)
+                            .map(|a| a.to_vec())
+                            .unwrap_or_else(|| vec![0u8; bs as usize]),
+                    ),
+                    None => {
+                        let mut part = PartialBlock::new(bs);
+                        part.put(in_lo, in_hi, bytes);
+                        Dirty::Partial(Arc::new(part))
+                    }
+                })
             };
             if let Some(new) = new {
-                let weight = if matches!(new, Dirty::Data(_)) {
+                let weight = if matches!(new, Dirty::Data(_) | Dirty::Partial(_)) {
                     bsz
                 } else {
                     0
@@ -381,8 +426,14 @@ impl Volume {
         let bsz = bs as u64;
         let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
         let in_open = self.open_changes(&st, first, last);
+        // Blocks not in the open txg, or only partly (they need what lies below).
         let outside: Vec<u64> = (first..=last)
-            .filter(|b| in_open[(b - first) as usize].is_none())
+            .filter(|b| {
+                matches!(
+                    in_open[(b - first) as usize],
+                    None | Some(Dirty::Partial(_))
+                )
+            })
             .collect();
         let mut fetched = if outside.is_empty() {
             HashMap::new()
@@ -400,6 +451,10 @@ impl Volume {
         let mut out: Vec<ReadSegment> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let data = match &in_open[i] {
+                Some(Dirty::Partial(part)) => {
+                    let base = fetched.remove(&b).flatten();
+                    Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
+                }
                 Some(d) => materialized(d, bs),
                 None => fetched.remove(&b).flatten(),
             };
@@ -502,7 +557,7 @@ impl Volume {
                 .as_ref()
                 .or_else(|| syncing.and_then(|s| s.get(&(ds, b))));
             let (hole, zero) = match dirty {
-                Some(Dirty::Data(_)) => (false, false),
+                Some(Dirty::Data(_) | Dirty::Partial(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
                 Some(Dirty::Hole) => (true, true),
                 None if committed.contains_key(&b) => (false, false),
