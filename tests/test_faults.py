@@ -410,8 +410,10 @@ def test_kill9_during_scan_resumes(make_daemon, disks, what):
         with open(new, "wb") as f:
             f.truncate(96 * MiB)
         d.cli("pool", "replace", "tank", devs[1], new)
-    # Past a checkpoint (every 2 s) and clearly not done (2 MiB/s, ~16 MiB).
+    # Past a checkpoint (every 2 s) and clearly not done (2 MiB/s, ~19 MiB).
+    started = time.monotonic()
     wait_until(lambda: _scan_progress(d).get("examined", 0) > 6 * MiB, 30, what="scan progress")
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
     before = _scan_progress(d)
     assert before["state"] == "scanning", before
     d.kill9()

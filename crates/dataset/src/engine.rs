@@ -388,7 +388,8 @@ impl Engine {
                                 read_errors: d.errors.read.load(Ordering::Relaxed),
                                 write_errors: d.errors.write.load(Ordering::Relaxed),
                                 checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
-                                resilvering: c.resilvering,
+                                resilvering: c.resilvering
+                                    && d.state() != pool::DeviceState::Offline,
                             },
                             None => DeviceStatus {
                                 path: PathBuf::from(format!("(missing device {})", c.guid)),
@@ -480,6 +481,13 @@ impl Engine {
             let _meta = p.meta_lock.lock();
             p.pool
                 .set_device_state(guid, pool::DeviceState::Offline)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            // It misses every write from now on: marked for a rebuild in the
+            // labels, so that it is resilvered when it comes back, also if
+            // that is at the next import (the OFFLINE state itself is not
+            // persisted).
+            p.pool
+                .begin_resilver(guid)
                 .map_err(|e| Error::Io(e.to_string()))?;
         }
         tracing::info!(pool, device, "device taken offline");

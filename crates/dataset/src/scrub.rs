@@ -628,7 +628,7 @@ struct Row {
 }
 
 /// Reads up to `BATCH_ROWS` rows after `pos`.
-fn read_batch(p: &ImportedPool, pos: Option<Key>) -> Result<Vec<Row>> {
+fn read_batch(p: &ImportedPool, pos: Option<Key>, max_bytes: u64) -> Result<Vec<Row>> {
     let tx = p.db.begin_read().map_err(meta_err)?;
     let t = tx.open_table(BLOCKS).map_err(meta_err)?;
     let lower = match pos {
@@ -652,7 +652,7 @@ fn read_batch(p: &ImportedPool, pos: Option<Key>) -> Result<Vec<Row>> {
             bytes += bp.asize();
         }
         out.push(Row { key: k.value(), bp });
-        if out.len() >= BATCH_ROWS || bytes >= BATCH_BYTES {
+        if out.len() >= BATCH_ROWS || bytes >= max_bytes {
             break;
         }
     }
@@ -815,6 +815,7 @@ fn run(weak: Weak<ImportedPool>) {
             finish(&p, rec, &pending_errors);
             return;
         }
+        let meta_was_done = rec.meta_done;
         match step(&p, &mut rec, &mut pending_errors) {
             Ok(true) => {}
             Ok(false) => {
@@ -863,7 +864,9 @@ fn run(weak: Weak<ImportedPool>) {
             }
         }
         set_record(&p, &rec);
-        if last_checkpoint.elapsed().as_secs_f64() >= CHECKPOINT_SECS {
+        if last_checkpoint.elapsed().as_secs_f64() >= CHECKPOINT_SECS
+            || meta_was_done != rec.meta_done
+        {
             match store(&p, &rec, false, &pending_errors) {
                 Ok(()) => pending_errors.clear(),
                 Err(e) => {
@@ -943,7 +946,12 @@ fn step(p: &ImportedPool, rec: &mut ScanRecord, pending_errors: &mut Vec<Key>) -
     }
     let (rows, examined, repaired, lost) = {
         let _hold = p.scan.hold();
-        let rows = read_batch(p, rec.pos)?;
+        // Under a rate limit, batches of about 1/8 s of it: progress stays smooth.
+        let max_bytes = match p.config.scan_rate_bytes {
+            0 => BATCH_BYTES,
+            rate => (rate / 8).clamp(128 << 10, BATCH_BYTES),
+        };
+        let rows = read_batch(p, rec.pos, max_bytes)?;
         let (ex, rep, lost) = verify_batch(p, rec, &rows);
         (rows, ex, rep, lost)
     };
