@@ -139,6 +139,7 @@ t0=$(now)
 t1=$(now)
 status_json >"$BENCH_DIR/scrub-status.json"
 EXAMINED=$(jget 'd["scan"]["examined"]' <"$BENCH_DIR/scrub-status.json")
+SCAN_SECS=$(jget 'd["scan"]["elapsed_secs"]' <"$BENCH_DIR/scrub-status.json")
 ERRORS=$(jget 'd["scan"]["errors"]' <"$BENCH_DIR/scrub-status.json")
 ALLOC=$(jget 'd["summary"]["allocated"]' <"$BENCH_DIR/scrub-status.json")
 # Per device: the data region holding the volume (fresh pool, written once).
@@ -182,14 +183,14 @@ stop_daemon
 if grep -q "panicked at" "$BENCH_DIR/daemon.log"; then echo "warning: the daemon panicked, see $BENCH_DIR/daemon.log" >&2; fi
 
 # ---------------------------------------------------------------- report
-python3 - "$EXAMINED" "$PHYS" "$t0" "$t1" "$RAW_BPS" "$HEALTHY" "$DEGRADED" "$ERRORS" "$HEALTH" "$LAYOUT" "$DEVICES" <<'EOF' | tee "$BENCH_DIR/summary.txt"
+python3 - "$EXAMINED" "$PHYS" "$SCAN_SECS" "$t0" "$t1" "$RAW_BPS" "$HEALTHY" "$DEGRADED" "$ERRORS" "$HEALTH" "$LAYOUT" "$DEVICES" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
 examined, phys = int(sys.argv[1]), int(sys.argv[2])
-t0, t1, raw = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-healthy, degraded, errors, health = float(sys.argv[6]), float(sys.argv[7]), sys.argv[8], sys.argv[9]
-secs = t1 - t0
+secs, t0, t1, raw = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+healthy, degraded, errors, health = float(sys.argv[7]), float(sys.argv[8]), sys.argv[9], sys.argv[10]
 M = 1e6
-print(f"layout {sys.argv[10]} x{sys.argv[11]}: scrub examined {examined / M:.0f} MB (logical) = {phys / M:.0f} MB read from the devices in {secs:.2f} s, {errors} errors")
+print(f"layout {sys.argv[11]} x{sys.argv[12]}: scrub examined {examined / M:.0f} MB (logical) = {phys / M:.0f} MB read from the devices")
+print(f"  in {secs:.2f} s by the daemon's status ({t1 - t0:.2f} s wall for `pool scrub -w`), {errors} errors")
 print(f"  scrub        {phys / secs / M:8.1f} MB/s device bytes ({examined / secs / M:.1f} MB/s logical)")
 print(f"  raw O_DIRECT {raw / M:8.1f} MB/s (same ranges of the same files, all devices at once)")
 print(f"  ratio scrub/raw      {phys / secs / raw:.2f}x   (target >= 0.8x)")

@@ -28,18 +28,21 @@ use block::BlockPointer;
 use meta::redb::{ReadableDatabase, ReadableTable};
 use meta::schema::*;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use pool::Dva;
 use std::ops::Bound;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Rows read per batch (one short read transaction each).
-const BATCH_ROWS: usize = 256;
+const BATCH_ROWS: usize = 1024;
 /// Bytes of block data per batch, at most (keeps a batch short under a rate limit).
-const BATCH_BYTES: u64 = 16 << 20;
+const BATCH_BYTES: u64 = 32 << 20;
 /// Seconds between persisted checkpoints of the position.
 const CHECKPOINT_SECS: f64 = 2.0;
 /// Threads verifying one batch.
 const VERIFY_THREADS: usize = 4;
+/// Largest run of adjacent blocks verified with one pool call.
+const RUN_BYTES: u64 = 2 << 20;
 /// Unrepairable blocks listed (persisted and in status); more are only counted.
 pub(crate) const MAX_LISTED_ERRORS: usize = 256;
 
@@ -124,6 +127,9 @@ struct Ctl {
     /// Rate bookkeeping for this process: when the thread started, and the
     /// examined count then.
     since: Option<(Instant, u64)>,
+    /// When the thread started, whether the scan started from nothing
+    /// then, and how long it took once finished.
+    timing: Option<(Instant, bool, Option<f64>)>,
     running: bool,
 }
 
@@ -528,6 +534,7 @@ fn spawn(p: &Arc<ImportedPool>, rec: ScanRecord) -> Result<()> {
         }
         c.request = Request::Run;
         c.since = Some((Instant::now(), rec.examined));
+        c.timing = Some((Instant::now(), rec.examined == 0 && !rec.meta_done, None));
         c.record = Some(rec);
         c.running = true;
     }
@@ -583,6 +590,14 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
         errors: r.errors,
         rate,
         eta_secs,
+        elapsed_secs: match c.timing {
+            Some((_, true, Some(done))) => done,
+            Some((t, true, None)) if c.running => t.elapsed().as_secs_f64(),
+            _ => {
+                let end = if r.end > 0 { r.end } else { now_secs() };
+                end.saturating_sub(r.start) as f64
+            }
+        },
         target,
     };
     let datasets = p.datasets.read();
@@ -725,9 +740,92 @@ fn group_of(p: &ImportedPool, guid: u64) -> Option<u32> {
         .map(|g| g.index)
 }
 
+/// Blocks lying back to back on one group, verified with one pool call.
+struct Run<'a> {
+    dva: Dva,
+    /// Bytes the run's data covers (up to the last block's psize).
+    len: usize,
+    /// Each block: key, pointer, offset of its bytes in the run.
+    blocks: Vec<(Key, &'a BlockPointer, usize)>,
+}
+
+/// Groups sorted single-copy blocks into runs of adjacent allocations (at
+/// most `RUN_BYTES`); blocks with several copies stand alone.
+fn runs<'a>(work: &[(Key, &'a BlockPointer)]) -> Vec<Run<'a>> {
+    let mut out: Vec<Run<'a>> = Vec::new();
+    for &(key, bp) in work {
+        let d = bp.dvas[0];
+        if let Some(r) = out.last_mut() {
+            let end = r.dva.offset + r.dva.asize as u64;
+            if bp.dvas.len() == 1
+                && r.blocks[0].1.dvas.len() == 1
+                && r.dva.group == d.group
+                && end == d.offset
+                && r.dva.asize as u64 + d.asize as u64 <= RUN_BYTES
+            {
+                let at = r.dva.asize as usize;
+                r.blocks.push((key, bp, at));
+                r.len = at + bp.psize as usize;
+                r.dva.asize += d.asize;
+                continue;
+            }
+        }
+        out.push(Run {
+            dva: d,
+            len: bp.psize as usize,
+            blocks: vec![(key, bp, 0)],
+        });
+    }
+    out
+}
+
+/// Verifies (or rebuilds) a run with one pool call; when it fails, block by
+/// block, so a damaged block neither hides its neighbours nor is counted
+/// for them.
+fn verify_run(
+    p: &ImportedPool,
+    rec: &ScanRecord,
+    target_group: Option<u32>,
+    run: &Run<'_>,
+) -> (u64, u64, Vec<Key>) {
+    if run.blocks.len() > 1 {
+        let verify = |b: &[u8]| {
+            run.blocks.iter().all(|(_, bp, at)| {
+                b.get(*at..*at + bp.psize as usize)
+                    .is_some_and(|s| bp.checksum_algo.compute(s) == bp.checksum)
+            })
+        };
+        let examined = run.dva.asize as u64;
+        let whole = match rec.func {
+            ScanFunction::Scrub => p
+                .pool
+                .scrub_block(run.dva, run.len, verify)
+                .map(|o| o.repaired_bytes),
+            ScanFunction::Resilver if Some(run.dva.group) != target_group => Ok(0),
+            ScanFunction::Resilver => {
+                p.pool
+                    .resilver_block(run.dva, run.len, verify, rec.target_guid)
+            }
+        };
+        if let Ok(repaired) = whole {
+            return (examined, repaired, Vec::new());
+        }
+    }
+    let (mut ex, mut rep, mut lost) = (0, 0, Vec::new());
+    for (key, bp, _) in &run.blocks {
+        let r = verify_row(p, rec, target_group, bp);
+        ex += r.examined;
+        rep += r.repaired;
+        if r.lost {
+            lost.push(*key);
+        }
+    }
+    (ex, rep, lost)
+}
+
 /// Verifies a batch on up to `VERIFY_THREADS` threads, rows sorted by disk
-/// position so each thread reads forward. Returns (examined, repaired,
-/// lost keys).
+/// position and grouped into runs of adjacent blocks, so each thread reads
+/// forward in large I/Os. Returns (examined, repaired, lost keys).
 fn verify_batch(p: &ImportedPool, rec: &ScanRecord, rows: &[Row]) -> (u64, u64, Vec<Key>) {
     let mut work: Vec<(Key, &BlockPointer)> = Vec::new();
     let mut lost = Vec::new();
@@ -742,25 +840,24 @@ fn verify_batch(p: &ImportedPool, rec: &ScanRecord, rows: &[Row]) -> (u64, u64, 
         }
     }
     work.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
+    let runs = runs(&work);
     let target_group = match rec.func {
         ScanFunction::Resilver => group_of(p, rec.target_guid),
         ScanFunction::Scrub => None,
     };
-    let threads = VERIFY_THREADS.min(work.len()).max(1);
-    let chunk = work.len().div_ceil(threads).max(1);
+    let threads = VERIFY_THREADS.min(runs.len()).max(1);
+    let chunk = runs.len().div_ceil(threads).max(1);
     let results: Vec<(u64, u64, Vec<Key>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = work
+        let handles: Vec<_> = runs
             .chunks(chunk)
             .map(|part| {
                 s.spawn(move || {
                     let (mut ex, mut rep, mut lost) = (0, 0, Vec::new());
-                    for (key, bp) in part {
-                        let r = verify_row(p, rec, target_group, bp);
-                        ex += r.examined;
-                        rep += r.repaired;
-                        if r.lost {
-                            lost.push(*key);
-                        }
+                    for run in part {
+                        let (e, r, l) = verify_run(p, rec, target_group, run);
+                        ex += e;
+                        rep += r;
+                        lost.extend(l);
                     }
                     (ex, rep, lost)
                 })
@@ -848,6 +945,7 @@ fn run(weak: Weak<ImportedPool>) {
                         let mut c = p.scan.ctl.lock();
                         c.record = Some(next_rec);
                         c.since = Some((Instant::now(), 0));
+                        c.timing = Some((Instant::now(), true, None));
                         continue;
                     }
                 }
@@ -912,6 +1010,11 @@ fn finish(p: &ImportedPool, rec: ScanRecord, pending_errors: &[Key]) {
         }
     }
     let mut c = p.scan.ctl.lock();
+    if rec.state == ScanState::Finished {
+        if let Some((t, fresh, None)) = c.timing {
+            c.timing = Some((t, fresh, Some(t.elapsed().as_secs_f64())));
+        }
+    }
     c.record = Some(rec);
     c.running = false;
     c.request = Request::Run;
