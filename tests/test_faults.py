@@ -247,6 +247,9 @@ def test_more_damage_than_parity_is_eio_and_listed_never_wrong(make_daemon, disk
             assert got == data[off:off + BS], f"block at {off}: wrong data returned"
     assert lost, "no block was lost: the damage did not hit live data"
     assert len(lost) < VOL // BS // 4, f"{len(lost)} blocks lost: more than the damaged range"
+    # Reads that found no good copy are listed at once.
+    st = status(d)
+    assert {e["offset"] for e in st["data_errors"] if e["dataset"] == "tank/vol0"} == lost, st["data_errors"]
     st = scrub(d)
     assert st["scan"]["errors"] == len(lost), (st["scan"], len(lost))
     listed = {(e["dataset"], e["offset"]) for e in st["data_errors"]}

@@ -297,7 +297,14 @@ fn ensure_loaded(p: &ImportedPool) -> Result<()> {
     let mut c = p.scan.ctl.lock();
     if !c.loaded {
         c.record = rec;
-        c.errors = errors;
+        // Keep what reads noted before the first load.
+        let mut all = errors;
+        for k in std::mem::take(&mut c.errors) {
+            if !all.contains(&k) && all.len() < MAX_LISTED_ERRORS {
+                all.push(k);
+            }
+        }
+        c.errors = all;
         c.loaded = true;
     }
     Ok(())
@@ -559,9 +566,12 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
     if let Err(e) = ensure_loaded(p) {
         tracing::warn!(pool = %p.pool.name, error = %e, "cannot read scan state");
     }
+    // Names come from the dataset map: looked up without the scan lock held.
+    let keys = p.scan.ctl.lock().errors.clone();
+    let errors = listed_errors(p, &keys);
     let c = p.scan.ctl.lock();
     let Some(r) = &c.record else {
-        return (None, Vec::new());
+        return (None, errors);
     };
     let rate = match (c.running, c.since) {
         (true, Some((t, base))) => {
@@ -600,10 +610,13 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
         },
         target,
     };
+    (Some(scan), errors)
+}
+
+/// The listed blocks as dataset name and byte offset.
+fn listed_errors(p: &ImportedPool, keys: &[Key]) -> Vec<DataError> {
     let datasets = p.datasets.read();
-    let errors = c
-        .errors
-        .iter()
+    keys.iter()
         .map(|&(ds, blk, _)| {
             if ds == METADATA_ID {
                 // A metadata page with no good copy: offset is the page number.
@@ -626,8 +639,16 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
                 },
             }
         })
-        .collect();
-    (Some(scan), errors)
+        .collect()
+}
+
+/// A read found no good copy of a block: listed by `pool status -v` (in
+/// memory; a scan persists what it finds itself).
+pub(crate) fn note_lost_block(p: &ImportedPool, key: Key) {
+    let mut c = p.scan.ctl.lock();
+    if c.errors.len() < MAX_LISTED_ERRORS && !c.errors.contains(&key) {
+        c.errors.push(key);
+    }
 }
 
 fn device_path(p: &ImportedPool, guid: u64) -> Option<std::path::PathBuf> {
