@@ -572,14 +572,9 @@ impl Engine {
                 new.display()
             )));
         }
-        if scrub::status(&p)
-            .0
-            .is_some_and(|s| s.function == ScanFunction::Resilver && s.state == ScanState::Scanning)
-        {
-            return Err(Error::Busy(format!(
-                "pool '{pool}' is already resilvering; replace again when it is done"
-            )));
-        }
+        // A running resilver (of another device, or of OLD itself if the
+        // device being rebuilt failed) is stopped; a device it left half
+        // rebuilt is still marked so in the labels and is resumed after.
         let vdev = Vdev::open(new).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let data_size = p
             .pool

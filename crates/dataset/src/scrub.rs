@@ -975,7 +975,7 @@ fn run(weak: Weak<ImportedPool>) {
             }
             Err(e) => {
                 tracing::error!(pool = %p.pool.name, error = %e, "scan step failed; retrying");
-                if !wait(&p, Duration::from_secs(1)) {
+                if !wait(&p, Duration::from_secs(5)) {
                     finish(&p, rec, &pending_errors);
                     return;
                 }
