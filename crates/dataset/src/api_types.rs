@@ -142,6 +142,10 @@ pub struct ScanStatus {
     pub rate: u64,
     /// Seconds left at `rate`, if known.
     pub eta_secs: Option<u64>,
+    /// Seconds the scan has run (measured precisely when it ran in this
+    /// process from its start; else from the start and end times).
+    #[serde(default)]
+    pub elapsed_secs: f64,
     /// Resilver: the device being rebuilt.
     #[serde(default)]
     pub target: Option<PathBuf>,

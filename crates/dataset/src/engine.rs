@@ -392,7 +392,8 @@ impl Engine {
                                 read_errors: d.errors.read.load(Ordering::Relaxed),
                                 write_errors: d.errors.write.load(Ordering::Relaxed),
                                 checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
-                                resilvering: c.resilvering,
+                                resilvering: c.resilvering
+                                    && d.state() != pool::DeviceState::Offline,
                             },
                             None => DeviceStatus {
                                 path: PathBuf::from(format!("(missing device {})", c.guid)),
@@ -485,6 +486,13 @@ impl Engine {
             p.pool
                 .set_device_state(guid, pool::DeviceState::Offline)
                 .map_err(|e| Error::Io(e.to_string()))?;
+            // It misses every write from now on: marked for a rebuild in the
+            // labels, so that it is resilvered when it comes back, also if
+            // that is at the next import (the OFFLINE state itself is not
+            // persisted).
+            p.pool
+                .begin_resilver(guid)
+                .map_err(|e| Error::Io(e.to_string()))?;
         }
         tracing::info!(pool, device, "device taken offline");
         self.pool_status(pool)
@@ -568,14 +576,9 @@ impl Engine {
                 new.display()
             )));
         }
-        if scrub::status(&p)
-            .0
-            .is_some_and(|s| s.function == ScanFunction::Resilver && s.state == ScanState::Scanning)
-        {
-            return Err(Error::Busy(format!(
-                "pool '{pool}' is already resilvering; replace again when it is done"
-            )));
-        }
+        // A running resilver (of another device, or of OLD itself if the
+        // device being rebuilt failed) is stopped; a device it left half
+        // rebuilt is still marked so in the labels and is resumed after.
         let vdev = Vdev::open(new).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let data_size = p
             .pool

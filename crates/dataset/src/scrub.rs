@@ -28,18 +28,21 @@ use block::BlockPointer;
 use meta::redb::{ReadableDatabase, ReadableTable};
 use meta::schema::*;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use pool::Dva;
 use std::ops::Bound;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Rows read per batch (one short read transaction each).
-const BATCH_ROWS: usize = 256;
+const BATCH_ROWS: usize = 1024;
 /// Bytes of block data per batch, at most (keeps a batch short under a rate limit).
-const BATCH_BYTES: u64 = 16 << 20;
+const BATCH_BYTES: u64 = 32 << 20;
 /// Seconds between persisted checkpoints of the position.
 const CHECKPOINT_SECS: f64 = 2.0;
 /// Threads verifying one batch.
 const VERIFY_THREADS: usize = 4;
+/// Largest run of adjacent blocks verified with one pool call.
+const RUN_BYTES: u64 = 2 << 20;
 /// Unrepairable blocks listed (persisted and in status); more are only counted.
 pub(crate) const MAX_LISTED_ERRORS: usize = 256;
 
@@ -124,6 +127,9 @@ struct Ctl {
     /// Rate bookkeeping for this process: when the thread started, and the
     /// examined count then.
     since: Option<(Instant, u64)>,
+    /// When the thread started, whether the scan started from nothing
+    /// then, and how long it took once finished.
+    timing: Option<(Instant, bool, Option<f64>)>,
     running: bool,
 }
 
@@ -291,7 +297,14 @@ fn ensure_loaded(p: &ImportedPool) -> Result<()> {
     let mut c = p.scan.ctl.lock();
     if !c.loaded {
         c.record = rec;
-        c.errors = errors;
+        // Keep what reads noted before the first load.
+        let mut all = errors;
+        for k in std::mem::take(&mut c.errors) {
+            if !all.contains(&k) && all.len() < MAX_LISTED_ERRORS {
+                all.push(k);
+            }
+        }
+        c.errors = all;
         c.loaded = true;
     }
     Ok(())
@@ -528,6 +541,7 @@ fn spawn(p: &Arc<ImportedPool>, rec: ScanRecord) -> Result<()> {
         }
         c.request = Request::Run;
         c.since = Some((Instant::now(), rec.examined));
+        c.timing = Some((Instant::now(), rec.examined == 0 && !rec.meta_done, None));
         c.record = Some(rec);
         c.running = true;
     }
@@ -552,9 +566,12 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
     if let Err(e) = ensure_loaded(p) {
         tracing::warn!(pool = %p.pool.name, error = %e, "cannot read scan state");
     }
+    // Names come from the dataset map: looked up without the scan lock held.
+    let keys = p.scan.ctl.lock().errors.clone();
+    let errors = listed_errors(p, &keys);
     let c = p.scan.ctl.lock();
     let Some(r) = &c.record else {
-        return (None, Vec::new());
+        return (None, errors);
     };
     let rate = match (c.running, c.since) {
         (true, Some((t, base))) => {
@@ -583,12 +600,23 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
         errors: r.errors,
         rate,
         eta_secs,
+        elapsed_secs: match c.timing {
+            Some((_, true, Some(done))) => done,
+            Some((t, true, None)) if c.running => t.elapsed().as_secs_f64(),
+            _ => {
+                let end = if r.end > 0 { r.end } else { now_secs() };
+                end.saturating_sub(r.start) as f64
+            }
+        },
         target,
     };
+    (Some(scan), errors)
+}
+
+/// The listed blocks as dataset name and byte offset.
+fn listed_errors(p: &ImportedPool, keys: &[Key]) -> Vec<DataError> {
     let datasets = p.datasets.read();
-    let errors = c
-        .errors
-        .iter()
+    keys.iter()
         .map(|&(ds, blk, _)| {
             if ds == METADATA_ID {
                 // A metadata page with no good copy: offset is the page number.
@@ -611,8 +639,16 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
                 },
             }
         })
-        .collect();
-    (Some(scan), errors)
+        .collect()
+}
+
+/// A read found no good copy of a block: listed by `pool status -v` (in
+/// memory; a scan persists what it finds itself).
+pub(crate) fn note_lost_block(p: &ImportedPool, key: Key) {
+    let mut c = p.scan.ctl.lock();
+    if c.errors.len() < MAX_LISTED_ERRORS && !c.errors.contains(&key) {
+        c.errors.push(key);
+    }
 }
 
 fn device_path(p: &ImportedPool, guid: u64) -> Option<std::path::PathBuf> {
@@ -628,7 +664,7 @@ struct Row {
 }
 
 /// Reads up to `BATCH_ROWS` rows after `pos`.
-fn read_batch(p: &ImportedPool, pos: Option<Key>) -> Result<Vec<Row>> {
+fn read_batch(p: &ImportedPool, pos: Option<Key>, max_bytes: u64) -> Result<Vec<Row>> {
     let tx = p.db.begin_read().map_err(meta_err)?;
     let t = tx.open_table(BLOCKS).map_err(meta_err)?;
     let lower = match pos {
@@ -652,7 +688,7 @@ fn read_batch(p: &ImportedPool, pos: Option<Key>) -> Result<Vec<Row>> {
             bytes += bp.asize();
         }
         out.push(Row { key: k.value(), bp });
-        if out.len() >= BATCH_ROWS || bytes >= BATCH_BYTES {
+        if out.len() >= BATCH_ROWS || bytes >= max_bytes {
             break;
         }
     }
@@ -725,9 +761,92 @@ fn group_of(p: &ImportedPool, guid: u64) -> Option<u32> {
         .map(|g| g.index)
 }
 
+/// Blocks lying back to back on one group, verified with one pool call.
+struct Run<'a> {
+    dva: Dva,
+    /// Bytes the run's data covers (up to the last block's psize).
+    len: usize,
+    /// Each block: key, pointer, offset of its bytes in the run.
+    blocks: Vec<(Key, &'a BlockPointer, usize)>,
+}
+
+/// Groups sorted single-copy blocks into runs of adjacent allocations (at
+/// most `RUN_BYTES`); blocks with several copies stand alone.
+fn runs<'a>(work: &[(Key, &'a BlockPointer)]) -> Vec<Run<'a>> {
+    let mut out: Vec<Run<'a>> = Vec::new();
+    for &(key, bp) in work {
+        let d = bp.dvas[0];
+        if let Some(r) = out.last_mut() {
+            let end = r.dva.offset + r.dva.asize as u64;
+            if bp.dvas.len() == 1
+                && r.blocks[0].1.dvas.len() == 1
+                && r.dva.group == d.group
+                && end == d.offset
+                && r.dva.asize as u64 + d.asize as u64 <= RUN_BYTES
+            {
+                let at = r.dva.asize as usize;
+                r.blocks.push((key, bp, at));
+                r.len = at + bp.psize as usize;
+                r.dva.asize += d.asize;
+                continue;
+            }
+        }
+        out.push(Run {
+            dva: d,
+            len: bp.psize as usize,
+            blocks: vec![(key, bp, 0)],
+        });
+    }
+    out
+}
+
+/// Verifies (or rebuilds) a run with one pool call; when it fails, block by
+/// block, so a damaged block neither hides its neighbours nor is counted
+/// for them.
+fn verify_run(
+    p: &ImportedPool,
+    rec: &ScanRecord,
+    target_group: Option<u32>,
+    run: &Run<'_>,
+) -> (u64, u64, Vec<Key>) {
+    if run.blocks.len() > 1 {
+        let verify = |b: &[u8]| {
+            run.blocks.iter().all(|(_, bp, at)| {
+                b.get(*at..*at + bp.psize as usize)
+                    .is_some_and(|s| bp.checksum_algo.compute(s) == bp.checksum)
+            })
+        };
+        let examined = run.dva.asize as u64;
+        let whole = match rec.func {
+            ScanFunction::Scrub => p
+                .pool
+                .scrub_block(run.dva, run.len, verify)
+                .map(|o| o.repaired_bytes),
+            ScanFunction::Resilver if Some(run.dva.group) != target_group => Ok(0),
+            ScanFunction::Resilver => {
+                p.pool
+                    .resilver_block(run.dva, run.len, verify, rec.target_guid)
+            }
+        };
+        if let Ok(repaired) = whole {
+            return (examined, repaired, Vec::new());
+        }
+    }
+    let (mut ex, mut rep, mut lost) = (0, 0, Vec::new());
+    for (key, bp, _) in &run.blocks {
+        let r = verify_row(p, rec, target_group, bp);
+        ex += r.examined;
+        rep += r.repaired;
+        if r.lost {
+            lost.push(*key);
+        }
+    }
+    (ex, rep, lost)
+}
+
 /// Verifies a batch on up to `VERIFY_THREADS` threads, rows sorted by disk
-/// position so each thread reads forward. Returns (examined, repaired,
-/// lost keys).
+/// position and grouped into runs of adjacent blocks, so each thread reads
+/// forward in large I/Os. Returns (examined, repaired, lost keys).
 fn verify_batch(p: &ImportedPool, rec: &ScanRecord, rows: &[Row]) -> (u64, u64, Vec<Key>) {
     let mut work: Vec<(Key, &BlockPointer)> = Vec::new();
     let mut lost = Vec::new();
@@ -742,25 +861,24 @@ fn verify_batch(p: &ImportedPool, rec: &ScanRecord, rows: &[Row]) -> (u64, u64, 
         }
     }
     work.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
+    let runs = runs(&work);
     let target_group = match rec.func {
         ScanFunction::Resilver => group_of(p, rec.target_guid),
         ScanFunction::Scrub => None,
     };
-    let threads = VERIFY_THREADS.min(work.len()).max(1);
-    let chunk = work.len().div_ceil(threads).max(1);
+    let threads = VERIFY_THREADS.min(runs.len()).max(1);
+    let chunk = runs.len().div_ceil(threads).max(1);
     let results: Vec<(u64, u64, Vec<Key>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = work
+        let handles: Vec<_> = runs
             .chunks(chunk)
             .map(|part| {
                 s.spawn(move || {
                     let (mut ex, mut rep, mut lost) = (0, 0, Vec::new());
-                    for (key, bp) in part {
-                        let r = verify_row(p, rec, target_group, bp);
-                        ex += r.examined;
-                        rep += r.repaired;
-                        if r.lost {
-                            lost.push(*key);
-                        }
+                    for run in part {
+                        let (e, r, l) = verify_run(p, rec, target_group, run);
+                        ex += e;
+                        rep += r;
+                        lost.extend(l);
                     }
                     (ex, rep, lost)
                 })
@@ -815,6 +933,7 @@ fn run(weak: Weak<ImportedPool>) {
             finish(&p, rec, &pending_errors);
             return;
         }
+        let meta_was_done = rec.meta_done;
         match step(&p, &mut rec, &mut pending_errors) {
             Ok(true) => {}
             Ok(false) => {
@@ -847,6 +966,7 @@ fn run(weak: Weak<ImportedPool>) {
                         let mut c = p.scan.ctl.lock();
                         c.record = Some(next_rec);
                         c.since = Some((Instant::now(), 0));
+                        c.timing = Some((Instant::now(), true, None));
                         continue;
                     }
                 }
@@ -855,7 +975,7 @@ fn run(weak: Weak<ImportedPool>) {
             }
             Err(e) => {
                 tracing::error!(pool = %p.pool.name, error = %e, "scan step failed; retrying");
-                if !wait(&p, Duration::from_secs(1)) {
+                if !wait(&p, Duration::from_secs(5)) {
                     finish(&p, rec, &pending_errors);
                     return;
                 }
@@ -863,7 +983,9 @@ fn run(weak: Weak<ImportedPool>) {
             }
         }
         set_record(&p, &rec);
-        if last_checkpoint.elapsed().as_secs_f64() >= CHECKPOINT_SECS {
+        if last_checkpoint.elapsed().as_secs_f64() >= CHECKPOINT_SECS
+            || meta_was_done != rec.meta_done
+        {
             match store(&p, &rec, false, &pending_errors) {
                 Ok(()) => pending_errors.clear(),
                 Err(e) => {
@@ -909,6 +1031,11 @@ fn finish(p: &ImportedPool, rec: ScanRecord, pending_errors: &[Key]) {
         }
     }
     let mut c = p.scan.ctl.lock();
+    if rec.state == ScanState::Finished {
+        if let Some((t, fresh, None)) = c.timing {
+            c.timing = Some((t, fresh, Some(t.elapsed().as_secs_f64())));
+        }
+    }
     c.record = Some(rec);
     c.running = false;
     c.request = Request::Run;
@@ -943,7 +1070,12 @@ fn step(p: &ImportedPool, rec: &mut ScanRecord, pending_errors: &mut Vec<Key>) -
     }
     let (rows, examined, repaired, lost) = {
         let _hold = p.scan.hold();
-        let rows = read_batch(p, rec.pos)?;
+        // Under a rate limit, batches of about 1/8 s of it: progress stays smooth.
+        let max_bytes = match p.config.scan_rate_bytes {
+            0 => BATCH_BYTES,
+            rate => (rate / 8).clamp(128 << 10, BATCH_BYTES),
+        };
+        let rows = read_batch(p, rec.pos, max_bytes)?;
         let (ex, rep, lost) = verify_batch(p, rec, &rows);
         (rows, ex, rep, lost)
     };
@@ -1000,4 +1132,132 @@ fn next_resilver_target(p: &ImportedPool) -> Option<u64> {
         .flat_map(|g| g.children())
         .find(|c| c.resilvering && c.device.is_some())
         .map(|c| c.guid)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::*;
+    use meta::redb::{ReadableDatabase, ReadableTable};
+    use std::time::Duration;
+
+    fn engine(dir: &Path) -> Arc<Engine> {
+        let engine = Engine::open(&dir.join("state"), EngineConfig::default()).unwrap();
+        engine
+            .create_pool(PoolSpec {
+                name: "tank".into(),
+                groups: vec![GroupSpec {
+                    kind: GroupKind::Mirror,
+                    devices: vec![dir.join("d0"), dir.join("d1")],
+                }],
+                create_size: Some(128 << 20),
+                force: false,
+            })
+            .unwrap();
+        engine
+            .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
+            .unwrap();
+        engine
+    }
+
+    fn wait_done(engine: &Engine) -> ScanStatus {
+        for _ in 0..600 {
+            let scan = engine.pool_status("tank").unwrap().scan.unwrap();
+            if scan.state != ScanState::Scanning {
+                return scan;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("scrub did not finish");
+    }
+
+    #[test]
+    fn scrub_skips_tombstones_and_heals_a_bad_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let vol = engine.open_volume("tank/v").unwrap();
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        vol.write(0, &data, false).unwrap();
+        engine.sync_all().unwrap();
+        let p = engine.inner.pools.read().get("tank").cloned().unwrap();
+        // A tombstone row (snapshots): an empty value, to be skipped.
+        {
+            let _meta = p.meta_lock.lock();
+            let tx = p.db.begin_write().unwrap();
+            tx.open_table(meta::schema::BLOCKS)
+                .unwrap()
+                .insert((1, 1 << 40, 5), [].as_slice())
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        // Damage the second copy of everything written.
+        let dev = p.pool.devices()[1].clone();
+        let at = p.pool.regions.data_offset;
+        dev.write_at(at + 4096, &vec![0xAA; 1 << 20]).unwrap();
+        engine.scrub_pool("tank", ScrubAction::Start).unwrap();
+        let scan = wait_done(&engine);
+        assert_eq!(scan.state, ScanState::Finished);
+        assert_eq!(scan.errors, 0, "{scan:?}");
+        assert!(scan.repaired >= 1 << 20, "{scan:?}");
+        assert!(scan.examined >= 4 << 20, "{scan:?}");
+        engine.scrub_pool("tank", ScrubAction::Start).unwrap();
+        let scan = wait_done(&engine);
+        assert_eq!((scan.repaired, scan.errors), (0, 0), "{scan:?}");
+        // The persisted record says the same after a restart (without the
+        // tombstone: import's space-map rebuild does not know them yet).
+        {
+            let _meta = p.meta_lock.lock();
+            let tx = p.db.begin_write().unwrap();
+            tx.open_table(meta::schema::BLOCKS)
+                .unwrap()
+                .remove((1, 1 << 40, 5))
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        drop(vol);
+        drop(p);
+        engine.shutdown().unwrap();
+        drop(engine);
+        let engine = Engine::open(&dir.path().join("state"), EngineConfig::default()).unwrap();
+        let scan = engine.pool_status("tank").unwrap().scan.unwrap();
+        assert_eq!(scan.state, ScanState::Finished);
+        assert_eq!((scan.repaired, scan.errors), (0, 0));
+    }
+
+    #[test]
+    fn scan_resumes_after_its_persisted_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path());
+        let vol = engine.open_volume("tank/v").unwrap();
+        vol.write(0, &vec![3u8; 4 << 20], false).unwrap();
+        engine.sync_all().unwrap();
+        let p = engine.inner.pools.read().get("tank").cloned().unwrap();
+        // As if a scrub had been killed after verifying everything but the last block.
+        let last = {
+            let tx = p.db.begin_read().unwrap();
+            let t = tx.open_table(meta::schema::BLOCKS).unwrap();
+            let mut it = t.iter().unwrap();
+            let (k, _) = it.next_back().unwrap().unwrap();
+            let (k2, _) = it.next_back().unwrap().unwrap();
+            assert!(k2.value() < k.value());
+            k2.value()
+        };
+        let mut rec = super::ScanRecord::new(ScanFunction::Scrub, 4 << 20, 0, 0);
+        rec.meta_done = true;
+        rec.pos = Some(last);
+        rec.examined = 123;
+        super::store(&p, &rec, true, &[]).unwrap();
+        drop(vol);
+        drop(p);
+        engine.shutdown().unwrap();
+        drop(engine);
+        let engine = Engine::open(&dir.path().join("state"), EngineConfig::default()).unwrap();
+        let scan = wait_done(&engine);
+        assert_eq!(scan.state, ScanState::Finished);
+        // One block (the default volblocksize) after the position, nothing before it.
+        assert_eq!(
+            scan.examined,
+            123 + crate::props::DEFAULT_VOLBLOCKSIZE as u64,
+            "{scan:?}"
+        );
+    }
 }

@@ -147,6 +147,7 @@ fn read_committed(
                 Some(d) => d,
                 // Slow path: try every copy, heal the bad ones, count the errors.
                 None => block::read_block(&p.pool, bp).map_err(|e| {
+                    crate::scrub::note_lost_block(p, (ds, b, bp.birth));
                     Error::Corrupt(format!(
                         "dataset {ds} block {b} (byte offset {}): {e}",
                         b * bs as u64

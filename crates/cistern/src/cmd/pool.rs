@@ -231,7 +231,7 @@ fn wait_scan(client: &api::Client, pool: &str, function: ScanFunction) -> Result
             Some(scan) => return Ok(scan),
             None => bail!("pool '{pool}' has no scan"),
         }
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 
