@@ -223,7 +223,7 @@ impl Engine {
     ) -> Result<DestroyReport> {
         let (ids, names) = {
             let datasets = p.datasets.read();
-            if !datasets.get(ds).is_some_and(|d| !d.is_snapshot()) {
+            if datasets.get(ds).is_none_or(|d| d.is_snapshot()) {
                 return Err(Error::NotFound(format!("dataset '{ds}'")));
             }
             let targets = if opts.recursive {

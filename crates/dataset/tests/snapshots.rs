@@ -197,7 +197,10 @@ impl Harness {
     fn snapshot(&mut self, ds: &str, name: &str) {
         let full = format!("{ds}@{name}");
         self.model.next_order += 1;
-        let created = self.engine.snapshot(&[full.clone()], false).unwrap();
+        let created = self
+            .engine
+            .snapshot(std::slice::from_ref(&full), false)
+            .unwrap();
         assert_eq!(created, vec![full.clone()]);
         let image = self.model.heads[ds].clone();
         self.model.snaps.insert(
