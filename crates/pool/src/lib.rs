@@ -1133,22 +1133,31 @@ impl Pool {
             .iter()
             .filter_map(|c| c.readable().map(|d| (c.guid(), d)))
             .collect();
-        let copies: Vec<Result<Vec<u8>, VdevError>> = readers
-            .iter()
-            .map(|(_, d)| {
-                let mut buf = vec![0u8; len];
-                d.read_at(at, &mut buf).map(|()| buf)
-            })
-            .collect();
+        // Every copy at once, straight from the disk when aligned (decision 0004).
+        let direct = at % SECTOR == 0 && len as u64 % SECTOR == 0;
+        let copies: Vec<Result<AlignedBuf, VdevError>> = on_each(&readers, |(_, d)| {
+            let mut buf = AlignedBuf::zeroed(len);
+            if direct {
+                d.read_direct_at(at, &mut buf).map(|()| buf)
+            } else {
+                d.read_at(at, &mut buf.as_mut_slice()[..len]).map(|()| buf)
+            }
+        });
         let good = copies
             .iter()
-            .position(|c| c.as_ref().is_ok_and(|b| verify(b)));
+            .position(|c| c.as_ref().is_ok_and(|b| verify(&b[..len])));
         let mut out = ScrubOutcome::default();
         let mut reason = String::from("no readable copy");
         for ((guid, dev), copy) in readers.iter().zip(&copies) {
             let bad = match copy {
-                Ok(b) if good.is_some_and(|g| copies[g].as_ref().is_ok_and(|gb| gb == b)) => false,
-                Ok(b) if verify(b) => false,
+                Ok(b)
+                    if good.is_some_and(|g| {
+                        copies[g].as_ref().is_ok_and(|gb| gb[..len] == b[..len])
+                    }) =>
+                {
+                    false
+                }
+                Ok(b) if verify(&b[..len]) => false,
                 Ok(_) => {
                     dev.errors.checksum.fetch_add(1, Ordering::Relaxed);
                     reason = format!("checksum mismatch on {}", dev.path().display());
@@ -1165,7 +1174,7 @@ impl Pool {
             out.bad_devices.push(*guid);
             if let Some(Ok(data)) = good.map(|g| &copies[g]) {
                 tracing::warn!(device = %dev.path().display(), offset = at, "scrub: healing bad copy");
-                match dev.write_at(at, data) {
+                match dev.write_at(at, &data[..len]) {
                     Ok(()) => out.repaired_bytes += len as u64,
                     Err(e) => fault(dev, &e),
                 }

@@ -204,6 +204,39 @@ impl Geometry {
         Ok(())
     }
 
+    /// Whether the parity held in `cols` matches their data columns, per
+    /// segment computed as [`Geometry::encode`] would, without copying.
+    pub fn parity_matches(&self, span: Span, cols: &[AlignedBuf]) -> Result<bool, PoolError> {
+        assert_eq!(cols.len(), self.width);
+        let (d, p) = (self.data(), self.parity);
+        let mut enc: Option<ReedSolomonEncoder> = None;
+        for seg in self.segments(span) {
+            let range = seg.rel as usize * S..(seg.rel + seg.rows) as usize * S;
+            let bytes = range.len();
+            let e = match enc.as_mut() {
+                Some(e) => {
+                    e.reset(d, p, bytes).map_err(rs_err)?;
+                    e
+                }
+                None => enc.insert(ReedSolomonEncoder::new(d, p, bytes).map_err(rs_err)?),
+            };
+            for c in 0..d {
+                e.add_original_shard(&cols[(seg.rot + c) % self.width][range.clone()])
+                    .map_err(rs_err)?;
+            }
+            let result = e.encode().map_err(rs_err)?;
+            for k in 0..p {
+                let rec = result
+                    .recovery(k)
+                    .ok_or_else(|| PoolError::Parity(format!("no recovery shard {k}")))?;
+                if cols[(seg.rot + d + k) % self.width][range.clone()] != *rec {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Recomputes the whole content (data and parity columns) of the
     /// devices in `erased` from the other devices' buffers. At most
     /// `parity` devices may be erased.
@@ -542,7 +575,14 @@ pub(crate) fn repair(
             geo.gather(span, 0, &refs, &mut data);
             verify(&data)
         };
-    if direct_ok && mode == Mode::Read {
+    // A scrub that read every column well and whose data verifies only
+    // needs the parity checked: the usual case, kept cheap.
+    let clean_scrub = || {
+        mode == Mode::Scrub
+            && state.iter().all(|s| *s == Col::Ok)
+            && geo.parity_matches(span, &cols).unwrap_or(false)
+    };
+    if direct_ok && (mode == Mode::Read || clean_scrub()) {
         return Ok(Repaired {
             data,
             repaired_bytes: 0,
