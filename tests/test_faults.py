@@ -386,6 +386,11 @@ def test_offline_online_resilvers_what_was_missed(make_daemon, disks):
     assert p.returncode != 0 and "replicas" in p.stderr, p.stderr
     newer = write_volume(d, seed=2)
     wait_committed(d)
+    # OFFLINE survives a restart (as zpool offline without -t).
+    d.restart()
+    st = status(d)
+    assert devices(st)["d1"]["state"] == "OFFLINE" and st["summary"]["health"] == "DEGRADED", st
+    assert_same(read_all(d), newer, "volume read with d1 offline after a restart")
     d.cli("pool", "online", "tank", "d1")
     st = wait_resilvered(d)
     assert devices(st)["d1"]["state"] == "ONLINE" and st["summary"]["health"] == "ONLINE", st

@@ -431,6 +431,21 @@ impl Engine {
 
     /// Continues a scan persisted as running (import, restart after a crash).
     fn resume_scan(&self, p: &Arc<ImportedPool>) {
+        // Devices taken offline stay offline (their resilver waits for `online`).
+        match p.offline_devices() {
+            Ok(guids) => {
+                for guid in guids {
+                    if p.pool.device_by_guid(guid).is_some() {
+                        if let Err(e) = p.pool.set_device_state(guid, pool::DeviceState::Offline) {
+                            tracing::error!(pool = %p.pool.name, guid, error = %e, "cannot keep device offline");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(pool = %p.pool.name, error = %e, "cannot read offline devices")
+            }
+        }
         if let Err(e) = scrub::resume_at_import(p) {
             tracing::error!(pool = %p.pool.name, error = %e, "cannot resume scan");
         }
@@ -487,12 +502,12 @@ impl Engine {
                 .set_device_state(guid, pool::DeviceState::Offline)
                 .map_err(|e| Error::Io(e.to_string()))?;
             // It misses every write from now on: marked for a rebuild in the
-            // labels, so that it is resilvered when it comes back, also if
-            // that is at the next import (the OFFLINE state itself is not
-            // persisted).
+            // labels, so that it is resilvered when it comes back; OFFLINE
+            // itself is a pool record, so it stays offline across restarts.
             p.pool
                 .begin_resilver(guid)
                 .map_err(|e| Error::Io(e.to_string()))?;
+            p.store_offline_locked(guid, true)?;
         }
         tracing::info!(pool, device, "device taken offline");
         self.pool_status(pool)
@@ -524,6 +539,7 @@ impl Engine {
             p.pool
                 .begin_resilver(guid)
                 .map_err(|e| Error::Io(e.to_string()))?;
+            p.store_offline_locked(guid, false)?;
             let rec = scrub::resilver_record(&p, guid, guid);
             scrub::store_new_locked(&p, &rec)?;
             rec

@@ -1130,7 +1130,12 @@ fn next_resilver_target(p: &ImportedPool) -> Option<u64> {
         .groups()
         .iter()
         .flat_map(|g| g.children())
-        .find(|c| c.resilvering && c.device.is_some())
+        .find(|c| {
+            c.resilvering
+                && c.device
+                    .as_ref()
+                    .is_some_and(|d| d.state() != pool::DeviceState::Offline)
+        })
         .map(|c| c.guid)
 }
 

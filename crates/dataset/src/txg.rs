@@ -839,6 +839,38 @@ impl ImportedPool {
         tx.commit().map_err(meta_err)
     }
 
+    /// Records (or forgets) that device `guid` was taken offline, so it
+    /// stays offline across restarts. The caller holds `meta_lock`.
+    pub(crate) fn store_offline_locked(&self, guid: u64, offline: bool) -> Result<()> {
+        let key = format!("{RECORD_OFFLINE_PREFIX}{guid}");
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        {
+            let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            if offline {
+                r.insert(key.as_str(), 1).map_err(meta_err)?;
+            } else {
+                r.remove(key.as_str()).map_err(meta_err)?;
+            }
+        }
+        tx.commit().map_err(meta_err)
+    }
+
+    /// Devices recorded as taken offline.
+    pub(crate) fn offline_devices(&self) -> Result<Vec<u64>> {
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+        let mut out = Vec::new();
+        for row in r.iter().map_err(meta_err)? {
+            let (k, _) = row.map_err(meta_err)?;
+            if let Some(guid) = k.value().strip_prefix(RECORD_OFFLINE_PREFIX) {
+                if let Ok(g) = guid.parse() {
+                    out.push(g);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A new dataset id, persisted so ids are never reused.
     pub fn next_dataset_id(&self) -> Result<u64> {
         let _meta = self.meta_lock.lock();

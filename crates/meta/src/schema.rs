@@ -47,6 +47,10 @@ pub const RECORD_SCAN_OLD_GUID: &str = "scan_old_guid";
 /// `scan_error/<dataset id>/<block index>` -> birth txg (a bounded list).
 pub const RECORD_SCAN_ERROR_PREFIX: &str = "scan_error/";
 
+/// `offline.<device guid>`: the device was taken offline (`pool offline`)
+/// and stays so at import until `pool online`.
+pub const RECORD_OFFLINE_PREFIX: &str = "offline.";
+
 /// Dataset id -> JSON-encoded dataset record (name, kind, properties, space).
 pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets");
 
