@@ -294,7 +294,9 @@ def test_lost_device_then_replace(make_daemon, disks, fault):
         assert st["summary"]["health"] == "DEGRADED", st["summary"]
         assert any(dev["state"] == "UNAVAIL" for dev in devices(st).values()), devices(st)
     else:
-        # Reads past its end fail; repair writes there fault the device.
+        # Shorter than its layout: FAULTED at import, the pool DEGRADED.
+        assert devices(st)["d1"]["state"] == "FAULTED", devices(st)
+        assert st["summary"]["health"] == "DEGRADED", st["summary"]
         st = scrub(d)
         assert st["scan"]["errors"] == 0, st["scan"]
         assert devices(st)["d1"]["state"] in ("FAULTED", "UNAVAIL"), devices(st)

@@ -517,10 +517,18 @@ impl Pool {
             check_group(gl.kind, gl.devices.len())?;
             let mut children = Vec::new();
             let mut missing = Vec::new();
+            // A device shorter than its layout needs (a truncated file) cannot
+            // hold its data: it imports FAULTED, to be replaced.
+            let needed = layout.regions.data_offset + gl.data_size + LABEL_SIZE;
             for guid in &gl.devices {
                 let dev = by_guid.remove(guid).map(Arc::new);
-                if dev.is_none() {
-                    missing.push(*guid);
+                match &dev {
+                    None => missing.push(*guid),
+                    Some(d) if d.size() < needed => {
+                        tracing::error!(pool = %layout.pool_name, device = %d.path().display(), size = d.size(), needed, "device is shorter than the pool needs (truncated?); FAULTED");
+                        d.set_state(DeviceState::Faulted);
+                    }
+                    Some(_) => {}
                 }
                 children.push(Child::new(*guid, dev, gl.resilvering.contains(guid)));
             }
