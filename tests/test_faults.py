@@ -211,6 +211,15 @@ def test_bit_rot_is_healed_and_scrub_repairs_everything(make_daemon, disks, kind
         else:
             assert counts[dev.name] == 0, f"undamaged {dev.name} shows errors: {counts}"
     assert st["summary"]["health"] == "ONLINE", st["summary"]
+    # The same counters in the Prometheus text.
+    body = urllib.request.urlopen(f"{d.api_url}/metrics", timeout=10).read().decode()
+    for dev in hit:
+        line = next(l for l in body.splitlines() if l.startswith("cistern_device_errors_total")
+                    and f'device="{dev}"' in l and 'kind="checksum"' in l)
+        read_line = next(l for l in body.splitlines() if l.startswith("cistern_device_errors_total")
+                         and f'device="{dev}"' in l and 'kind="read"' in l)
+        assert float(line.rsplit(" ", 1)[1]) + float(read_line.rsplit(" ", 1)[1]) == counts[dev.name], (line, counts)
+    assert 'cistern_scan_examined_bytes{pool="tank",function="scrub"}' in body
     text = d.cli("pool", "status", "tank").stdout
     assert "scan: scrub repaired" in text and "with 0 errors" in text, text
     # Nothing left: a second scrub repairs nothing and counts nothing new.

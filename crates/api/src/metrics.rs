@@ -1,6 +1,6 @@
 //! Prometheus text exposition (format 0.0.4).
 
-use dataset::PoolStats;
+use dataset::{PoolStats, PoolStatus, ScanFunction, ScanState};
 use std::fmt::Write as _;
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -174,6 +174,95 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
         w.family(name, kind, help);
         for s in stats {
             w.sample(name, &[("pool", &s.pool)], get(s));
+        }
+    }
+    w.finish()
+}
+
+/// Per-device error counters and states, and scrub/resilver progress.
+pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
+    let mut w = MetricsWriter::new();
+    let devices = || {
+        statuses.iter().flat_map(|s| {
+            s.groups
+                .iter()
+                .flat_map(move |g| g.devices.iter().map(move |d| (&s.summary.name, d)))
+        })
+    };
+    w.family(
+        "cistern_device_errors_total",
+        "counter",
+        "I/O errors per device and kind (read, write, checksum), as pool status counts them.",
+    );
+    for (pool, d) in devices() {
+        let path = d.path.display().to_string();
+        for (kind, n) in [
+            ("read", d.read_errors),
+            ("write", d.write_errors),
+            ("checksum", d.checksum_errors),
+        ] {
+            w.sample(
+                "cistern_device_errors_total",
+                &[("pool", pool), ("device", &path), ("kind", kind)],
+                n as f64,
+            );
+        }
+    }
+    w.family(
+        "cistern_device_state",
+        "gauge",
+        "1 for the state each device is in (ONLINE, DEGRADED, FAULTED, UNAVAIL, OFFLINE).",
+    );
+    for (pool, d) in devices() {
+        let path = d.path.display().to_string();
+        w.sample(
+            "cistern_device_state",
+            &[("pool", pool), ("device", &path), ("state", &d.state)],
+            1.0,
+        );
+    }
+    type Get = fn(&dataset::ScanStatus) -> f64;
+    let scan: &[(&str, &str, Get)] = &[
+        (
+            "cistern_scan_running",
+            "1 while a scrub or resilver is scanning.",
+            |s| f64::from(u8::from(s.state == ScanState::Scanning)),
+        ),
+        (
+            "cistern_scan_examined_bytes",
+            "Bytes the last or current scan verified.",
+            |s| s.examined as f64,
+        ),
+        (
+            "cistern_scan_total_bytes",
+            "Bytes the last or current scan has to verify.",
+            |s| s.total as f64,
+        ),
+        (
+            "cistern_scan_repaired_bytes",
+            "Bytes the last or current scan rewrote.",
+            |s| s.repaired as f64,
+        ),
+        (
+            "cistern_scan_errors",
+            "Blocks the last or current scan could not repair.",
+            |s| s.errors as f64,
+        ),
+    ];
+    for (name, help, get) in scan {
+        w.family(name, "gauge", help);
+        for st in statuses {
+            if let Some(scan) = &st.scan {
+                let function = match scan.function {
+                    ScanFunction::Scrub => "scrub",
+                    ScanFunction::Resilver => "resilver",
+                };
+                w.sample(
+                    name,
+                    &[("pool", &st.summary.name), ("function", function)],
+                    get(scan),
+                );
+            }
         }
     }
     w.finish()

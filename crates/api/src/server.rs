@@ -527,8 +527,17 @@ async fn diff(State(st): State<ApiState>, Q(q): Q<DiffQuery>) -> ApiResult<Respo
 }
 
 async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {
-    let stats = blocking(&st, |e| Ok(e.stats())).await?;
+    let (stats, health) = blocking(&st, |e| {
+        let statuses: Vec<_> = e
+            .list_pools()
+            .iter()
+            .filter_map(|p| e.pool_status(&p.name).ok())
+            .collect();
+        Ok((e.stats(), statuses))
+    })
+    .await?;
     let mut text = crate::metrics::render_pool_stats(&stats);
+    text.push_str(&crate::metrics::render_pool_health(&health));
     for source in &st.extra_metrics {
         text.push_str(&source());
     }

@@ -155,6 +155,12 @@ fn routes_and_error_mapping() {
         metrics.contains("cistern_pool_txg_commits_total{pool=\"tank\"}"),
         "{metrics}"
     );
+    for family in [
+        "cistern_device_errors_total{pool=\"tank\",device=",
+        "cistern_device_state{pool=\"tank\",device=",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
     assert!(metrics.ends_with("extra_metric 1\n"), "{metrics}");
 
     c.destroy_pool("tank").unwrap();
