@@ -75,6 +75,18 @@ impl DatasetRecord {
         self.snapshot_of.unwrap_or(self.id)
     }
 
+    /// Refuses to destroy a snapshot that has user holds.
+    pub fn check_not_held(&self) -> Result<()> {
+        if self.holds.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Busy(format!(
+            "snapshot '{}' is held ({}): release it first",
+            self.name,
+            self.holds.iter().cloned().collect::<Vec<_>>().join(", ")
+        )))
+    }
+
     /// The dataset part of a snapshot name (`tank/vm0` of `tank/vm0@a`).
     pub fn dataset_name(&self) -> &str {
         self.name.split_once('@').map_or(&self.name, |(d, _)| d)

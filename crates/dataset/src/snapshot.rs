@@ -201,6 +201,22 @@ pub(crate) struct ActionOutcome {
     pub freed: u64,
 }
 
+/// A snapshot can go unless a user holds it or a clone depends on it
+/// (checked before a dry run and again inside the committing transaction).
+pub(crate) fn check_destroyable<'a>(
+    snap: &DatasetRecord,
+    mut records: impl Iterator<Item = &'a DatasetRecord>,
+) -> Result<()> {
+    snap.check_not_held()?;
+    match records.find(|r| r.origin.as_ref().is_some_and(|o| o.snapshot == snap.id)) {
+        Some(clone) => Err(Error::Busy(format!(
+            "snapshot '{}' has dependent clone '{}': destroy it or promote it first",
+            snap.name, clone.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Snapshot txgs of dataset `ds`, oldest first.
 fn snapshot_txgs(recs: &BTreeMap<u64, DatasetRecord>, ds: u64) -> Vec<u64> {
     let mut v: Vec<u64> = recs
@@ -630,22 +646,7 @@ impl ImportedPool {
             .filter(|r| r.is_snapshot())
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
-        if !snap.holds.is_empty() {
-            return Err(Error::Busy(format!(
-                "snapshot '{}' is held ({})",
-                snap.name,
-                snap.holds.iter().cloned().collect::<Vec<_>>().join(", ")
-            )));
-        }
-        if let Some(clone) = recs
-            .values()
-            .find(|r| r.origin.as_ref().is_some_and(|o| o.snapshot == id))
-        {
-            return Err(Error::Busy(format!(
-                "snapshot '{}' has dependent clone '{}'",
-                snap.name, clone.name
-            )));
-        }
+        check_destroyable(&snap, recs.values())?;
         let ds = snap.data_id();
         let txgs = snapshot_txgs(recs, ds);
         let (prev, next) = neighbours(&txgs, snap.created_txg, snap.created_txg);

@@ -5,7 +5,7 @@
 use crate::blockmap::{Chain, MAX_CHAIN};
 use crate::engine::split_dataset;
 use crate::props::{self, DatasetRecord, Origin};
-use crate::snapshot::{Action, NewSnapshot};
+use crate::snapshot::{check_destroyable, Action, NewSnapshot};
 use crate::txg::ImportedPool;
 use crate::*;
 use std::collections::BTreeMap;
@@ -181,6 +181,12 @@ impl Engine {
                 }
             }
             let ids: Vec<u64> = doomed.iter().map(|n| datasets[n].id).collect();
+            for snap in datasets
+                .values()
+                .filter(|d| d.is_snapshot() && ids.contains(&d.data_id()))
+            {
+                snap.check_not_held()?;
+            }
             if let Some(clone) = datasets.values().find(|d| {
                 d.origin.as_ref().is_some_and(|o| ids.contains(&o.dataset)) && !ids.contains(&d.id)
             }) {
@@ -242,22 +248,7 @@ impl Engine {
                     Err(e) => return Err(e),
                 };
                 for s in picked {
-                    if !s.holds.is_empty() {
-                        return Err(Error::Busy(format!(
-                            "snapshot '{}' is held ({}): release it first",
-                            s.name,
-                            s.holds.iter().cloned().collect::<Vec<_>>().join(", ")
-                        )));
-                    }
-                    if let Some(c) = datasets
-                        .values()
-                        .find(|d| d.origin.as_ref().is_some_and(|o| o.snapshot == s.id))
-                    {
-                        return Err(Error::Busy(format!(
-                            "snapshot '{}' has dependent clone '{}'",
-                            s.name, c.name
-                        )));
-                    }
+                    check_destroyable(s, datasets.values())?;
                     ids.push(s.id);
                     names.push(s.name.clone());
                 }

@@ -629,6 +629,19 @@ fn snapshot_is_instant_and_ordered_against_writes() {
         engine.destroy("tank/v@a", &DestroyOptions::default()),
         Err(Error::Busy(_))
     ));
+    assert!(
+        matches!(
+            engine.destroy(
+                "tank/v",
+                &DestroyOptions {
+                    recursive: true,
+                    dry_run: false
+                }
+            ),
+            Err(Error::Busy(_))
+        ),
+        "destroy -r must not remove a held snapshot"
+    );
     engine
         .set_hold("keep", &["tank/v@a".into()], false, false)
         .unwrap();
