@@ -269,6 +269,33 @@ fn dead_rows<T: ReadableTable<DeadKey, u64>>(
     Ok(out)
 }
 
+/// Removes the block-map rows of `ds` whose birth `doomed` picks; their
+/// space goes to `freed`. Returns the allocated bytes.
+fn remove_rows(
+    tx: &WriteTransaction,
+    ds: u64,
+    doomed: impl Fn(u64) -> bool,
+    freed: &mut Vec<Dva>,
+) -> Result<u64> {
+    let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+    let rows: Vec<(Key, Vec<u8>)> = blocks
+        .range((ds, 0, 0)..=(ds, u64::MAX, u64::MAX))
+        .map_err(meta_err)?
+        .filter(|r| r.as_ref().map_or(true, |(k, _)| doomed(k.value().2)))
+        .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(meta_err)?;
+    let mut bytes = 0;
+    for (k, v) in rows {
+        blocks.remove(k).map_err(meta_err)?;
+        if let Some(bp) = blockmap::decode(k.1, &v)? {
+            bytes += bp.asize();
+            freed.extend(bp.dvas);
+        }
+    }
+    Ok(bytes)
+}
+
 /// Contiguous runs (in the dataset's snapshot order) of the txgs in `doomed`.
 fn runs(all: &[u64], doomed: &[u64]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -353,21 +380,7 @@ impl ImportedPool {
                     )));
                 }
                 // Versions born after the snapshot: only the head has them.
-                let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-                let newer: Vec<(Key, Vec<u8>)> = blocks
-                    .range((dataset, 0, 0)..=(dataset, u64::MAX, u64::MAX))
-                    .map_err(meta_err)?
-                    .filter(|r| r.as_ref().map_or(true, |(k, _)| k.value().2 > at))
-                    .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(meta_err)?;
-                for (k, v) in newer {
-                    blocks.remove(k).map_err(meta_err)?;
-                    if let Some(bp) = blockmap::decode(k.1, &v)? {
-                        outcome.freed += bp.asize();
-                        freed.extend(bp.dvas);
-                    }
-                }
+                outcome.freed += remove_rows(tx, dataset, |birth| birth > at, freed)?;
                 // Versions that died after the snapshot are the head's again.
                 let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
                 let revived = dead_rows(&dead, dataset, at, u64::MAX, 0)?;
@@ -410,20 +423,7 @@ impl ImportedPool {
                         clone.name
                     )));
                 }
-                let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-                let doomed: Vec<(Key, Vec<u8>)> = blocks
-                    .range((id, 0, 0)..=(id, u64::MAX, u64::MAX))
-                    .map_err(meta_err)?
-                    .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(meta_err)?;
-                for (k, v) in doomed {
-                    blocks.remove(k).map_err(meta_err)?;
-                    if let Some(bp) = blockmap::decode(k.1, &v)? {
-                        outcome.freed += bp.asize();
-                        freed.extend(bp.dvas);
-                    }
-                }
+                outcome.freed += remove_rows(tx, id, |_| true, freed)?;
                 let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
                 for (k, _) in dead_rows(&dead, id, 0, u64::MAX, 0)? {
                     dead.remove(k).map_err(meta_err)?;
