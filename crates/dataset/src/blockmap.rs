@@ -141,8 +141,11 @@ where
                 _ => level.push((blk, v.value().to_vec())),
             }
         }
+        let deeper = chain.0.len() > 1;
         for (blk, bytes) in level {
-            decided.insert(blk);
+            if deeper {
+                decided.insert(blk);
+            }
             if let Some(bp) = decode(blk, &bytes)? {
                 out.insert(blk, bp);
             }
