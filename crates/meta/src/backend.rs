@@ -15,10 +15,13 @@
 //!   `blake3(u64 page index | page)`; zero means "none recorded".
 //!
 //! A read accepts a copy matching the current or the previous checksum
-//! (after a crash, a page rewritten in place may hold either); the dirty
-//! table pages are written at `sync_data`, and made durable *before* page 0
-//! (redb's header, the one page redb rewrites in place) is written, so a
-//! crash never leaves the header without a checksum it matches.
+//! (after a crash, a page rewritten in place may hold either). Page 0 is
+//! redb's header, the one page redb rewrites in place and the one that
+//! makes a commit visible: it is held in memory until `sync_data`, which
+//! makes the database pages durable, then the checksum table (covering
+//! every page written, the new header included), and only then writes the
+//! header. So whatever instant a crash hits, the header on disk names a
+//! commit whose pages all have durable checksums they match.
 //! Format 1 (no checksums, database at 8 KiB) is refused by name.
 
 use crate::MetaError;
@@ -136,6 +139,8 @@ struct Inner {
     state: Mutex<(u64, u64)>,
     /// Held for every write (and while `verify_all` checks a batch).
     sums: Mutex<Sums>,
+    /// redb's header page as last written, until `sync_data` writes it.
+    pending_header: Mutex<Option<Box<[u8]>>>,
 }
 
 /// Live backends, so `verify_all` works on the same checksums as the open
@@ -221,8 +226,24 @@ impl Inner {
         Ok(())
     }
 
-    /// Reads whole pages `first..first + n` into `buf`, each verified.
+    /// Reads whole pages `first..first + n` into `buf`, each verified; a
+    /// header page not yet written comes from memory.
     fn read_pages(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        if first == 0 {
+            // Copied out: the lock is never held while `sums` is taken.
+            let pending = self.pending_header.lock().clone();
+            if let Some(h) = pending {
+                buf[..PAGE as usize].copy_from_slice(&h);
+                if buf.len() as u64 > PAGE {
+                    self.read_disk_pages(1, &mut buf[PAGE as usize..])?;
+                }
+                return Ok(());
+            }
+        }
+        self.read_disk_pages(first, buf)
+    }
+
+    fn read_disk_pages(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         let n = buf.len() as u64 / PAGE;
         let entries: Vec<(Sum, Sum)> = {
             let mut sums = self.sums.lock();
@@ -289,6 +310,7 @@ impl RegionBackend {
             db_pages,
             state: Mutex::new(state),
             sums: Mutex::new(Sums::default()),
+            pending_header: Mutex::new(None),
         });
         let mut live = LIVE.lock();
         live.retain(|(_, _, w)| w.strong_count() > 0);
@@ -381,11 +403,24 @@ impl StorageBackend for RegionBackend {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        {
-            let mut sums = self.inner.sums.lock();
-            self.inner.flush_table(&mut sums, false)?;
+        let inner = &self.inner;
+        let mut sums = inner.sums.lock();
+        let header = inner.pending_header.lock().take();
+        match header {
+            None => inner.flush_table(&mut sums, false)?,
+            Some(page) => {
+                // Pages, then their checksums, then the header naming them.
+                inner.region.sync().map_err(io_err)?;
+                inner.set_entry(&mut sums, 0, page_sum(0, &page))?;
+                inner.flush_table(&mut sums, true)?;
+                inner
+                    .region
+                    .write(inner.data_start(), &page)
+                    .map_err(io_err)?;
+            }
         }
-        self.inner.region.sync().map_err(io_err)
+        drop(sums);
+        inner.region.sync().map_err(io_err)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
@@ -418,14 +453,19 @@ impl StorageBackend for RegionBackend {
             owned = buf;
             &owned
         };
+        // The header waits for `sync_data` (see the module documentation).
+        let (first, pages) = if first == 0 {
+            *inner.pending_header.lock() = Some(pages[..PAGE as usize].into());
+            (1, &pages[PAGE as usize..])
+        } else {
+            (first, pages)
+        };
+        if pages.is_empty() {
+            return Ok(());
+        }
         for (i, page) in pages.chunks(PAGE as usize).enumerate() {
             let index = first + i as u64;
             inner.set_entry(&mut sums, index, page_sum(index, page))?;
-        }
-        if first == 0 {
-            // redb's header is rewritten in place: its checksum must be
-            // durable before it is, so after a crash it matches either.
-            inner.flush_table(&mut sums, true)?;
         }
         inner
             .region
