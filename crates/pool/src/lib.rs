@@ -976,29 +976,19 @@ impl Pool {
 
     /// Devices the mirrored regions may be read from.
     fn region_readers(&self) -> Vec<Arc<Vdev>> {
-        self.groups
-            .read()
-            .iter()
-            .flat_map(|g| {
-                g.children
-                    .iter()
-                    .filter_map(|c| c.readable())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        self.region_devices(Child::readable)
     }
 
     /// Devices the mirrored regions are written to (resilvering ones included).
     fn region_writers(&self) -> Vec<Arc<Vdev>> {
+        self.region_devices(Child::writable)
+    }
+
+    fn region_devices(&self, pick: fn(&Child) -> Option<Arc<Vdev>>) -> Vec<Arc<Vdev>> {
         self.groups
             .read()
             .iter()
-            .flat_map(|g| {
-                g.children
-                    .iter()
-                    .filter_map(|c| c.writable())
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|g| g.children.iter().filter_map(pick).collect::<Vec<_>>())
             .collect()
     }
 

@@ -176,37 +176,28 @@ impl Geometry {
 
     /// Computes the parity columns of `cols` from their data columns.
     pub fn encode(&self, span: Span, cols: &mut [AlignedBuf]) -> Result<(), PoolError> {
-        assert_eq!(cols.len(), self.width);
-        let (d, p) = (self.data(), self.parity);
-        let mut enc: Option<ReedSolomonEncoder> = None;
-        for seg in self.segments(span) {
-            let range = seg.rel as usize * S..(seg.rel + seg.rows) as usize * S;
-            let bytes = range.len();
-            let e = match enc.as_mut() {
-                Some(e) => {
-                    e.reset(d, p, bytes).map_err(rs_err)?;
-                    e
-                }
-                None => enc.insert(ReedSolomonEncoder::new(d, p, bytes).map_err(rs_err)?),
-            };
-            for c in 0..d {
-                e.add_original_shard(&cols[(seg.rot + c) % self.width][range.clone()])
-                    .map_err(rs_err)?;
-            }
-            let result = e.encode().map_err(rs_err)?;
-            for k in 0..p {
-                let rec = result
-                    .recovery(k)
-                    .ok_or_else(|| PoolError::Parity(format!("no recovery shard {k}")))?;
-                cols[(seg.rot + d + k) % self.width][range.clone()].copy_from_slice(rec);
-            }
-        }
-        Ok(())
+        self.each_parity(span, cols, |stored, computed| {
+            stored.copy_from_slice(computed);
+            true
+        })
+        .map(|_| ())
     }
 
-    /// Whether the parity held in `cols` matches their data columns, per
-    /// segment computed as [`Geometry::encode`] would, without copying.
-    pub fn parity_matches(&self, span: Span, cols: &[AlignedBuf]) -> Result<bool, PoolError> {
+    /// Whether the parity held in `cols` matches their data columns
+    /// (nothing is written; `&mut` only to share [`Geometry::encode`]'s loop).
+    pub fn parity_matches(&self, span: Span, cols: &mut [AlignedBuf]) -> Result<bool, PoolError> {
+        self.each_parity(span, cols, |stored, computed| stored == computed)
+    }
+
+    /// Computes the parity of every rotation segment of `span` from the data
+    /// columns of `cols` and hands each parity column's stored bytes and the
+    /// computed ones to `visit`; stops (returning false) when `visit` does.
+    fn each_parity(
+        &self,
+        span: Span,
+        cols: &mut [AlignedBuf],
+        mut visit: impl FnMut(&mut [u8], &[u8]) -> bool,
+    ) -> Result<bool, PoolError> {
         assert_eq!(cols.len(), self.width);
         let (d, p) = (self.data(), self.parity);
         let mut enc: Option<ReedSolomonEncoder> = None;
@@ -229,7 +220,10 @@ impl Geometry {
                 let rec = result
                     .recovery(k)
                     .ok_or_else(|| PoolError::Parity(format!("no recovery shard {k}")))?;
-                if cols[(seg.rot + d + k) % self.width][range.clone()] != *rec {
+                if !visit(
+                    &mut cols[(seg.rot + d + k) % self.width][range.clone()],
+                    rec,
+                ) {
                     return Ok(false);
                 }
             }
@@ -577,10 +571,10 @@ pub(crate) fn repair(
         };
     // A scrub that read every column well and whose data verifies only
     // needs the parity checked: the usual case, kept cheap.
-    let clean_scrub = || {
+    let mut clean_scrub = || {
         mode == Mode::Scrub
             && state.iter().all(|s| *s == Col::Ok)
-            && geo.parity_matches(span, &cols).unwrap_or(false)
+            && geo.parity_matches(span, &mut cols).unwrap_or(false)
     };
     if direct_ok && (mode == Mode::Read || clean_scrub()) {
         return Ok(Repaired {
