@@ -25,6 +25,7 @@
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
 #   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNTIME="${RUNTIME:-15}"
@@ -67,30 +68,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
-wait_port() { # port timeout
-    local i
-    for ((i = 0; i < $2 * 10; i++)); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "port $1 did not open within $2 s" >&2
-    return 1
-}
 
 rss() { # pid -> "VmHWM VmRSS" in MiB
     awk '/^VmHWM:/ {h=$2} /^VmRSS:/ {r=$2} END {printf "%.0f %.0f", h/1024, r/1024}' "/proc/$1/status"
 }
 
-drop_caches() {
-    if [[ "$DROP_CACHES" == 1 ]]; then
-        sync
-        echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop caches)" >&2
-    fi
-}
 
 # ---------------------------------------------------------------- fio
 # run_fio TARGET TEST URI -> JSON in $BENCH_DIR/TARGET.TEST.json, a row in results.tsv

@@ -28,6 +28,7 @@
 #   DROP_CACHES=1       echo 3 > /proc/sys/vm/drop_caches before each read (needs root)
 #   KEEP_FILES=0        1: keep the device files
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIZE="${SIZE:-1G}"
@@ -75,24 +76,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_port() { # port timeout
-    local i
-    for ((i = 0; i < $2 * 10; i++)); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    echo "port $1 did not open within $2 s" >&2
-    return 1
-}
-drop_caches() {
-    sync
-    if [[ "$DROP_CACHES" == 1 ]]; then
-        echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop caches: figures include the page cache)" >&2
-    fi
-}
 now() { python3 -c 'import time; print(f"{time.monotonic():.3f}")'; }
 status_json() { "$CISTERN_BIN" pool status --json bench; }
 jget() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
