@@ -30,6 +30,15 @@ pub fn human_size(n: u64) -> String {
     unreachable!()
 }
 
+/// A byte count as `-p` wants it (exact) or as people read it.
+pub fn size_cell(n: u64, parsable: bool) -> String {
+    if parsable {
+        n.to_string()
+    } else {
+        human_size(n)
+    }
+}
+
 /// A text table: aligned columns with a header, or with `scripted`
 /// (`-H`) no header and tab-separated fields.
 pub struct Table {

@@ -411,12 +411,10 @@ pub fn destroy(client: &api::Client, a: DestroyArgs) -> Result<()> {
         for name in &report.destroyed {
             outln(&format!("{verb} destroy {name}"));
         }
-        let freed = if a.parsable {
-            report.freed.to_string()
-        } else {
-            dataset::props::format_size(report.freed)
-        };
-        outln(&format!("{verb} reclaim {freed}"));
+        outln(&format!(
+            "{verb} reclaim {}",
+            crate::format::size_cell(report.freed, a.parsable)
+        ));
     }
     Ok(())
 }

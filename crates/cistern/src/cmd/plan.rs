@@ -3,7 +3,7 @@
 //! no daemon.
 
 use crate::cmd::{size_arg, split_list, OutputFlags};
-use crate::format::{human_size, Table};
+use crate::format::{human_size, size_cell, Table};
 use crate::output::{json, out};
 use anyhow::{bail, Context, Result};
 use bench::measure::{DriveMeasurement, MeasureConfig};
@@ -276,13 +276,7 @@ fn rate(v: f64, parsable: bool) -> String {
 }
 
 fn cell(l: &Layout, col: &str, parsable: bool) -> String {
-    let size = |n: u64| {
-        if parsable {
-            n.to_string()
-        } else {
-            human_size(n)
-        }
-    };
+    let size = |n: u64| size_cell(n, parsable);
     match col {
         "layout" => l.name.clone(),
         "groups" => l.groups.to_string(),

@@ -1,7 +1,7 @@
 //! `cistern pool ...`: zpool-style pool management.
 
 use crate::cmd::{size_arg, split_list, OutputFlags};
-use crate::format::{human_size, Table};
+use crate::format::{human_size, size_cell, Table};
 use crate::output::{json, out, outln};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -407,13 +407,7 @@ fn pool_column(c: &str) -> Option<&'static str> {
 }
 
 fn pool_cell(p: &PoolSummary, col: &str, parsable: bool) -> String {
-    let size = |n: u64| {
-        if parsable {
-            n.to_string()
-        } else {
-            human_size(n)
-        }
-    };
+    let size = |n: u64| size_cell(n, parsable);
     match col {
         "name" => p.name.clone(),
         "size" => size(p.size),

@@ -3,7 +3,7 @@
 
 use crate::cmd::props::parse_assignment;
 use crate::cmd::OutputFlags;
-use crate::format::Table;
+use crate::format::{size_cell, Table};
 use crate::output::{json, out, outln};
 use anyhow::Result;
 use clap::Args;
@@ -123,13 +123,7 @@ pub fn diff(client: &api::Client, a: DiffArgs) -> Result<()> {
     if a.format.json {
         return json(&report);
     }
-    let size = |n: u64| {
-        if a.format.parsable {
-            n.to_string()
-        } else {
-            dataset::props::format_size(n)
-        }
-    };
+    let size = |n: u64| size_cell(n, a.format.parsable);
     let mut t = Table::new(&["OFFSET".to_string(), "LENGTH".to_string()]);
     t.align_right(0);
     t.align_right(1);
