@@ -66,6 +66,24 @@ pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
     Ok(())
 }
 
+/// A new dataset `name` (volume or clone): not taken, and its parent is a filesystem.
+pub(crate) fn check_new_dataset(
+    datasets: &BTreeMap<String, DatasetRecord>,
+    name: &str,
+) -> Result<()> {
+    if datasets.contains_key(name) {
+        return Err(Error::AlreadyExists(format!("dataset '{name}'")));
+    }
+    let parent = &name[..name.rfind('/').unwrap_or(0)];
+    match datasets.get(parent) {
+        Some(d) if d.kind == DatasetKind::Filesystem => Ok(()),
+        Some(_) => Err(Error::InvalidArgument(format!(
+            "parent '{parent}' is not a filesystem"
+        ))),
+        None => Err(Error::NotFound(format!("parent dataset '{parent}'"))),
+    }
+}
+
 /// `pool[/a/b][@snap]` -> (pool, rest of the dataset path). Snapshot names
 /// follow the component rules too.
 pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
@@ -199,55 +217,7 @@ impl Engine {
                 "a pool needs at least one device in every group".into(),
             ));
         }
-        let mut seen = std::collections::HashSet::new();
-        let mut groups = Vec::new();
-        for g in &spec.groups {
-            let kind = layout_of(g.kind);
-            if kind == LayoutKind::Mirror && g.devices.len() < 2 {
-                return Err(Error::InvalidArgument(
-                    "a mirror needs at least two devices".into(),
-                ));
-            }
-            let mut devs = Vec::new();
-            for path in &g.devices {
-                if !path.is_absolute() {
-                    return Err(Error::InvalidArgument(format!(
-                        "device path {} is not absolute",
-                        path.display()
-                    )));
-                }
-                if !seen.insert(path.clone()) {
-                    return Err(Error::InvalidArgument(format!(
-                        "device {} is named twice",
-                        path.display()
-                    )));
-                }
-                let dev = Vdev::open_or_create(path, spec.create_size)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                if let Ok(label) = dev.read_label() {
-                    let in_use = self
-                        .inner
-                        .pools
-                        .read()
-                        .values()
-                        .any(|p| p.pool.guid == label.pool_guid);
-                    if in_use || !spec.force {
-                        return Err(Error::Busy(format!(
-                            "device {} is part of pool '{}'{}",
-                            path.display(),
-                            label.pool_name,
-                            match (in_use, label.exported) {
-                                (true, _) => " (imported here)",
-                                (false, true) => " (exported; use -f to reuse the device)",
-                                (false, false) => " (use -f to reuse the device)",
-                            }
-                        )));
-                    }
-                }
-                devs.push(dev);
-            }
-            groups.push((kind, devs));
-        }
+        let groups = self.open_new_devices(&spec.groups, spec.create_size, spec.force)?;
         let pool = Arc::new(
             Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
@@ -268,49 +238,19 @@ impl Engine {
                 "name at least one device in every group to add".into(),
             ));
         }
-        let mut seen = std::collections::HashSet::new();
-        let mut groups = Vec::new();
-        for g in &spec.groups {
-            let mut devs = Vec::new();
-            for path in &g.devices {
-                if !path.is_absolute() || !seen.insert(path.clone()) {
-                    return Err(Error::InvalidArgument(format!(
-                        "device path {} is not absolute or is named twice",
-                        path.display()
-                    )));
-                }
-                if p.pool.device_paths().contains(path) {
-                    return Err(Error::Busy(format!(
-                        "device {} is already part of pool '{pool}'",
-                        path.display()
-                    )));
-                }
-                let dev = Vdev::open_or_create(path, spec.create_size)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                if let Ok(label) = dev.read_label() {
-                    let in_use = self
-                        .inner
-                        .pools
-                        .read()
-                        .values()
-                        .any(|q| q.pool.guid == label.pool_guid);
-                    if in_use || !spec.force {
-                        return Err(Error::Busy(format!(
-                            "device {} is part of pool '{}'{}",
-                            path.display(),
-                            label.pool_name,
-                            if in_use {
-                                " (imported here)"
-                            } else {
-                                " (use -f to reuse the device)"
-                            }
-                        )));
-                    }
-                }
-                devs.push(dev);
-            }
-            groups.push((layout_of(g.kind), devs));
+        let members = p.pool.device_paths();
+        if let Some(path) = spec
+            .groups
+            .iter()
+            .flat_map(|g| &g.devices)
+            .find(|d| members.contains(d))
+        {
+            return Err(Error::Busy(format!(
+                "device {} is already part of pool '{pool}'",
+                path.display()
+            )));
         }
+        let groups = self.open_new_devices(&spec.groups, spec.create_size, spec.force)?;
         for (kind, devs) in groups {
             p.pool
                 .add_group(kind, devs)
@@ -319,6 +259,75 @@ impl Engine {
         self.write_cache()?;
         tracing::info!(pool, groups = spec.groups.len(), "groups added");
         self.pool_status(pool)
+    }
+
+    /// Opens (or, with `create_size`, creates) the devices of new groups for
+    /// `pool create` and `pool add`: absolute paths, each named once, none
+    /// holding another pool's label unless `force` (never an imported one's).
+    fn open_new_devices(
+        &self,
+        specs: &[GroupSpec],
+        create_size: Option<u64>,
+        force: bool,
+    ) -> Result<Vec<(LayoutKind, Vec<Vdev>)>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut groups = Vec::new();
+        for g in specs {
+            let kind = layout_of(g.kind);
+            if kind == LayoutKind::Mirror && g.devices.len() < 2 {
+                return Err(Error::InvalidArgument(
+                    "a mirror needs at least two devices".into(),
+                ));
+            }
+            let mut devs = Vec::new();
+            for path in &g.devices {
+                if !path.is_absolute() {
+                    return Err(Error::InvalidArgument(format!(
+                        "device path {} is not absolute",
+                        path.display()
+                    )));
+                }
+                if !seen.insert(path.clone()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "device {} is named twice",
+                        path.display()
+                    )));
+                }
+                let dev = Vdev::open_or_create(path, create_size)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                self.check_reusable(&dev, force)?;
+                devs.push(dev);
+            }
+            groups.push((kind, devs));
+        }
+        Ok(groups)
+    }
+
+    /// A device holding the label of a pool may join another only with
+    /// `force`, and never while that pool is imported here.
+    fn check_reusable(&self, dev: &Vdev, force: bool) -> Result<()> {
+        let Ok(label) = dev.read_label() else {
+            return Ok(());
+        };
+        let in_use = self
+            .inner
+            .pools
+            .read()
+            .values()
+            .any(|p| p.pool.guid == label.pool_guid);
+        if in_use || !force {
+            return Err(Error::Busy(format!(
+                "device {} is part of pool '{}'{}",
+                dev.path().display(),
+                label.pool_name,
+                match (in_use, label.exported) {
+                    (true, _) => " (imported here)",
+                    (false, true) => " (exported; use -f to reuse the device)",
+                    (false, false) => " (use -f to reuse the device)",
+                }
+            )));
+        }
+        Ok(())
     }
 
     /// Opens the devices, checks they form one pool, assembles and imports it.
@@ -609,26 +618,7 @@ impl Engine {
                 vdev.size()
             )));
         }
-        if let Ok(label) = vdev.read_label() {
-            let in_use = self
-                .inner
-                .pools
-                .read()
-                .values()
-                .any(|q| q.pool.guid == label.pool_guid);
-            if in_use || !force {
-                return Err(Error::Busy(format!(
-                    "device {} is part of pool '{}'{}",
-                    new.display(),
-                    label.pool_name,
-                    if in_use {
-                        " (imported here)"
-                    } else {
-                        " (use -f to reuse the device)"
-                    }
-                )));
-            }
-        }
+        self.check_reusable(&vdev, force)?;
         scrub::preempt(&p)?;
         let rec = {
             // No txg is writing while the device joins: every txg after this
@@ -774,22 +764,7 @@ impl Engine {
             )));
         };
         let p = self.pool(pool_name)?;
-        let parent = &name[..name.rfind('/').unwrap_or(0)];
-        {
-            let datasets = p.datasets.read();
-            if datasets.contains_key(name) {
-                return Err(Error::AlreadyExists(format!("dataset '{name}'")));
-            }
-            match datasets.get(parent) {
-                Some(d) if d.kind == DatasetKind::Filesystem => {}
-                Some(_) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "parent '{parent}' is a volume"
-                    )))
-                }
-                None => return Err(Error::NotFound(format!("parent dataset '{parent}'"))),
-            }
-        }
+        check_new_dataset(&p.datasets.read(), name)?;
         let mut volblocksize = props::DEFAULT_VOLBLOCKSIZE;
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
@@ -1020,7 +995,7 @@ pub(crate) fn info(
     let referenced = rec.physical_used + rec.inherited;
     let logical_referenced = rec.logical_used + rec.inherited_logical;
     let space = if rec.is_snapshot() {
-        let used = p.destroy_estimate(&[rec.id]).unwrap_or_else(|e| {
+        let used = p.destroy_estimate(datasets, &[rec.id]).unwrap_or_else(|e| {
             tracing::warn!(snapshot = %rec.name, error = %e, "cannot compute snapshot space");
             0
         });

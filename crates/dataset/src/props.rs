@@ -12,7 +12,7 @@ const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DatasetRecord {
     pub id: u64,
     pub name: String,

@@ -218,9 +218,8 @@ pub(crate) fn check_destroyable<'a>(
 }
 
 /// Snapshot txgs of dataset `ds`, oldest first.
-fn snapshot_txgs(recs: &BTreeMap<u64, DatasetRecord>, ds: u64) -> Vec<u64> {
-    let mut v: Vec<u64> = recs
-        .values()
+fn snapshot_txgs<'a>(records: impl Iterator<Item = &'a DatasetRecord>, ds: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = records
         .filter(|r| r.is_snapshot() && r.data_id() == ds)
         .map(|r| r.created_txg)
         .collect();
@@ -373,7 +372,7 @@ impl ImportedPool {
                     .cloned()
                     .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot}")))?;
                 let at = snap.created_txg;
-                if snapshot_txgs(recs, dataset).last() != Some(&at) {
+                if snapshot_txgs(recs.values(), dataset).last() != Some(&at) {
                     return Err(Error::Busy(format!(
                         "'{}' is not the most recent snapshot",
                         snap.name
@@ -648,7 +647,7 @@ impl ImportedPool {
             .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
         check_destroyable(&snap, recs.values())?;
         let ds = snap.data_id();
-        let txgs = snapshot_txgs(recs, ds);
+        let txgs = snapshot_txgs(recs.values(), ds);
         let (prev, next) = neighbours(&txgs, snap.created_txg, snap.created_txg);
         let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
         let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
@@ -682,21 +681,21 @@ impl ImportedPool {
         Ok(bytes)
     }
 
-    /// What destroying the snapshots `ids` (all of one dataset) would free,
-    /// exactly: for each run of adjacent doomed snapshots, the dead rows
-    /// between its first and the next kept point born after the kept one before.
-    pub fn destroy_estimate(&self, ids: &[u64]) -> Result<u64> {
-        let recs: BTreeMap<u64, DatasetRecord> = self
-            .datasets
-            .read()
-            .values()
-            .map(|r| (r.id, r.clone()))
-            .collect();
+    /// What destroying the snapshots `ids` would free, exactly: for each run
+    /// of adjacent doomed snapshots, the dead rows between its first and the
+    /// next kept point born after the kept one before. `datasets` is the
+    /// caller's view of the pool's records (its read guard of `self.datasets`:
+    /// taking that lock again here could deadlock behind a waiting writer).
+    pub fn destroy_estimate(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        ids: &[u64],
+    ) -> Result<u64> {
         let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for id in ids {
-            let snap = recs
-                .get(id)
-                .filter(|r| r.is_snapshot())
+            let snap = datasets
+                .values()
+                .find(|r| r.id == *id && r.is_snapshot())
                 .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
             by_ds
                 .entry(snap.data_id())
@@ -707,7 +706,7 @@ impl ImportedPool {
         let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
         let mut total = 0;
         for (ds, doomed) in by_ds {
-            let txgs = snapshot_txgs(&recs, ds);
+            let txgs = snapshot_txgs(datasets.values(), ds);
             for (first, last) in runs(&txgs, &doomed) {
                 let (prev, next) = neighbours(&txgs, first, last);
                 total += dead_rows(&dead, ds, first, next, prev)?

@@ -3,7 +3,7 @@
 //! block map rides on a txg commit (see `snapshot.rs`).
 
 use crate::blockmap::{Chain, MAX_CHAIN};
-use crate::engine::split_dataset;
+use crate::engine::{check_new_dataset, split_dataset};
 use crate::props::{self, DatasetRecord, Origin};
 use crate::snapshot::{check_destroyable, Action, NewSnapshot};
 use crate::txg::ImportedPool;
@@ -227,7 +227,7 @@ impl Engine {
         spec: &str,
         opts: &DestroyOptions,
     ) -> Result<DestroyReport> {
-        let (ids, names) = {
+        let (ids, names, estimate) = {
             let datasets = p.datasets.read();
             if datasets.get(ds).is_none_or(|d| d.is_snapshot()) {
                 return Err(Error::NotFound(format!("dataset '{ds}'")));
@@ -253,10 +253,15 @@ impl Engine {
                     names.push(s.name.clone());
                 }
             }
-            (ids, names)
+            let estimate = if opts.dry_run {
+                Some(p.destroy_estimate(&datasets, &ids)?)
+            } else {
+                None
+            };
+            (ids, names, estimate)
         };
-        let freed = if opts.dry_run {
-            p.destroy_estimate(&ids)?
+        let freed = if let Some(estimate) = estimate {
+            estimate
         } else {
             let outcome = p.commit_txg(Some(Action::DestroySnapshots(ids)))?;
             tracing::info!(snapshots = ?names, freed = outcome.freed, "snapshots destroyed");
@@ -341,19 +346,7 @@ impl Engine {
                 .get(snapshot)
                 .filter(|d| d.is_snapshot())
                 .ok_or_else(|| Error::NotFound(format!("snapshot '{snapshot}'")))?;
-            if datasets.contains_key(name) {
-                return Err(Error::AlreadyExists(format!("dataset '{name}'")));
-            }
-            let parent = &name[..name.rfind('/').unwrap_or(0)];
-            match datasets.get(parent) {
-                Some(d) if d.kind == DatasetKind::Filesystem => {}
-                Some(_) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "parent '{parent}' is not a filesystem"
-                    )))
-                }
-                None => return Err(Error::NotFound(format!("parent dataset '{parent}'"))),
-            }
+            check_new_dataset(&datasets, name)?;
             if Chain::of(snap, datasets.values()).0.len() >= MAX_CHAIN {
                 return Err(Error::InvalidArgument(format!(
                     "'{snapshot}' is a clone {MAX_CHAIN} levels deep; promote or copy instead"

@@ -695,10 +695,7 @@ impl ImportedPool {
             }
             let mut table = tx.open_table(DATASETS).map_err(meta_err)?;
             for (id, rec) in &recs {
-                let unchanged = before
-                    .get(id)
-                    .is_some_and(|b| serde_json::to_vec(b).ok() == serde_json::to_vec(rec).ok());
-                if !unchanged {
+                if before.get(id) != Some(rec) {
                     let json = serde_json::to_vec(rec).map_err(meta_err)?;
                     table.insert(*id, json.as_slice()).map_err(meta_err)?;
                 }
