@@ -66,7 +66,7 @@ pub fn map_error(e: dataset::Error) -> ExportError {
     use dataset::Error as E;
     match e {
         E::ReadOnly(m) => ExportError::Perm(format!("{m} is read-only")),
-        E::NoSpace(m) => ExportError::NoSpace(format!("out of space in pool {m}")),
+        E::NoSpace(m) => ExportError::NoSpace(m),
         E::InvalidArgument(m) => ExportError::Invalid(m),
         other => {
             tracing::warn!("volume I/O failed: {other}");

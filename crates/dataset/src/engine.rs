@@ -789,6 +789,21 @@ impl Engine {
                 "volsize {volsize} must be a positive multiple of volblocksize {volblocksize}"
             )));
         }
+        // Not sparse (`create -s` sets refreservation=none): the volume reserves its size.
+        let auto = p.volume_reservation(volsize, volblocksize);
+        match local.get("refreservation").map(String::as_str) {
+            None | Some("auto") => {
+                local.insert("refreservation".into(), auto.to_string());
+            }
+            _ => {}
+        }
+        local.retain(|_, v| v != "none");
+        let reserved = ["refreservation", "reservation"]
+            .iter()
+            .map(|prop| local.get(*prop).and_then(|v| v.parse().ok()).unwrap_or(0u64))
+            .max()
+            .unwrap_or(0);
+        p.check_limit(&p.datasets.read(), name, "", reserved)?;
         let id = p.next_dataset_id()?;
         let rec = DatasetRecord {
             id,
@@ -876,7 +891,37 @@ impl Engine {
                         rec.volblocksize
                     )));
                 }
+                // A refreservation that follows the size grows with it (as zfs).
+                let auto = p.volume_reservation(rec.volsize, rec.volblocksize);
+                if crate::space::limit(&rec, "refreservation") == auto {
+                    let grown = p.volume_reservation(n, rec.volblocksize);
+                    p.check_limit(&p.datasets.read(), name, "refreservation", grown)?;
+                    rec.local.insert("refreservation".into(), grown.to_string());
+                }
                 rec.volsize = n;
+            }
+            l if props::LIMITS.contains(&l) => {
+                if rec.is_snapshot() {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot set property for '{name}': {prop} cannot be set on a snapshot"
+                    )));
+                }
+                let mut v = props::normalize(prop, value)?;
+                if v == "auto" {
+                    if rec.kind != DatasetKind::Volume {
+                        return Err(Error::InvalidArgument(format!(
+                            "cannot set property for '{name}': refreservation=auto is only for volumes"
+                        )));
+                    }
+                    v = p.volume_reservation(rec.volsize, rec.volblocksize).to_string();
+                }
+                let n = v.parse().unwrap_or(0);
+                p.check_limit(&p.datasets.read(), name, prop, n)?;
+                if n == 0 {
+                    rec.local.remove(prop);
+                } else {
+                    rec.local.insert(prop.to_string(), v);
+                }
             }
             "volblocksize" => {
                 return Err(Error::InvalidArgument(
@@ -990,8 +1035,6 @@ pub(crate) fn info(
     datasets: &BTreeMap<String, DatasetRecord>,
     rec: &DatasetRecord,
 ) -> DatasetInfo {
-    let reserve = p.pool.size() / 32;
-    let available = p.pool.allocator().free_bytes().saturating_sub(reserve);
     let referenced = rec.physical_used + rec.inherited;
     let logical_referenced = rec.logical_used + rec.inherited_logical;
     let space = if rec.is_snapshot() {
@@ -1008,29 +1051,30 @@ pub(crate) fn info(
             snapshots: 0,
             written: rec.written,
             compressratio: props::ratio(logical_referenced, referenced),
+            usedby: Default::default(),
         }
     } else {
-        // A dataset's USED: its live blocks, what its snapshots hold, and its children's.
+        // A dataset's USED: its live blocks, what its snapshots hold, its
+        // unused refreservation and its children's (crate::space).
+        let usedby = crate::space::figures(datasets, &HashMap::new())
+            .remove(&rec.name)
+            .unwrap_or_default();
         let prefix = format!("{}/", rec.name);
-        let (mut used, mut logical, mut live) = (
-            rec.physical_used + rec.snapshot_used,
-            rec.logical_used,
-            rec.physical_used,
-        );
+        let (mut logical, mut live) = (rec.logical_used, rec.physical_used);
         for d in datasets
             .values()
             .filter(|d| !d.is_snapshot() && d.name.starts_with(&prefix))
         {
-            used += d.physical_used + d.snapshot_used;
             logical += d.logical_used;
             live += d.physical_used;
         }
         Space {
-            used,
+            used: usedby.used(),
+            usedby,
             logical_used: logical,
             referenced,
             logical_referenced,
-            available,
+            available: p.available_of(datasets, &rec.name),
             snapshots: rec.snapshot_used,
             written: rec.written,
             compressratio: props::ratio(logical, live),

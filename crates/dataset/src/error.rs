@@ -13,7 +13,8 @@ pub enum Error {
     /// The message says what is in the way.
     #[error("{0}")]
     Busy(String),
-    #[error("out of space in pool {0}")]
+    /// Out of space or over a quota (ENOSPC/EDQUOT); the message says which.
+    #[error("{0}")]
     NoSpace(String),
     #[error("{0} is read-only")]
     ReadOnly(String),

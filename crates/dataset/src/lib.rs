@@ -15,6 +15,7 @@ pub mod props;
 mod scrub;
 mod snapshot;
 mod snapshot_admin;
+pub mod space;
 mod txg;
 mod volume;
 

@@ -6,7 +6,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Properties a user may set; everything else is a read-only statistic.
-pub const SETTABLE: &[&str] = &["compression", "checksum", "readonly", "volsize"];
+pub const SETTABLE: &[&str] = &[
+    "compression",
+    "checksum",
+    "readonly",
+    "volsize",
+    "quota",
+    "refquota",
+    "reservation",
+    "refreservation",
+];
+/// Space limits (crate::space): a size, or `none` (refreservation also `auto`: the volume's size).
+pub const LIMITS: &[&str] = &["quota", "refquota", "reservation", "refreservation"];
 /// Properties children inherit from their parent when not set locally.
 const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
@@ -120,7 +131,9 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             "on" | "off" => Ok(value.to_string()),
             _ => Err(bad("expected on or off".into())),
         },
-        "volsize" | "volblocksize" => {
+        p if LIMITS.contains(&p) && (value == "none" || value == "0") => Ok("none".into()),
+        "refreservation" if value == "auto" => Ok("auto".into()),
+        "volsize" | "volblocksize" | "quota" | "refquota" | "reservation" | "refreservation" => {
             let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
             Ok(n.to_string())
         }
@@ -326,6 +339,8 @@ pub struct Space {
     /// Written since the newest snapshot (for a snapshot: since the one before).
     pub written: u64,
     pub compressratio: f64,
+    /// usedbydataset, usedbychildren, usedbyrefreservation (crate::space).
+    pub usedby: crate::space::Figures,
 }
 
 pub fn ratio(logical: u64, physical: u64) -> f64 {
@@ -371,6 +386,18 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         // A snapshot has no space of its own to offer (zfs shows "-").
         out.insert(3, bytes("available", space.available));
         out.push(bytes("usedbysnapshots", space.snapshots));
+        out.push(bytes("usedbydataset", space.usedby.dataset));
+        out.push(bytes("usedbychildren", space.usedby.children));
+        out.push(bytes("usedbyrefreservation", space.usedby.refreservation));
+        for prop in LIMITS {
+            let n = crate::space::limit(rec, prop);
+            out.push(Property {
+                name: (*prop).into(),
+                value: if n == 0 { "none".into() } else { format_size(n) },
+                parsable: n.to_string(),
+                source: if n == 0 { "default" } else { "local" }.into(),
+            });
+        }
     }
     out.push(bytes("written", space.written));
     if rec.volblocksize != 0 {
@@ -448,6 +475,10 @@ mod tests {
         assert!(normalize("compression", "zstd-42").is_err());
         assert!(normalize("readonly", "yes").is_err());
         assert!(normalize("used", "1G").is_err());
+        assert_eq!(normalize("quota", "1G").unwrap(), (1u64 << 30).to_string());
+        assert_eq!(normalize("refreservation", "0").unwrap(), "none");
+        assert_eq!(normalize("refreservation", "auto").unwrap(), "auto");
+        assert!(normalize("quota", "auto").is_err());
         assert!(validate_volblocksize(3000).is_err());
         assert!(validate_volblocksize(256 << 10).is_err());
         assert_eq!(validate_volblocksize(8192).unwrap(), 8192);

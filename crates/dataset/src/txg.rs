@@ -127,6 +127,11 @@ pub struct OpenTxg {
     pub txg: u64,
     pub dirty: HashMap<BlockKey, Dirty>,
     pub dirty_bytes: u64,
+    /// Space admitted for the changes of this txg, by dataset (crate::space).
+    pub charged: HashMap<u64, u64>,
+    /// Every byte ever charged (never decreases): lets a writer see what
+    /// others admitted since it measured its budget.
+    pub charged_ever: u64,
 }
 
 #[derive(Default)]
@@ -153,6 +158,11 @@ pub struct ImportedPool {
     pub open: Mutex<OpenTxg>,
     /// The txg being committed; readers look here after the open txg.
     pub syncing: RwLock<Option<Arc<HashMap<BlockKey, Dirty>>>>,
+    /// `OpenTxg::charged` of the txg being committed, until its blocks are
+    /// placed and its space figures published.
+    pub syncing_charged: Mutex<HashMap<u64, u64>>,
+    /// An ENOSPC/EDQUOT was logged and no write has succeeded since.
+    pub nospace_logged: AtomicBool,
     /// Dataset records by name: the committed ones plus space figures of the last txg.
     pub datasets: RwLock<BTreeMap<String, DatasetRecord>>,
     /// Serializes write transactions of the metadata store (txg commit, admin changes).
@@ -308,8 +318,12 @@ impl ImportedPool {
                 txg: txg + 1,
                 dirty: HashMap::new(),
                 dirty_bytes: 0,
+                charged: HashMap::new(),
+                charged_ever: 0,
             }),
             syncing: RwLock::new(None),
+            syncing_charged: Mutex::new(HashMap::new()),
+            nospace_logged: AtomicBool::new(false),
             datasets: RwLock::new(datasets),
             meta_lock: Mutex::new(()),
             ctl: Mutex::new(SyncCtl::default()),
@@ -364,7 +378,7 @@ impl ImportedPool {
             },
             RecordKind::Jump => return Ok(()),
         };
-        crate::volume::apply(self, id, bs, rec.offset, op, false, false)?;
+        crate::volume::apply(self, id, bs, rec.offset, op, false, false, None)?;
         Ok(())
     }
 
@@ -444,12 +458,14 @@ impl ImportedPool {
             }
             if let Some(ds) = action.as_ref().and_then(Action::discards) {
                 open.dirty.retain(|k, _| k.0 != ds);
+                open.charged.remove(&ds);
             }
             let cp = self.log.checkpoint();
             let txg = open.txg;
             open.txg += 1;
             open.dirty_bytes = 0;
             let dirty = Arc::new(std::mem::take(&mut open.dirty));
+            *self.syncing_charged.lock() = std::mem::take(&mut open.charged);
             // Published before the open lock is released: a reader that misses a
             // block in the open txg must find it here, never fall through to
             // the older committed version.
@@ -459,6 +475,8 @@ impl ImportedPool {
         match self.write_txg(txg, &dirty, cp, action) {
             Ok(outcome) => {
                 *self.syncing.write() = None;
+                // The space figures now hold what was charged.
+                self.syncing_charged.lock().clear();
                 self.log.applied(cp);
                 self.counters.txg_commits.fetch_add(1, Ordering::Relaxed);
                 self.counters
@@ -472,6 +490,9 @@ impl ImportedPool {
                 let mut open = self.open.lock();
                 for (k, v) in dirty.iter() {
                     open.dirty.entry(*k).or_insert_with(|| v.clone());
+                }
+                for (ds, n) in self.syncing_charged.lock().drain() {
+                    *open.charged.entry(ds).or_default() += n;
                 }
                 *self.syncing.write() = None;
                 tracing::error!(pool = %self.pool.name, txg, error = %e, "txg commit failed; will retry");
@@ -537,7 +558,10 @@ impl ImportedPool {
                             for bp in placed.iter().flatten() {
                                 alloc.free(bp.dvas[0]);
                             }
-                            return Err(Error::NoSpace(self.pool.name.clone()));
+                            return Err(Error::NoSpace(format!(
+                                "out of space in pool {}",
+                                self.pool.name
+                            )));
                         }
                     },
                     None => None,

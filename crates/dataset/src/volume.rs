@@ -2,7 +2,8 @@
 //! the txg being committed, and the committed block map, in that order.
 
 use crate::blockmap::Chain;
-use crate::txg::{Dirty, ImportedPool, PartialBlock, View};
+use crate::space::Class;
+use crate::txg::{BlockKey, Dirty, ImportedPool, PartialBlock, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
 use intent_log::RecordKind;
@@ -19,6 +20,7 @@ const SCAN_BLOCKS: usize = 8;
 /// Largest single read of adjacent blocks.
 const MAX_READ_RUN: u64 = 8 << 20;
 
+#[derive(Clone, Copy)]
 pub(crate) enum Op<'a> {
     Write(&'a [u8]),
     Zero { len: u64, allocate: bool },
@@ -195,6 +197,7 @@ pub(crate) fn apply(
     op: Op<'_>,
     log: bool,
     zero_to_hole: bool,
+    class: Option<Class>,
 ) -> Result<u64> {
     let len = op.len();
     if len == 0 {
@@ -242,10 +245,22 @@ pub(crate) fn apply(
             }
             None => HashSet::new(),
         };
+        // Measured outside the open txg's lock (it reads the dataset tree).
+        let budget = class.map(|c| p.budget(ds, c)).transpose()?;
+        let (full, unit) = (p.charge_of(bs), p.charge_of(1));
         let mut open = p.open.lock();
         if open.txg != txg {
             continue; // a txg started meanwhile: `existing` may be stale
         }
+        let weight = |d: Option<&Dirty>| match d {
+            Some(Dirty::Data(_) | Dirty::Partial(_)) => full,
+            Some(Dirty::Zero) => unit,
+            _ => 0,
+        };
+        // Every block's new state is worked out before any is applied, so a
+        // change refused for want of space leaves the txg as it was.
+        let mut changes: Vec<(BlockKey, Dirty)> = Vec::with_capacity((last - first + 1) as usize);
+        let (mut add, mut sub) = (0u64, 0u64);
         for b in first..=last {
             let start = b * bsz;
             let lo = offset.max(start);
@@ -305,14 +320,25 @@ pub(crate) fn apply(
                 })
             };
             if let Some(new) = new {
-                let weight = if matches!(new, Dirty::Data(_) | Dirty::Partial(_)) {
-                    bsz
-                } else {
-                    0
-                };
-                if open.dirty.insert(key, new).is_none() {
-                    open.dirty_bytes += weight;
-                }
+                let (w_new, w_old) = (weight(Some(&new)), weight(open.dirty.get(&key)));
+                add += w_new.saturating_sub(w_old);
+                sub += w_old.saturating_sub(w_new);
+                changes.push((key, new));
+            }
+        }
+        if let Some(b) = &budget {
+            let others = open.charged_ever - b.ever;
+            if add > sub && add - sub > b.bytes.saturating_sub(others) {
+                return Err(Error::NoSpace(b.why.clone()));
+            }
+        }
+        let charged = open.charged.entry(ds).or_default();
+        *charged = (*charged + add).saturating_sub(sub);
+        open.charged_ever += add;
+        for (key, new) in changes {
+            let counts = matches!(new, Dirty::Data(_) | Dirty::Partial(_));
+            if open.dirty.insert(key, new).is_none() && counts {
+                open.dirty_bytes += bsz;
             }
         }
         let mut seq = 0;
@@ -482,30 +508,35 @@ impl Volume {
             return Err(Error::ReadOnly(self.name.clone()));
         }
         self.check_range(offset, op.len(), st.size)?;
-        self.ensure_space(op.len())?;
+        let class = match op {
+            Op::Write(_) => Class::Write,
+            Op::Zero { allocate: true, .. } => Class::Reserved,
+            Op::Zero { allocate: false, .. } => Class::Free,
+        };
         self.pool.throttle();
-        let seq = apply(&self.pool, self.id, st.bs, offset, op, true, st.compressing)?;
-        if fua {
-            self.pool
-                .log
-                .commit(seq)
-                .map_err(|e| Error::Io(e.to_string()))?;
+        let p = &self.pool;
+        let mut applied = apply(p, self.id, st.bs, offset, op.clone(), true, st.compressing, Some(class));
+        if matches!(applied, Err(Error::NoSpace(_))) && p.pending().1 > 0 {
+            // What is in flight may free space (overwrites) or be charged
+            // more than it will take (compression): commit it and look again.
+            p.sync_now()?;
+            applied = apply(p, self.id, st.bs, offset, op, true, st.compressing, Some(class));
         }
-        Ok(())
-    }
-
-    /// Refuses a write that could not be placed even after the next txg.
-    fn ensure_space(&self, len: u64) -> Result<()> {
-        let pool = &self.pool;
-        let free = pool.pool.allocator().free_bytes();
-        let pending = pool.open.lock().dirty_bytes;
-        let reserve = pool.pool.size() / 32;
-        if free.saturating_sub(pending) < len.saturating_add(reserve) {
-            pool.sync_now()?;
-            let free = pool.pool.allocator().free_bytes();
-            if free < len.saturating_add(reserve) {
-                return Err(Error::NoSpace(pool.pool.name.clone()));
+        let seq = match applied {
+            Err(Error::NoSpace(why)) => {
+                // Once, not per request: a full guest retries a lot.
+                if !p.nospace_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(pool = %p.pool.name, volume = %self.name, "{why}: writes fail with ENOSPC until space is freed");
+                }
+                return Err(Error::NoSpace(why));
             }
+            r => r?,
+        };
+        if p.nospace_logged.load(Ordering::Relaxed) && p.nospace_logged.swap(false, Ordering::Relaxed) {
+            tracing::info!(pool = %p.pool.name, volume = %self.name, "writes succeed again");
+        }
+        if fua {
+            p.log.commit(seq).map_err(|e| Error::Io(e.to_string()))?;
         }
         Ok(())
     }

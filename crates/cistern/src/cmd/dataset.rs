@@ -15,6 +15,9 @@ pub struct CreateArgs {
     /// Volume size (e.g. 10G); creates a volume.
     #[arg(short = 'V', value_name = "SIZE", value_parser = size_arg, required = true)]
     pub volsize: u64,
+    /// Sparse volume: no refreservation (space is taken as it is written).
+    #[arg(short = 's')]
+    pub sparse: bool,
     /// Property for the new dataset (repeatable): -o compression=lz4 -o volblocksize=16K.
     #[arg(short = 'o', value_name = "PROP=VALUE")]
     pub props: Vec<String>,
@@ -88,11 +91,14 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
             a.name
         );
     }
-    let props = a
+    let mut props = a
         .props
         .iter()
         .map(|p| parse_assignment(p))
         .collect::<Result<Vec<_>>>()?;
+    if a.sparse {
+        props.push(("refreservation".into(), "none".into()));
+    }
     client.create_volume(&a.name, a.volsize, &props)?;
     Ok(())
 }
