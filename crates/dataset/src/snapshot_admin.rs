@@ -126,6 +126,8 @@ impl Engine {
                     wanted.push((datasets[&t].id, full));
                 }
             }
+            let ids: Vec<u64> = wanted.iter().map(|w| w.0).collect();
+            p.check_snapshot(&datasets, &ids)?;
         }
         let mut list = Vec::new();
         for (dataset, name) in wanted {

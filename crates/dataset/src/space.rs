@@ -274,6 +274,36 @@ impl ImportedPool {
         Ok(())
     }
 
+    /// A snapshot makes all of a dataset's data shared, so its
+    /// refreservation is charged in full again: as zfs, refused unless the
+    /// pool can hold that (`ids`: the datasets to snapshot).
+    pub(crate) fn check_snapshot(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        ids: &[u64],
+    ) -> Result<()> {
+        let (pending, total, _) = self.pending();
+        let figs = figures(datasets, &pending);
+        let need: u64 = datasets
+            .values()
+            .filter(|r| ids.contains(&r.id))
+            .map(|r| limit(r, "refreservation").min(figs.get(&r.name).map_or(0, |f| f.unique)))
+            .sum();
+        if need == 0 {
+            return Ok(());
+        }
+        let size = self.pool.size();
+        let pool = pool_available(size, self.pool.allocated(), slop(size), datasets, &figs, total);
+        if need > pool {
+            return Err(Error::NoSpace(format!(
+                "cannot create snapshot: out of space (refreservation needs {} more after the snapshot, {} is available)",
+                crate::props::format_size(need),
+                crate::props::format_size(pool)
+            )));
+        }
+        Ok(())
+    }
+
     /// How much more a change of `class` to dataset `ds` may charge now.
     pub(crate) fn budget(&self, ds: u64, class: Class) -> Result<Budget> {
         let (pending, total, ever) = self.pending();

@@ -167,7 +167,7 @@ fn compression_shrinks_text_and_reports_the_ratio() {
             .collect();
         vol.write(0, &text, false).unwrap();
         engine.sync_all().unwrap();
-        let used = prop(&engine, &name, "used");
+        let used = prop(&engine, &name, "usedbydataset");
         let logical = prop(&engine, &name, "logicalused");
         assert_eq!(logical, 4 << 20);
         let ratio: f64 = engine
@@ -179,7 +179,7 @@ fn compression_shrinks_text_and_reports_the_ratio() {
             .parse()
             .unwrap();
         if comp == "off" {
-            // Two copies are allocated on a mirror but "used" counts the block once per DVA.
+            // Two copies are allocated on a mirror but usedbydataset counts the block once per DVA.
             assert_eq!(used, 4 << 20);
             assert_eq!(ratio, 1.0);
         } else {
@@ -200,7 +200,7 @@ fn compression_shrinks_text_and_reports_the_ratio() {
     let data: Vec<u8> = (0..(2 << 20)).map(|_| rng.random()).collect();
     vol.write(0, &data, false).unwrap();
     engine.sync_all().unwrap();
-    assert_eq!(prop(&engine, "tank/rnd", "used"), 2 << 20);
+    assert_eq!(prop(&engine, "tank/rnd", "usedbydataset"), 2 << 20);
     same(&read_all(&vol, 0, 2 << 20), &data, "random");
 }
 
@@ -222,7 +222,7 @@ fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
     vol.trim(0, 4 << 20, false).unwrap();
     engine.sync_all().unwrap();
     assert_eq!(engine.list_pools()[0].allocated - base, 4 << 20);
-    assert_eq!(prop(&engine, "tank/v", "used"), 4 << 20);
+    assert_eq!(prop(&engine, "tank/v", "usedbydataset"), 4 << 20);
     let ext = vol.allocation(0, 16 << 20).unwrap();
     assert_eq!(
         ext[0],

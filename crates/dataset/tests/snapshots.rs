@@ -430,6 +430,7 @@ impl Harness {
             "{}",
             ctx("pool allocated")
         );
+        let mut reserved = 0;
         for (name, img) in &self.model.heads {
             let own = |t: &u64| self.model.owner.get(t) == Some(name);
             let live_own = img.tokens().iter().filter(|t| own(t)).count() as u64 * BS;
@@ -448,12 +449,29 @@ impl Harness {
                 "{}",
                 ctx(&format!("{name} usedbysnapshots"))
             );
+            // tank/v is not sparse: it reserves its size; clones reserve nothing (as zfs).
+            let written = prop(&self.engine, name, "written");
+            let refreservation = if name == "tank/v" { VOLSIZE } else { 0 };
+            assert_eq!(
+                prop(&self.engine, name, "refreservation"),
+                refreservation,
+                "{}",
+                ctx(&format!("{name} refreservation"))
+            );
+            let unused = refreservation.saturating_sub(written);
+            assert_eq!(
+                prop(&self.engine, name, "usedbyrefreservation"),
+                unused,
+                "{}",
+                ctx(&format!("{name} usedbyrefreservation"))
+            );
             assert_eq!(
                 prop(&self.engine, name, "used"),
-                live_own + held,
+                live_own + held + unused,
                 "{}",
                 ctx(&format!("{name} used"))
             );
+            reserved += unused;
             assert_eq!(
                 prop(&self.engine, name, "referenced"),
                 img.tokens().len() as u64 * BS,
@@ -480,6 +498,20 @@ impl Harness {
                 ctx(&format!("{name} written"))
             );
         }
+        // What the pool can still promise: less slop, allocations and unused reservations.
+        let size = self.engine.stats()[0].size;
+        assert_eq!(
+            prop(&self.engine, "tank", "available"),
+            size - dataset::space::slop(size) - allocated - reserved,
+            "{}",
+            ctx("tank available")
+        );
+        assert_eq!(
+            prop(&self.engine, "tank", "used"),
+            allocated + reserved,
+            "{}",
+            ctx("tank used")
+        );
         for (name, s) in &self.model.snaps {
             assert_eq!(
                 prop(&self.engine, name, "referenced"),
