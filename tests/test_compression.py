@@ -1,4 +1,4 @@
-"""Per-dataset compression: stored size (`used`) shrinks by about the ratio the
+"""Per-dataset compression: stored size (`usedbydataset`) shrinks by about the ratio the
 algorithm reaches on the data, and `compressratio` reports it."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def write_and_settle(vol, data_unique: bytes, copies: int, timeout: float = 60, 
     last = None
     while time.monotonic() < deadline:
         p = vol.props()
-        cur = (int(p["used"]), int(p["logicalused"]))
+        cur = (int(p["usedbydataset"]), int(p["logicalused"]))
         if cur[1] >= total and cur == last and cur[0] != prev_used:
             return p
         last = cur
@@ -92,7 +92,7 @@ def write_and_settle(vol, data_unique: bytes, copies: int, timeout: float = 60, 
 
 
 def check_consistent(p: dict[str, str]):
-    used, logical, ratio = int(p["used"]), int(p["logicalused"]), _ratio(p["compressratio"])
+    used, logical, ratio = int(p["usedbydataset"]), int(p["logicalused"]), _ratio(p["compressratio"])
     assert used > 0
     assert abs(ratio - logical / used) <= 0.015, (
         f"compressratio {ratio} but logicalused/used = {logical}/{used} = {logical / used:.3f}")
@@ -125,7 +125,7 @@ def test_text_compresses_by_expected_ratio(cvol, text, algo, vbs):
     vol = cvol(algo, volblocksize=f"{vbs // KiB}K")
     assert vol.prop("compression") == algo
     p = write_and_settle(vol, text, DATA_BYTES // UNIQUE_BYTES)
-    used, logical, ratio = int(p["used"]), int(p["logicalused"]), _ratio(p["compressratio"])
+    used, logical, ratio = int(p["usedbydataset"]), int(p["logicalused"]), _ratio(p["compressratio"])
     assert logical >= DATA_BYTES, p
     check_consistent(p)
     want = expected_ratio(text[:4 * MiB], algo, vbs)
@@ -152,7 +152,7 @@ def test_random_data_is_stored_raw(cvol):
     vol = cvol("lz4")
     data = os.urandom(16 * MiB)
     p = write_and_settle(vol, data, 2)
-    used, logical, ratio = int(p["used"]), int(p["logicalused"]), _ratio(p["compressratio"])
+    used, logical, ratio = int(p["usedbydataset"]), int(p["logicalused"]), _ratio(p["compressratio"])
     check_consistent(p)
     assert ratio == pytest.approx(1.0, abs=0.02), p
     assert used <= logical * 1.02, f"incompressible data takes more than 2% extra: {p}"
@@ -165,9 +165,9 @@ def test_changing_compression_applies_to_new_writes(cvol, text):
     assert _ratio(p1["compressratio"]) == pytest.approx(1.0, abs=0.01)
     vol.daemon.cli("set", "compression=zstd-19", vol.name)
     assert vol.prop("compression") == "zstd-19"
-    p2 = write_and_settle(vol, data, 1, prev_used=int(p1["used"]))  # rewrite the same blocks
+    p2 = write_and_settle(vol, data, 1, prev_used=int(p1["usedbydataset"]))  # rewrite the same blocks
     assert int(p2["logicalused"]) == int(p1["logicalused"])
-    assert int(p2["used"]) <= int(p1["used"]) / 2, (p1, p2)
+    assert int(p2["usedbydataset"]) <= int(p1["usedbydataset"]) / 2, (p1, p2)
     check_consistent(p2)
     with connected(vol.uri) as h:
         assert h.pread(len(data), 0) == data
