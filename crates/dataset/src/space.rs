@@ -89,29 +89,19 @@ pub fn figures(
     out
 }
 
-/// Space the pool can still promise: its size less slop, what is
-/// allocated, what is in flight and what reservations hold unused.
+/// Space the pool can still promise: its size less slop and what the
+/// root is charged (every dataset's data, snapshots, changes in flight and
+/// unused reservations). From the figures, not the allocator: a txg being
+/// committed is then counted once, whether or not its blocks are placed yet.
 pub fn pool_available(
     size: u64,
-    allocated: u64,
     keep: u64,
     datasets: &BTreeMap<String, DatasetRecord>,
     figs: &HashMap<String, Figures>,
-    pending_total: u64,
 ) -> u64 {
     let root = datasets.values().find(|r| r.id == 0);
-    let held: u64 = root
-        .and_then(|r| figs.get(&r.name))
-        .map_or(0, |f| f.used())
-        .saturating_sub(
-            figs.values()
-                .map(|f| f.dataset + f.snapshots)
-                .sum::<u64>(),
-        );
-    size.saturating_sub(keep)
-        .saturating_sub(allocated)
-        .saturating_sub(pending_total)
-        .saturating_sub(held)
+    let used = root.and_then(|r| figs.get(&r.name)).map_or(0, |f| f.used());
+    size.saturating_sub(keep).saturating_sub(used)
 }
 
 /// zfs `available` of `name` given what the pool can promise: its own and its
@@ -164,17 +154,42 @@ pub struct Budget {
     pub why: String,
 }
 
+/// Space charged for changes not yet in the dataset figures.
+pub(crate) struct Pending {
+    /// By dataset: the open txg's charges and the committing txg's.
+    pub by_ds: HashMap<u64, u64>,
+    /// Of those, what is not allocated yet (the committing txg's charges
+    /// only until its blocks are placed).
+    pub unplaced: u64,
+    /// `OpenTxg::charged_ever` when measured.
+    pub ever: u64,
+}
+
+/// `OpenTxg::charged` of the txg being committed, and whether its blocks
+/// are placed (allocated) yet.
+#[derive(Default)]
+pub struct SyncingCharges {
+    pub by_ds: HashMap<u64, u64>,
+    pub placed: bool,
+}
+
 impl ImportedPool {
-    /// Bytes charged in the open and syncing txgs by dataset, their sum,
-    /// and the open txg's `charged_ever`.
-    pub(crate) fn pending(&self) -> (HashMap<u64, u64>, u64, u64) {
+    pub(crate) fn pending(&self) -> Pending {
         let open = self.open.lock();
-        let mut m = open.charged.clone();
-        for (id, n) in self.syncing_charged.lock().iter() {
-            *m.entry(*id).or_default() += n;
+        let mut by_ds = open.charged.clone();
+        let mut unplaced: u64 = by_ds.values().sum();
+        let syncing = self.syncing_charged.lock();
+        for (id, n) in &syncing.by_ds {
+            *by_ds.entry(*id).or_default() += n;
+            if !syncing.placed {
+                unplaced += n;
+            }
         }
-        let total = m.values().sum();
-        (m, total, open.charged_ever)
+        Pending {
+            by_ds,
+            unplaced,
+            ever: open.charged_ever,
+        }
     }
 
     /// Worst-case allocation of one block of `bs` bytes: rounded up to the
@@ -196,17 +211,9 @@ impl ImportedPool {
         datasets: &BTreeMap<String, DatasetRecord>,
         name: &str,
     ) -> u64 {
-        let (pending, total, _) = self.pending();
-        let figs = figures(datasets, &pending);
+        let figs = figures(datasets, &self.pending().by_ds);
         let size = self.pool.size();
-        let pool = pool_available(
-            size,
-            self.pool.allocated(),
-            slop(size),
-            datasets,
-            &figs,
-            total,
-        );
+        let pool = pool_available(size, slop(size), datasets, &figs);
         available(datasets, &figs, pool, name).0
     }
 
@@ -225,10 +232,9 @@ impl ImportedPool {
         prop: &str,
         new: u64,
     ) -> Result<()> {
-        let (pending, total, _) = self.pending();
-        let figs = figures(datasets, &pending);
+        let figs = figures(datasets, &self.pending().by_ds);
         let size = self.pool.size();
-        let pool = pool_available(size, self.pool.allocated(), slop(size), datasets, &figs, total);
+        let pool = pool_available(size, slop(size), datasets, &figs);
         let parent = name.rsplit_once('/').map_or("", |(p, _)| p);
         let Some(rec) = datasets.get(name) else {
             let avail = available(datasets, &figs, pool, parent).0;
@@ -282,8 +288,7 @@ impl ImportedPool {
         datasets: &BTreeMap<String, DatasetRecord>,
         ids: &[u64],
     ) -> Result<()> {
-        let (pending, total, _) = self.pending();
-        let figs = figures(datasets, &pending);
+        let figs = figures(datasets, &self.pending().by_ds);
         let need: u64 = datasets
             .values()
             .filter(|r| ids.contains(&r.id))
@@ -293,7 +298,7 @@ impl ImportedPool {
             return Ok(());
         }
         let size = self.pool.size();
-        let pool = pool_available(size, self.pool.allocated(), slop(size), datasets, &figs, total);
+        let pool = pool_available(size, slop(size), datasets, &figs);
         if need > pool {
             return Err(Error::NoSpace(format!(
                 "cannot create snapshot: out of space (refreservation needs {} more after the snapshot, {} is available)",
@@ -306,7 +311,11 @@ impl ImportedPool {
 
     /// How much more a change of `class` to dataset `ds` may charge now.
     pub(crate) fn budget(&self, ds: u64, class: Class) -> Result<Budget> {
-        let (pending, total, ever) = self.pending();
+        let Pending {
+            by_ds: pending,
+            unplaced,
+            ever,
+        } = self.pending();
         let size = self.pool.size();
         let free = self.pool.allocator().free_bytes();
         let datasets = self.datasets.read();
@@ -318,7 +327,7 @@ impl ImportedPool {
         let full = || format!("out of space in pool {pool_name}");
         // Physical space, whatever the accounting says (a snapshot can put
         // a refreservation over what is free).
-        let physical = |keep: u64| free.saturating_sub(keep).saturating_sub(total);
+        let physical = |keep: u64| free.saturating_sub(keep).saturating_sub(unplaced);
         if class == Class::Free {
             return Ok(Budget {
                 bytes: physical(0),
@@ -329,14 +338,15 @@ impl ImportedPool {
         let figs = figures(&datasets, &pending);
         // Committed unique data still inside the refreservation.
         let own_pending = pending.get(&ds).copied().unwrap_or(0);
-        let within_refreservation = figs.get(&rec.name).is_some_and(|f| {
-            limit(rec, "refreservation") > f.unique.saturating_sub(own_pending)
-        });
+        let reserved = limit(rec, "refreservation");
+        let within_refreservation = figs
+            .get(&rec.name)
+            .is_some_and(|f| reserved > 0 && reserved >= f.unique.saturating_sub(own_pending));
         let keep = match class {
             Class::Write if !within_refreservation => slop(size),
             _ => slop(size) / 2,
         };
-        let pool = pool_available(size, size - free, keep, &datasets, &figs, total);
+        let pool = pool_available(size, keep, &datasets, &figs);
         let (logical, why) = available(&datasets, &figs, pool, &rec.name);
         let phys = physical(keep);
         Ok(match why {
@@ -403,9 +413,9 @@ mod tests {
         assert_eq!(figs["tank/thick"].refreservation, 90 * M);
         assert_eq!(figs["tank/thick"].used(), 100 * M);
         assert_eq!(figs["tank"].used(), 105 * M);
-        // A 1000M pool with 16M allocated (15M data + 1M elsewhere), 32M slop.
-        let pool = pool_available(1000 * M, 16 * M, 32 * M, &ds, &figs, 0);
-        assert_eq!(pool, 1000 * M - 32 * M - 16 * M - 90 * M);
+        // A 1000M pool, 32M slop.
+        let pool = pool_available(1000 * M, 32 * M, &ds, &figs);
+        assert_eq!(pool, 1000 * M - 32 * M - 15 * M - 90 * M);
         assert_eq!(available(&ds, &figs, pool, "tank/thin").0, pool);
         assert_eq!(available(&ds, &figs, pool, "tank/thick").0, pool + 90 * M);
         // Writes in flight to the thick volume consume its reservation first.
@@ -413,7 +423,7 @@ mod tests {
         let figs = figures(&ds, &pending);
         assert_eq!(figs["tank/thick"].refreservation, 60 * M);
         assert_eq!(figs["tank"].used(), 105 * M);
-        let pool2 = pool_available(1000 * M, 16 * M, 32 * M, &ds, &figs, 30 * M);
+        let pool2 = pool_available(1000 * M, 32 * M, &ds, &figs);
         assert_eq!(pool2, pool, "in-flight writes within a refreservation cost others nothing");
     }
 
@@ -431,7 +441,7 @@ mod tests {
         assert_eq!(figs["tank/fs"].children, 30 * M);
         // The filesystem's reservation (40M > 30M used) is charged to the pool root.
         assert_eq!(figs["tank"].children, 40 * M);
-        let pool = pool_available(1000 * M, 30 * M, 0, &ds, &figs, 0);
+        let pool = pool_available(1000 * M, 0, &ds, &figs);
         assert_eq!(pool, 1000 * M - 30 * M - 10 * M);
         // Below the filesystem: its unused reservation, capped by its quota.
         let (b, why) = available(&ds, &figs, pool, "tank/fs/b");

@@ -160,7 +160,7 @@ pub struct ImportedPool {
     pub syncing: RwLock<Option<Arc<HashMap<BlockKey, Dirty>>>>,
     /// `OpenTxg::charged` of the txg being committed, until its blocks are
     /// placed and its space figures published.
-    pub syncing_charged: Mutex<HashMap<u64, u64>>,
+    pub syncing_charged: Mutex<crate::space::SyncingCharges>,
     /// An ENOSPC/EDQUOT was logged and no write has succeeded since.
     pub nospace_logged: AtomicBool,
     /// Dataset records by name: the committed ones plus space figures of the last txg.
@@ -322,7 +322,7 @@ impl ImportedPool {
                 charged_ever: 0,
             }),
             syncing: RwLock::new(None),
-            syncing_charged: Mutex::new(HashMap::new()),
+            syncing_charged: Mutex::default(),
             nospace_logged: AtomicBool::new(false),
             datasets: RwLock::new(datasets),
             meta_lock: Mutex::new(()),
@@ -465,7 +465,10 @@ impl ImportedPool {
             open.txg += 1;
             open.dirty_bytes = 0;
             let dirty = Arc::new(std::mem::take(&mut open.dirty));
-            *self.syncing_charged.lock() = std::mem::take(&mut open.charged);
+            *self.syncing_charged.lock() = crate::space::SyncingCharges {
+                by_ds: std::mem::take(&mut open.charged),
+                placed: false,
+            };
             // Published before the open lock is released: a reader that misses a
             // block in the open txg must find it here, never fall through to
             // the older committed version.
@@ -475,8 +478,6 @@ impl ImportedPool {
         match self.write_txg(txg, &dirty, cp, action) {
             Ok(outcome) => {
                 *self.syncing.write() = None;
-                // The space figures now hold what was charged.
-                self.syncing_charged.lock().clear();
                 self.log.applied(cp);
                 self.counters.txg_commits.fetch_add(1, Ordering::Relaxed);
                 self.counters
@@ -491,7 +492,7 @@ impl ImportedPool {
                 for (k, v) in dirty.iter() {
                     open.dirty.entry(*k).or_insert_with(|| v.clone());
                 }
-                for (ds, n) in self.syncing_charged.lock().drain() {
+                for (ds, n) in std::mem::take(&mut *self.syncing_charged.lock()).by_ds {
                     *open.charged.entry(ds).or_default() += n;
                 }
                 *self.syncing.write() = None;
@@ -568,6 +569,8 @@ impl ImportedPool {
                 });
             }
         }
+        // Allocated now: the space budget stops counting these charges as unplaced.
+        self.syncing_charged.lock().placed = true;
         let new_dvas: Vec<Dva> = placed.iter().flatten().map(|bp| bp.dvas[0]).collect();
         let result = self.write_placed(txg, &keys, &encoded, &placed, cp, action);
         if result.is_ok() {
@@ -754,6 +757,9 @@ impl ImportedPool {
             }
         }
         let mut datasets = self.datasets.write();
+        // The space figures now hold what was charged (cleared under the
+        // datasets lock, so no budget sees both or neither).
+        *self.syncing_charged.lock() = Default::default();
         // Renamed records (promote) leave their old name behind.
         datasets.retain(|name, r| recs.get(&r.id).is_some_and(|n| n.name == *name));
         for rec in recs.into_values() {

@@ -516,7 +516,7 @@ impl Volume {
         self.pool.throttle();
         let p = &self.pool;
         let mut applied = apply(p, self.id, st.bs, offset, op.clone(), true, st.compressing, Some(class));
-        if matches!(applied, Err(Error::NoSpace(_))) && p.pending().1 > 0 {
+        if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
             // What is in flight may free space (overwrites) or be charged
             // more than it will take (compression): commit it and look again.
             p.sync_now()?;
