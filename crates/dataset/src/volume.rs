@@ -532,7 +532,10 @@ impl Volume {
             }
             r => r?,
         };
-        if p.nospace_logged.load(Ordering::Relaxed) && p.nospace_logged.swap(false, Ordering::Relaxed) {
+        if class == Class::Write
+            && p.nospace_logged.load(Ordering::Relaxed)
+            && p.nospace_logged.swap(false, Ordering::Relaxed)
+        {
             tracing::info!(pool = %p.pool.name, volume = %self.name, "writes succeed again");
         }
         if fua {
