@@ -85,24 +85,29 @@ impl Shared {
         }
     }
 
-    /// Closes the connection with the most reply bytes queued behind a
-    /// socket that took nothing for [`EVICT_AFTER`]; its permits come back.
+    /// Closes every connection whose socket took none of its queued
+    /// replies for [`EVICT_AFTER`] (not `me`), giving their permits back.
+    /// All of them, not the worst one: the waiters queue in order, so a
+    /// real client behind many stalled ones would otherwise wait a second
+    /// per stalled client.
     fn evict_stalled(&self, me: &Arc<Sink>) {
-        let victim = {
+        let victims: Vec<(usize, Arc<Sink>)> = {
             let sinks = lock(&self.sinks);
             sinks
                 .values()
                 .filter_map(Weak::upgrade)
                 .filter(|s| !Arc::ptr_eq(s, me))
                 .filter_map(|s| s.stalled_for(EVICT_AFTER).map(|b| (b, s)))
-                .max_by_key(|(b, _)| *b)
+                .collect()
         };
-        if let Some((bytes, sink)) = victim {
+        for (bytes, sink) in victims {
             ServerStats::add(&stats().stalled_evicted, 1);
             self.log.report(
                 "stalled client evicted",
                 sink.peer(),
-                &format_args!("{bytes} reply bytes unread; the in-flight byte budget is exhausted"),
+                &format_args!(
+                    "{bytes} reply bytes unread for {EVICT_AFTER:?} while the in-flight byte budget is exhausted"
+                ),
             );
             sink.abort();
         }
