@@ -186,7 +186,7 @@ struct Window {
 }
 
 impl BadClients {
-    fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         BadClients {
             interval,
             st: Mutex::new(Window::default()),
@@ -226,6 +226,11 @@ impl BadClients {
                 warn!("{s}");
             }
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn suppressed(&self) -> u64 {
+        lock(&self.st).suppressed.values().sum()
     }
 
     pub(crate) fn interval(&self) -> Duration {
