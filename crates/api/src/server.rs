@@ -490,9 +490,11 @@ async fn rollback(
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Response> {
     tracing::info!(snapshot = %req.snapshot, recursive = req.recursive, force = req.force, "rollback");
-    blocking(&st, move |e| e.rollback_with(&req.snapshot, req.recursive, req.force))
-        .await
-        .map(json)
+    blocking(&st, move |e| {
+        e.rollback_with(&req.snapshot, req.recursive, req.force)
+    })
+    .await
+    .map(json)
 }
 
 async fn clone(State(st): State<ApiState>, Json(req): Json<CloneRequest>) -> ApiResult<Response> {

@@ -109,11 +109,7 @@ impl Gate {
     /// Closes the gate and releases the hold; `revoke`: tell the connection.
     fn shut(&self, revoke: bool) {
         *self.open.write().unwrap_or_else(|e| e.into_inner()) = false;
-        let handle = self
-            .handle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let handle = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(handle);
         if revoke {
             self.revoked.send_replace(true);

@@ -929,9 +929,7 @@ impl Engine {
     /// rollback and pool export/destroy refuse unless forced, and forced
     /// call `revoke` first. Refused while such an operation runs on it.
     pub fn open_handle(&self, dataset: &str, client: &str, revoke: Revoke) -> Result<OpenHandle> {
-        self.inner
-            .holders
-            .open(dataset, client.to_string(), revoke)
+        self.inner.holders.open(dataset, client.to_string(), revoke)
     }
 
     /// Holders of `root`, what is below it and their snapshots (all: `None`).

@@ -40,9 +40,10 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(cfg: &ServerConfig) -> Arc<Shared> {
-        let total = cfg
-            .max_in_flight_bytes_total
-            .clamp(crate::proto::MAX_PAYLOAD as usize, Semaphore::MAX_PERMITS >> 1);
+        let total = cfg.max_in_flight_bytes_total.clamp(
+            crate::proto::MAX_PAYLOAD as usize,
+            Semaphore::MAX_PERMITS >> 1,
+        );
         Arc::new(Shared {
             bytes: Arc::new(Semaphore::new(total)),
             sinks: Mutex::new(HashMap::new()),
@@ -193,10 +194,17 @@ impl BadClients {
         }
     }
 
-    pub(crate) fn report(&self, kind: &'static str, peer: Option<SocketAddr>, detail: &dyn Display) {
+    pub(crate) fn report(
+        &self,
+        kind: &'static str,
+        peer: Option<SocketAddr>,
+        detail: &dyn Display,
+    ) {
         let now = Instant::now();
         let mut w = lock(&self.st);
-        if w.start.is_some_and(|s| now.duration_since(s) < self.interval) {
+        if w.start
+            .is_some_and(|s| now.duration_since(s) < self.interval)
+        {
             *w.suppressed.entry(kind).or_default() += 1;
             return;
         }
@@ -215,8 +223,7 @@ impl BadClients {
     /// Logs the summary of an interval that has ended (called periodically).
     pub(crate) fn flush(&self) {
         let mut w = lock(&self.st);
-        if w
-            .start
+        if w.start
             .is_some_and(|s| s.elapsed() >= self.interval && !w.suppressed.is_empty())
         {
             let summary = Self::take_summary(&mut w);

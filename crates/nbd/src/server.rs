@@ -232,7 +232,11 @@ async fn connection(
         }
         Some(Err(_)) => {
             failed();
-            log.report("handshake timed out", Some(peer), &format_args!("{:?}", config.handshake_timeout));
+            log.report(
+                "handshake timed out",
+                Some(peer),
+                &format_args!("{:?}", config.handshake_timeout),
+            );
             return;
         }
         None => {
@@ -240,7 +244,10 @@ async fn connection(
             log.report(
                 "handshake abandoned for a newer connection",
                 Some(peer),
-                &format_args!("max_handshakes ({}) connections were in the handshake", config.max_handshakes),
+                &format_args!(
+                    "max_handshakes ({}) connections were in the handshake",
+                    config.max_handshakes
+                ),
             );
             return;
         }
@@ -254,7 +261,10 @@ async fn connection(
     // The small handshake buffer gives way to the transmission one; bytes
     // the client already sent stay first in line.
     let early = rd.buffer().to_vec();
-    let rd = BufReader::with_capacity(IO_BUFFER, std::io::Cursor::new(early).chain(rd.into_inner()));
+    let rd = BufReader::with_capacity(
+        IO_BUFFER,
+        std::io::Cursor::new(early).chain(rd.into_inner()),
+    );
     let export = neg.name.clone();
     info!(%peer, export = %export, "client connected");
     let end = transmission::run(rd, wr, neg, shutdown, config, shared).await;

@@ -15,8 +15,8 @@
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit};

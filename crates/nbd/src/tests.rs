@@ -1403,14 +1403,22 @@ async fn revoked_export_answers_eshutdown_then_closes() {
         assert_eq!(c.error().await, ESHUTDOWN);
         c.req(0, CMD_FLUSH, 4, 0, 0, &[]).await;
         assert_eq!(c.error().await, ESHUTDOWN);
-        assert_eq!(rev.calls.load(Ordering::SeqCst), before, "the export was called after the revoke");
+        assert_eq!(
+            rev.calls.load(Ordering::SeqCst),
+            before,
+            "the export was called after the revoke"
+        );
         // Then the server closes the connection, and lets go of the export first.
         c.closed().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(rev.closed.load(Ordering::SeqCst), 2);
     stop.send(true).unwrap();
-    tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(T, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
