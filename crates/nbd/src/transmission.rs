@@ -385,13 +385,15 @@ where
         cfg.shutdown_grace
     };
     let res = tokio::time::timeout(grace, finish).await;
+    // Let go of the export (and what it holds open) before the socket
+    // closes (the last sink reference does that): a client that saw the
+    // close may destroy the dataset at once. It waits for requests still
+    // running, so off this thread.
+    let export = session.export.clone();
+    let _ = tokio::task::spawn_blocking(move || export.close()).await;
     dispatcher.close();
     drop(dispatcher);
     drop(sink);
-    // Let go of the export (and what it holds open) before the socket
-    // closes; it waits for requests still running, so off this thread.
-    let export = session.export.clone();
-    let _ = tokio::task::spawn_blocking(move || export.close()).await;
     match res {
         Ok(Ok(Ok(()))) => end,
         Ok(Ok(Err(e))) => match end {
