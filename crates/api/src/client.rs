@@ -216,11 +216,31 @@ impl Client {
     }
 
     pub fn destroy_pool(&self, pool: &str) -> Result<()> {
-        self.expect_empty(self.agent.delete(self.pool_url(pool, "")).call())
+        self.destroy_pool_with(pool, false)
+    }
+
+    /// `force`: disconnect clients of the pool's datasets instead of refusing.
+    pub fn destroy_pool_with(&self, pool: &str, force: bool) -> Result<()> {
+        self.expect_empty(
+            self.agent
+                .delete(self.pool_url(pool, ""))
+                .query("force", force.to_string())
+                .call(),
+        )
     }
 
     pub fn export_pool(&self, pool: &str) -> Result<()> {
-        self.expect_empty(self.agent.post(self.pool_url(pool, "/export")).send_empty())
+        self.export_pool_with(pool, false)
+    }
+
+    /// `force`: disconnect clients of the pool's datasets instead of refusing.
+    pub fn export_pool_with(&self, pool: &str, force: bool) -> Result<()> {
+        self.expect_empty(
+            self.agent
+                .post(self.pool_url(pool, "/export"))
+                .query("force", force.to_string())
+                .send_empty(),
+        )
     }
 
     /// Starts, pauses or stops a scrub.
@@ -356,6 +376,7 @@ impl Client {
                 .query("name", name)
                 .query("recursive", opts.recursive.to_string())
                 .query("dry_run", opts.dry_run.to_string())
+                .query("force", opts.force.to_string())
                 .call(),
         )
     }
@@ -370,9 +391,20 @@ impl Client {
 
     /// Returns the newer snapshots destroyed on the way (`-r`).
     pub fn rollback(&self, snapshot: &str, recursive: bool) -> Result<Vec<String>> {
+        self.rollback_with(snapshot, recursive, false)
+    }
+
+    /// `force`: disconnect the dataset's clients instead of refusing.
+    pub fn rollback_with(
+        &self,
+        snapshot: &str,
+        recursive: bool,
+        force: bool,
+    ) -> Result<Vec<String>> {
         let body = RollbackRequest {
             snapshot: snapshot.to_string(),
             recursive,
+            force,
         };
         self.decode(self.agent.post(self.url("/v1/rollback")).send_json(&body))
     }

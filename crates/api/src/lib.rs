@@ -87,6 +87,9 @@ pub struct RollbackRequest {
     pub snapshot: String,
     #[serde(default)]
     pub recursive: bool,
+    /// Disconnect the dataset's clients instead of refusing (`-f`).
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// `POST /v1/clone`.

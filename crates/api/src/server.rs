@@ -264,16 +264,32 @@ async fn pool_status(State(st): State<ApiState>, Path(pool): Path<String>) -> Ap
     blocking(&st, move |e| e.pool_status(&pool)).await.map(json)
 }
 
-async fn destroy_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
-    tracing::info!(%pool, "destroying pool");
-    blocking(&st, move |e| e.destroy_pool(&pool))
+/// `?force=true`: disconnect clients of the pool's datasets instead of refusing.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ForceQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn destroy_pool(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Q(q): Q<ForceQuery>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, force = q.force, "destroying pool");
+    blocking(&st, move |e| e.destroy_pool_with(&pool, q.force))
         .await
         .map(|()| no_content())
 }
 
-async fn export_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
-    tracing::info!(%pool, "exporting pool");
-    blocking(&st, move |e| e.export_pool(&pool))
+async fn export_pool(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Q(q): Q<ForceQuery>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, force = q.force, "exporting pool");
+    blocking(&st, move |e| e.export_pool_with(&pool, q.force))
         .await
         .map(|()| no_content())
 }
@@ -443,13 +459,16 @@ struct DestroyQuery {
     recursive: bool,
     #[serde(default)]
     dry_run: bool,
+    #[serde(default)]
+    force: bool,
 }
 
 async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<DestroyQuery>) -> ApiResult<Response> {
-    tracing::info!(name = %q.name, recursive = q.recursive, dry_run = q.dry_run, "destroying");
+    tracing::info!(name = %q.name, recursive = q.recursive, dry_run = q.dry_run, force = q.force, "destroying");
     let opts = DestroyOptions {
         recursive: q.recursive,
         dry_run: q.dry_run,
+        force: q.force,
     };
     blocking(&st, move |e| e.destroy(&q.name, &opts))
         .await
@@ -470,10 +489,12 @@ async fn rollback(
     State(st): State<ApiState>,
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Response> {
-    tracing::info!(snapshot = %req.snapshot, recursive = req.recursive, "rollback");
-    blocking(&st, move |e| e.rollback(&req.snapshot, req.recursive))
-        .await
-        .map(json)
+    tracing::info!(snapshot = %req.snapshot, recursive = req.recursive, force = req.force, "rollback");
+    blocking(&st, move |e| {
+        e.rollback_with(&req.snapshot, req.recursive, req.force)
+    })
+    .await
+    .map(json)
 }
 
 async fn clone(State(st): State<ApiState>, Json(req): Json<CloneRequest>) -> ApiResult<Response> {

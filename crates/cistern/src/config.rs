@@ -12,6 +12,7 @@
 //!
 //! [nbd]               # nbd::ServerConfig
 //! max_connections = 1024
+//! max_in_flight_bytes_total = 268435456
 //! shutdown_grace_secs = 30
 //! ```
 
@@ -36,11 +37,15 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct NbdSection {
     pub max_connections: Option<usize>,
+    pub max_handshakes: Option<usize>,
     pub max_in_flight: Option<usize>,
     pub max_workers: Option<usize>,
     pub max_in_flight_bytes: Option<usize>,
+    pub max_in_flight_bytes_total: Option<usize>,
     pub handshake_timeout_secs: Option<f64>,
     pub shutdown_grace_secs: Option<f64>,
+    pub revoke_grace_secs: Option<f64>,
+    pub bad_client_log_interval_secs: Option<f64>,
 }
 
 impl NbdSection {
@@ -60,6 +65,18 @@ impl NbdSection {
         };
         if let Some(v) = self.max_connections {
             c.max_connections = positive("max_connections", v)?;
+        }
+        if let Some(v) = self.max_handshakes {
+            c.max_handshakes = positive("max_handshakes", v)?;
+        }
+        if let Some(v) = self.max_in_flight_bytes_total {
+            c.max_in_flight_bytes_total = positive("max_in_flight_bytes_total", v)?;
+        }
+        if let Some(v) = self.revoke_grace_secs {
+            c.revoke_grace = secs("revoke_grace_secs", v)?;
+        }
+        if let Some(v) = self.bad_client_log_interval_secs {
+            c.bad_client_log_interval = secs("bad_client_log_interval_secs", v)?;
         }
         if let Some(v) = self.max_in_flight {
             c.max_in_flight = positive("max_in_flight", v)?;
@@ -240,6 +257,18 @@ mod tests {
         let bad = Config::parse("[nbd]\nmax_workers = 0\n").unwrap();
         assert!(bad.nbd.server_config().is_err());
         let bad = Config::parse("[nbd]\nhandshake_timeout_secs = -1.0\n").unwrap();
+        assert!(bad.nbd.server_config().is_err());
+        let cfg = Config::parse(
+            "[nbd]\nmax_handshakes = 4\nmax_in_flight_bytes_total = 100000000\n\
+             revoke_grace_secs = 0.5\nbad_client_log_interval_secs = 5\n",
+        )
+        .unwrap();
+        let c = cfg.nbd.server_config().unwrap();
+        assert_eq!(c.max_handshakes, 4);
+        assert_eq!(c.max_in_flight_bytes_total, 100_000_000);
+        assert_eq!(c.revoke_grace, std::time::Duration::from_millis(500));
+        assert_eq!(c.bad_client_log_interval, std::time::Duration::from_secs(5));
+        let bad = Config::parse("[nbd]\nmax_handshakes = 0\n").unwrap();
         assert!(bad.nbd.server_config().is_err());
     }
 

@@ -4,9 +4,12 @@
 //! `cistern:changed:SNAP` per older snapshot of its volume: flag 1 marks
 //! ranges whose blocks changed since that snapshot.
 
-use dataset::{Engine, Extent, ReadSegment, Volume};
+use dataset::{Engine, Extent, OpenHandle, ReadSegment, Volume};
 use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use tokio::sync::watch;
 
 /// NBD_STATE_HOLE / NBD_STATE_ZERO of the `base:allocation` context.
 pub const NBD_STATE_HOLE: u32 = 1;
@@ -38,14 +41,25 @@ impl ExportProvider for EngineExports {
             .collect()
     }
 
+    /// For OPT_INFO and meta-context queries: a look, not a hold.
     fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
-        match self.engine.open_volume(name) {
-            Ok(v) => Some(Arc::new(VolumeExport::new(v))),
-            Err(dataset::Error::NotFound(_)) => None,
-            Err(e) => {
-                tracing::warn!(export = %name, "cannot open volume: {e}");
-                None
-            }
+        open_logged(name, self.engine.open_volume(name).map(VolumeExport::new))
+    }
+
+    /// For transmission: the client holds the dataset open (destroy,
+    /// rollback and pool export refuse, or with -f revoke it).
+    fn open_from(&self, name: &str, peer: SocketAddr) -> Option<Arc<dyn BlockExport>> {
+        open_logged(name, VolumeExport::held(&self.engine, name, peer))
+    }
+}
+
+fn open_logged(name: &str, r: dataset::Result<VolumeExport>) -> Option<Arc<dyn BlockExport>> {
+    match r {
+        Ok(v) => Some(Arc::new(v)),
+        Err(dataset::Error::NotFound(_)) => None,
+        Err(e) => {
+            tracing::warn!(export = %name, "cannot open volume: {e}");
+            None
         }
     }
 }
@@ -53,11 +67,88 @@ impl ExportProvider for EngineExports {
 /// One open volume as an NBD export.
 pub struct VolumeExport {
     vol: Arc<Volume>,
+    gate: Arc<Gate>,
+}
+
+/// Whether the export may still touch its volume. Every call holds `open`
+/// for reading; revoking (or closing) takes it for writing, so it waits for
+/// calls in progress and none starts after it.
+struct Gate {
+    open: RwLock<bool>,
+    handle: Mutex<Option<OpenHandle>>,
+    revoked: watch::Sender<bool>,
+    /// Last size and read-only flag seen while open: a revoked export
+    /// keeps answering these as before, so its clients get ESHUTDOWN
+    /// rather than range errors or EPERM from a vanished dataset.
+    size: AtomicU64,
+    read_only: AtomicBool,
+}
+
+impl Gate {
+    fn new() -> Arc<Gate> {
+        Arc::new(Gate {
+            open: RwLock::new(true),
+            handle: Mutex::new(None),
+            revoked: watch::channel(false).0,
+            size: AtomicU64::new(0),
+            read_only: AtomicBool::new(false),
+        })
+    }
+
+    fn enter(&self) -> Result<RwLockReadGuard<'_, bool>, ExportError> {
+        let g = self.open.read().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            Ok(g)
+        } else {
+            Err(ExportError::Shutdown(
+                "the volume was taken away from its clients".into(),
+            ))
+        }
+    }
+
+    /// Closes the gate and releases the hold; `revoke`: tell the connection.
+    fn shut(&self, revoke: bool) {
+        *self.open.write().unwrap_or_else(|e| e.into_inner()) = false;
+        let handle = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(handle);
+        if revoke {
+            self.revoked.send_replace(true);
+        }
+    }
 }
 
 impl VolumeExport {
+    /// An export that holds nothing (a look at size and contexts).
     pub fn new(vol: Arc<Volume>) -> Self {
-        Self { vol }
+        let gate = Gate::new();
+        gate.size.store(vol.size(), Ordering::Relaxed);
+        gate.read_only.store(vol.read_only(), Ordering::Relaxed);
+        Self { vol, gate }
+    }
+
+    /// An export held open by the client at `peer`: registered with the
+    /// engine first, so a destroy in progress refuses it.
+    pub fn held(engine: &Engine, name: &str, peer: SocketAddr) -> dataset::Result<Self> {
+        let gate = Gate::new();
+        let weak = Arc::downgrade(&gate);
+        let revoke: dataset::Revoke = Arc::new(move |reason: &str| {
+            if let Some(g) = weak.upgrade() {
+                tracing::info!(%peer, "NBD client disconnected: {reason}");
+                g.shut(true);
+            }
+        });
+        let handle = engine.open_handle(name, &format!("NBD client {peer}"), revoke)?;
+        let vol = engine.open_volume(name)?;
+        *gate.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        gate.size.store(vol.size(), Ordering::Relaxed);
+        gate.read_only.store(vol.read_only(), Ordering::Relaxed);
+        Ok(Self { vol, gate })
+    }
+}
+
+impl Drop for VolumeExport {
+    fn drop(&mut self) {
+        self.gate.shut(false);
     }
 }
 
@@ -115,11 +206,21 @@ pub fn map_extents(extents: &[Extent]) -> Vec<StatusExtent> {
 
 impl BlockExport for VolumeExport {
     fn size(&self) -> u64 {
-        self.vol.size()
+        match self.gate.enter() {
+            Ok(_g) => {
+                let s = self.vol.size();
+                self.gate.size.store(s, Ordering::Relaxed);
+                s
+            }
+            Err(_) => self.gate.size.load(Ordering::Relaxed),
+        }
     }
 
     fn read_only(&self) -> bool {
-        self.vol.read_only()
+        match self.gate.enter() {
+            Ok(_g) => self.vol.read_only(),
+            Err(_) => self.gate.read_only.load(Ordering::Relaxed),
+        }
     }
 
     fn preferred_block_size(&self) -> u32 {
@@ -127,20 +228,32 @@ impl BlockExport for VolumeExport {
     }
 
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        let _g = self.gate.enter()?;
         let segs = self.vol.read(offset, len).map_err(map_error)?;
         Ok(segs.into_iter().map(map_segment).collect())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        let _g = self.gate.enter()?;
         self.vol.write(offset, data, fua).map_err(map_error)
     }
 
     fn flush(&self) -> Result<(), ExportError> {
+        let _g = self.gate.enter()?;
         self.vol.flush().map_err(map_error)
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        let _g = self.gate.enter()?;
         self.vol.trim(offset, len, fua).map_err(map_error)
+    }
+
+    fn revoked(&self) -> Option<watch::Receiver<bool>> {
+        Some(self.gate.revoked.subscribe())
+    }
+
+    fn close(&self) {
+        self.gate.shut(false);
     }
 
     fn write_zeroes(
@@ -150,12 +263,16 @@ impl BlockExport for VolumeExport {
         allocate: bool,
         fua: bool,
     ) -> Result<(), ExportError> {
+        let _g = self.gate.enter()?;
         self.vol
             .write_zeroes(offset, len, allocate, fua)
             .map_err(map_error)
     }
 
     fn extra_meta_contexts(&self) -> Vec<String> {
+        let Ok(_g) = self.gate.enter() else {
+            return Vec::new();
+        };
         self.vol
             .older_snapshots()
             .into_iter()
@@ -169,6 +286,7 @@ impl BlockExport for VolumeExport {
         offset: u64,
         len: u64,
     ) -> Result<Vec<StatusExtent>, ExportError> {
+        let _g = self.gate.enter()?;
         if let Some(snap) = context.strip_prefix(CHANGED_PREFIX) {
             let runs = self
                 .vol

@@ -41,6 +41,16 @@ pub fn render() -> String {
             "NBD requests answered with an error.",
             s.errors,
         ),
+        (
+            "cistern_nbd_handshakes_evicted_total",
+            "NBD connections closed in the handshake to admit a newer one (max_handshakes).",
+            s.handshakes_evicted,
+        ),
+        (
+            "cistern_nbd_stalled_evicted_total",
+            "NBD connections closed for not reading replies while the in-flight byte budget was exhausted.",
+            s.stalled_evicted,
+        ),
     ];
     for (name, help, v) in counters {
         w.family(name, "counter", help);

@@ -252,6 +252,10 @@ pub struct DestroyOptions {
     /// Say what would be destroyed and freed, change nothing (`-n`).
     #[serde(default)]
     pub dry_run: bool,
+    /// Disconnect front-end clients of what is destroyed instead of
+    /// refusing (`-f`).
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// What `destroy` removed (or would remove, for a dry run).

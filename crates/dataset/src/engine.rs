@@ -1,6 +1,7 @@
 //! The engine: every imported pool, the cache file that brings them back at
 //! start (like zpool.cache), and the administrative operations.
 
+use crate::holders::Scope;
 use crate::props::{self, DatasetRecord, Space};
 use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
@@ -33,6 +34,8 @@ pub struct EngineInner {
     pub(crate) pools: RwLock<BTreeMap<String, Arc<ImportedPool>>>,
     /// Serializes pool-level changes (create, destroy, import, export).
     pub(crate) admin: Mutex<()>,
+    /// Datasets front ends have open (busy checks of destroy, rollback, export).
+    pub(crate) holders: Arc<crate::holders::Holders>,
     /// The engine itself, for work that finishes in the background (a
     /// resilver rewrites the cache file when it is done).
     pub(crate) me: std::sync::OnceLock<std::sync::Weak<Engine>>,
@@ -118,6 +121,7 @@ impl Engine {
                 config,
                 pools: RwLock::new(BTreeMap::new()),
                 admin: Mutex::new(()),
+                holders: Arc::default(),
                 me: std::sync::OnceLock::new(),
             },
         };
@@ -638,7 +642,18 @@ impl Engine {
         self.pool_status(pool)
     }
 
+    /// `pool destroy`: refused while front ends have its datasets open.
     pub fn destroy_pool(&self, pool: &str) -> Result<()> {
+        self.destroy_pool_with(pool, false)
+    }
+
+    /// `pool destroy [-f]`: with `force`, clients of its datasets are
+    /// disconnected first (they see ESHUTDOWN).
+    pub fn destroy_pool_with(&self, pool: &str, force: bool) -> Result<()> {
+        self.pool(pool)?;
+        let _fence = self.fence(Scope::Tree(pool.into()), force, "pool destroy", |who| {
+            format!("cannot destroy '{pool}': pool is busy (open by {who}); use -f to disconnect")
+        })?;
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
         scrub::stop(&p);
@@ -650,7 +665,18 @@ impl Engine {
         Ok(())
     }
 
+    /// `pool export`: refused while front ends have its datasets open.
     pub fn export_pool(&self, pool: &str) -> Result<()> {
+        self.export_pool_with(pool, false)
+    }
+
+    /// `pool export [-f]`: with `force`, clients of its datasets are
+    /// disconnected first (they see ESHUTDOWN).
+    pub fn export_pool_with(&self, pool: &str, force: bool) -> Result<()> {
+        self.pool(pool)?;
+        let _fence = self.fence(Scope::Tree(pool.into()), force, "pool export", |who| {
+            format!("cannot export '{pool}': pool is busy (open by {who}); use -f to disconnect")
+        })?;
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
         scrub::stop(&p);
@@ -941,6 +967,33 @@ impl Engine {
         p.store_dataset(&rec)?;
         tracing::info!(dataset = name, prop, value, "property set");
         Ok(())
+    }
+
+    /// Registers a front end's hold on `dataset` (`client` names it in busy
+    /// messages, e.g. "NBD client 127.0.0.1:40312"). While held, destroy,
+    /// rollback and pool export/destroy refuse unless forced, and forced
+    /// call `revoke` first. Refused while such an operation runs on it.
+    pub fn open_handle(&self, dataset: &str, client: &str, revoke: Revoke) -> Result<OpenHandle> {
+        self.inner.holders.open(dataset, client.to_string(), revoke)
+    }
+
+    /// Holders of `root`, what is below it and their snapshots (all: `None`).
+    pub fn holders(&self, root: Option<&str>) -> Vec<HolderInfo> {
+        match root {
+            Some(r) => self.inner.holders.list(&Scope::Tree(r.into())),
+            None => self.inner.holders.list(&Scope::All),
+        }
+    }
+
+    /// Fences `scope` for an operation; see `Holders::fence`.
+    pub(crate) fn fence(
+        &self,
+        scope: Scope,
+        force: bool,
+        reason: &str,
+        busy: impl FnOnce(&str) -> String,
+    ) -> Result<crate::holders::Fence> {
+        self.inner.holders.fence(scope, force, reason, busy)
     }
 
     pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>> {

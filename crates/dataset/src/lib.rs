@@ -11,6 +11,7 @@ mod blockmap;
 mod cache;
 mod engine;
 mod error;
+mod holders;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -21,6 +22,7 @@ mod volume;
 
 pub use api_types::*;
 pub use error::{Error, Result};
+pub use holders::{HolderInfo, OpenHandle, Revoke};
 
 pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::sync::Arc;

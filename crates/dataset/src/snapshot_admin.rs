@@ -4,6 +4,7 @@
 
 use crate::blockmap::{Chain, MAX_CHAIN};
 use crate::engine::{check_new_dataset, split_dataset};
+use crate::holders::Scope;
 use crate::props::{self, DatasetRecord, Origin};
 use crate::snapshot::{check_destroyable, Action, NewSnapshot};
 use crate::txg::ImportedPool;
@@ -210,6 +211,9 @@ impl Engine {
             (all, freed)
         };
         if !opts.dry_run {
+            let _fence = self.fence(Scope::Tree(name.into()), opts.force, "destroy", |who| {
+                format!("cannot destroy '{name}': dataset is busy (open by {who}); use -f to disconnect")
+            })?;
             for n in doomed.iter().filter(|n| !n.contains('@')) {
                 p.destroy_dataset(n)?;
                 tracing::info!(dataset = %n, "dataset destroyed");
@@ -265,6 +269,11 @@ impl Engine {
         let freed = if let Some(estimate) = estimate {
             estimate
         } else {
+            let _fence = self.fence(Scope::Names(names.clone()), opts.force, "destroy", |who| {
+                format!(
+                    "cannot destroy '{ds}@{spec}': dataset is busy (open by {who}); use -f to disconnect"
+                )
+            })?;
             let outcome = p.commit_txg(Some(Action::DestroySnapshots(ids)))?;
             tracing::info!(snapshots = ?names, freed = outcome.freed, "snapshots destroyed");
             outcome.freed
@@ -279,7 +288,21 @@ impl Engine {
     /// `cistern rollback [-r] DS@SNAP`: the dataset becomes what it was at
     /// the snapshot; with `-r`, newer snapshots are destroyed first (in the
     /// same transaction).
+    ///
+    /// Refused while front ends have the dataset (or a snapshot `-r` would
+    /// destroy) open: their view of the data would change under them.
     pub fn rollback(&self, snapshot: &str, recursive: bool) -> Result<Vec<String>> {
+        self.rollback_with(snapshot, recursive, false)
+    }
+
+    /// [`Engine::rollback`]; `force` disconnects those clients first (they
+    /// see ESHUTDOWN and must reconnect to see the rolled-back data).
+    pub fn rollback_with(
+        &self,
+        snapshot: &str,
+        recursive: bool,
+        force: bool,
+    ) -> Result<Vec<String>> {
         let (pool, _) = split_dataset(snapshot)?;
         let (ds, _) = split_snapshot(snapshot)?;
         let p = self.pool(pool)?;
@@ -312,6 +335,14 @@ impl Engine {
                     .collect::<Vec<_>>(),
             )
         };
+        let mut fenced = vec![ds.to_string()];
+        fenced.extend(later.iter().map(|l| l.1.clone()));
+        let _fence = self.fence(Scope::Names(fenced), force, "rollback", |who| {
+            format!(
+                "cannot rollback '{ds}': dataset is busy (open by {who}); its clients would see \
+                 its data change under them: use -f to disconnect them first"
+            )
+        })?;
         p.commit_txg(Some(Action::Rollback {
             dataset,
             snapshot: snap_id,

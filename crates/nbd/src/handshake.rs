@@ -3,6 +3,7 @@
 //! `NBD_OPT_GO`).
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -74,6 +75,7 @@ struct State {
 pub(crate) async fn negotiate<R, W>(
     rd: &mut R,
     wr: &mut W,
+    peer: SocketAddr,
     provider: &Arc<dyn ExportProvider>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Outcome, HandshakeError>
@@ -155,7 +157,7 @@ where
             OPT_EXPORT_NAME => {
                 let name = parse_string(&data, "export name")
                     .map_err(|e| HandshakeError::Protocol(e.0))?;
-                let Some(r) = resolve(provider, &name, false).await else {
+                let Some(r) = resolve(provider, &name, false, Some(peer)).await else {
                     return Err(HandshakeError::Refused(format!(
                         "NBD_OPT_EXPORT_NAME: no export {name:?}"
                     )));
@@ -217,7 +219,10 @@ where
                     }
                 };
                 let want_desc = req.requests.contains(&INFO_DESCRIPTION);
-                let Some(r) = resolve(provider, &req.name, want_desc).await else {
+                // Only GO opens the export for transmission (the provider
+                // then counts this client among its holders).
+                let hold = go.then_some(peer);
+                let Some(r) = resolve(provider, &req.name, want_desc, hold).await else {
                     send_err(
                         wr,
                         h.option,
@@ -324,7 +329,7 @@ async fn meta_context<W: AsyncWrite + Unpin>(
         Ok(r) => r,
         Err(e) => return send_err(wr, option, REP_ERR_INVALID, &e.0).await,
     };
-    let Some(r) = resolve(provider, &req.export, false).await else {
+    let Some(r) = resolve(provider, &req.export, false, None).await else {
         return send_err(
             wr,
             option,
@@ -357,14 +362,16 @@ async fn meta_context<W: AsyncWrite + Unpin>(
 /// Looks an export up (on the blocking pool: providers may block).
 /// The empty name means the provider's `""` export if it has one, else the
 /// first export of `list()`.
+/// `hold`: the client that opens the export for transmission.
 async fn resolve(
     provider: &Arc<dyn ExportProvider>,
     name: &str,
     want_description: bool,
+    hold: Option<SocketAddr>,
 ) -> Option<Resolved> {
     let p = provider.clone();
     let name = name.to_owned();
-    tokio::task::spawn_blocking(move || resolve_blocking(&*p, &name, want_description))
+    tokio::task::spawn_blocking(move || resolve_blocking(&*p, &name, want_description, hold))
         .await
         .ok()
         .flatten()
@@ -374,12 +381,17 @@ fn resolve_blocking(
     p: &dyn ExportProvider,
     name: &str,
     want_description: bool,
+    hold: Option<SocketAddr>,
 ) -> Option<Resolved> {
-    let (name, export) = match p.open(name) {
+    let open = |name: &str| match hold {
+        Some(peer) => p.open_from(name, peer),
+        None => p.open(name),
+    };
+    let (name, export) = match open(name) {
         Some(e) => (name.to_owned(), e),
         None if name.is_empty() => {
             let first = p.list().into_iter().next()?;
-            let e = p.open(&first.name)?;
+            let e = open(&first.name)?;
             (first.name, e)
         }
         None => return None,

@@ -40,6 +40,7 @@
 use std::sync::Arc;
 
 mod handshake;
+mod limits;
 pub mod proto;
 mod server;
 mod sink;
@@ -88,6 +89,10 @@ pub enum ExportError {
     Invalid(String), // NBD_EINVAL
     #[error("not supported: {0}")]
     NotSupported(String), // NBD_ENOTSUP
+    /// The export was taken away (its dataset destroyed, pool exported):
+    /// NBD_ESHUTDOWN, and the connection is closed soon after.
+    #[error("export closed: {0}")]
+    Shutdown(String), // NBD_ESHUTDOWN
 }
 
 /// One piece of a read reply, in order.
@@ -140,6 +145,17 @@ pub trait BlockExport: Send + Sync + 'static {
         offset: u64,
         len: u64,
     ) -> Result<Vec<StatusExtent>, ExportError>;
+    /// Turns `true` when the export is taken away from its clients (e.g.
+    /// `destroy -f`): from then on the server answers every request with
+    /// `NBD_ESHUTDOWN` for [`ServerConfig::revoke_grace`] and then closes
+    /// the connection. `None`: never.
+    fn revoked(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        None
+    }
+    /// The connection is done with the export: called once, after its last
+    /// request finished and before its socket is closed, so that whatever
+    /// the export holds open is released before the client sees the end.
+    fn close(&self) {}
 }
 
 /// An export the server lists and opens by name.
@@ -155,4 +171,10 @@ pub trait ExportProvider: Send + Sync + 'static {
     fn list(&self) -> Vec<ExportInfo>;
     /// `None` if no such export (the client gets NBD_REP_ERR_UNKNOWN).
     fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>>;
+    /// [`ExportProvider::open`] for the client at `peer` (the handshake
+    /// calls this one; providers that track who has what open override it).
+    fn open_from(&self, name: &str, peer: std::net::SocketAddr) -> Option<Arc<dyn BlockExport>> {
+        let _ = peer;
+        self.open(name)
+    }
 }

@@ -180,6 +180,7 @@ pub fn errno_of(e: &ExportError) -> u32 {
         ExportError::NoSpace(_) => ENOSPC,
         ExportError::Invalid(_) => EINVAL,
         ExportError::NotSupported(_) => ENOTSUP,
+        ExportError::Shutdown(_) => ESHUTDOWN,
     }
 }
 

@@ -6,25 +6,35 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::handshake::{self, HandshakeError, Outcome};
+use crate::limits::{HandshakeSlot, Shared};
 use crate::stats::{stats, ServerStats};
 use crate::transmission;
 use crate::ExportProvider;
 
-/// Socket buffer sizes of the per-connection reader and writer.
-const IO_BUFFER: usize = 256 * 1024;
+/// Buffers of a connection in the handshake: its messages are small (an
+/// option's data is read into its own buffer), and a socket that never
+/// completes it must cost little.
+const HANDSHAKE_BUFFER: usize = 4 * 1024;
+/// Read buffer of a connection in transmission: many request headers per
+/// `read`; WRITE payloads larger than it bypass it.
+const IO_BUFFER: usize = 64 * 1024;
 
 /// Tunables of [`crate::serve_with_config`]; [`crate::serve`] uses the defaults.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Connections served at once; more are accepted and closed at once.
     pub max_connections: usize,
+    /// Connections in the handshake at once; a new connection beyond it
+    /// closes the oldest one still in the handshake (idle sockets cannot
+    /// lock real clients out).
+    pub max_handshakes: usize,
     /// Requests in flight per connection (the reader stops reading while
     /// this many are being worked on or waiting to be sent).
     pub max_in_flight: usize,
@@ -34,22 +44,38 @@ pub struct ServerConfig {
     /// READ/WRITE payload bytes in flight per connection (raised to at least
     /// the 32 MiB maximum payload).
     pub max_in_flight_bytes: usize,
+    /// READ/WRITE payload bytes in flight over all connections (raised to
+    /// at least 32 MiB): past it every connection stops reading requests
+    /// until replies are sent; clients that do not read their replies are
+    /// disconnected when others wait for the budget they hold.
+    pub max_in_flight_bytes_total: usize,
     /// Time a client has from connecting to entering transmission.
     pub handshake_timeout: Duration,
     /// After shutdown, how long open connections get to finish their
     /// in-flight requests before they are dropped.
     pub shutdown_grace: Duration,
+    /// After an export is revoked ([`crate::BlockExport::revoked`]), how
+    /// long its connections keep answering requests with `NBD_ESHUTDOWN`
+    /// before they are closed.
+    pub revoke_grace: Duration,
+    /// Misbehaving clients are logged once per interval, the others counted
+    /// in one summary line.
+    pub bad_client_log_interval: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_connections: 1024,
+            max_handshakes: 64,
             max_in_flight: 64,
             max_workers: 16,
             max_in_flight_bytes: 64 * 1024 * 1024,
-            handshake_timeout: Duration::from_secs(120),
+            max_in_flight_bytes_total: 256 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
+            revoke_grace: Duration::from_secs(2),
+            bad_client_log_interval: Duration::from_secs(60),
         }
     }
 }
@@ -68,8 +94,11 @@ pub(crate) async fn serve_with_config(
     config: ServerConfig,
 ) -> io::Result<()> {
     let config = Arc::new(config);
+    let shared = Shared::new(&config);
     let limit = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let mut conns = JoinSet::new();
+    let mut log_tick = tokio::time::interval(shared.log.interval().max(Duration::from_millis(100)));
+    log_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "NBD server listening");
     }
@@ -81,21 +110,25 @@ pub(crate) async fn serve_with_config(
                     warn!("connection task failed: {e}");
                 }
             }
+            _ = log_tick.tick() => shared.log.flush(),
             res = listener.accept() => match res {
                 Ok((sock, peer)) => {
                     ServerStats::add(&stats().connections_total, 1);
                     let Ok(permit) = limit.clone().try_acquire_owned() else {
                         ServerStats::add(&stats().connections_rejected, 1);
-                        warn!(%peer, "too many connections, refusing");
+                        shared.log.report("connection refused at max_connections", Some(peer),
+                            &config.max_connections);
                         drop(sock);
                         continue;
                     };
+                    let slot = shared.admit_handshake();
                     let provider = provider.clone();
                     let shutdown = shutdown.clone();
                     let config = config.clone();
+                    let shared = shared.clone();
                     let span = tracing::info_span!("nbd", %peer);
                     conns.spawn(async move {
-                        connection(sock, peer, provider, shutdown, &config).await;
+                        connection(sock, peer, provider, shutdown, &config, &shared, slot).await;
                         drop(permit);
                     }.instrument(span));
                 }
@@ -123,6 +156,7 @@ pub(crate) async fn serve_with_config(
         );
         conns.shutdown().await;
     }
+    shared.log.flush();
     Ok(())
 }
 
@@ -146,51 +180,75 @@ async fn connection(
     provider: Arc<dyn ExportProvider>,
     mut shutdown: watch::Receiver<bool>,
     config: &ServerConfig,
+    shared: &Arc<Shared>,
+    slot: HandshakeSlot,
 ) {
     let _active = ActiveGuard::new();
-    info!(%peer, "connection opened");
+    // Per-connection lines are debug until the client has an export: a
+    // flood of connections that never get there must not flood the log.
+    debug!(%peer, "connection opened");
     if let Err(e) = sock.set_nodelay(true) {
         debug!(%peer, "TCP_NODELAY: {e}");
     }
     let (rd, wr) = sock.into_split();
-    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
-    let mut wr = BufWriter::with_capacity(IO_BUFFER, wr);
+    let mut rd = BufReader::with_capacity(HANDSHAKE_BUFFER, rd);
+    let mut wr = BufWriter::with_capacity(HANDSHAKE_BUFFER, wr);
 
-    let hs = tokio::time::timeout(
-        config.handshake_timeout,
-        handshake::negotiate(&mut rd, &mut wr, &provider, &mut shutdown),
-    )
-    .await;
+    let hs = tokio::select! {
+        r = tokio::time::timeout(
+            config.handshake_timeout,
+            handshake::negotiate(&mut rd, &mut wr, peer, &provider, &mut shutdown),
+        ) => Some(r),
+        _ = slot.evicted() => None,
+    };
+    drop(slot);
     let failed = || ServerStats::add(&stats().handshakes_failed, 1);
+    let log = &shared.log;
     let neg = match hs {
-        Ok(Ok(Outcome::Transmission(n))) => n,
-        Ok(Ok(Outcome::Closed)) => {
-            info!(%peer, "connection closed during handshake");
+        Some(Ok(Ok(Outcome::Transmission(n)))) => n,
+        Some(Ok(Ok(Outcome::Closed))) => {
+            debug!(%peer, "connection closed during handshake");
             return;
         }
-        Ok(Err(HandshakeError::Protocol(m))) => {
+        Some(Ok(Err(HandshakeError::Protocol(m)))) => {
             failed();
             ServerStats::add(&stats().protocol_errors, 1);
-            warn!(%peer, "handshake protocol error, closing connection: {m}");
+            log.report("handshake protocol error", Some(peer), &m);
             return;
         }
-        Ok(Err(HandshakeError::Refused(m))) => {
+        Some(Ok(Err(HandshakeError::Refused(m)))) => {
             failed();
-            warn!(%peer, "handshake refused: {m}");
+            log.report("handshake refused", Some(peer), &m);
             return;
         }
-        Ok(Err(HandshakeError::Io(e))) => {
+        Some(Ok(Err(HandshakeError::Io(e)))) => {
             failed();
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                info!(%peer, "client closed the connection during handshake");
+                debug!(%peer, "client closed the connection during handshake");
             } else {
-                warn!(%peer, "handshake i/o error: {e}");
+                log.report("handshake i/o error", Some(peer), &e);
             }
             return;
         }
-        Err(_) => {
+        Some(Err(_)) => {
             failed();
-            warn!(%peer, timeout = ?config.handshake_timeout, "handshake timed out, closing connection");
+            log.report(
+                "handshake timed out",
+                Some(peer),
+                &format_args!("{:?}", config.handshake_timeout),
+            );
+            return;
+        }
+        None => {
+            failed();
+            log.report(
+                "handshake abandoned for a newer connection",
+                Some(peer),
+                &format_args!(
+                    "max_handshakes ({}) connections were in the handshake",
+                    config.max_handshakes
+                ),
+            );
             return;
         }
     };
@@ -200,8 +258,16 @@ async fn connection(
         return;
     }
     let wr = wr.into_inner();
+    // The small handshake buffer gives way to the transmission one; bytes
+    // the client already sent stay first in line.
+    let early = rd.buffer().to_vec();
+    let rd = BufReader::with_capacity(
+        IO_BUFFER,
+        std::io::Cursor::new(early).chain(rd.into_inner()),
+    );
     let export = neg.name.clone();
-    let end = transmission::run(rd, wr, neg, shutdown, config).await;
-    transmission::log_end(peer, &export, &end);
+    info!(%peer, export = %export, "client connected");
+    let end = transmission::run(rd, wr, neg, shutdown, config, shared).await;
+    transmission::log_end(peer, &export, &end, log);
     info!(%peer, export = %export, "connection closed: {end}");
 }

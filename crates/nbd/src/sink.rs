@@ -14,7 +14,9 @@
 //! (see `transmission`), and memory stays bounded.
 
 use std::io::{self, IoSlice};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
@@ -64,7 +66,18 @@ pub(crate) enum Reply {
 #[derive(Default)]
 pub(crate) struct Permits {
     pub _slot: Option<OwnedSemaphorePermit>,
-    pub _bytes: Option<OwnedSemaphorePermit>,
+    /// Payload bytes: the connection's budget and the daemon-wide one.
+    pub bytes: Option<OwnedSemaphorePermit>,
+    pub global: Option<OwnedSemaphorePermit>,
+}
+
+impl Permits {
+    /// Gives the payload bytes back early (a WRITE's payload is freed once
+    /// it ran; only its slot waits for the reply).
+    pub(crate) fn release_bytes(&mut self) {
+        self.bytes = None;
+        self.global = None;
+    }
 }
 
 static ZEROS: [u8; 64 * 1024] = [0u8; 64 * 1024];
@@ -252,10 +265,13 @@ struct State {
     closing: bool,
     /// The socket failed; further replies are dropped.
     failed: bool,
+    /// While draining: when the socket last took bytes (or draining began).
+    progress: Option<Instant>,
 }
 
 pub(crate) struct Sink {
     sock: OwnedWriteHalf,
+    peer: Option<SocketAddr>,
     state: Mutex<State>,
     wake: Notify,
     /// Set to `true` when writing fails, so the reader can stop.
@@ -273,8 +289,10 @@ impl Sink {
         watch::Receiver<bool>,
     ) {
         let (broken, broken_rx) = watch::channel(false);
+        let peer = sock.peer_addr().ok();
         let sink = Arc::new(Sink {
             sock,
+            peer,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             broken,
@@ -341,8 +359,26 @@ impl Sink {
         st.held.push(permits);
         if !st.draining {
             st.draining = true;
+            st.progress = Some(Instant::now());
             self.wake.notify_one();
         }
+    }
+
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Reply bytes queued behind a socket that took nothing for `d`.
+    pub(crate) fn stalled_for(&self, d: Duration) -> Option<usize> {
+        let st = self.lock();
+        let stalled = st.draining && !st.failed && st.progress.is_some_and(|t| t.elapsed() >= d);
+        stalled.then(|| st.pending.len() - st.sent)
+    }
+
+    /// Drops every queued reply and its permits, and ends the connection.
+    pub(crate) fn abort(&self) {
+        let mut st = self.lock();
+        self.fail(&mut st, &io::Error::other("connection evicted"));
     }
 
     /// No more replies will be sent; the drain task ends once the pending
@@ -389,6 +425,8 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
                 }
                 Ok(n) => {
                     *sent += n;
+                    st.progress = Some(Instant::now());
+                    let State { pending, sent, .. } = &mut *st;
                     if *sent == pending.len() {
                         pending.clear();
                         *sent = 0;

@@ -37,6 +37,12 @@ pub struct ServerStats {
     pub bytes_written: AtomicU64,
     /// Requests answered with an error (any errno).
     pub errors: AtomicU64,
+    /// Connections closed in the handshake to make room for a newer one
+    /// (`max_handshakes`).
+    pub handshakes_evicted: AtomicU64,
+    /// Connections closed because they did not read their replies while
+    /// others waited for the daemon-wide byte budget.
+    pub stalled_evicted: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`] at one instant.
@@ -59,6 +65,8 @@ pub struct StatsSnapshot {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub errors: u64,
+    pub handshakes_evicted: u64,
+    pub stalled_evicted: u64,
 }
 
 static STATS: ServerStats = ServerStats::new();
@@ -88,6 +96,8 @@ impl ServerStats {
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            handshakes_evicted: AtomicU64::new(0),
+            stalled_evicted: AtomicU64::new(0),
         }
     }
 
@@ -111,6 +121,8 @@ impl ServerStats {
             bytes_read: l(&self.bytes_read),
             bytes_written: l(&self.bytes_written),
             errors: l(&self.errors),
+            handshakes_evicted: l(&self.handshakes_evicted),
+            stalled_evicted: l(&self.stalled_evicted),
         }
     }
 

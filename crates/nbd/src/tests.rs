@@ -1310,3 +1310,197 @@ async fn slow_requests_run_in_parallel() {
         .unwrap()
         .unwrap();
 }
+
+// ------------------------------------------------- revocation and daemon-wide bounds
+
+/// A [`MemExport`] its provider can revoke (as `destroy -f` does), counting
+/// the calls that reach it and whether the server closed it.
+struct Revocable {
+    mem: Arc<MemExport>,
+    revoked: watch::Sender<bool>,
+    calls: AtomicU64,
+    closed: AtomicU64,
+}
+
+impl BlockExport for Revocable {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn preferred_block_size(&self) -> u32 {
+        4096
+    }
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.mem.read(offset, len)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.mem.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), ExportError> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), ExportError> {
+        Ok(())
+    }
+    fn block_status(&self, c: &str, o: u64, l: u64) -> Result<Vec<StatusExtent>, ExportError> {
+        self.mem.block_status(c, o, l)
+    }
+    fn revoked(&self) -> Option<watch::Receiver<bool>> {
+        Some(self.revoked.subscribe())
+    }
+    fn close(&self) {
+        self.closed.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct OneExport(Arc<Revocable>);
+
+impl ExportProvider for OneExport {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "rev".into(),
+            description: String::new(),
+        }]
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
+        (name == "rev").then(|| self.0.clone() as Arc<dyn BlockExport>)
+    }
+}
+
+#[tokio::test]
+async fn revoked_export_answers_eshutdown_then_closes() {
+    let rev = Arc::new(Revocable {
+        mem: MemExport::new(1 << 20, false),
+        revoked: watch::channel(false).0,
+        calls: AtomicU64::new(0),
+        closed: AtomicU64::new(0),
+    });
+    let cfg = ServerConfig {
+        revoke_grace: Duration::from_millis(500),
+        ..ServerConfig::default()
+    };
+    let (addr, stop, task) = serve_provider(Arc::new(OneExport(rev.clone())), cfg).await;
+    for structured in [false, true] {
+        let _ = rev.revoked.send_replace(false);
+        let mut c = C::session(addr, "rev", structured).await;
+        c.req(0, CMD_WRITE, 1, 0, 4096, &pattern(4096, 1)).await;
+        assert_eq!(c.error().await, 0);
+        let before = rev.calls.load(Ordering::SeqCst);
+        rev.revoked.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Reads and writes alike get ESHUTDOWN; a WRITE's payload is skipped, so
+        // the request after it is still read correctly.
+        c.req(0, CMD_READ, 2, 0, 4096, &[]).await;
+        assert_eq!(c.error().await, ESHUTDOWN);
+        c.req(0, CMD_WRITE, 3, 0, 4096, &pattern(4096, 2)).await;
+        assert_eq!(c.error().await, ESHUTDOWN);
+        c.req(0, CMD_FLUSH, 4, 0, 0, &[]).await;
+        assert_eq!(c.error().await, ESHUTDOWN);
+        assert_eq!(
+            rev.calls.load(Ordering::SeqCst),
+            before,
+            "the export was called after the revoke"
+        );
+        // Then the server closes the connection, and lets go of the export first.
+        c.closed().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rev.closed.load(Ordering::SeqCst), 2);
+    stop.send(true).unwrap();
+    tokio::time::timeout(T, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn idle_sockets_beyond_max_handshakes_do_not_lock_out() {
+    let srv = start_with(ServerConfig {
+        max_handshakes: 4,
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(C::raw(srv.addr).await);
+    }
+    // A real client gets in at once, and works.
+    let mut c = tokio::time::timeout(Duration::from_secs(3), C::session(srv.addr, "mem", false))
+        .await
+        .expect("new client locked out by idle sockets");
+    c.req(0, CMD_WRITE, 1, 0, 4096, &pattern(4096, 3)).await;
+    assert_eq!(c.error().await, 0);
+    // The oldest idle sockets made room: closed.
+    idle[0].closed().await;
+    assert!(stats().snapshot().handshakes_evicted >= 36);
+    drop(idle);
+    srv.stop().await;
+}
+
+/// A client in transmission with a small receive buffer that never reads
+/// its replies.
+async fn stalled_session(addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(16 * 1024).unwrap();
+    let s = sock.connect(addr).await.unwrap();
+    let mut c = C { s };
+    let mut g = [0u8; 18];
+    c.s.read_exact(&mut g).await.unwrap();
+    c.put(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .await;
+    c.go("mem").await;
+    for h in 0..48u64 {
+        c.req(0, CMD_READ, h, 0, 1 << 20, &[]).await;
+    }
+    c.s
+}
+
+#[tokio::test]
+async fn stalled_clients_cannot_hold_the_daemon_wide_budget() {
+    let srv = start_with(ServerConfig {
+        max_in_flight_bytes: 32 << 20,
+        max_in_flight_bytes_total: 32 << 20,
+        ..ServerConfig::default()
+    })
+    .await;
+    srv.mem.fill(0, &pattern(1 << 20, 9));
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(stalled_session(srv.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The budget is held by clients that do not read: a new client's READ waits
+    // about a second, then they are evicted and it is served.
+    let mut c = C::session(srv.addr, "mem", false).await;
+    c.req(0, CMD_READ, 7, 0, 1 << 20, &[]).await;
+    let (err, handle) = tokio::time::timeout(Duration::from_secs(8), c.simple())
+        .await
+        .expect("new client starved by stalled ones");
+    assert_eq!((err, handle), (0, 7));
+    assert_eq!(c.get(1 << 20).await, pattern(1 << 20, 9));
+    assert!(stats().snapshot().stalled_evicted >= 1);
+    drop(stalled);
+    srv.stop().await;
+}
+
+#[test]
+fn bad_client_log_is_rate_limited() {
+    let log = crate::limits::BadClients::new(Duration::from_millis(200));
+    for i in 0..100 {
+        log.report("protocol error", None, &i);
+    }
+    assert_eq!(log.suppressed(), 99);
+    log.flush(); // interval not over: nothing yet
+    assert_eq!(log.suppressed(), 99);
+    std::thread::sleep(Duration::from_millis(250));
+    log.flush();
+    assert_eq!(log.suppressed(), 0);
+}

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Semaphore};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::handshake::Negotiated;
+use crate::limits::{BadClients, Shared};
 use crate::proto::*;
 use crate::sink::{Permits, ReadMode, Reply, Sink};
 use crate::stats::{stats, ServerStats};
@@ -41,6 +42,8 @@ pub(crate) enum End {
     Protocol(String),
     /// Reading from or writing to the socket failed.
     Io(io::Error),
+    /// The export was taken away; requests got `NBD_ESHUTDOWN` for the grace period.
+    Revoked,
 }
 
 impl fmt::Display for End {
@@ -51,6 +54,7 @@ impl fmt::Display for End {
             End::Shutdown => write!(f, "server shutdown"),
             End::Protocol(m) => write!(f, "protocol violation: {m}"),
             End::Io(e) => write!(f, "i/o error: {e}"),
+            End::Revoked => write!(f, "export revoked by the server"),
         }
     }
 }
@@ -60,6 +64,17 @@ struct Session {
     export: Arc<dyn BlockExport>,
     structured: bool,
     contexts: Vec<(u32, String)>,
+    revoked: Option<watch::Receiver<bool>>,
+}
+
+/// The message of every `NBD_ESHUTDOWN` sent once the export is revoked.
+const REVOKED: &str =
+    "the export was closed by the server (its dataset is being destroyed, rolled back or exported)";
+
+impl Session {
+    fn is_revoked(&self) -> bool {
+        self.revoked.as_ref().is_some_and(|r| *r.borrow())
+    }
 }
 
 /// A failed request: errno, message, and the offset for `ERROR_OFFSET`.
@@ -113,14 +128,17 @@ pub(crate) async fn run<R>(
     neg: Negotiated,
     mut shutdown: watch::Receiver<bool>,
     cfg: &ServerConfig,
+    shared: &Arc<Shared>,
 ) -> End
 where
     R: AsyncRead + Unpin,
 {
+    let revoked_rx = neg.export.revoked();
     let session = Arc::new(Session {
         export: neg.export,
         structured: neg.structured,
         contexts: neg.contexts,
+        revoked: revoked_rx.clone(),
     });
     let max_in_flight = cfg.max_in_flight.clamp(1, 1 << 16);
     let slots = Arc::new(Semaphore::new(max_in_flight));
@@ -129,6 +147,7 @@ where
         .clamp(MAX_PAYLOAD as usize, Semaphore::MAX_PERMITS >> 1);
     let bytes = Arc::new(Semaphore::new(budget));
     let (sink, drain, mut broken) = Sink::start(wr);
+    let _registered = shared.register_sink(&sink);
     let mut drain = AbortOnDrop(drain);
     let dispatcher = Arc::new(Dispatcher::new(
         session.clone(),
@@ -145,6 +164,21 @@ where
         }
     };
     tokio::pin!(stop);
+    // Resolves once the export is revoked; then requests are answered with
+    // ESHUTDOWN (`draining`) until `revoke_deadline`, and the connection ends.
+    let revoked = async move {
+        let fired = match revoked_rx {
+            Some(mut rx) => rx.wait_for(|v| *v).await.is_ok(),
+            None => false,
+        };
+        if !fired {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(revoked);
+    let mut draining = false;
+    let revoke_deadline = tokio::time::sleep(Duration::from_secs(3600));
+    tokio::pin!(revoke_deadline);
 
     // Armed while queued jobs wait for busy workers without a new one having
     // been started: if they still wait when it fires, one is started.
@@ -165,6 +199,12 @@ where
                     Err(e) => break 'conn End::Io(e),
                 },
                 e = &mut stop => break 'conn e,
+                _ = &mut revoked, if !draining => {
+                    draining = true;
+                    revoke_deadline.as_mut().reset(tokio::time::Instant::now() + cfg.revoke_grace);
+                    continue;
+                }
+                _ = &mut revoke_deadline, if draining => break 'conn End::Revoked,
                 _ = &mut rebalance, if rebalance_armed => {
                     rebalance_armed = dispatcher.rebalance();
                     if rebalance_armed {
@@ -199,20 +239,24 @@ where
         // ---- flow control: every request (error replies too) holds a slot
         // until its reply is on the wire. Waiting here means the client has
         // the maximum in flight, or is not reading its replies.
+        // Per connection first, then daemon-wide: a connection waiting for
+        // its own budget does not hold any of everyone's.
         let cost = match req.command {
-            Command::Read | Command::Write if req.len <= MAX_PAYLOAD => req.len,
+            Command::Read | Command::Write if req.len <= MAX_PAYLOAD && !draining => req.len,
             _ => 0,
         };
         let acquire = || async {
             let slot = slots.clone().acquire_owned().await.ok()?;
-            let bytes = if cost > 0 {
-                Some(bytes.clone().acquire_many_owned(cost).await.ok()?)
+            let (bytes, global) = if cost > 0 {
+                let b = bytes.clone().acquire_many_owned(cost).await.ok()?;
+                (Some(b), Some(shared.acquire_bytes(cost, &sink).await?))
             } else {
-                None
+                (None, None)
             };
             Some(Permits {
                 _slot: Some(slot),
-                _bytes: bytes,
+                bytes,
+                global,
             })
         };
         let permits = loop {
@@ -223,6 +267,7 @@ where
                     None => break 'conn End::Shutdown,
                 },
                 e = &mut stop => break 'conn e,
+                _ = &mut revoke_deadline, if draining => break 'conn End::Revoked,
                 _ = &mut rebalance, if rebalance_armed => {
                     rebalance_armed = dispatcher.rebalance();
                     if rebalance_armed {
@@ -231,6 +276,30 @@ where
                 }
             }
         };
+
+        // ---- revoked: every request gets ESHUTDOWN (a WRITE's payload is
+        // skipped), none reaches the export.
+        if draining || session.is_revoked() {
+            if !draining {
+                draining = true;
+                revoke_deadline
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + cfg.revoke_grace);
+            }
+            if req.command == Command::Write {
+                if req.len > MAX_PAYLOAD {
+                    break End::Revoked;
+                }
+                let mut take = (&mut rd).take(u64::from(req.len));
+                match tokio::io::copy(&mut take, &mut tokio::io::sink()).await {
+                    Ok(n) if n == u64::from(req.len) => {}
+                    Ok(_) => break End::Revoked,
+                    Err(e) => break End::Io(e),
+                }
+            }
+            early(Fail::new(ESHUTDOWN, REVOKED), permits);
+            continue;
+        }
 
         // ---- checks that need no export call, then the payload
         match req.command {
@@ -310,7 +379,18 @@ where
         sink.close();
         (&mut drain.0).await
     };
-    let res = tokio::time::timeout(cfg.shutdown_grace, finish).await;
+    let grace = if draining {
+        cfg.revoke_grace
+    } else {
+        cfg.shutdown_grace
+    };
+    let res = tokio::time::timeout(grace, finish).await;
+    // Let go of the export (and what it holds open) before the socket
+    // closes (the last sink reference does that): a client that saw the
+    // close may destroy the dataset at once. It waits for requests still
+    // running, so off this thread.
+    let export = session.export.clone();
+    let _ = tokio::task::spawn_blocking(move || export.close()).await;
     dispatcher.close();
     drop(dispatcher);
     drop(sink);
@@ -528,7 +608,7 @@ impl Dispatcher {
         let Job {
             req,
             payload,
-            permits,
+            mut permits,
         } = job;
         let s = &*self.session;
         let reply = match catch_unwind(AssertUnwindSafe(|| execute(s, &req, payload))) {
@@ -543,6 +623,10 @@ impl Dispatcher {
                 error_reply(s.structured, req.handle, Fail::new(EIO, "internal error"))
             }
         };
+        if req.command == Command::Write {
+            // The payload is freed: only the slot waits for the reply.
+            permits.release_bytes();
+        }
         self.sink.send(&reply, permits);
     }
 }
@@ -577,6 +661,9 @@ fn execute(s: &Session, req: &Request, payload: Vec<u8>) -> Reply {
 }
 
 fn execute_inner(s: &Session, req: &Request, payload: Vec<u8>) -> Result<Reply, Fail> {
+    if s.is_revoked() {
+        return Err(Fail::new(ESHUTDOWN, REVOKED));
+    }
     let e = &*s.export;
     let (h, off, len) = (req.handle, req.offset, u64::from(req.len));
     let fua = req.flags & CMD_FLAG_FUA != 0;
@@ -768,11 +855,15 @@ pub(crate) fn encode_extents(
 }
 
 /// Logs the end of a session (warn for protocol violations).
-pub(crate) fn log_end(peer: std::net::SocketAddr, export: &str, end: &End) {
+pub(crate) fn log_end(peer: std::net::SocketAddr, export: &str, end: &End, log: &BadClients) {
     match end {
         End::Protocol(m) => {
             ServerStats::add(&stats().protocol_errors, 1);
-            warn!(%peer, export, "protocol error, closing connection: {m}");
+            log.report(
+                "protocol error",
+                Some(peer),
+                &format_args!("export {export}: {m}; connection closed"),
+            );
         }
         End::Io(e) => debug!(%peer, export, "connection ended: {e}"),
         _ => {}

@@ -74,6 +74,10 @@ pub struct DestroyArgs {
     /// Dry run: change nothing (use with -v to see what would go).
     #[arg(short = 'n')]
     pub dry_run: bool,
+    /// Disconnect clients of what is destroyed (they get ESHUTDOWN)
+    /// instead of refusing because the dataset is busy.
+    #[arg(short = 'f')]
+    pub force: bool,
     /// Print what is destroyed and how much space is reclaimed.
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -410,6 +414,7 @@ pub fn destroy(client: &api::Client, a: DestroyArgs) -> Result<()> {
     let opts = dataset::DestroyOptions {
         recursive: a.recursive,
         dry_run: a.dry_run,
+        force: a.force,
     };
     let report = client.destroy(&a.dataset, &opts)?;
     if a.verbose {

@@ -20,10 +20,11 @@ pub enum PoolCommand {
     List(ListArgs),
     /// Show the device tree and error counters of pools.
     Status(StatusArgs),
-    /// Destroy a pool and all its data.
-    Destroy(PoolArg),
-    /// Commit and close a pool; it can be imported again later.
-    Export(PoolArg),
+    /// Destroy a pool and all its data (-f: even with NBD clients connected).
+    Destroy(ForcePoolArg),
+    /// Commit and close a pool; it can be imported again later (-f: even
+    /// with NBD clients connected).
+    Export(ForcePoolArg),
     /// Import a pool, or without POOL list the pools that can be imported.
     Import(ImportArgs),
     /// Compare layouts for N drives before buying them: capacity, failures
@@ -146,6 +147,15 @@ pub struct PoolArg {
 }
 
 #[derive(Debug, Args)]
+pub struct ForcePoolArg {
+    /// Disconnect clients of the pool's volumes and snapshots (they get
+    /// ESHUTDOWN) instead of refusing because the pool is busy.
+    #[arg(short = 'f')]
+    pub force: bool,
+    pub pool: String,
+}
+
+#[derive(Debug, Args)]
 pub struct ImportArgs {
     /// Directory to search for devices (repeatable; default: the current directory).
     #[arg(short = 'd', value_name = "DIR")]
@@ -163,8 +173,8 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
         PoolCommand::Add(a) => add(client, a),
         PoolCommand::List(a) => list(client, a),
         PoolCommand::Status(a) => status(client, a),
-        PoolCommand::Destroy(a) => Ok(client.destroy_pool(&a.pool)?),
-        PoolCommand::Export(a) => Ok(client.export_pool(&a.pool)?),
+        PoolCommand::Destroy(a) => Ok(client.destroy_pool_with(&a.pool, a.force)?),
+        PoolCommand::Export(a) => Ok(client.export_pool_with(&a.pool, a.force)?),
         PoolCommand::Import(a) => import(client, a),
         PoolCommand::Plan(a) => crate::cmd::plan::run(*a),
         PoolCommand::Scrub(a) => scrub(client, a),

@@ -23,6 +23,10 @@ pub struct RollbackArgs {
     /// Destroy snapshots newer than the one rolled back to.
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Disconnect the dataset's clients (they get ESHUTDOWN; their cached
+    /// view of the data would be wrong after the rollback) instead of refusing.
+    #[arg(short = 'f')]
+    pub force: bool,
     /// POOL/DS@NAME
     pub snapshot: String,
 }
@@ -78,7 +82,7 @@ pub fn snapshot(client: &api::Client, a: SnapshotArgs) -> Result<()> {
 }
 
 pub fn rollback(client: &api::Client, a: RollbackArgs) -> Result<()> {
-    for name in client.rollback(&a.snapshot, a.recursive)? {
+    for name in client.rollback_with(&a.snapshot, a.recursive, a.force)? {
         outln(&format!("destroyed {name}"));
     }
     Ok(())
