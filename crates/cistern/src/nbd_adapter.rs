@@ -8,7 +8,7 @@ use dataset::{Engine, Extent, OpenHandle, ReadSegment, Volume};
 use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
 /// NBD_STATE_HOLE / NBD_STATE_ZERO of the `base:allocation` context.
@@ -66,15 +66,16 @@ fn open_logged(name: &str, r: dataset::Result<VolumeExport>) -> Option<Arc<dyn B
 
 /// One open volume as an NBD export.
 pub struct VolumeExport {
-    vol: Arc<Volume>,
     gate: Arc<Gate>,
+    block_size: u32,
 }
 
-/// Whether the export may still touch its volume. Every call holds `open`
-/// for reading; revoking (or closing) takes it for writing, so it waits for
-/// calls in progress and none starts after it.
+/// The volume, while the export may still touch it. Every call holds `vol`
+/// for reading; revoking (or closing) takes it for writing and drops the
+/// volume (and with it the pool it keeps alive), so it waits for calls in
+/// progress and none starts after it.
 struct Gate {
-    open: RwLock<bool>,
+    vol: RwLock<Option<Arc<Volume>>>,
     handle: Mutex<Option<OpenHandle>>,
     revoked: watch::Sender<bool>,
     /// Last size and read-only flag seen while open: a revoked export
@@ -87,7 +88,7 @@ struct Gate {
 impl Gate {
     fn new() -> Arc<Gate> {
         Arc::new(Gate {
-            open: RwLock::new(true),
+            vol: RwLock::new(None),
             handle: Mutex::new(None),
             revoked: watch::channel(false).0,
             size: AtomicU64::new(0),
@@ -95,25 +96,34 @@ impl Gate {
         })
     }
 
-    fn enter(&self) -> Result<RwLockReadGuard<'_, bool>, ExportError> {
-        let g = self.open.read().unwrap_or_else(|e| e.into_inner());
-        if *g {
-            Ok(g)
-        } else {
-            Err(ExportError::Shutdown(
+    /// Runs `f` on the volume unless the export was revoked or closed.
+    fn with<T>(&self, f: impl FnOnce(&Volume) -> Result<T, ExportError>) -> Result<T, ExportError> {
+        let g = self.vol.read().unwrap_or_else(|e| e.into_inner());
+        match g.as_deref() {
+            Some(v) => f(v),
+            None => Err(ExportError::Shutdown(
                 "the volume was taken away from its clients".into(),
-            ))
+            )),
         }
     }
 
+    fn open(&self, vol: Arc<Volume>) {
+        self.size.store(vol.size(), Ordering::Relaxed);
+        self.read_only.store(vol.read_only(), Ordering::Relaxed);
+        *self.vol.write().unwrap_or_else(|e| e.into_inner()) = Some(vol);
+    }
+
     /// Closes the gate and releases the hold; `revoke`: tell the connection.
+    /// Under the `handle` lock, which `VolumeExport::held` opens the gate
+    /// under: a revoke racing with the open cannot leave the gate open.
     fn shut(&self, revoke: bool) {
-        *self.open.write().unwrap_or_else(|e| e.into_inner()) = false;
-        let handle = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(handle);
+        let mut handle = self.handle.lock().unwrap_or_else(|e| e.into_inner());
         if revoke {
             self.revoked.send_replace(true);
         }
+        let vol = self.vol.write().unwrap_or_else(|e| e.into_inner()).take();
+        let handle = handle.take();
+        drop((vol, handle));
     }
 }
 
@@ -121,9 +131,9 @@ impl VolumeExport {
     /// An export that holds nothing (a look at size and contexts).
     pub fn new(vol: Arc<Volume>) -> Self {
         let gate = Gate::new();
-        gate.size.store(vol.size(), Ordering::Relaxed);
-        gate.read_only.store(vol.read_only(), Ordering::Relaxed);
-        Self { vol, gate }
+        let block_size = vol.block_size();
+        gate.open(vol);
+        Self { gate, block_size }
     }
 
     /// An export held open by the client at `peer`: registered with the
@@ -139,10 +149,15 @@ impl VolumeExport {
         });
         let handle = engine.open_handle(name, &format!("NBD client {peer}"), revoke)?;
         let vol = engine.open_volume(name)?;
-        *gate.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
-        gate.size.store(vol.size(), Ordering::Relaxed);
-        gate.read_only.store(vol.read_only(), Ordering::Relaxed);
-        Ok(Self { vol, gate })
+        let block_size = vol.block_size();
+        // Revoked in between: the handle is gone and the volume stays out.
+        let mut h = gate.handle.lock().unwrap_or_else(|e| e.into_inner());
+        if !*gate.revoked.borrow() {
+            *h = Some(handle);
+            gate.open(vol);
+        }
+        drop(h);
+        Ok(Self { gate, block_size })
     }
 }
 
@@ -206,46 +221,39 @@ pub fn map_extents(extents: &[Extent]) -> Vec<StatusExtent> {
 
 impl BlockExport for VolumeExport {
     fn size(&self) -> u64 {
-        match self.gate.enter() {
-            Ok(_g) => {
-                let s = self.vol.size();
-                self.gate.size.store(s, Ordering::Relaxed);
-                s
-            }
-            Err(_) => self.gate.size.load(Ordering::Relaxed),
-        }
+        let g = &self.gate;
+        g.with(|v| Ok(v.size()))
+            .inspect(|s| g.size.store(*s, Ordering::Relaxed))
+            .unwrap_or_else(|_| g.size.load(Ordering::Relaxed))
     }
 
     fn read_only(&self) -> bool {
-        match self.gate.enter() {
-            Ok(_g) => self.vol.read_only(),
-            Err(_) => self.gate.read_only.load(Ordering::Relaxed),
-        }
+        let g = &self.gate;
+        g.with(|v| Ok(v.read_only()))
+            .unwrap_or_else(|_| g.read_only.load(Ordering::Relaxed))
     }
 
     fn preferred_block_size(&self) -> u32 {
-        self.vol.block_size()
+        self.block_size
     }
 
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
-        let _g = self.gate.enter()?;
-        let segs = self.vol.read(offset, len).map_err(map_error)?;
+        let segs = self.gate.with(|v| v.read(offset, len).map_err(map_error))?;
         Ok(segs.into_iter().map(map_segment).collect())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        let _g = self.gate.enter()?;
-        self.vol.write(offset, data, fua).map_err(map_error)
+        self.gate
+            .with(|v| v.write(offset, data, fua).map_err(map_error))
     }
 
     fn flush(&self) -> Result<(), ExportError> {
-        let _g = self.gate.enter()?;
-        self.vol.flush().map_err(map_error)
+        self.gate.with(|v| v.flush().map_err(map_error))
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
-        let _g = self.gate.enter()?;
-        self.vol.trim(offset, len, fua).map_err(map_error)
+        self.gate
+            .with(|v| v.trim(offset, len, fua).map_err(map_error))
     }
 
     fn revoked(&self) -> Option<watch::Receiver<bool>> {
@@ -263,18 +271,16 @@ impl BlockExport for VolumeExport {
         allocate: bool,
         fua: bool,
     ) -> Result<(), ExportError> {
-        let _g = self.gate.enter()?;
-        self.vol
-            .write_zeroes(offset, len, allocate, fua)
-            .map_err(map_error)
+        self.gate.with(|v| {
+            v.write_zeroes(offset, len, allocate, fua)
+                .map_err(map_error)
+        })
     }
 
     fn extra_meta_contexts(&self) -> Vec<String> {
-        let Ok(_g) = self.gate.enter() else {
-            return Vec::new();
-        };
-        self.vol
-            .older_snapshots()
+        self.gate
+            .with(|v| Ok(v.older_snapshots()))
+            .unwrap_or_default()
             .into_iter()
             .map(|s| format!("{CHANGED_PREFIX}{s}"))
             .collect()
@@ -286,12 +292,20 @@ impl BlockExport for VolumeExport {
         offset: u64,
         len: u64,
     ) -> Result<Vec<StatusExtent>, ExportError> {
-        let _g = self.gate.enter()?;
+        self.gate.with(|v| block_status(v, context, offset, len))
+    }
+}
+
+/// Block status of one meta context (see the module documentation).
+fn block_status(
+    vol: &Volume,
+    context: &str,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<StatusExtent>, ExportError> {
+    {
         if let Some(snap) = context.strip_prefix(CHANGED_PREFIX) {
-            let runs = self
-                .vol
-                .changed_since(snap, offset, len)
-                .map_err(map_error)?;
+            let runs = vol.changed_since(snap, offset, len).map_err(map_error)?;
             return Ok(runs
                 .into_iter()
                 .filter(|(n, _)| *n > 0)
@@ -304,7 +318,7 @@ impl BlockExport for VolumeExport {
         if context != BASE_ALLOCATION {
             return Err(ExportError::NotSupported(format!("meta context {context}")));
         }
-        let extents = self.vol.allocation(offset, len).map_err(map_error)?;
+        let extents = vol.allocation(offset, len).map_err(map_error)?;
         let out = map_extents(&extents);
         if out.is_empty() {
             return Err(ExportError::Io(format!(
