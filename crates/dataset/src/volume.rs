@@ -519,12 +519,13 @@ impl Volume {
         };
         self.pool.throttle();
         let p = &self.pool;
-        let mut applied = apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
+        let attempt = || apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
+        let mut applied = attempt();
         if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
             // What is in flight may free space (overwrites) or be charged
             // more than it will take (compression): commit it and look again.
             p.sync_now()?;
-            applied = apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
+            applied = attempt();
         }
         let seq = match applied {
             Err(Error::NoSpace(why)) => {
