@@ -826,7 +826,12 @@ impl Engine {
         local.retain(|_, v| v != "none");
         let reserved = ["refreservation", "reservation"]
             .iter()
-            .map(|prop| local.get(*prop).and_then(|v| v.parse().ok()).unwrap_or(0u64))
+            .map(|prop| {
+                local
+                    .get(*prop)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0u64)
+            })
             .max()
             .unwrap_or(0);
         p.check_limit(&p.datasets.read(), name, "", reserved)?;
@@ -939,7 +944,9 @@ impl Engine {
                             "cannot set property for '{name}': refreservation=auto is only for volumes"
                         )));
                     }
-                    v = p.volume_reservation(rec.volsize, rec.volblocksize).to_string();
+                    v = p
+                        .volume_reservation(rec.volsize, rec.volblocksize)
+                        .to_string();
                 }
                 let n = v.parse().unwrap_or(0);
                 p.check_limit(&p.datasets.read(), name, prop, n)?;

@@ -393,7 +393,11 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
             let n = crate::space::limit(rec, prop);
             out.push(Property {
                 name: (*prop).into(),
-                value: if n == 0 { "none".into() } else { format_size(n) },
+                value: if n == 0 {
+                    "none".into()
+                } else {
+                    format_size(n)
+                },
                 parsable: n.to_string(),
                 source: if n == 0 { "default" } else { "local" }.into(),
             });

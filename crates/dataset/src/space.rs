@@ -18,7 +18,9 @@ const SLOP_MAX: u64 = 128 << 30;
 
 /// Space ordinary writes may not use: what frees, TRIM and zeroing may.
 pub fn slop(size: u64) -> u64 {
-    (size >> SLOP_SHIFT).max(SLOP_MIN.min(size / 2)).min(SLOP_MAX)
+    (size >> SLOP_SHIFT)
+        .max(SLOP_MIN.min(size / 2))
+        .min(SLOP_MAX)
 }
 
 /// What a change may dip into (zfs_space_check_t).
@@ -424,12 +426,20 @@ mod tests {
         assert_eq!(figs["tank/thick"].refreservation, 60 * M);
         assert_eq!(figs["tank"].used(), 105 * M);
         let pool2 = pool_available(1000 * M, 32 * M, &ds, &figs);
-        assert_eq!(pool2, pool, "in-flight writes within a refreservation cost others nothing");
+        assert_eq!(
+            pool2, pool,
+            "in-flight writes within a refreservation cost others nothing"
+        );
     }
 
     #[test]
     fn quotas_and_reservations_include_descendants() {
-        let mut fs = rec(1, "tank/fs", 0, &[("quota", 50 * M), ("reservation", 40 * M)]);
+        let mut fs = rec(
+            1,
+            "tank/fs",
+            0,
+            &[("quota", 50 * M), ("reservation", 40 * M)],
+        );
         fs.kind = DatasetKind::Filesystem;
         let ds = tree(vec![
             rec(0, "tank", 0, &[]),
@@ -447,7 +457,10 @@ mod tests {
         let (b, why) = available(&ds, &figs, pool, "tank/fs/b");
         assert_eq!((b, why.as_deref()), (20 * M, Some("quota of 'tank/fs'")));
         let (a, why) = available(&ds, &figs, pool, "tank/fs/a");
-        assert_eq!((a, why.as_deref()), (2 * M, Some("refquota of 'tank/fs/a'")));
+        assert_eq!(
+            (a, why.as_deref()),
+            (2 * M, Some("refquota of 'tank/fs/a'"))
+        );
         // Snapshots count against a quota, not against a refquota.
         let mut ds2 = ds.clone();
         ds2.get_mut("tank/fs/a").unwrap().snapshot_used = 15 * M;

@@ -378,7 +378,7 @@ impl ImportedPool {
             },
             RecordKind::Jump => return Ok(()),
         };
-        crate::volume::apply(self, id, bs, rec.offset, op, false, false, None)?;
+        crate::volume::apply(self, id, bs, rec.offset, op, false, None)?;
         Ok(())
     }
 

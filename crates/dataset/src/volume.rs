@@ -186,8 +186,10 @@ fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
     }
 }
 
-/// Applies a write or zeroing to the open txg and, with `log`, appends it
-/// to the intent log under the same lock (log order = apply order).
+/// Applies a write or zeroing to the open txg. A front end's change
+/// (`class` given) is admitted against the space budget of that class and
+/// appended to the intent log under the same lock (log order = apply
+/// order); a replayed one (`None`) was admitted before the crash.
 /// Returns the sequence number of the last log record.
 pub(crate) fn apply(
     p: &ImportedPool,
@@ -195,10 +197,10 @@ pub(crate) fn apply(
     bs: u32,
     offset: u64,
     op: Op<'_>,
-    log: bool,
     zero_to_hole: bool,
     class: Option<Class>,
 ) -> Result<u64> {
+    let log = class.is_some();
     let len = op.len();
     if len == 0 {
         return Ok(0);
@@ -511,16 +513,19 @@ impl Volume {
         let class = match op {
             Op::Write(_) => Class::Write,
             Op::Zero { allocate: true, .. } => Class::Reserved,
-            Op::Zero { allocate: false, .. } => Class::Free,
+            Op::Zero {
+                allocate: false, ..
+            } => Class::Free,
         };
         self.pool.throttle();
         let p = &self.pool;
-        let mut applied = apply(p, self.id, st.bs, offset, op.clone(), true, st.compressing, Some(class));
+        let attempt = || apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
+        let mut applied = attempt();
         if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
             // What is in flight may free space (overwrites) or be charged
             // more than it will take (compression): commit it and look again.
             p.sync_now()?;
-            applied = apply(p, self.id, st.bs, offset, op, true, st.compressing, Some(class));
+            applied = attempt();
         }
         let seq = match applied {
             Err(Error::NoSpace(why)) => {

@@ -68,7 +68,11 @@ fn volumes_reserve_their_size_unless_sparse() {
     // Larger than the pool: refused with zfs's words, nothing created.
     let err = e.create_volume("tank/big", 1 << 40, &[]).unwrap_err();
     assert!(matches!(err, Error::NoSpace(_)), "{err}");
-    assert!(err.to_string().starts_with("cannot create 'tank/big': out of space"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("cannot create 'tank/big': out of space"),
+        "{err}"
+    );
     assert!(e.dataset("tank/big").is_err());
     e.create_volume("tank/big", 1 << 40, &sparse()).unwrap();
     assert_eq!(prop(&e, "tank/big", "refreservation"), 0);
@@ -82,7 +86,11 @@ fn volumes_reserve_their_size_unless_sparse() {
     assert_eq!(prop(&e, "tank/thick", "available"), avail);
     // Growing it grows the reservation, if the pool has the room.
     let err = e.set_property("tank/thick", "volsize", "1T").unwrap_err();
-    assert!(err.to_string().contains("size is greater than available space"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("size is greater than available space"),
+        "{err}"
+    );
     assert_eq!(prop(&e, "tank/thick", "volsize"), 64 * M);
     e.set_property("tank/thick", "volsize", "96M").unwrap();
     assert_eq!(prop(&e, "tank/thick", "refreservation"), 96 * M);
@@ -99,9 +107,11 @@ fn volumes_reserve_their_size_unless_sparse() {
     assert!(err.to_string().contains("less than current used"), "{err}");
     let err = e.set_property("tank/big", "reservation", "1T").unwrap_err();
     assert!(err.to_string().contains("greater than available"), "{err}");
-    e.set_property("tank/thick", "refreservation", "none").unwrap();
+    e.set_property("tank/thick", "refreservation", "none")
+        .unwrap();
     assert_eq!(prop(&e, "tank", "available"), avail - 8 * M);
-    e.set_property("tank/thick", "refreservation", "auto").unwrap();
+    e.set_property("tank/thick", "refreservation", "auto")
+        .unwrap();
     assert_eq!(prop(&e, "tank/thick", "refreservation"), 96 * M);
 }
 
@@ -109,28 +119,43 @@ fn volumes_reserve_their_size_unless_sparse() {
 fn a_full_pool_refuses_writes_before_accepting_them_and_can_always_be_freed() {
     let dir = tempfile::tempdir().unwrap();
     let e = engine(dir.path());
-    e.create_volume("tank/thick", 32 * M, &[("compression".into(), "off".into())])
-        .unwrap();
+    e.create_volume(
+        "tank/thick",
+        32 * M,
+        &[("compression".into(), "off".into())],
+    )
+    .unwrap();
     e.create_volume("tank/thin", 1 << 30, &sparse()).unwrap();
     let thin = e.open_volume("tank/thin").unwrap();
     let (reached, r) = fill(&thin, 0, 1 << 30, 10);
     let err = r.unwrap_err();
-    assert!(matches!(&err, Error::NoSpace(m) if m.contains("out of space")), "{err}");
+    assert!(
+        matches!(&err, Error::NoSpace(m) if m.contains("out of space")),
+        "{err}"
+    );
     let size = e.stats()[0].size;
     let slop = dataset::space::slop(size);
     // Everything but the thick volume's reservation and the slop went to the thin one.
     assert!(prop(&e, "tank/thin", "available") < M);
-    assert!(reached + 32 * M + slop + 2 * M >= size, "{reached} of {size}");
+    assert!(
+        reached + 32 * M + slop + 2 * M >= size,
+        "{reached} of {size}"
+    );
     e.sync_all().unwrap();
     let free = size - e.stats()[0].allocated;
-    assert!(free >= slop, "ordinary writes ate into the slop: {free} < {slop}");
+    assert!(
+        free >= slop,
+        "ordinary writes ate into the slop: {free} < {slop}"
+    );
     // The thick volume still gets all it was promised, and can rewrite it.
     let thick = e.open_volume("tank/thick").unwrap();
     for round in 0..3 {
         // Committed between rounds: overwriting a volume that holds all its
         // reservation needs the room for the copy until the old one is freed.
         for at in (0..32 * M).step_by(4 << 20) {
-            thick.write(at, &random(4 * M, round * 100 + at), false).unwrap();
+            thick
+                .write(at, &random(4 * M, round * 100 + at), false)
+                .unwrap();
         }
         e.sync_all().unwrap();
     }
@@ -140,15 +165,22 @@ fn a_full_pool_refuses_writes_before_accepting_them_and_can_always_be_freed() {
     thin.write_zeroes(8 * M, 8 * M, false, false).unwrap();
     thin.write_zeroes(16 * M + 512, 4096, true, true).unwrap(); // a partial block
     e.sync_all().unwrap();
-    assert!(matches!(thin.write(0, &random(M, 99), false), Err(Error::NoSpace(_))));
+    assert!(matches!(
+        thin.write(0, &random(M, 99), false),
+        Err(Error::NoSpace(_))
+    ));
     e.rollback("tank/thin@full", false).unwrap();
-    e.destroy("tank/thin@full", &DestroyOptions::default()).unwrap();
+    e.destroy("tank/thin@full", &DestroyOptions::default())
+        .unwrap();
     thin.trim(0, 64 * M, false).unwrap();
     e.sync_all().unwrap();
     // Writes resume where space was freed; nothing accepted was lost.
     thin.write(0, &random(M, 5), false).unwrap();
     e.sync_all().unwrap();
-    assert_eq!(thin.read(0, M).unwrap(), vec![ReadSegment::Data(random(M, 5))]);
+    assert_eq!(
+        thin.read(0, M).unwrap(),
+        vec![ReadSegment::Data(random(M, 5))]
+    );
     let keep = reached - M;
     assert_eq!(
         thin.read(keep, M).unwrap(),
@@ -180,7 +212,11 @@ fn quotas_refuse_writes_with_edquot() {
     e.set_property("tank/q", "quota", "16M").unwrap();
     let (reached, r) = fill(&vol, 8 * M, 64 * M, 0);
     assert!(r.unwrap_err().to_string().contains("quota of 'tank/q'"));
-    assert_eq!(reached, 12 * M, "8M referenced + 4M held by the snapshot + 4M more");
+    assert_eq!(
+        reached,
+        12 * M,
+        "8M referenced + 4M held by the snapshot + 4M more"
+    );
     // TRIM is never refused by a quota.
     vol.trim(0, 64 * M, false).unwrap();
 }
