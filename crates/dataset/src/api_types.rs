@@ -252,6 +252,9 @@ pub struct DestroyOptions {
     /// Say what would be destroyed and freed, change nothing (`-n`).
     #[serde(default)]
     pub dry_run: bool,
+    /// Dependents too (`-R`): clones of the snapshots destroyed, and theirs.
+    #[serde(default)]
+    pub dependents: bool,
 }
 
 /// What `destroy` removed (or would remove, for a dry run).

@@ -9,8 +9,10 @@
 mod api_types;
 mod blockmap;
 mod cache;
+mod dataset_admin;
 mod engine;
 mod error;
+pub mod names;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -84,5 +86,6 @@ pub struct Engine {
 pub struct Volume {
     pool: Arc<txg::ImportedPool>,
     id: u64,
-    name: String,
+    /// Follows `rename`: refreshed from the record (found by id) when it moved.
+    name: parking_lot::Mutex<String>,
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 /// Properties a user may set; everything else is a read-only statistic.
 pub const SETTABLE: &[&str] = &["compression", "checksum", "readonly", "volsize"];
 /// Properties children inherit from their parent when not set locally.
-const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
+pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
@@ -104,6 +104,10 @@ fn default_of(prop: &str) -> &'static str {
 
 /// Checks and normalizes a value for a settable or create-time property.
 pub fn normalize(prop: &str, value: &str) -> Result<String> {
+    if crate::names::is_user_property(prop) {
+        crate::names::check_user_value(prop, value)?;
+        return Ok(value.to_string());
+    }
     let bad = |why: String| {
         Error::InvalidArgument(format!("bad value '{value}' for property {prop}: {why}"))
     };
@@ -310,6 +314,31 @@ impl Lineage<'_> {
 
     pub fn readonly(&self) -> bool {
         self.resolve("readonly").0 == "on"
+    }
+}
+
+impl Lineage<'_> {
+    /// User properties (`module:name`) set here or on an ancestor, by name,
+    /// with their source (`local`, `inherited from X`).
+    pub fn user_properties(&self) -> Vec<Property> {
+        let names: std::collections::BTreeSet<&String> = self
+            .chain
+            .iter()
+            .flat_map(|r| r.local.keys())
+            .filter(|k| crate::names::is_user_property(k))
+            .collect();
+        names
+            .into_iter()
+            .map(|n| {
+                let (value, source) = self.resolve(n);
+                Property {
+                    name: n.clone(),
+                    parsable: value.clone(),
+                    value,
+                    source,
+                }
+            })
+            .collect()
     }
 }
 

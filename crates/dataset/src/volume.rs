@@ -356,18 +356,33 @@ struct State {
 
 impl Volume {
     pub(crate) fn new(pool: Arc<ImportedPool>, id: u64, name: String) -> Volume {
-        Volume { pool, id, name }
+        Volume {
+            pool,
+            id,
+            name: parking_lot::Mutex::new(name),
+        }
     }
 
     fn current(&self) -> Result<State> {
         if self.pool.is_closed() {
-            return Err(Error::NotFound(self.name.clone()));
+            return Err(Error::NotFound(self.name()));
         }
         let datasets = self.pool.datasets.read();
-        let rec = datasets
-            .get(&self.name)
-            .filter(|r| r.id == self.id)
-            .ok_or_else(|| Error::NotFound(self.name.clone()))?;
+        let rec = {
+            let mut name = self.name.lock();
+            match datasets.get(&*name).filter(|r| r.id == self.id) {
+                Some(r) => r,
+                // Renamed: the same record under its new name.
+                None => {
+                    let r = datasets
+                        .values()
+                        .find(|r| r.id == self.id)
+                        .ok_or_else(|| Error::NotFound(name.clone()))?;
+                    name.clone_from(&r.name);
+                    r
+                }
+            }
+        };
         let lineage = crate::txg::lineage(&datasets, rec);
         Ok(State {
             size: rec.volsize,
@@ -384,13 +399,13 @@ impl Volume {
             Some(end) if end <= size => Ok(()),
             _ => Err(Error::InvalidArgument(format!(
                 "{}: range {offset}+{len} beyond volume size {size}",
-                self.name
+                self.name()
             ))),
         }
     }
 
     pub fn name(&self) -> String {
-        self.name.clone()
+        self.name.lock().clone()
     }
 
     pub fn size(&self) -> u64 {
@@ -479,7 +494,7 @@ impl Volume {
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
         let st = self.current()?;
         if st.readonly {
-            return Err(Error::ReadOnly(self.name.clone()));
+            return Err(Error::ReadOnly(self.name()));
         }
         self.check_range(offset, op.len(), st.size)?;
         self.ensure_space(op.len())?;
@@ -604,7 +619,8 @@ impl Volume {
         let ds = st.chain.data_id();
         let after = {
             let datasets = self.pool.datasets.read();
-            let name = format!("{}@{since}", self.name.split('@').next().unwrap_or(""));
+            let me = self.name();
+            let name = format!("{}@{since}", me.split('@').next().unwrap_or(""));
             datasets
                 .get(&name)
                 .filter(|r| r.is_snapshot() && r.data_id() == ds)

@@ -285,7 +285,7 @@ impl Harness {
             ds,
             &DestroyOptions {
                 recursive: true,
-                dry_run: false,
+                ..Default::default()
             },
         );
         if blocked {
@@ -635,7 +635,7 @@ fn snapshot_is_instant_and_ordered_against_writes() {
                 "tank/v",
                 &DestroyOptions {
                     recursive: true,
-                    dry_run: false
+                    ..Default::default()
                 }
             ),
             Err(Error::Busy(_))

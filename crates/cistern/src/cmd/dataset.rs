@@ -9,12 +9,16 @@ use anyhow::{bail, Result};
 use clap::Args;
 use dataset::{DatasetInfo, DatasetKind};
 use serde::Serialize;
+use std::cmp::Ordering;
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Volume size (e.g. 10G); creates a volume.
     #[arg(short = 'V', value_name = "SIZE", value_parser = size_arg, required = true)]
     pub volsize: u64,
+    /// Block size of the volume (as -o volblocksize=SIZE).
+    #[arg(short = 'b', value_name = "SIZE", value_parser = size_arg)]
+    pub blocksize: Option<u64>,
     /// Property for the new dataset (repeatable): -o compression=lz4 -o volblocksize=16K.
     #[arg(short = 'o', value_name = "PROP=VALUE")]
     pub props: Vec<String>,
@@ -26,18 +30,63 @@ pub struct CreateArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub format: OutputFlags,
-    /// Columns: name, type, or any property (default name,used,avail,refer).
+    /// Columns: name, type, any property, a user property (module:name), or
+    /// `space` (default name,used,avail,refer).
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
-    /// Types to list: volume, filesystem, snapshot or all (comma-separated;
-    /// default: volumes and filesystems).
+    /// Types to list: filesystem, volume, snapshot, bookmark or all
+    /// (comma-separated; default: filesystems and volumes).
     #[arg(short = 't', value_name = "TYPE")]
     pub types: Option<String>,
     /// Also list the children of the named datasets.
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Recurse at most DEPTH levels (snapshots are one level below their dataset).
+    #[arg(short = 'd', value_name = "DEPTH")]
+    pub depth: Option<usize>,
+    /// Sort by a property, ascending (repeatable; numbers numerically).
+    #[arg(short = 's', value_name = "PROP")]
+    pub sort_asc: Vec<String>,
+    /// Sort by a property, descending (repeatable).
+    #[arg(short = 'S', value_name = "PROP")]
+    pub sort_desc: Vec<String>,
+    /// The -s/-S keys in command-line order (filled in from the parsed arguments).
+    #[arg(skip)]
+    pub sort_keys: Vec<SortKey>,
     /// Datasets to list (default: all).
     pub datasets: Vec<String>,
+}
+
+/// One `-s PROP` (ascending) or `-S PROP` (descending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SortKey {
+    pub prop: String,
+    pub descending: bool,
+}
+
+impl ListArgs {
+    /// The sort keys in command-line order (`-s a -S b`): from the argument
+    /// indices clap recorded; without them, `-s` keys before `-S` keys.
+    pub fn order_sort_keys(&mut self, m: Option<&clap::ArgMatches>) {
+        let mut keys: Vec<(usize, SortKey)> = Vec::new();
+        for (id, list, descending) in [
+            ("sort_asc", &self.sort_asc, false),
+            ("sort_desc", &self.sort_desc, true),
+        ] {
+            let idx: Vec<usize> = m
+                .and_then(|m| m.indices_of(id))
+                .map(|i| i.collect())
+                .unwrap_or_default();
+            let unindexed = (1 + usize::from(descending)) << 30;
+            for (n, prop) in list.iter().enumerate() {
+                let at = idx.get(n).copied().unwrap_or(unindexed + n);
+                let prop = canonical(prop);
+                keys.push((at, SortKey { prop, descending }));
+            }
+        }
+        keys.sort_by_key(|k| k.0);
+        self.sort_keys = keys.into_iter().map(|k| k.1).collect();
+    }
 }
 
 #[derive(Debug, Args)]
@@ -47,6 +96,19 @@ pub struct GetArgs {
     /// Fields: name,property,value,source.
     #[arg(short = 'o', value_name = "FIELDS")]
     pub fields: Option<String>,
+    /// Also the children (and their snapshots) of the named datasets.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// Recurse at most DEPTH levels.
+    #[arg(short = 'd', value_name = "DEPTH")]
+    pub depth: Option<usize>,
+    /// Only properties from these sources: local, default, inherited,
+    /// temporary, received, none (comma-separated).
+    #[arg(short = 's', value_name = "SOURCES")]
+    pub sources: Option<String>,
+    /// Types: filesystem, volume, snapshot, bookmark, all (default all).
+    #[arg(short = 't', value_name = "TYPE")]
+    pub types: Option<String>,
     /// `all`, or properties separated by commas.
     #[arg(value_name = "all|PROP[,PROP...]")]
     pub props: String,
@@ -56,11 +118,31 @@ pub struct GetArgs {
 
 #[derive(Debug, Args)]
 pub struct SetArgs {
-    /// PROP=VALUE
-    #[arg(value_name = "PROP=VALUE")]
-    pub assignment: String,
+    /// PROP=VALUE... then the datasets (user properties: module:name=value).
+    #[arg(value_name = "PROP=VALUE... DATASET", required = true, num_args = 2..)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InheritArgs {
+    /// Also every dataset below (not their snapshots).
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// The property (native or user) to stop setting locally.
+    pub property: String,
     #[arg(value_name = "DATASET", required = true, num_args = 1..)]
     pub datasets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RenameArgs {
+    /// Snapshots: rename the same snapshot of every dataset below too.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// POOL/DS or POOL/DS@SNAP.
+    pub from: String,
+    /// POOL/NEW, or for a snapshot POOL/DS@NEW or @NEW.
+    pub to: String,
 }
 
 #[derive(Debug, Args)]
@@ -68,6 +150,9 @@ pub struct DestroyArgs {
     /// Also destroy children and snapshots (for DS@SNAP: that snapshot of every child).
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Also destroy dependents: clones of the snapshots destroyed (and theirs), wherever they are.
+    #[arg(short = 'R')]
+    pub dependents: bool,
     /// Dry run: change nothing (use with -v to see what would go).
     #[arg(short = 'n')]
     pub dry_run: bool,
@@ -88,11 +173,17 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
             a.name
         );
     }
-    let props = a
+    let mut props = a
         .props
         .iter()
         .map(|p| parse_assignment(p))
         .collect::<Result<Vec<_>>>()?;
+    if let Some(b) = a.blocksize {
+        if props.iter().any(|(k, _)| k == "volblocksize") {
+            bail!("give the block size with -b or -o volblocksize, not both");
+        }
+        props.push(("volblocksize".into(), b.to_string()));
+    }
     client.create_volume(&a.name, a.volsize, &props)?;
     Ok(())
 }
@@ -102,6 +193,7 @@ pub struct TypeFilter {
     pub volume: bool,
     pub filesystem: bool,
     pub snapshot: bool,
+    pub bookmark: bool,
 }
 
 impl TypeFilter {
@@ -112,40 +204,61 @@ impl TypeFilter {
             DatasetKind::Snapshot => self.snapshot,
         }
     }
+
+    /// Only snapshots/bookmarks: `list -t snapshot DS` lists DS's snapshots.
+    fn only_snapshots(&self) -> bool {
+        !self.volume && !self.filesystem
+    }
+
+    const ALL: TypeFilter = TypeFilter {
+        volume: true,
+        filesystem: true,
+        snapshot: true,
+        bookmark: true,
+    };
 }
 
-pub fn parse_types(s: Option<&str>) -> Result<TypeFilter> {
+/// `-t` as zfs: filesystem, volume, snapshot, bookmark, all; `default` when absent.
+pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
     let Some(s) = s else {
-        // As zfs with listsnapshots=off: snapshots only when asked for.
-        return Ok(TypeFilter {
-            volume: true,
-            filesystem: true,
-            snapshot: false,
-        });
+        return Ok(default);
     };
     let mut f = TypeFilter {
         volume: false,
         filesystem: false,
         snapshot: false,
+        bookmark: false,
     };
     for t in split_list(s) {
         match t.to_ascii_lowercase().as_str() {
             "volume" | "vol" => f.volume = true,
             "filesystem" | "fs" => f.filesystem = true,
             "snapshot" | "snap" => f.snapshot = true,
-            "all" => {
-                f.volume = true;
-                f.filesystem = true;
-                f.snapshot = true;
-            }
-            other => bail!("invalid type '{other}' (valid: volume, filesystem, snapshot, all)"),
+            "bookmark" => f.bookmark = true,
+            "all" => f = TypeFilter::ALL,
+            other => bail!(
+                "invalid type '{other}' (valid: filesystem, snapshot, volume, bookmark, all)"
+            ),
         }
     }
-    if !f.volume && !f.filesystem && !f.snapshot {
+    if f == (TypeFilter {
+        volume: false,
+        filesystem: false,
+        snapshot: false,
+        bookmark: false,
+    }) {
         bail!("no type given to -t");
     }
     Ok(f)
 }
+
+/// As zfs with listsnapshots=off: snapshots only when asked for.
+const LIST_DEFAULT_TYPES: TypeFilter = TypeFilter {
+    volume: true,
+    filesystem: true,
+    snapshot: false,
+    bookmark: false,
+};
 
 fn kind_name(k: DatasetKind) -> &'static str {
     match k {
@@ -193,79 +306,173 @@ pub fn dataset_table(datasets: &[DatasetInfo], columns: &[String], parsable: boo
     t
 }
 
-/// The named datasets (with `recursive`, their children; with
-/// `snapshots`, their snapshots too), or every dataset.
-fn collect(
+/// Levels below its pool root: a child one per `/`, a snapshot one below its dataset.
+fn depth_of(name: &str) -> usize {
+    name.matches('/').count() + usize::from(name.contains('@'))
+}
+
+/// What `list` and `get` show: the named datasets (with `recursive` or a
+/// `depth`, what is below them too), or every dataset; only `types`.
+/// `types_given`: -t was on the command line (a named dataset of another
+/// type is then an error, as zfs; else a named snapshot is shown).
+fn gather(
     client: &api::Client,
     names: &[String],
     recursive: bool,
-    snapshots: bool,
+    depth: Option<usize>,
+    types: TypeFilter,
+    types_given: bool,
 ) -> Result<Vec<DatasetInfo>> {
-    if names.is_empty() {
-        return Ok(client.list_datasets(None)?);
-    }
     let mut out: Vec<DatasetInfo> = Vec::new();
-    for n in names {
-        let found = if recursive {
-            client.list_datasets(Some(n))?
-        } else if snapshots && !n.contains('@') {
-            let prefix = format!("{n}@");
-            client
-                .list_datasets(Some(n))?
-                .into_iter()
-                .filter(|d| d.name == *n || d.name.starts_with(&prefix))
-                .collect()
-        } else {
-            vec![client.dataset(n)?]
-        };
-        if found.is_empty() {
-            bail!("{n} does not exist");
+    let add = |d: DatasetInfo, out: &mut Vec<DatasetInfo>| {
+        if !out.iter().any(|o| o.name == d.name) {
+            out.push(d);
         }
-        for d in found {
-            if !out.iter().any(|o| o.name == d.name) {
-                out.push(d);
+    };
+    if names.is_empty() {
+        for d in client.list_datasets(None)? {
+            if types.wants(d.kind) && depth.is_none_or(|max| depth_of(&d.name) <= max) {
+                add(d, &mut out);
+            }
+        }
+        return Ok(out);
+    }
+    for n in names {
+        // `list -t snapshot DS` is `-d 1`: DS's own snapshots (as zfs).
+        let limit = match (recursive, depth) {
+            (_, Some(d)) => Some(Some(d)),
+            (true, None) => Some(None),
+            (false, None) if types.only_snapshots() && !n.contains('@') => Some(Some(1)),
+            (false, None) => None,
+        };
+        match limit {
+            Some(max) => {
+                let base = depth_of(n);
+                for d in client.list_datasets(Some(n))? {
+                    let below = depth_of(&d.name) - base.min(depth_of(&d.name));
+                    if types.wants(d.kind) && max.is_none_or(|m| below <= m) {
+                        add(d, &mut out);
+                    }
+                }
+            }
+            None => {
+                let d = client.dataset(n)?;
+                if !types.wants(d.kind) && (types_given || d.kind != DatasetKind::Snapshot) {
+                    bail!("cannot open '{n}': operation not applicable to datasets of this type");
+                }
+                add(d, &mut out);
             }
         }
     }
     Ok(out)
 }
 
-pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
-    let types = parse_types(a.types.as_deref())?;
-    let columns = match &a.columns {
-        Some(c) => split_list(c),
-        None => ["name", "used", "avail", "refer"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+/// zfs's order: by dataset name, a dataset before its snapshots, snapshots
+/// by creation txg.
+fn default_order(a: &DatasetInfo, b: &DatasetInfo) -> Ordering {
+    let split = |d: &DatasetInfo| -> (String, bool, u64) {
+        let (ds, snap) = match d.name.split_once('@') {
+            Some((ds, _)) => (ds.to_string(), true),
+            None => (d.name.clone(), false),
+        };
+        let txg = d
+            .property("createtxg")
+            .and_then(|p| p.parsable.parse().ok())
+            .unwrap_or(0);
+        (ds, snap, txg)
     };
-    if columns.is_empty() {
+    split(a).cmp(&split(b)).then_with(|| a.name.cmp(&b.name))
+}
+
+/// Orders datasets by the `-s`/`-S` keys, then zfs's default order. Numbers
+/// compare as numbers; a dataset without the property sorts after one with it.
+pub fn sort_datasets(datasets: &mut [DatasetInfo], keys: &[SortKey]) {
+    datasets.sort_by(|a, b| {
+        for k in keys {
+            let ord = if k.prop == "name" {
+                default_order(a, b)
+            } else {
+                match (value_of(a, &k.prop, true), value_of(b, &k.prop, true)) {
+                    (Some(x), Some(y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
+                        (Ok(x), Ok(y)) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
+                        _ => x.cmp(&y),
+                    },
+                    (Some(_), None) => Ordering::Less,
+                    (None, Some(_)) => Ordering::Greater,
+                    (None, None) => Ordering::Equal,
+                }
+            };
+            let ord = if k.descending { ord.reverse() } else { ord };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        default_order(a, b)
+    });
+}
+
+/// `-o` columns: abbreviations resolved, `space` expanded, every one a
+/// property zfs knows or a user property (else an error naming it).
+pub fn parse_columns(s: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for c in split_list(s) {
+        let c = canonical(&c);
+        if c == "space" {
+            out.extend(
+                [
+                    "name",
+                    "available",
+                    "used",
+                    "usedbysnapshots",
+                    "usedbydataset",
+                    "usedbyrefreservation",
+                    "usedbychildren",
+                ]
+                .map(String::from),
+            );
+            continue;
+        }
+        check_property(&c)?;
+        out.push(c);
+    }
+    if out.is_empty() {
         bail!("no columns given to -o");
     }
-    let mut datasets = collect(client, &a.datasets, a.recursive, types.snapshot)?;
-    // A name given explicitly is listed whatever its type (as zfs).
-    datasets.retain(|d| types.wants(d.kind) || a.datasets.contains(&d.name));
+    Ok(out)
+}
+
+/// A property name zfs knows, or a user property.
+fn check_property(name: &str) -> Result<()> {
+    dataset::names::check_property_name(name)
+        .map_err(|e| anyhow::anyhow!("bad property list: {e}"))
+}
+
+pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
+    let types = parse_types(a.types.as_deref(), LIST_DEFAULT_TYPES)?;
+    let columns = parse_columns(a.columns.as_deref().unwrap_or("name,used,avail,refer"))?;
+    for k in &a.sort_keys {
+        check_property(&k.prop)?;
+    }
+    let mut datasets = gather(
+        client,
+        &a.datasets,
+        a.recursive,
+        a.depth,
+        types,
+        a.types.is_some(),
+    )?;
+    sort_datasets(&mut datasets, &a.sort_keys);
     if a.format.json {
         return json(&datasets);
     }
     if datasets.is_empty() {
+        // On stderr, as zfs: a script counting lines sees none.
         if !a.format.scripted {
-            outln("no datasets available");
+            eprintln!("no datasets available");
         }
         return Ok(());
     }
-    check_columns(&datasets, &columns)?;
     out(&dataset_table(&datasets, &columns, a.format.parsable).render(a.format.scripted));
-    Ok(())
-}
-
-/// A property no dataset has is a typo; one that only some lack shows as `-`.
-fn check_columns(datasets: &[DatasetInfo], columns: &[String]) -> Result<()> {
-    for c in columns {
-        if !datasets.iter().any(|d| value_of(d, c, false).is_some()) {
-            bail!("invalid property '{c}'");
-        }
-    }
     Ok(())
 }
 
@@ -289,8 +496,17 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
         if w.is_empty() {
             bail!("no property given");
         }
-        check_columns(datasets, w)?;
+        for p in w {
+            check_property(p)?;
+        }
     }
+    let row = |ds: &DatasetInfo, p: &dataset::Property| GetRow {
+        name: ds.name.clone(),
+        property: p.name.clone(),
+        value: p.value.clone(),
+        parsable: p.parsable.clone(),
+        source: p.source.clone(),
+    };
     let mut rows = Vec::new();
     for ds in datasets {
         match &wanted {
@@ -304,26 +520,12 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
                         source: "-".into(),
                     });
                 }
-                for p in &ds.properties {
-                    rows.push(GetRow {
-                        name: ds.name.clone(),
-                        property: p.name.clone(),
-                        value: p.value.clone(),
-                        parsable: p.parsable.clone(),
-                        source: p.source.clone(),
-                    });
-                }
+                rows.extend(ds.properties.iter().map(|p| row(ds, p)));
             }
             Some(w) => {
                 for prop in w {
-                    let row = match ds.property(prop) {
-                        Some(p) => GetRow {
-                            name: ds.name.clone(),
-                            property: p.name.clone(),
-                            value: p.value.clone(),
-                            parsable: p.parsable.clone(),
-                            source: p.source.clone(),
-                        },
+                    rows.push(match ds.property(prop) {
+                        Some(p) => row(ds, p),
                         None => {
                             let v = value_of(ds, prop, false).unwrap_or_else(|| "-".into());
                             GetRow {
@@ -334,8 +536,7 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
                                 source: "-".into(),
                             }
                         }
-                    };
-                    rows.push(row);
+                    });
                 }
             }
         }
@@ -344,6 +545,23 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
 }
 
 const GET_FIELDS: &[&str] = &["name", "property", "value", "source"];
+const SOURCES: &[&str] = &[
+    "local",
+    "default",
+    "inherited",
+    "temporary",
+    "received",
+    "none",
+];
+
+/// The `-s` class of a row's source: `inherited from X` is `inherited`, `-` is `none`.
+fn source_class(source: &str) -> &str {
+    match source {
+        "-" => "none",
+        s if s.starts_with("inherited") => "inherited",
+        s => s,
+    }
+}
 
 pub fn get_table(rows: &[GetRow], fields: &[String], parsable: bool) -> Table {
     let mut t = Table::new(fields);
@@ -383,8 +601,30 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
         }
         None => GET_FIELDS.iter().map(|s| s.to_string()).collect(),
     };
-    let datasets = collect(client, &a.datasets, false, false)?;
-    let rows = get_rows(&datasets, &a.props)?;
+    let sources = match &a.sources {
+        Some(s) => {
+            let v = split_list(s);
+            if let Some(bad) = v.iter().find(|s| !SOURCES.contains(&s.as_str())) {
+                bail!("invalid source '{bad}' (valid: {})", SOURCES.join(", "));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let types = parse_types(a.types.as_deref(), TypeFilter::ALL)?;
+    let mut datasets = gather(
+        client,
+        &a.datasets,
+        a.recursive,
+        a.depth,
+        types,
+        a.types.is_some(),
+    )?;
+    sort_datasets(&mut datasets, &[]);
+    let mut rows = get_rows(&datasets, &a.props)?;
+    if let Some(s) = &sources {
+        rows.retain(|r| s.iter().any(|c| c == source_class(&r.source)));
+    }
     if a.format.json {
         return json(&rows);
     }
@@ -392,11 +632,38 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
     Ok(())
 }
 
+/// `set PROP=VALUE... DATASET...`: the assignments come first (a dataset name has no `=`).
 pub fn set(client: &api::Client, a: SetArgs) -> Result<()> {
-    let (prop, value) = parse_assignment(&a.assignment)?;
-    for ds in &a.datasets {
-        client.set_property(ds, &prop, &value)?;
+    let n = a.args.iter().take_while(|s| s.contains('=')).count();
+    let (assignments, datasets) = a.args.split_at(n);
+    if assignments.is_empty() {
+        bail!("'{}' is not PROPERTY=VALUE", a.args[0]);
     }
+    if datasets.is_empty() {
+        bail!("missing dataset name after {}", assignments.join(" "));
+    }
+    let assignments = assignments
+        .iter()
+        .map(|s| parse_assignment(s))
+        .collect::<Result<Vec<_>>>()?;
+    for ds in datasets {
+        for (prop, value) in &assignments {
+            client.set_property(ds, prop, value)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn inherit(client: &api::Client, a: InheritArgs) -> Result<()> {
+    let prop = canonical(&a.property);
+    for ds in &a.datasets {
+        client.inherit(ds, &prop, a.recursive)?;
+    }
+    Ok(())
+}
+
+pub fn rename(client: &api::Client, a: RenameArgs) -> Result<()> {
+    client.rename(&a.from, &a.to, a.recursive)?;
     Ok(())
 }
 
@@ -404,6 +671,7 @@ pub fn destroy(client: &api::Client, a: DestroyArgs) -> Result<()> {
     let opts = dataset::DestroyOptions {
         recursive: a.recursive,
         dry_run: a.dry_run,
+        dependents: a.dependents,
     };
     let report = client.destroy(&a.dataset, &opts)?;
     if a.verbose {
