@@ -392,15 +392,16 @@ pub fn sort_datasets(datasets: &mut [DatasetInfo], keys: &[SortKey]) {
             let ord = if k.prop == "name" {
                 default_order(a, b)
             } else {
-                match (value_of(a, &k.prop, true), value_of(b, &k.prop, true)) {
-                    (Some(x), Some(y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
-                        (Ok(x), Ok(y)) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
-                        _ => x.cmp(&y),
-                    },
-                    (Some(_), None) => Ordering::Less,
-                    (None, Some(_)) => Ordering::Greater,
-                    (None, None) => Ordering::Equal,
-                }
+                // Creation is in seconds: txg order breaks ties the same way round.
+                let props: &[&str] = match k.prop.as_str() {
+                    "creation" => &["creation", "createtxg"],
+                    p => &[p],
+                };
+                props
+                    .iter()
+                    .map(|p| compare_values(value_of(a, p, true), value_of(b, p, true)))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(Ordering::Equal)
             };
             let ord = if k.descending { ord.reverse() } else { ord };
             if ord != Ordering::Equal {
@@ -409,6 +410,19 @@ pub fn sort_datasets(datasets: &mut [DatasetInfo], keys: &[SortKey]) {
         }
         default_order(a, b)
     });
+}
+
+/// Numbers as numbers; a missing value after a present one.
+fn compare_values(a: Option<String>, b: Option<String>) -> Ordering {
+    match (a, b) {
+        (Some(x), Some(y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
+            (Ok(x), Ok(y)) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
+            _ => x.cmp(&y),
+        },
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
 }
 
 /// `-o` columns: abbreviations resolved, `space` expanded, every one a
