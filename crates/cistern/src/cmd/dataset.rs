@@ -390,7 +390,7 @@ pub fn sort_datasets(datasets: &mut [DatasetInfo], keys: &[SortKey]) {
     datasets.sort_by(|a, b| {
         for k in keys {
             let ord = if k.prop == "name" {
-                default_order(a, b)
+                a.name.cmp(&b.name)
             } else {
                 // Creation is in seconds: txg order breaks ties the same way round.
                 let props: &[&str] = match k.prop.as_str() {
@@ -761,30 +761,119 @@ mod tests {
     }
 
     #[test]
-    fn unknown_column_is_an_error() {
-        assert!(check_columns(&[vol()], &cols("name,bogus"))
-            .unwrap_err()
-            .to_string()
-            .contains("'bogus'"));
-        assert!(check_columns(&[vol()], &cols("name,type,compress")).is_ok());
+    fn columns_are_checked_against_the_property_table() {
+        let e = parse_columns("name,bogus").unwrap_err().to_string();
+        assert!(e.contains("'bogus'"), "{e}");
+        // Known properties a dataset lacks, and user properties, are fine.
+        assert_eq!(
+            parse_columns("name,origin,avail,com.example:note").unwrap(),
+            cols("name,origin,available,com.example:note")
+        );
+        assert_eq!(
+            parse_columns("space").unwrap(),
+            cols("name,available,used,usedbysnapshots,usedbydataset,usedbyrefreservation,usedbychildren")
+        );
+        assert!(parse_columns(",").is_err());
     }
 
     #[test]
     fn types() {
-        let f = |volume, filesystem, snapshot| TypeFilter {
+        let f = |volume, filesystem, snapshot, bookmark| TypeFilter {
             volume,
             filesystem,
             snapshot,
+            bookmark,
         };
-        assert_eq!(parse_types(None).unwrap(), f(true, true, false));
-        assert_eq!(parse_types(Some("volume")).unwrap(), f(true, false, false));
-        assert_eq!(parse_types(Some("fs")).unwrap(), f(false, true, false));
+        let parse = |s| parse_types(s, LIST_DEFAULT_TYPES);
+        assert_eq!(parse(None).unwrap(), f(true, true, false, false));
+        assert_eq!(parse(Some("volume")).unwrap(), f(true, false, false, false));
+        assert_eq!(parse(Some("fs")).unwrap(), f(false, true, false, false));
+        assert_eq!(parse(Some("snapshot")).unwrap(), f(false, false, true, false));
+        assert!(parse(Some("snapshot")).unwrap().only_snapshots());
+        assert_eq!(parse(Some("all")).unwrap(), TypeFilter::ALL);
+        assert_eq!(parse(Some("bookmark,volume")).unwrap(), f(true, false, false, true));
+        assert!(parse(Some("bogus")).is_err());
+        assert_eq!(depth_of("tank"), 0);
+        assert_eq!(depth_of("tank/a@s"), 2);
+    }
+
+    fn snap(name: &str, txg: u64, creation: u64, used: u64) -> DatasetInfo {
+        DatasetInfo {
+            name: name.into(),
+            kind: DatasetKind::Snapshot,
+            properties: vec![
+                prop("createtxg", "", &txg.to_string(), "-"),
+                prop("creation", "", &creation.to_string(), "-"),
+                prop("used", "", &used.to_string(), "-"),
+            ],
+        }
+    }
+
+    fn names(v: &[DatasetInfo]) -> Vec<&str> {
+        v.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    #[test]
+    fn default_order_is_by_dataset_then_snapshot_creation() {
+        let mut v = vec![
+            snap("tank/vol0@z", 10, 100, 5),
+            vol(),
+            snap("tank/vol0@a", 12, 100, 900),
+            root(),
+            snap("tank@x", 3, 50, 1),
+            snap("tank/vol0/b@m", 2, 10, 7),
+        ];
+        sort_datasets(&mut v, &[]);
         assert_eq!(
-            parse_types(Some("snapshot")).unwrap(),
-            f(false, false, true)
+            names(&v),
+            ["tank", "tank@x", "tank/vol0", "tank/vol0@z", "tank/vol0@a", "tank/vol0/b@m"]
         );
-        assert_eq!(parse_types(Some("all")).unwrap(), f(true, true, true));
-        assert!(parse_types(Some("bookmark")).is_err());
+    }
+
+    #[test]
+    fn sort_keys_numbers_numerically_then_the_default_order() {
+        let key = |p: &str, descending| SortKey {
+            prop: p.into(),
+            descending,
+        };
+        let mut v = vec![
+            snap("t/v@c", 3, 100, 9),
+            snap("t/v@a", 1, 100, 10),
+            snap("t/v@b", 2, 100, 9),
+        ];
+        // 9 < 10 as numbers (as text "10" < "9"); ties keep creation order.
+        sort_datasets(&mut v, &[key("used", false)]);
+        assert_eq!(names(&v), ["t/v@b", "t/v@c", "t/v@a"]);
+        sort_datasets(&mut v, &[key("used", true)]);
+        assert_eq!(names(&v), ["t/v@a", "t/v@b", "t/v@c"]);
+        // Same second: creation ties break by txg, in the key's direction.
+        sort_datasets(&mut v, &[key("creation", true)]);
+        assert_eq!(names(&v), ["t/v@c", "t/v@b", "t/v@a"]);
+        sort_datasets(&mut v, &[key("name", false)]);
+        assert_eq!(names(&v), ["t/v@a", "t/v@b", "t/v@c"]);
+        // Several keys; a dataset without the property sorts after those with it.
+        let mut w = vec![vol(), snap("t/v@x", 1, 1, 10), root()];
+        sort_datasets(&mut w, &[key("volsize", false), key("used", true)]);
+        assert_eq!(names(&w), ["tank/vol0", "tank", "t/v@x"]);
+    }
+
+    #[test]
+    fn sort_key_order_follows_the_command_line() {
+        use clap::{CommandFactory, FromArgMatches};
+        let m = crate::Cli::command()
+            .try_get_matches_from(["cistern", "list", "-S", "used", "-s", "name", "-S", "creation"])
+            .unwrap();
+        let mut cli = crate::Cli::from_arg_matches(&m).unwrap();
+        let crate::Command::List(a) = &mut cli.command else {
+            panic!("not list")
+        };
+        a.order_sort_keys(m.subcommand_matches("list"));
+        let keys: Vec<(&str, bool)> = a
+            .sort_keys
+            .iter()
+            .map(|k| (k.prop.as_str(), k.descending))
+            .collect();
+        assert_eq!(keys, [("used", true), ("name", false), ("creation", true)]);
     }
 
     #[test]
