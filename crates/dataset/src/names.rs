@@ -39,8 +39,10 @@ pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
         {
             return Err(bad("name is reserved".into()));
         }
-    } else if s == "." || s == ".." {
-        return Err(bad(format!("'{s}' is not a name (self or parent reference)")));
+    } else if s == "." {
+        return Err(bad("self reference, '.' is found in name".into()));
+    } else if s == ".." {
+        return Err(bad("parent reference, '..' is found in name".into()));
     }
     Ok(())
 }
