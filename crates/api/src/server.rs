@@ -3,7 +3,8 @@
 
 use crate::{
     ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
+    SetProperty, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -504,7 +505,10 @@ async fn rename(State(st): State<ApiState>, Json(req): Json<RenameRequest>) -> A
         .map(json)
 }
 
-async fn inherit(State(st): State<ApiState>, Json(req): Json<InheritRequest>) -> ApiResult<Response> {
+async fn inherit(
+    State(st): State<ApiState>,
+    Json(req): Json<InheritRequest>,
+) -> ApiResult<Response> {
     tracing::info!(name = %req.name, property = %req.property, recursive = req.recursive, "inherit");
     blocking(&st, move |e| {
         e.inherit_property(&req.name, &req.property, req.recursive)

@@ -79,9 +79,9 @@ impl Engine {
                     ));
                 }
                 match check_new_dataset(&datasets, &to) {
-                    Err(Error::NotFound(_)) => return Err(Error::NotFound(format!(
-                        "cannot rename to '{to}': parent"
-                    ))),
+                    Err(Error::NotFound(_)) => {
+                        return Err(Error::NotFound(format!("cannot rename to '{to}': parent")))
+                    }
                     Err(Error::InvalidArgument(_)) => {
                         return Err(cannot("parent is not a filesystem"))
                     }

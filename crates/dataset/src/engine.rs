@@ -1,10 +1,10 @@
 //! The engine: every imported pool, the cache file that brings them back at
 //! start (like zpool.cache), and the administrative operations.
 
+pub(crate) use crate::names::split_dataset;
 use crate::props::{self, DatasetRecord, Space};
 use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
-pub(crate) use crate::names::split_dataset;
 use crate::*;
 use parking_lot::{Mutex, RwLock};
 use pool::{LayoutKind, Pool, Vdev};
@@ -820,8 +820,7 @@ impl Engine {
             tracing::info!(dataset = name, prop, value, "user property set");
             return Ok(());
         }
-        crate::names::check_property_name(prop)
-            .or_else(|e| cannot(e.to_string()))?;
+        crate::names::check_property_name(prop).or_else(|e| cannot(e.to_string()))?;
         if rec.is_snapshot() {
             return cannot("this property can not be modified for snapshots".into());
         }

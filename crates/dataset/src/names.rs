@@ -18,9 +18,7 @@ fn valid_char(c: char) -> bool {
 /// One component of a name: a pool, a dataset path element or a snapshot.
 /// Only a pool must start with a letter; `tank/vol@20131124_1344` is valid.
 pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
-    let bad = |why: String| {
-        Error::InvalidArgument(format!("invalid {kind} name '{s}': {why}"))
-    };
+    let bad = |why: String| Error::InvalidArgument(format!("invalid {kind} name '{s}': {why}"));
     if s.is_empty() {
         return Err(bad("empty component in name".into()));
     }
@@ -34,8 +32,10 @@ pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
         if !s.starts_with(|c: char| c.is_ascii_alphabetic()) {
             return Err(bad("pool name must begin with a letter".into()));
         }
-        if ["mirror", "raidz", "raidz1", "raidz2", "raidz3", "draid", "spare", "log", "cache"]
-            .contains(&s)
+        if [
+            "mirror", "raidz", "raidz1", "raidz2", "raidz3", "draid", "spare", "log", "cache",
+        ]
+        .contains(&s)
         {
             return Err(bad("name is reserved".into()));
         }
@@ -106,19 +106,87 @@ pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
 /// valid even where a dataset lacks it (shown as `-`); anything else
 /// without a colon is a typo.
 pub const NATIVE_PROPERTIES: &[&str] = &[
-    "name", "type", "creation", "used", "available", "referenced", "compressratio",
-    "refcompressratio", "mounted", "origin", "clones", "quota", "reservation", "refquota",
-    "refreservation", "volsize", "volblocksize", "recordsize", "mountpoint", "sharenfs",
-    "sharesmb", "checksum", "compression", "atime", "relatime", "devices", "exec", "setuid",
-    "readonly", "zoned", "snapdir", "aclmode", "aclinherit", "acltype", "canmount", "xattr",
-    "copies", "version", "utf8only", "normalization", "casesensitivity", "vscan", "nbmand",
-    "primarycache", "secondarycache", "usedbysnapshots", "usedbydataset", "usedbychildren",
-    "usedbyrefreservation", "logbias", "dedup", "mlslabel", "sync", "dnodesize", "written",
-    "logicalused", "logicalreferenced", "volmode", "filesystem_limit", "snapshot_limit",
-    "filesystem_count", "snapshot_count", "snapdev", "redundant_metadata", "encryption",
-    "keylocation", "keyformat", "pbkdf2iters", "encryptionroot", "keystatus",
-    "special_small_blocks", "objsetid", "createtxg", "guid", "userrefs", "defer_destroy",
-    "receive_resume_token", "context", "fscontext", "defcontext", "rootcontext",
+    "name",
+    "type",
+    "creation",
+    "used",
+    "available",
+    "referenced",
+    "compressratio",
+    "refcompressratio",
+    "mounted",
+    "origin",
+    "clones",
+    "quota",
+    "reservation",
+    "refquota",
+    "refreservation",
+    "volsize",
+    "volblocksize",
+    "recordsize",
+    "mountpoint",
+    "sharenfs",
+    "sharesmb",
+    "checksum",
+    "compression",
+    "atime",
+    "relatime",
+    "devices",
+    "exec",
+    "setuid",
+    "readonly",
+    "zoned",
+    "snapdir",
+    "aclmode",
+    "aclinherit",
+    "acltype",
+    "canmount",
+    "xattr",
+    "copies",
+    "version",
+    "utf8only",
+    "normalization",
+    "casesensitivity",
+    "vscan",
+    "nbmand",
+    "primarycache",
+    "secondarycache",
+    "usedbysnapshots",
+    "usedbydataset",
+    "usedbychildren",
+    "usedbyrefreservation",
+    "logbias",
+    "dedup",
+    "mlslabel",
+    "sync",
+    "dnodesize",
+    "written",
+    "logicalused",
+    "logicalreferenced",
+    "volmode",
+    "filesystem_limit",
+    "snapshot_limit",
+    "filesystem_count",
+    "snapshot_count",
+    "snapdev",
+    "redundant_metadata",
+    "encryption",
+    "keylocation",
+    "keyformat",
+    "pbkdf2iters",
+    "encryptionroot",
+    "keystatus",
+    "special_small_blocks",
+    "objsetid",
+    "createtxg",
+    "guid",
+    "userrefs",
+    "defer_destroy",
+    "receive_resume_token",
+    "context",
+    "fscontext",
+    "defcontext",
+    "rootcontext",
 ];
 
 /// A user property: lower-case letters, digits, `:-._`, at least one colon
@@ -182,7 +250,10 @@ mod tests {
             assert!(e.contains(why), "{bad}: {e}");
         }
         let long = format!("tank/{}", "a".repeat(251));
-        assert!(split_dataset(&long).unwrap_err().to_string().contains("too long"));
+        assert!(split_dataset(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("too long"));
         assert!(split_dataset(&long[..255]).is_ok());
     }
 

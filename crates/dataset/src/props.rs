@@ -471,6 +471,33 @@ mod tests {
     }
 
     #[test]
+    fn records_without_user_properties_load() {
+        // A record as builds before user properties wrote it.
+        let old = r#"{"id":3,"name":"tank/v","kind":"volume","volsize":67108864,"volblocksize":16384,
+            "local":{"compression":"zstd"},"created_txg":5,"creation":1795240643,
+            "logical_used":0,"physical_used":0}"#;
+        let rec: DatasetRecord = serde_json::from_str(old).unwrap();
+        let root = DatasetRecord {
+            name: "tank".into(),
+            local: [("com.example:note".to_string(), "hi".to_string())].into(),
+            ..Default::default()
+        };
+        let lineage = Lineage {
+            chain: vec![&rec, &root],
+        };
+        assert_eq!(lineage.resolve("compression").0, "zstd");
+        let user = lineage.user_properties();
+        assert_eq!(user.len(), 1);
+        assert_eq!(
+            (user[0].value.as_str(), user[0].source.as_str()),
+            ("hi", "inherited from tank")
+        );
+        // And one with a user property reads back the same.
+        let json = serde_json::to_string(&root).unwrap();
+        assert_eq!(serde_json::from_str::<DatasetRecord>(&json).unwrap(), root);
+    }
+
+    #[test]
     fn property_values_are_checked() {
         assert_eq!(normalize("compression", "zstd-3").unwrap(), "zstd");
         assert_eq!(normalize("compression", "on").unwrap(), "lz4");

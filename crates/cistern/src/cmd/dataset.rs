@@ -236,9 +236,9 @@ pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
             "snapshot" | "snap" => f.snapshot = true,
             "bookmark" => f.bookmark = true,
             "all" => f = TypeFilter::ALL,
-            other => bail!(
-                "invalid type '{other}' (valid: filesystem, snapshot, volume, bookmark, all)"
-            ),
+            other => {
+                bail!("invalid type '{other}' (valid: filesystem, snapshot, volume, bookmark, all)")
+            }
         }
     }
     if f == (TypeFilter {
@@ -457,8 +457,7 @@ pub fn parse_columns(s: &str) -> Result<Vec<String>> {
 
 /// A property name zfs knows, or a user property.
 fn check_property(name: &str) -> Result<()> {
-    dataset::names::check_property_name(name)
-        .map_err(|e| anyhow::anyhow!("bad property list: {e}"))
+    dataset::names::check_property_name(name).map_err(|e| anyhow::anyhow!("bad property list: {e}"))
 }
 
 pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
@@ -788,10 +787,16 @@ mod tests {
         assert_eq!(parse(None).unwrap(), f(true, true, false, false));
         assert_eq!(parse(Some("volume")).unwrap(), f(true, false, false, false));
         assert_eq!(parse(Some("fs")).unwrap(), f(false, true, false, false));
-        assert_eq!(parse(Some("snapshot")).unwrap(), f(false, false, true, false));
+        assert_eq!(
+            parse(Some("snapshot")).unwrap(),
+            f(false, false, true, false)
+        );
         assert!(parse(Some("snapshot")).unwrap().only_snapshots());
         assert_eq!(parse(Some("all")).unwrap(), TypeFilter::ALL);
-        assert_eq!(parse(Some("bookmark,volume")).unwrap(), f(true, false, false, true));
+        assert_eq!(
+            parse(Some("bookmark,volume")).unwrap(),
+            f(true, false, false, true)
+        );
         assert!(parse(Some("bogus")).is_err());
         assert_eq!(depth_of("tank"), 0);
         assert_eq!(depth_of("tank/a@s"), 2);
@@ -826,7 +831,14 @@ mod tests {
         sort_datasets(&mut v, &[]);
         assert_eq!(
             names(&v),
-            ["tank", "tank@x", "tank/vol0", "tank/vol0@z", "tank/vol0@a", "tank/vol0/b@m"]
+            [
+                "tank",
+                "tank@x",
+                "tank/vol0",
+                "tank/vol0@z",
+                "tank/vol0@a",
+                "tank/vol0/b@m"
+            ]
         );
     }
 
@@ -861,7 +873,9 @@ mod tests {
     fn sort_key_order_follows_the_command_line() {
         use clap::{CommandFactory, FromArgMatches};
         let m = crate::Cli::command()
-            .try_get_matches_from(["cistern", "list", "-S", "used", "-s", "name", "-S", "creation"])
+            .try_get_matches_from([
+                "cistern", "list", "-S", "used", "-s", "name", "-S", "creation",
+            ])
             .unwrap();
         let mut cli = crate::Cli::from_arg_matches(&m).unwrap();
         let crate::Command::List(a) = &mut cli.command else {
