@@ -187,7 +187,7 @@ def test_recursive_snapshot_and_rollback(daemon, make_volume):
     write_export(b.uri, 0, pattern("b1", MiB))
     daemon.cli("snapshot", "-r", "tank@one")
     names = daemon.cli("list", "-H", "-o", "name", "-t", "snapshot").stdout.split()
-    assert names == ["tank/a@one", "tank/b@one", "tank@one"]
+    assert names == ["tank@one", "tank/a@one", "tank/b@one"]  # zfs order: a dataset's snapshots before its children
     # Same txg for all: createtxg equal.
     txgs = {n: daemon.prop(n, "createtxg") for n in names}
     assert len(set(txgs.values())) == 1, txgs

@@ -174,8 +174,13 @@ impl Engine {
                     .chain(snapshots_of(&datasets, name).iter().map(|s| s.name.clone()))
                     .collect();
                 if !below.is_empty() {
+                    let what = match (heads.len() > 1, below.iter().any(|n| n.contains('@'))) {
+                        (true, true) => "children and snapshots",
+                        (true, false) => "children",
+                        _ => "snapshots",
+                    };
                     return Err(Error::Busy(format!(
-                        "cannot destroy '{name}': it has children\nuse '-r' to destroy the following datasets:\n{}",
+                        "cannot destroy '{name}': it has {what}\nuse '-r' to destroy the following datasets:\n{}",
                         below.join("\n")
                     )));
                 }
