@@ -189,7 +189,7 @@ def test_recursive_snapshot_and_rollback(daemon, make_volume):
     write_export(b.uri, 0, pattern("b1", MiB))
     daemon.cli("snapshot", "-r", "tank@one")
     names = daemon.cli("list", "-H", "-o", "name", "-t", "snapshot").stdout.split()
-    assert names == ["tank/a@one", "tank/b@one", "tank@one"]
+    assert names == ["tank@one", "tank/a@one", "tank/b@one"]  # zfs order: a dataset's snapshots before its children
     # Same txg for all: createtxg equal.
     txgs = {n: daemon.prop(n, "createtxg") for n in names}
     assert len(set(txgs.values())) == 1, txgs
@@ -262,7 +262,7 @@ def test_ext4_snapshot_mount_rollback_and_clone(daemon, make_volume, tmp_path):
             assert _read_tree(fs) == before
 
 
-OPS = ["snapshot", "destroy", "rollback", "clone"]
+OPS = ["snapshot", "destroy", "rollback", "clone", "rename"]
 
 
 @pytest.mark.parametrize("point", ["action_before_meta", "action_after_meta"])
@@ -289,6 +289,7 @@ def test_kill_during_snapshot_commands(make_daemon, disks, op, point):
         "destroy": ["destroy", "tank/v@s1"],
         "rollback": ["rollback", "tank/v@s1"],
         "clone": ["clone", "tank/v@s1", "tank/c"],
+        "rename": ["rename", "tank/v@s1", "@renamed"],
     }[op]
     p = d.cli(*cmd, check=False)
     assert p.returncode != 0, "the daemon should have aborted during the command"
@@ -303,6 +304,9 @@ def test_kill_during_snapshot_commands(make_daemon, disks, op, point):
     snaps = d.cli("list", "-H", "-o", "name", "-t", "snapshot").stdout.split()
     if op == "destroy":
         assert ("tank/v@s1" in snaps) != happened
+    elif op == "rename":
+        assert ("tank/v@s1" in snaps) != happened and ("tank/v@renamed" in snaps) == happened, snaps
+        assert read_export(d.uri("tank/v@renamed" if happened else "tank/v@s1"), 4 * MiB) == a
     else:
         assert "tank/v@s1" in snaps
         assert read_export(d.uri("tank/v@s1"), 4 * MiB) == a

@@ -2,7 +2,8 @@
 
 use crate::{
     ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
+    SetProperty, SnapshotRequest,
 };
 use dataset::{
     DatasetInfo, DestroyOptions, DestroyReport, DiffReport, ImportablePool, PoolSpec, PoolStatus,
@@ -377,6 +378,7 @@ impl Client {
                 .query("recursive", opts.recursive.to_string())
                 .query("dry_run", opts.dry_run.to_string())
                 .query("force", opts.force.to_string())
+                .query("dependents", opts.dependents.to_string())
                 .call(),
         )
     }
@@ -430,6 +432,25 @@ impl Client {
                 .query("name", name)
                 .send_empty(),
         )
+    }
+
+    /// Returns the new names.
+    pub fn rename(&self, from: &str, to: &str, recursive: bool) -> Result<Vec<String>> {
+        let body = RenameRequest {
+            from: from.to_string(),
+            to: to.to_string(),
+            recursive,
+        };
+        self.decode(self.agent.post(self.url("/v1/rename")).send_json(&body))
+    }
+
+    pub fn inherit(&self, name: &str, property: &str, recursive: bool) -> Result<()> {
+        let body = InheritRequest {
+            name: name.to_string(),
+            property: property.to_string(),
+            recursive,
+        };
+        self.expect_empty(self.agent.post(self.url("/v1/inherit")).send_json(&body))
     }
 
     pub fn set_hold(

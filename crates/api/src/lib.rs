@@ -20,6 +20,8 @@
 //! | GET | /v1/dataset?name=N | | `DatasetInfo` |
 //! | PATCH | /v1/dataset?name=N | [`SetProperty`] | `DatasetInfo` |
 //! | DELETE | /v1/dataset?name=N | | 204 |
+//! | POST | /v1/rename | [`RenameRequest`] | `[String]` new names |
+//! | POST | /v1/inherit | [`InheritRequest`] | 204 |
 //! | POST | /v1/pools/{pool}/scrub | [`ScrubRequest`] | `PoolStatus` |
 //! | POST | /v1/pools/{pool}/offline | [`DeviceRequest`] | `PoolStatus` |
 //! | POST | /v1/pools/{pool}/online | [`DeviceRequest`] | `PoolStatus` |
@@ -100,6 +102,28 @@ pub struct CloneRequest {
     pub name: String,
     #[serde(default)]
     pub properties: Vec<(String, String)>,
+}
+
+/// `POST /v1/rename`: answers the new names (the dataset, what is below it, its snapshots).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    pub from: String,
+    /// `POOL/NEW`, `DS@NEW`, or `@NEW` for a snapshot.
+    pub to: String,
+    /// Snapshots only: the same snapshot of every dataset below too.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `POST /v1/inherit`: the property is no longer set locally on `name`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InheritRequest {
+    pub name: String,
+    pub property: String,
+    #[serde(default)]
+    pub recursive: bool,
 }
 
 /// `POST` (hold) / `DELETE` (release) `/v1/holds`.

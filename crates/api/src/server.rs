@@ -3,7 +3,8 @@
 
 use crate::{
     ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
+    SetProperty, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -66,6 +67,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/rollback", post(rollback))
         .route("/v1/clone", post(clone))
         .route("/v1/promote", post(promote))
+        .route("/v1/rename", post(rename))
+        .route("/v1/inherit", post(inherit))
         .route("/v1/holds", get(holds).post(hold).delete(release))
         .route("/v1/diff", get(diff))
         .route("/metrics", get(metrics))
@@ -461,6 +464,7 @@ struct DestroyQuery {
     dry_run: bool,
     #[serde(default)]
     force: bool,
+    dependents: bool,
 }
 
 async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<DestroyQuery>) -> ApiResult<Response> {
@@ -469,6 +473,7 @@ async fn destroy_dataset(State(st): State<ApiState>, Q(q): Q<DestroyQuery>) -> A
         recursive: q.recursive,
         dry_run: q.dry_run,
         force: q.force,
+        dependents: q.dependents,
     };
     blocking(&st, move |e| e.destroy(&q.name, &opts))
         .await
@@ -511,6 +516,25 @@ async fn promote(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Re
     blocking(&st, move |e| e.promote(&q.name))
         .await
         .map(|()| no_content())
+}
+
+async fn rename(State(st): State<ApiState>, Json(req): Json<RenameRequest>) -> ApiResult<Response> {
+    tracing::info!(from = %req.from, to = %req.to, recursive = req.recursive, "rename");
+    blocking(&st, move |e| e.rename(&req.from, &req.to, req.recursive))
+        .await
+        .map(json)
+}
+
+async fn inherit(
+    State(st): State<ApiState>,
+    Json(req): Json<InheritRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(name = %req.name, property = %req.property, recursive = req.recursive, "inherit");
+    blocking(&st, move |e| {
+        e.inherit_property(&req.name, &req.property, req.recursive)
+    })
+    .await
+    .map(|()| no_content())
 }
 
 async fn hold(State(st): State<ApiState>, Json(req): Json<HoldRequest>) -> ApiResult<Response> {

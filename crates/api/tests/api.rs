@@ -166,3 +166,58 @@ fn routes_and_error_mapping() {
     c.destroy_pool("tank").unwrap();
     assert!(c.list_pools().unwrap().is_empty());
 }
+
+#[test]
+fn rename_inherit_and_user_properties() {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = Server::start(&tmp.path().join("state"));
+    let c = srv.client();
+    let disks = tmp.path().join("disks");
+    std::fs::create_dir_all(&disks).unwrap();
+    c.create_pool(&PoolSpec {
+        name: "tank".into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![disks.join("d0")],
+        }],
+        create_size: Some(512 << 20),
+        force: false,
+    })
+    .unwrap();
+    c.create_volume("tank/a", 32 << 20, &[]).unwrap();
+    c.snapshot(&["tank/a@20131124_1344".into()], false).unwrap();
+    let renamed = c.rename("tank/a", "tank/b", false).unwrap();
+    assert_eq!(renamed.len(), 2);
+    assert!(renamed.contains(&"tank/b@20131124_1344".to_string()));
+    let (status, kind, msg) = api_err(c.rename("tank/b", "tank/b", false).unwrap_err());
+    assert_eq!((status, kind.as_str()), (409, "AlreadyExists"), "{msg}");
+    assert_eq!(msg, "cannot rename to 'tank/b': dataset already exists");
+
+    c.set_property("tank", "com.example:note", "hi").unwrap();
+    c.set_property("tank/b", "compression", "zstd").unwrap();
+    let src = |ds: &str, p: &str| {
+        c.dataset(ds)
+            .unwrap()
+            .property(p)
+            .map(|p| (p.value.clone(), p.source.clone()))
+    };
+    assert_eq!(
+        src("tank/b", "com.example:note"),
+        Some(("hi".into(), "inherited from tank".into()))
+    );
+    c.inherit("tank/b", "compression", false).unwrap();
+    assert_eq!(
+        src("tank/b", "compression"),
+        Some(("lz4".into(), "default".into()))
+    );
+    c.inherit("tank", "com.example:note", true).unwrap();
+    assert_eq!(src("tank/b", "com.example:note"), None);
+    let (status, _, msg) = api_err(c.inherit("tank/b", "volsize", false).unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    let (status, _, msg) = api_err(
+        c.set_property("tank/b@20131124_1344", "compression", "off")
+            .unwrap_err(),
+    );
+    assert_eq!(status, 400);
+    assert!(msg.contains("can not be modified for snapshots"), "{msg}");
+}

@@ -20,7 +20,6 @@ use std::process::ExitCode;
     version,
     about = "A checksummed, copy-on-write storage server in user space"
 )]
-#[command(disable_help_subcommand = true)]
 pub struct Cli {
     /// Daemon API URL [env: CISTERN_API] [default: http://127.0.0.1:10810];
     /// for serve/quickstart the address to listen on
@@ -55,8 +54,14 @@ pub enum Command {
     Get(cmd::dataset::GetArgs),
     /// Set a property: `cistern set compression=lz4 tank/vol0`.
     Set(cmd::dataset::SetArgs),
-    /// Destroy a dataset or snapshots: `cistern destroy [-rnv] POOL/DS[@SNAP[%SNAP]]`.
+    /// Destroy a dataset or snapshots: `cistern destroy [-rRnv] POOL/DS[@SNAP[%SNAP]]`.
     Destroy(cmd::dataset::DestroyArgs),
+    /// Rename a dataset or snapshot: `cistern rename [-r] FROM TO`.
+    Rename(cmd::dataset::RenameArgs),
+    /// Stop setting a property locally (inherit it again): `cistern inherit [-r] PROP DS...`.
+    Inherit(cmd::dataset::InheritArgs),
+    /// Print the version of this program and of the daemon.
+    Version,
     /// Take snapshots: `cistern snapshot [-r] POOL/DS@NAME...`.
     Snapshot(cmd::snapshot::SnapshotArgs),
     /// Roll a dataset back to a snapshot: `cistern rollback [-r] POOL/DS@NAME`.
@@ -80,10 +85,13 @@ pub enum Command {
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if let Command::List(a) = &mut cli.command {
+        a.order_sort_keys(matches.subcommand_matches("list"));
+    }
     // The daemon listens where the command line or its config says; the
     // environment's CISTERN_API is only where clients look.
     let api_flag = match matches.value_source("api") {

@@ -256,6 +256,9 @@ pub struct DestroyOptions {
     /// refusing (`-f`).
     #[serde(default)]
     pub force: bool,
+    /// Dependents too (`-R`): clones of the snapshots destroyed, and theirs.
+    #[serde(default)]
+    pub dependents: bool,
 }
 
 /// What `destroy` removed (or would remove, for a dry run).

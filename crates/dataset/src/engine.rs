@@ -2,6 +2,7 @@
 //! start (like zpool.cache), and the administrative operations.
 
 use crate::holders::Scope;
+pub(crate) use crate::names::split_dataset;
 use crate::props::{self, DatasetRecord, Space};
 use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
@@ -45,30 +46,6 @@ fn io(context: &str, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("{context}: {e}"))
 }
 
-/// Pool and dataset name components: a letter first, then letters, digits, `_-.:`.
-pub(crate) fn check_component(kind: &str, s: &str) -> Result<()> {
-    let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && s.len() <= 200
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
-    if !ok {
-        return Err(Error::InvalidArgument(format!(
-            "invalid {kind} name '{s}': must start with a letter and contain only letters, digits, '_', '-', '.', ':'"
-        )));
-    }
-    if kind == "pool"
-        && [
-            "mirror", "raidz", "raidz1", "raidz2", "raidz3", "spare", "log", "cache",
-        ]
-        .contains(&s)
-    {
-        return Err(Error::InvalidArgument(format!(
-            "'{s}' is a reserved word, not a pool name"
-        )));
-    }
-    Ok(())
-}
-
 /// A new dataset `name` (volume or clone): not taken, and its parent is a filesystem.
 pub(crate) fn check_new_dataset(
     datasets: &BTreeMap<String, DatasetRecord>,
@@ -84,31 +61,6 @@ pub(crate) fn check_new_dataset(
             "parent '{parent}' is not a filesystem"
         ))),
         None => Err(Error::NotFound(format!("parent dataset '{parent}'"))),
-    }
-}
-
-/// `pool[/a/b][@snap]` -> (pool, rest of the dataset path). Snapshot names
-/// follow the component rules too.
-pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
-    let dataset = match name.split_once('@') {
-        Some((ds, snap)) => {
-            check_component("snapshot", snap)?;
-            ds
-        }
-        None => name,
-    };
-    match dataset.split_once('/') {
-        None => {
-            check_component("pool", dataset)?;
-            Ok((dataset, None))
-        }
-        Some((pool, rest)) => {
-            check_component("pool", pool)?;
-            for part in rest.split('/') {
-                check_component("dataset", part)?;
-            }
-            Ok((pool, Some(rest)))
-        }
     }
 }
 
@@ -211,7 +163,7 @@ impl Engine {
     }
 
     pub fn create_pool(&self, spec: PoolSpec) -> Result<PoolStatus> {
-        check_component("pool", &spec.name)?;
+        crate::names::check_new_pool_name(&spec.name)?;
         let _admin = self.inner.admin.lock();
         if self.inner.pools.read().contains_key(&spec.name) {
             return Err(Error::AlreadyExists(format!("pool '{}'", spec.name)));
@@ -902,6 +854,22 @@ impl Engine {
             .get(name)
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+        let cannot = |why: String| {
+            Err(Error::InvalidArgument(format!(
+                "cannot set property for '{name}': {why}"
+            )))
+        };
+        if crate::names::is_user_property(prop) {
+            rec.local
+                .insert(prop.to_string(), props::normalize(prop, value)?);
+            p.store_dataset(&rec)?;
+            tracing::info!(dataset = name, prop, value, "user property set");
+            return Ok(());
+        }
+        crate::names::check_property_name(prop).or_else(|e| cannot(e.to_string()))?;
+        if rec.is_snapshot() {
+            return cannot("this property can not be modified for snapshots".into());
+        }
         match prop {
             "volsize" => {
                 if rec.kind != DatasetKind::Volume {
@@ -965,11 +933,7 @@ impl Engine {
                 rec.local
                     .insert(prop.to_string(), props::normalize(prop, value)?);
             }
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "property '{prop}' is read-only or unknown"
-                )))
-            }
+            _ => return cannot(format!("'{prop}' is readonly")),
         }
         p.store_dataset(&rec)?;
         tracing::info!(dataset = name, prop, value, "property set");
@@ -1140,7 +1104,26 @@ pub(crate) fn info(
             compressratio: props::ratio(logical, live),
         }
     };
-    let mut properties = props::properties(rec, &lineage(datasets, rec), space);
+    let lineage = lineage(datasets, rec);
+    let mut properties = props::properties(rec, &lineage, space);
+    if !rec.is_snapshot() {
+        let own = rec.physical_used + rec.snapshot_used;
+        let more = [
+            ("usedbydataset", rec.physical_used),
+            ("usedbychildren", space.used.saturating_sub(own)),
+            ("usedbyrefreservation", 0),
+        ];
+        for (name, n) in more {
+            if !properties.iter().any(|p| p.name == name) {
+                properties.push(Property {
+                    name: name.into(),
+                    value: props::format_size(n),
+                    parsable: n.to_string(),
+                    source: "-".into(),
+                });
+            }
+        }
+    }
     let stat = |name: &str, value: String| Property {
         name: name.into(),
         parsable: value.clone(),
@@ -1168,6 +1151,7 @@ pub(crate) fn info(
         properties.push(stat("clones", clones.join(",")));
         properties.push(stat("userrefs", rec.holds.len().to_string()));
     }
+    properties.extend(lineage.user_properties());
     DatasetInfo {
         name: rec.name.clone(),
         kind: rec.kind,

@@ -8,7 +8,7 @@ pub enum Error {
     NotFound(String),
     #[error("{0} already exists")]
     AlreadyExists(String),
-    #[error("invalid argument: {0}")]
+    #[error("{0}")]
     InvalidArgument(String),
     /// The message says what is in the way.
     #[error("{0}")]

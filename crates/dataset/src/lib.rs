@@ -9,9 +9,11 @@
 mod api_types;
 mod blockmap;
 mod cache;
+mod dataset_admin;
 mod engine;
 mod error;
 mod holders;
+pub mod names;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -87,5 +89,6 @@ pub struct Engine {
 pub struct Volume {
     pool: Arc<txg::ImportedPool>,
     id: u64,
-    name: String,
+    /// Follows `rename`: refreshed from the record (found by id) when it moved.
+    name: parking_lot::Mutex<String>,
 }

@@ -19,7 +19,7 @@ pub const SETTABLE: &[&str] = &[
 /// Space limits (crate::space): a size, or `none` (refreservation also `auto`: the volume's size).
 pub const LIMITS: &[&str] = &["quota", "refquota", "reservation", "refreservation"];
 /// Properties children inherit from their parent when not set locally.
-const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
+pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
@@ -115,6 +115,10 @@ fn default_of(prop: &str) -> &'static str {
 
 /// Checks and normalizes a value for a settable or create-time property.
 pub fn normalize(prop: &str, value: &str) -> Result<String> {
+    if crate::names::is_user_property(prop) {
+        crate::names::check_user_value(prop, value)?;
+        return Ok(value.to_string());
+    }
     let bad = |why: String| {
         Error::InvalidArgument(format!("bad value '{value}' for property {prop}: {why}"))
     };
@@ -326,6 +330,31 @@ impl Lineage<'_> {
     }
 }
 
+impl Lineage<'_> {
+    /// User properties (`module:name`) set here or on an ancestor, by name,
+    /// with their source (`local`, `inherited from X`).
+    pub fn user_properties(&self) -> Vec<Property> {
+        let names: std::collections::BTreeSet<&String> = self
+            .chain
+            .iter()
+            .flat_map(|r| r.local.keys())
+            .filter(|k| crate::names::is_user_property(k))
+            .collect();
+        names
+            .into_iter()
+            .map(|n| {
+                let (value, source) = self.resolve(n);
+                Property {
+                    name: n.clone(),
+                    parsable: value.clone(),
+                    value,
+                    source,
+                }
+            })
+            .collect()
+    }
+}
+
 /// Space figures of a dataset including its children.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Space {
@@ -470,6 +499,33 @@ mod tests {
     fn creation_times_read_like_zfs() {
         assert_eq!(format_time(0), "Thu Jan  1 00:00 1970");
         assert_eq!(format_time(1_795_240_643), "Sat Nov 21 05:57 2026");
+    }
+
+    #[test]
+    fn records_without_user_properties_load() {
+        // A record as builds before user properties wrote it.
+        let old = r#"{"id":3,"name":"tank/v","kind":"volume","volsize":67108864,"volblocksize":16384,
+            "local":{"compression":"zstd"},"created_txg":5,"creation":1795240643,
+            "logical_used":0,"physical_used":0}"#;
+        let rec: DatasetRecord = serde_json::from_str(old).unwrap();
+        let root = DatasetRecord {
+            name: "tank".into(),
+            local: [("com.example:note".to_string(), "hi".to_string())].into(),
+            ..Default::default()
+        };
+        let lineage = Lineage {
+            chain: vec![&rec, &root],
+        };
+        assert_eq!(lineage.resolve("compression").0, "zstd");
+        let user = lineage.user_properties();
+        assert_eq!(user.len(), 1);
+        assert_eq!(
+            (user[0].value.as_str(), user[0].source.as_str()),
+            ("hi", "inherited from tank")
+        );
+        // And one with a user property reads back the same.
+        let json = serde_json::to_string(&root).unwrap();
+        assert_eq!(serde_json::from_str::<DatasetRecord>(&json).unwrap(), root);
     }
 
     #[test]

@@ -183,6 +183,8 @@ pub(crate) enum Action {
     DestroyDataset(u64),
     /// The clone takes over its origin's history up to the origin snapshot.
     Promote(u64),
+    /// Records get new names (`rename`): (record id, new name), all at once.
+    Rename(Vec<(u64, String)>),
 }
 
 impl Action {
@@ -210,7 +212,7 @@ pub(crate) fn check_destroyable<'a>(
     snap.check_not_held()?;
     match records.find(|r| r.origin.as_ref().is_some_and(|o| o.snapshot == snap.id)) {
         Some(clone) => Err(Error::Busy(format!(
-            "snapshot '{}' has dependent clone '{}': destroy it or promote it first",
+            "snapshot '{}' has dependent clone '{}': destroy it (or use -R) or promote it first",
             snap.name, clone.name
         ))),
         None => Ok(()),
@@ -412,6 +414,24 @@ impl ImportedPool {
                 recs.insert(rec.id, rec);
             }
             Action::Promote(clone) => self.promote_in(tx, recs, clone)?,
+            Action::Rename(list) => {
+                let moving = |id: u64| list.iter().any(|(i, _)| *i == id);
+                for (id, new) in &list {
+                    if recs.values().any(|r| r.name == *new && !moving(r.id)) {
+                        return Err(Error::AlreadyExists(format!(
+                            "cannot rename to '{new}': dataset"
+                        )));
+                    }
+                    if !recs.contains_key(id) {
+                        return Err(Error::NotFound(format!("dataset {id}")));
+                    }
+                }
+                for (id, new) in list {
+                    if let Some(r) = recs.get_mut(&id) {
+                        r.name = new;
+                    }
+                }
+            }
             Action::DestroyDataset(id) => {
                 if let Some(clone) = recs
                     .values()

@@ -12,7 +12,7 @@ use crate::*;
 use std::collections::BTreeMap;
 
 /// Names of every dataset at or below `root` (not snapshots), deepest first.
-fn subtree(datasets: &BTreeMap<String, DatasetRecord>, root: &str) -> Vec<String> {
+pub(crate) fn subtree(datasets: &BTreeMap<String, DatasetRecord>, root: &str) -> Vec<String> {
     let prefix = format!("{root}/");
     let mut names: Vec<String> = datasets
         .values()
@@ -164,63 +164,107 @@ impl Engine {
                 "'{name}' is a pool's root dataset: use `cistern pool destroy`"
             )));
         }
-        let (doomed, freed) = {
+        let (heads, all, freed) = {
             let datasets = p.datasets.read();
-            let rec = datasets
-                .get(name)
-                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
-            let doomed = subtree(&datasets, name);
-            if !opts.recursive {
-                if doomed.len() > 1 {
+            if !datasets.contains_key(name) {
+                return Err(Error::NotFound(format!("dataset '{name}'")));
+            }
+            let mut heads = subtree(&datasets, name);
+            if !opts.recursive && !opts.dependents {
+                let below: Vec<String> = heads[..heads.len() - 1]
+                    .iter()
+                    .cloned()
+                    .chain(snapshots_of(&datasets, name).iter().map(|s| s.name.clone()))
+                    .collect();
+                if !below.is_empty() {
+                    let what = match (heads.len() > 1, below.iter().any(|n| n.contains('@'))) {
+                        (true, true) => "children and snapshots",
+                        (true, false) => "children",
+                        _ => "snapshots",
+                    };
                     return Err(Error::Busy(format!(
-                        "'{name}' has children: use -r to destroy them too"
-                    )));
-                }
-                if let Some(s) = snapshots_of(&datasets, name).first() {
-                    return Err(Error::Busy(format!(
-                        "'{name}' has snapshots (such as '{}'): use -r to destroy them too",
-                        s.name
+                        "cannot destroy '{name}': it has {what}\nuse '-r' to destroy the following datasets:\n{}",
+                        below.join("\n")
                     )));
                 }
             }
-            let ids: Vec<u64> = doomed.iter().map(|n| datasets[n].id).collect();
+            // -R: clones of any snapshot going, with everything below them, until none is left.
+            loop {
+                let ids: Vec<u64> = heads.iter().map(|n| datasets[n].id).collect();
+                let clones: Vec<String> = datasets
+                    .values()
+                    .filter(|d| {
+                        d.origin.as_ref().is_some_and(|o| ids.contains(&o.dataset))
+                            && !ids.contains(&d.id)
+                    })
+                    .map(|d| d.name.clone())
+                    .collect();
+                if clones.is_empty() {
+                    break;
+                }
+                if !opts.dependents {
+                    return Err(Error::Busy(format!(
+                        "cannot destroy '{name}': it has dependent clones\nuse '-R' to destroy the following datasets:\n{}",
+                        clones.join("\n")
+                    )));
+                }
+                for c in clones {
+                    for n in subtree(&datasets, &c) {
+                        if !heads.contains(&n) {
+                            heads.push(n);
+                        }
+                    }
+                }
+            }
+            let ids: Vec<u64> = heads.iter().map(|n| datasets[n].id).collect();
             for snap in datasets
                 .values()
                 .filter(|d| d.is_snapshot() && ids.contains(&d.data_id()))
             {
                 snap.check_not_held()?;
             }
-            if let Some(clone) = datasets.values().find(|d| {
-                d.origin.as_ref().is_some_and(|o| ids.contains(&o.dataset)) && !ids.contains(&d.id)
-            }) {
-                return Err(Error::Busy(format!(
-                    "'{name}' has dependent clone '{}': destroy it or promote it first",
-                    clone.name
-                )));
+            // Children before parents and clones before their origins.
+            let mut order: Vec<String> = Vec::new();
+            let mut left = heads.clone();
+            while !left.is_empty() {
+                let blocks = |n: &String| {
+                    let id = datasets[n].id;
+                    left.iter().any(|o| {
+                        o != n
+                            && (o.starts_with(&format!("{n}/"))
+                                || datasets[o].origin.as_ref().is_some_and(|g| g.dataset == id))
+                    })
+                };
+                let Some(i) = left.iter().position(|n| !blocks(n)) else {
+                    return Err(Error::Busy(format!(
+                        "cannot destroy '{name}': its clones depend on each other"
+                    )));
+                };
+                order.push(left.remove(i));
             }
-            let _ = rec;
-            let freed: u64 = doomed
+            let freed: u64 = order
                 .iter()
                 .map(|n| datasets[n].physical_used + datasets[n].snapshot_used)
                 .sum();
             let mut all = Vec::new();
-            for n in &doomed {
+            for n in &order {
                 all.extend(snapshots_of(&datasets, n).iter().map(|s| s.name.clone()));
                 all.push(n.clone());
             }
-            (all, freed)
+            (order, all, freed)
         };
         if !opts.dry_run {
-            let _fence = self.fence(Scope::Tree(name.into()), opts.force, "destroy", |who| {
+            // Every dataset and snapshot going, -R clones included.
+            let _fence = self.fence(Scope::Names(all.clone()), opts.force, "destroy", |who| {
                 format!("cannot destroy '{name}': dataset is busy (open by {who}); use -f to disconnect")
             })?;
-            for n in doomed.iter().filter(|n| !n.contains('@')) {
+            for n in &heads {
                 p.destroy_dataset(n)?;
                 tracing::info!(dataset = %n, "dataset destroyed");
             }
         }
         Ok(DestroyReport {
-            destroyed: doomed,
+            destroyed: all,
             freed,
             dry_run: opts.dry_run,
         })
@@ -233,31 +277,52 @@ impl Engine {
         spec: &str,
         opts: &DestroyOptions,
     ) -> Result<DestroyReport> {
+        let mut first = DestroyReport {
+            destroyed: Vec::new(),
+            freed: 0,
+            dry_run: opts.dry_run,
+        };
+        if opts.dependents {
+            // -R: the clones of these snapshots (and their dependents) go first.
+            let clones: Vec<String> = {
+                let datasets = p.datasets.read();
+                let picked = self.pick_snapshots(&datasets, ds, spec, opts.recursive)?;
+                let ids: Vec<u64> = picked.iter().map(|s| s.id).collect();
+                datasets
+                    .values()
+                    .filter(|d| d.origin.as_ref().is_some_and(|o| ids.contains(&o.snapshot)))
+                    .map(|d| d.name.clone())
+                    .collect()
+            };
+            for c in clones {
+                let r = self.destroy(&c, opts)?;
+                first.destroyed.extend(r.destroyed);
+                first.freed += r.freed;
+            }
+            if opts.dry_run && !first.destroyed.is_empty() {
+                // The snapshots' own figures would count blocks the clones still share.
+                let names = {
+                    let datasets = p.datasets.read();
+                    self.pick_snapshots(&datasets, ds, spec, opts.recursive)?
+                        .iter()
+                        .map(|s| s.name.clone())
+                        .collect::<Vec<_>>()
+                };
+                first.destroyed.extend(names);
+                return Ok(first);
+            }
+        }
         let (ids, names, estimate) = {
             let datasets = p.datasets.read();
             if datasets.get(ds).is_none_or(|d| d.is_snapshot()) {
                 return Err(Error::NotFound(format!("dataset '{ds}'")));
             }
-            let targets = if opts.recursive {
-                subtree(&datasets, ds)
-            } else {
-                vec![ds.to_string()]
-            };
             let mut ids = Vec::new();
             let mut names = Vec::new();
-            for t in &targets {
-                let snaps = snapshots_of(&datasets, t);
-                let picked = match select_snapshots(&snaps, t, spec) {
-                    Ok(v) => v,
-                    // With -r, children without that snapshot are skipped (as zfs).
-                    Err(Error::NotFound(_)) if opts.recursive && t != ds => continue,
-                    Err(e) => return Err(e),
-                };
-                for s in picked {
-                    check_destroyable(s, datasets.values())?;
-                    ids.push(s.id);
-                    names.push(s.name.clone());
-                }
+            for s in self.pick_snapshots(&datasets, ds, spec, opts.recursive)? {
+                check_destroyable(s, datasets.values())?;
+                ids.push(s.id);
+                names.push(s.name.clone());
             }
             let estimate = if opts.dry_run {
                 Some(p.destroy_estimate(&datasets, &ids)?)
@@ -278,11 +343,39 @@ impl Engine {
             tracing::info!(snapshots = ?names, freed = outcome.freed, "snapshots destroyed");
             outcome.freed
         };
+        first.destroyed.extend(names);
         Ok(DestroyReport {
-            destroyed: names,
-            freed,
+            destroyed: first.destroyed,
+            freed: first.freed + freed,
             dry_run: opts.dry_run,
         })
+    }
+
+    /// The snapshots `spec` names on `ds` (with `recursive`, on every
+    /// dataset below that has them, as zfs).
+    fn pick_snapshots<'a>(
+        &self,
+        datasets: &'a BTreeMap<String, DatasetRecord>,
+        ds: &str,
+        spec: &str,
+        recursive: bool,
+    ) -> Result<Vec<&'a DatasetRecord>> {
+        let targets = if recursive {
+            subtree(datasets, ds)
+        } else {
+            vec![ds.to_string()]
+        };
+        let mut out = Vec::new();
+        for t in &targets {
+            let snaps = snapshots_of(datasets, t);
+            match select_snapshots(&snaps, t, spec) {
+                Ok(v) => out.extend(v),
+                // With -r, children without that snapshot are skipped (as zfs).
+                Err(Error::NotFound(_)) if recursive && t != ds => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// `cistern rollback [-r] DS@SNAP`: the dataset becomes what it was at

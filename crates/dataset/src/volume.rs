@@ -384,18 +384,33 @@ struct State {
 
 impl Volume {
     pub(crate) fn new(pool: Arc<ImportedPool>, id: u64, name: String) -> Volume {
-        Volume { pool, id, name }
+        Volume {
+            pool,
+            id,
+            name: parking_lot::Mutex::new(name),
+        }
     }
 
     fn current(&self) -> Result<State> {
         if self.pool.is_closed() {
-            return Err(Error::NotFound(self.name.clone()));
+            return Err(Error::NotFound(self.name()));
         }
         let datasets = self.pool.datasets.read();
-        let rec = datasets
-            .get(&self.name)
-            .filter(|r| r.id == self.id)
-            .ok_or_else(|| Error::NotFound(self.name.clone()))?;
+        let rec = {
+            let mut name = self.name.lock();
+            match datasets.get(&*name).filter(|r| r.id == self.id) {
+                Some(r) => r,
+                // Renamed: the same record under its new name.
+                None => {
+                    let r = datasets
+                        .values()
+                        .find(|r| r.id == self.id)
+                        .ok_or_else(|| Error::NotFound(name.clone()))?;
+                    name.clone_from(&r.name);
+                    r
+                }
+            }
+        };
         let lineage = crate::txg::lineage(&datasets, rec);
         Ok(State {
             size: rec.volsize,
@@ -412,13 +427,13 @@ impl Volume {
             Some(end) if end <= size => Ok(()),
             _ => Err(Error::InvalidArgument(format!(
                 "{}: range {offset}+{len} beyond volume size {size}",
-                self.name
+                self.name()
             ))),
         }
     }
 
     pub fn name(&self) -> String {
-        self.name.clone()
+        self.name.lock().clone()
     }
 
     pub fn size(&self) -> u64 {
@@ -507,7 +522,7 @@ impl Volume {
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
         let st = self.current()?;
         if st.readonly {
-            return Err(Error::ReadOnly(self.name.clone()));
+            return Err(Error::ReadOnly(self.name()));
         }
         self.check_range(offset, op.len(), st.size)?;
         let class = match op {
@@ -531,7 +546,7 @@ impl Volume {
             Err(Error::NoSpace(why)) => {
                 // Once, not per request: a full guest retries a lot.
                 if !p.nospace_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(pool = %p.pool.name, volume = %self.name, "{why}: writes fail with ENOSPC until space is freed");
+                    tracing::warn!(pool = %p.pool.name, volume = %self.name(), "{why}: writes fail with ENOSPC until space is freed");
                 }
                 return Err(Error::NoSpace(why));
             }
@@ -541,7 +556,7 @@ impl Volume {
             && p.nospace_logged.load(Ordering::Relaxed)
             && p.nospace_logged.swap(false, Ordering::Relaxed)
         {
-            tracing::info!(pool = %p.pool.name, volume = %self.name, "writes succeed again");
+            tracing::info!(pool = %p.pool.name, volume = %self.name(), "writes succeed again");
         }
         if fua {
             p.log.commit(seq).map_err(|e| Error::Io(e.to_string()))?;
@@ -643,7 +658,8 @@ impl Volume {
         let ds = st.chain.data_id();
         let after = {
             let datasets = self.pool.datasets.read();
-            let name = format!("{}@{since}", self.name.split('@').next().unwrap_or(""));
+            let me = self.name();
+            let name = format!("{}@{since}", me.split('@').next().unwrap_or(""));
             datasets
                 .get(&name)
                 .filter(|r| r.is_snapshot() && r.data_id() == ds)

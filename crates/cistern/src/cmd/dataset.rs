@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use dataset::{DatasetInfo, DatasetKind};
 use serde::Serialize;
+use std::cmp::Ordering;
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
@@ -18,6 +19,9 @@ pub struct CreateArgs {
     /// Sparse volume: no refreservation (space is taken as it is written).
     #[arg(short = 's')]
     pub sparse: bool,
+    /// Block size of the volume (as -o volblocksize=SIZE).
+    #[arg(short = 'b', value_name = "SIZE", value_parser = size_arg)]
+    pub blocksize: Option<u64>,
     /// Property for the new dataset (repeatable): -o compression=lz4 -o volblocksize=16K.
     #[arg(short = 'o', value_name = "PROP=VALUE")]
     pub props: Vec<String>,
@@ -29,18 +33,63 @@ pub struct CreateArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub format: OutputFlags,
-    /// Columns: name, type, or any property (default name,used,avail,refer).
+    /// Columns: name, type, any property, a user property (module:name), or
+    /// `space` (default name,used,avail,refer).
     #[arg(short = 'o', value_name = "COLS")]
     pub columns: Option<String>,
-    /// Types to list: volume, filesystem, snapshot or all (comma-separated;
-    /// default: volumes and filesystems).
+    /// Types to list: filesystem, volume, snapshot, bookmark or all
+    /// (comma-separated; default: filesystems and volumes).
     #[arg(short = 't', value_name = "TYPE")]
     pub types: Option<String>,
     /// Also list the children of the named datasets.
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Recurse at most DEPTH levels (snapshots are one level below their dataset).
+    #[arg(short = 'd', value_name = "DEPTH")]
+    pub depth: Option<usize>,
+    /// Sort by a property, ascending (repeatable; numbers numerically).
+    #[arg(short = 's', value_name = "PROP")]
+    pub sort_asc: Vec<String>,
+    /// Sort by a property, descending (repeatable).
+    #[arg(short = 'S', value_name = "PROP")]
+    pub sort_desc: Vec<String>,
+    /// The -s/-S keys in command-line order (filled in from the parsed arguments).
+    #[arg(skip)]
+    pub sort_keys: Vec<SortKey>,
     /// Datasets to list (default: all).
     pub datasets: Vec<String>,
+}
+
+/// One `-s PROP` (ascending) or `-S PROP` (descending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SortKey {
+    pub prop: String,
+    pub descending: bool,
+}
+
+impl ListArgs {
+    /// The sort keys in command-line order (`-s a -S b`): from the argument
+    /// indices clap recorded; without them, `-s` keys before `-S` keys.
+    pub fn order_sort_keys(&mut self, m: Option<&clap::ArgMatches>) {
+        let mut keys: Vec<(usize, SortKey)> = Vec::new();
+        for (id, list, descending) in [
+            ("sort_asc", &self.sort_asc, false),
+            ("sort_desc", &self.sort_desc, true),
+        ] {
+            let idx: Vec<usize> = m
+                .and_then(|m| m.indices_of(id))
+                .map(|i| i.collect())
+                .unwrap_or_default();
+            let unindexed = (1 + usize::from(descending)) << 30;
+            for (n, prop) in list.iter().enumerate() {
+                let at = idx.get(n).copied().unwrap_or(unindexed + n);
+                let prop = canonical(prop);
+                keys.push((at, SortKey { prop, descending }));
+            }
+        }
+        keys.sort_by_key(|k| k.0);
+        self.sort_keys = keys.into_iter().map(|k| k.1).collect();
+    }
 }
 
 #[derive(Debug, Args)]
@@ -50,6 +99,19 @@ pub struct GetArgs {
     /// Fields: name,property,value,source.
     #[arg(short = 'o', value_name = "FIELDS")]
     pub fields: Option<String>,
+    /// Also the children (and their snapshots) of the named datasets.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// Recurse at most DEPTH levels.
+    #[arg(short = 'd', value_name = "DEPTH")]
+    pub depth: Option<usize>,
+    /// Only properties from these sources: local, default, inherited,
+    /// temporary, received, none (comma-separated).
+    #[arg(short = 's', value_name = "SOURCES")]
+    pub sources: Option<String>,
+    /// Types: filesystem, volume, snapshot, bookmark, all (default all).
+    #[arg(short = 't', value_name = "TYPE")]
+    pub types: Option<String>,
     /// `all`, or properties separated by commas.
     #[arg(value_name = "all|PROP[,PROP...]")]
     pub props: String,
@@ -59,11 +121,31 @@ pub struct GetArgs {
 
 #[derive(Debug, Args)]
 pub struct SetArgs {
-    /// PROP=VALUE
-    #[arg(value_name = "PROP=VALUE")]
-    pub assignment: String,
+    /// PROP=VALUE... then the datasets (user properties: module:name=value).
+    #[arg(value_name = "PROP=VALUE... DATASET", required = true, num_args = 2..)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InheritArgs {
+    /// Also every dataset below (not their snapshots).
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// The property (native or user) to stop setting locally.
+    pub property: String,
     #[arg(value_name = "DATASET", required = true, num_args = 1..)]
     pub datasets: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RenameArgs {
+    /// Snapshots: rename the same snapshot of every dataset below too.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// POOL/DS or POOL/DS@SNAP.
+    pub from: String,
+    /// POOL/NEW, or for a snapshot POOL/DS@NEW or @NEW.
+    pub to: String,
 }
 
 #[derive(Debug, Args)]
@@ -71,6 +153,9 @@ pub struct DestroyArgs {
     /// Also destroy children and snapshots (for DS@SNAP: that snapshot of every child).
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Also destroy dependents: clones of the snapshots destroyed (and theirs), wherever they are.
+    #[arg(short = 'R')]
+    pub dependents: bool,
     /// Dry run: change nothing (use with -v to see what would go).
     #[arg(short = 'n')]
     pub dry_run: bool,
@@ -103,6 +188,12 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
     if a.sparse {
         props.push(("refreservation".into(), "none".into()));
     }
+    if let Some(b) = a.blocksize {
+        if props.iter().any(|(k, _)| k == "volblocksize") {
+            bail!("give the block size with -b or -o volblocksize, not both");
+        }
+        props.push(("volblocksize".into(), b.to_string()));
+    }
     client.create_volume(&a.name, a.volsize, &props)?;
     Ok(())
 }
@@ -112,6 +203,7 @@ pub struct TypeFilter {
     pub volume: bool,
     pub filesystem: bool,
     pub snapshot: bool,
+    pub bookmark: bool,
 }
 
 impl TypeFilter {
@@ -122,40 +214,61 @@ impl TypeFilter {
             DatasetKind::Snapshot => self.snapshot,
         }
     }
+
+    /// Only snapshots/bookmarks: `list -t snapshot DS` lists DS's snapshots.
+    fn only_snapshots(&self) -> bool {
+        !self.volume && !self.filesystem
+    }
+
+    const ALL: TypeFilter = TypeFilter {
+        volume: true,
+        filesystem: true,
+        snapshot: true,
+        bookmark: true,
+    };
 }
 
-pub fn parse_types(s: Option<&str>) -> Result<TypeFilter> {
+/// `-t` as zfs: filesystem, volume, snapshot, bookmark, all; `default` when absent.
+pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
     let Some(s) = s else {
-        // As zfs with listsnapshots=off: snapshots only when asked for.
-        return Ok(TypeFilter {
-            volume: true,
-            filesystem: true,
-            snapshot: false,
-        });
+        return Ok(default);
     };
     let mut f = TypeFilter {
         volume: false,
         filesystem: false,
         snapshot: false,
+        bookmark: false,
     };
     for t in split_list(s) {
         match t.to_ascii_lowercase().as_str() {
             "volume" | "vol" => f.volume = true,
             "filesystem" | "fs" => f.filesystem = true,
             "snapshot" | "snap" => f.snapshot = true,
-            "all" => {
-                f.volume = true;
-                f.filesystem = true;
-                f.snapshot = true;
+            "bookmark" => f.bookmark = true,
+            "all" => f = TypeFilter::ALL,
+            other => {
+                bail!("invalid type '{other}' (valid: filesystem, snapshot, volume, bookmark, all)")
             }
-            other => bail!("invalid type '{other}' (valid: volume, filesystem, snapshot, all)"),
         }
     }
-    if !f.volume && !f.filesystem && !f.snapshot {
+    if f == (TypeFilter {
+        volume: false,
+        filesystem: false,
+        snapshot: false,
+        bookmark: false,
+    }) {
         bail!("no type given to -t");
     }
     Ok(f)
 }
+
+/// As zfs with listsnapshots=off: snapshots only when asked for.
+const LIST_DEFAULT_TYPES: TypeFilter = TypeFilter {
+    volume: true,
+    filesystem: true,
+    snapshot: false,
+    bookmark: false,
+};
 
 fn kind_name(k: DatasetKind) -> &'static str {
     match k {
@@ -203,79 +316,186 @@ pub fn dataset_table(datasets: &[DatasetInfo], columns: &[String], parsable: boo
     t
 }
 
-/// The named datasets (with `recursive`, their children; with
-/// `snapshots`, their snapshots too), or every dataset.
-fn collect(
+/// Levels below its pool root: a child one per `/`, a snapshot one below its dataset.
+fn depth_of(name: &str) -> usize {
+    name.matches('/').count() + usize::from(name.contains('@'))
+}
+
+/// What `list` and `get` show: the named datasets (with `recursive` or a
+/// `depth`, what is below them too), or every dataset; only `types`.
+/// `types_given`: -t was on the command line (a named dataset of another
+/// type is then an error, as zfs; else a named snapshot is shown).
+fn gather(
     client: &api::Client,
     names: &[String],
     recursive: bool,
-    snapshots: bool,
+    depth: Option<usize>,
+    types: TypeFilter,
+    types_given: bool,
 ) -> Result<Vec<DatasetInfo>> {
-    if names.is_empty() {
-        return Ok(client.list_datasets(None)?);
-    }
     let mut out: Vec<DatasetInfo> = Vec::new();
-    for n in names {
-        let found = if recursive {
-            client.list_datasets(Some(n))?
-        } else if snapshots && !n.contains('@') {
-            let prefix = format!("{n}@");
-            client
-                .list_datasets(Some(n))?
-                .into_iter()
-                .filter(|d| d.name == *n || d.name.starts_with(&prefix))
-                .collect()
-        } else {
-            vec![client.dataset(n)?]
-        };
-        if found.is_empty() {
-            bail!("{n} does not exist");
+    let add = |d: DatasetInfo, out: &mut Vec<DatasetInfo>| {
+        if !out.iter().any(|o| o.name == d.name) {
+            out.push(d);
         }
-        for d in found {
-            if !out.iter().any(|o| o.name == d.name) {
-                out.push(d);
+    };
+    if names.is_empty() {
+        for d in client.list_datasets(None)? {
+            if types.wants(d.kind) && depth.is_none_or(|max| depth_of(&d.name) <= max) {
+                add(d, &mut out);
+            }
+        }
+        return Ok(out);
+    }
+    for n in names {
+        // `list -t snapshot DS` is `-d 1`: DS's own snapshots (as zfs).
+        let limit = match (recursive, depth) {
+            (_, Some(d)) => Some(Some(d)),
+            (true, None) => Some(None),
+            (false, None) if types.only_snapshots() && !n.contains('@') => Some(Some(1)),
+            (false, None) => None,
+        };
+        match limit {
+            Some(max) => {
+                let base = depth_of(n);
+                for d in client.list_datasets(Some(n))? {
+                    let below = depth_of(&d.name) - base.min(depth_of(&d.name));
+                    if types.wants(d.kind) && max.is_none_or(|m| below <= m) {
+                        add(d, &mut out);
+                    }
+                }
+            }
+            None => {
+                let d = client.dataset(n)?;
+                if !types.wants(d.kind) && (types_given || d.kind != DatasetKind::Snapshot) {
+                    bail!("cannot open '{n}': operation not applicable to datasets of this type");
+                }
+                add(d, &mut out);
             }
         }
     }
     Ok(out)
 }
 
-pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
-    let types = parse_types(a.types.as_deref())?;
-    let columns = match &a.columns {
-        Some(c) => split_list(c),
-        None => ["name", "used", "avail", "refer"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+/// zfs's order: by dataset name, a dataset before its snapshots, snapshots
+/// by creation txg.
+fn default_order(a: &DatasetInfo, b: &DatasetInfo) -> Ordering {
+    let split = |d: &DatasetInfo| -> (String, bool, u64) {
+        let (ds, snap) = match d.name.split_once('@') {
+            Some((ds, _)) => (ds.to_string(), true),
+            None => (d.name.clone(), false),
+        };
+        let txg = d
+            .property("createtxg")
+            .and_then(|p| p.parsable.parse().ok())
+            .unwrap_or(0);
+        (ds, snap, txg)
     };
-    if columns.is_empty() {
+    split(a).cmp(&split(b)).then_with(|| a.name.cmp(&b.name))
+}
+
+/// Orders datasets by the `-s`/`-S` keys, then zfs's default order. Numbers
+/// compare as numbers; a dataset without the property sorts after one with it.
+pub fn sort_datasets(datasets: &mut [DatasetInfo], keys: &[SortKey]) {
+    datasets.sort_by(|a, b| {
+        for k in keys {
+            let ord = if k.prop == "name" {
+                a.name.cmp(&b.name)
+            } else {
+                // Creation is in seconds: txg order breaks ties the same way round.
+                let props: &[&str] = match k.prop.as_str() {
+                    "creation" => &["creation", "createtxg"],
+                    p => &[p],
+                };
+                props
+                    .iter()
+                    .map(|p| compare_values(value_of(a, p, true), value_of(b, p, true)))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(Ordering::Equal)
+            };
+            let ord = if k.descending { ord.reverse() } else { ord };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        default_order(a, b)
+    });
+}
+
+/// Numbers as numbers; a missing value after a present one.
+fn compare_values(a: Option<String>, b: Option<String>) -> Ordering {
+    match (a, b) {
+        (Some(x), Some(y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
+            (Ok(x), Ok(y)) => x.partial_cmp(&y).unwrap_or(Ordering::Equal),
+            _ => x.cmp(&y),
+        },
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
+}
+
+/// `-o` columns: abbreviations resolved, `space` expanded, every one a
+/// property zfs knows or a user property (else an error naming it).
+pub fn parse_columns(s: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for c in split_list(s) {
+        let c = canonical(&c);
+        if c == "space" {
+            out.extend(
+                [
+                    "name",
+                    "available",
+                    "used",
+                    "usedbysnapshots",
+                    "usedbydataset",
+                    "usedbyrefreservation",
+                    "usedbychildren",
+                ]
+                .map(String::from),
+            );
+            continue;
+        }
+        check_property(&c)?;
+        out.push(c);
+    }
+    if out.is_empty() {
         bail!("no columns given to -o");
     }
-    let mut datasets = collect(client, &a.datasets, a.recursive, types.snapshot)?;
-    // A name given explicitly is listed whatever its type (as zfs).
-    datasets.retain(|d| types.wants(d.kind) || a.datasets.contains(&d.name));
+    Ok(out)
+}
+
+/// A property name zfs knows, or a user property.
+fn check_property(name: &str) -> Result<()> {
+    dataset::names::check_property_name(name).map_err(|e| anyhow::anyhow!("bad property list: {e}"))
+}
+
+pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
+    let types = parse_types(a.types.as_deref(), LIST_DEFAULT_TYPES)?;
+    let columns = parse_columns(a.columns.as_deref().unwrap_or("name,used,avail,refer"))?;
+    for k in &a.sort_keys {
+        check_property(&k.prop)?;
+    }
+    let mut datasets = gather(
+        client,
+        &a.datasets,
+        a.recursive,
+        a.depth,
+        types,
+        a.types.is_some(),
+    )?;
+    sort_datasets(&mut datasets, &a.sort_keys);
     if a.format.json {
         return json(&datasets);
     }
     if datasets.is_empty() {
+        // On stderr, as zfs: a script counting lines sees none.
         if !a.format.scripted {
-            outln("no datasets available");
+            eprintln!("no datasets available");
         }
         return Ok(());
     }
-    check_columns(&datasets, &columns)?;
     out(&dataset_table(&datasets, &columns, a.format.parsable).render(a.format.scripted));
-    Ok(())
-}
-
-/// A property no dataset has is a typo; one that only some lack shows as `-`.
-fn check_columns(datasets: &[DatasetInfo], columns: &[String]) -> Result<()> {
-    for c in columns {
-        if !datasets.iter().any(|d| value_of(d, c, false).is_some()) {
-            bail!("invalid property '{c}'");
-        }
-    }
     Ok(())
 }
 
@@ -299,8 +519,17 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
         if w.is_empty() {
             bail!("no property given");
         }
-        check_columns(datasets, w)?;
+        for p in w {
+            check_property(p)?;
+        }
     }
+    let row = |ds: &DatasetInfo, p: &dataset::Property| GetRow {
+        name: ds.name.clone(),
+        property: p.name.clone(),
+        value: p.value.clone(),
+        parsable: p.parsable.clone(),
+        source: p.source.clone(),
+    };
     let mut rows = Vec::new();
     for ds in datasets {
         match &wanted {
@@ -314,26 +543,12 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
                         source: "-".into(),
                     });
                 }
-                for p in &ds.properties {
-                    rows.push(GetRow {
-                        name: ds.name.clone(),
-                        property: p.name.clone(),
-                        value: p.value.clone(),
-                        parsable: p.parsable.clone(),
-                        source: p.source.clone(),
-                    });
-                }
+                rows.extend(ds.properties.iter().map(|p| row(ds, p)));
             }
             Some(w) => {
                 for prop in w {
-                    let row = match ds.property(prop) {
-                        Some(p) => GetRow {
-                            name: ds.name.clone(),
-                            property: p.name.clone(),
-                            value: p.value.clone(),
-                            parsable: p.parsable.clone(),
-                            source: p.source.clone(),
-                        },
+                    rows.push(match ds.property(prop) {
+                        Some(p) => row(ds, p),
                         None => {
                             let v = value_of(ds, prop, false).unwrap_or_else(|| "-".into());
                             GetRow {
@@ -344,8 +559,7 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
                                 source: "-".into(),
                             }
                         }
-                    };
-                    rows.push(row);
+                    });
                 }
             }
         }
@@ -354,6 +568,23 @@ pub fn get_rows(datasets: &[DatasetInfo], props: &str) -> Result<Vec<GetRow>> {
 }
 
 const GET_FIELDS: &[&str] = &["name", "property", "value", "source"];
+const SOURCES: &[&str] = &[
+    "local",
+    "default",
+    "inherited",
+    "temporary",
+    "received",
+    "none",
+];
+
+/// The `-s` class of a row's source: `inherited from X` is `inherited`, `-` is `none`.
+fn source_class(source: &str) -> &str {
+    match source {
+        "-" => "none",
+        s if s.starts_with("inherited") => "inherited",
+        s => s,
+    }
+}
 
 pub fn get_table(rows: &[GetRow], fields: &[String], parsable: bool) -> Table {
     let mut t = Table::new(fields);
@@ -393,8 +624,30 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
         }
         None => GET_FIELDS.iter().map(|s| s.to_string()).collect(),
     };
-    let datasets = collect(client, &a.datasets, false, false)?;
-    let rows = get_rows(&datasets, &a.props)?;
+    let sources = match &a.sources {
+        Some(s) => {
+            let v = split_list(s);
+            if let Some(bad) = v.iter().find(|s| !SOURCES.contains(&s.as_str())) {
+                bail!("invalid source '{bad}' (valid: {})", SOURCES.join(", "));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let types = parse_types(a.types.as_deref(), TypeFilter::ALL)?;
+    let mut datasets = gather(
+        client,
+        &a.datasets,
+        a.recursive,
+        a.depth,
+        types,
+        a.types.is_some(),
+    )?;
+    sort_datasets(&mut datasets, &[]);
+    let mut rows = get_rows(&datasets, &a.props)?;
+    if let Some(s) = &sources {
+        rows.retain(|r| s.iter().any(|c| c == source_class(&r.source)));
+    }
     if a.format.json {
         return json(&rows);
     }
@@ -402,11 +655,38 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
     Ok(())
 }
 
+/// `set PROP=VALUE... DATASET...`: the assignments come first (a dataset name has no `=`).
 pub fn set(client: &api::Client, a: SetArgs) -> Result<()> {
-    let (prop, value) = parse_assignment(&a.assignment)?;
-    for ds in &a.datasets {
-        client.set_property(ds, &prop, &value)?;
+    let n = a.args.iter().take_while(|s| s.contains('=')).count();
+    let (assignments, datasets) = a.args.split_at(n);
+    if assignments.is_empty() {
+        bail!("'{}' is not PROPERTY=VALUE", a.args[0]);
     }
+    if datasets.is_empty() {
+        bail!("missing dataset name after {}", assignments.join(" "));
+    }
+    let assignments = assignments
+        .iter()
+        .map(|s| parse_assignment(s))
+        .collect::<Result<Vec<_>>>()?;
+    for ds in datasets {
+        for (prop, value) in &assignments {
+            client.set_property(ds, prop, value)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn inherit(client: &api::Client, a: InheritArgs) -> Result<()> {
+    let prop = canonical(&a.property);
+    for ds in &a.datasets {
+        client.inherit(ds, &prop, a.recursive)?;
+    }
+    Ok(())
+}
+
+pub fn rename(client: &api::Client, a: RenameArgs) -> Result<()> {
+    client.rename(&a.from, &a.to, a.recursive)?;
     Ok(())
 }
 
@@ -415,6 +695,7 @@ pub fn destroy(client: &api::Client, a: DestroyArgs) -> Result<()> {
         recursive: a.recursive,
         dry_run: a.dry_run,
         force: a.force,
+        dependents: a.dependents,
     };
     let report = client.destroy(&a.dataset, &opts)?;
     if a.verbose {
@@ -490,30 +771,134 @@ mod tests {
     }
 
     #[test]
-    fn unknown_column_is_an_error() {
-        assert!(check_columns(&[vol()], &cols("name,bogus"))
-            .unwrap_err()
-            .to_string()
-            .contains("'bogus'"));
-        assert!(check_columns(&[vol()], &cols("name,type,compress")).is_ok());
+    fn columns_are_checked_against_the_property_table() {
+        let e = parse_columns("name,bogus").unwrap_err().to_string();
+        assert!(e.contains("'bogus'"), "{e}");
+        // Known properties a dataset lacks, and user properties, are fine.
+        assert_eq!(
+            parse_columns("name,origin,avail,com.example:note").unwrap(),
+            cols("name,origin,available,com.example:note")
+        );
+        assert_eq!(
+            parse_columns("space").unwrap(),
+            cols("name,available,used,usedbysnapshots,usedbydataset,usedbyrefreservation,usedbychildren")
+        );
+        assert!(parse_columns(",").is_err());
     }
 
     #[test]
     fn types() {
-        let f = |volume, filesystem, snapshot| TypeFilter {
+        let f = |volume, filesystem, snapshot, bookmark| TypeFilter {
             volume,
             filesystem,
             snapshot,
+            bookmark,
         };
-        assert_eq!(parse_types(None).unwrap(), f(true, true, false));
-        assert_eq!(parse_types(Some("volume")).unwrap(), f(true, false, false));
-        assert_eq!(parse_types(Some("fs")).unwrap(), f(false, true, false));
+        let parse = |s| parse_types(s, LIST_DEFAULT_TYPES);
+        assert_eq!(parse(None).unwrap(), f(true, true, false, false));
+        assert_eq!(parse(Some("volume")).unwrap(), f(true, false, false, false));
+        assert_eq!(parse(Some("fs")).unwrap(), f(false, true, false, false));
         assert_eq!(
-            parse_types(Some("snapshot")).unwrap(),
-            f(false, false, true)
+            parse(Some("snapshot")).unwrap(),
+            f(false, false, true, false)
         );
-        assert_eq!(parse_types(Some("all")).unwrap(), f(true, true, true));
-        assert!(parse_types(Some("bookmark")).is_err());
+        assert!(parse(Some("snapshot")).unwrap().only_snapshots());
+        assert_eq!(parse(Some("all")).unwrap(), TypeFilter::ALL);
+        assert_eq!(
+            parse(Some("bookmark,volume")).unwrap(),
+            f(true, false, false, true)
+        );
+        assert!(parse(Some("bogus")).is_err());
+        assert_eq!(depth_of("tank"), 0);
+        assert_eq!(depth_of("tank/a@s"), 2);
+    }
+
+    fn snap(name: &str, txg: u64, creation: u64, used: u64) -> DatasetInfo {
+        DatasetInfo {
+            name: name.into(),
+            kind: DatasetKind::Snapshot,
+            properties: vec![
+                prop("createtxg", "", &txg.to_string(), "-"),
+                prop("creation", "", &creation.to_string(), "-"),
+                prop("used", "", &used.to_string(), "-"),
+            ],
+        }
+    }
+
+    fn names(v: &[DatasetInfo]) -> Vec<&str> {
+        v.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    #[test]
+    fn default_order_is_by_dataset_then_snapshot_creation() {
+        let mut v = vec![
+            snap("tank/vol0@z", 10, 100, 5),
+            vol(),
+            snap("tank/vol0@a", 12, 100, 900),
+            root(),
+            snap("tank@x", 3, 50, 1),
+            snap("tank/vol0/b@m", 2, 10, 7),
+        ];
+        sort_datasets(&mut v, &[]);
+        assert_eq!(
+            names(&v),
+            [
+                "tank",
+                "tank@x",
+                "tank/vol0",
+                "tank/vol0@z",
+                "tank/vol0@a",
+                "tank/vol0/b@m"
+            ]
+        );
+    }
+
+    #[test]
+    fn sort_keys_numbers_numerically_then_the_default_order() {
+        let key = |p: &str, descending| SortKey {
+            prop: p.into(),
+            descending,
+        };
+        let mut v = vec![
+            snap("t/v@c", 3, 100, 9),
+            snap("t/v@a", 1, 100, 10),
+            snap("t/v@b", 2, 100, 9),
+        ];
+        // 9 < 10 as numbers (as text "10" < "9"); ties keep creation order.
+        sort_datasets(&mut v, &[key("used", false)]);
+        assert_eq!(names(&v), ["t/v@b", "t/v@c", "t/v@a"]);
+        sort_datasets(&mut v, &[key("used", true)]);
+        assert_eq!(names(&v), ["t/v@a", "t/v@b", "t/v@c"]);
+        // Same second: creation ties break by txg, in the key's direction.
+        sort_datasets(&mut v, &[key("creation", true)]);
+        assert_eq!(names(&v), ["t/v@c", "t/v@b", "t/v@a"]);
+        sort_datasets(&mut v, &[key("name", false)]);
+        assert_eq!(names(&v), ["t/v@a", "t/v@b", "t/v@c"]);
+        // Several keys; a dataset without the property sorts after those with it.
+        let mut w = vec![vol(), snap("t/v@x", 1, 1, 10), root()];
+        sort_datasets(&mut w, &[key("volsize", false), key("used", true)]);
+        assert_eq!(names(&w), ["tank/vol0", "tank", "t/v@x"]);
+    }
+
+    #[test]
+    fn sort_key_order_follows_the_command_line() {
+        use clap::{CommandFactory, FromArgMatches};
+        let m = crate::Cli::command()
+            .try_get_matches_from([
+                "cistern", "list", "-S", "used", "-s", "name", "-S", "creation",
+            ])
+            .unwrap();
+        let mut cli = crate::Cli::from_arg_matches(&m).unwrap();
+        let crate::Command::List(a) = &mut cli.command else {
+            panic!("not list")
+        };
+        a.order_sort_keys(m.subcommand_matches("list"));
+        let keys: Vec<(&str, bool)> = a
+            .sort_keys
+            .iter()
+            .map(|k| (k.prop.as_str(), k.descending))
+            .collect();
+        assert_eq!(keys, [("used", true), ("name", false), ("creation", true)]);
     }
 
     #[test]

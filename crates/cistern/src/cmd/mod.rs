@@ -31,6 +31,9 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Get(a) => dataset::get(client, a),
         Command::Set(a) => dataset::set(client, a),
         Command::Destroy(a) => dataset::destroy(client, a),
+        Command::Rename(a) => dataset::rename(client, a),
+        Command::Inherit(a) => dataset::inherit(client, a),
+        Command::Version => version(client),
         Command::Snapshot(a) => snapshot::snapshot(client, a),
         Command::Rollback(a) => snapshot::rollback(client, a),
         Command::Clone(a) => snapshot::clone(client, a),
@@ -43,6 +46,18 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
             unreachable!("daemon commands are dispatched in main")
         }
     }
+}
+
+/// `cistern version`: this program's version, and the daemon's when one
+/// answers (as `zfs version` prints the userland and the kernel module's).
+fn version(client: &api::Client) -> Result<()> {
+    crate::output::outln(&format!("cistern-{}", env!("CARGO_PKG_VERSION")));
+    let quick = api::Client::with_timeout(client.base_url(), std::time::Duration::from_secs(5));
+    match quick.health() {
+        Ok(h) => crate::output::outln(&format!("cistern-daemon-{}", h.version)),
+        Err(e) => tracing::info!("no daemon version: {e}"),
+    }
+    Ok(())
 }
 
 /// Splits `a,b,,c` into trimmed non-empty parts.

@@ -6,6 +6,10 @@ use anyhow::Result;
 
 /// The full name of a property given as an abbreviation (`avail` -> `available`).
 pub fn canonical(name: &str) -> String {
+    // User properties (`module:name`) are taken as written: zfs wants them lower-case.
+    if name.contains(':') {
+        return name.trim().to_string();
+    }
     let lower = name.trim().to_ascii_lowercase();
     let full = match lower.as_str() {
         "avail" => "available",
@@ -20,6 +24,10 @@ pub fn canonical(name: &str) -> String {
         "refreserv" => "refreservation",
         "recsize" => "recordsize",
         "rdonly" => "readonly",
+        "usedsnap" => "usedbysnapshots",
+        "usedds" => "usedbydataset",
+        "usedrefreserv" => "usedbyrefreservation",
+        "usedchild" => "usedbychildren",
         _ => return lower,
     };
     full.to_string()
@@ -40,6 +48,10 @@ pub fn header(name: &str) -> String {
         "refreservation" => "REFRESERV".into(),
         "recordsize" => "RECSIZE".into(),
         "readonly" => "RDONLY".into(),
+        "usedbysnapshots" => "USEDSNAP".into(),
+        "usedbydataset" => "USEDDS".into(),
+        "usedbyrefreservation" => "USEDREFRESERV".into(),
+        "usedbychildren" => "USEDCHILD".into(),
         other => other.to_uppercase(),
     }
 }
@@ -67,6 +79,8 @@ pub fn is_numeric(name: &str) -> bool {
             | "usedbychildren"
             | "usedbysnapshots"
             | "usedbyrefreservation"
+            | "createtxg"
+            | "userrefs"
     )
 }
 
