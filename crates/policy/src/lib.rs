@@ -329,7 +329,9 @@ impl Policy {
         check_name_part("prefix", &prefix).map_err(&err)?;
         let capacity_percent = match c.capacity {
             Some(p) if !(1.0..=100.0).contains(&p) => {
-                return Err(err(format!("capacity {p} must be a percentage from 1 to 100")))
+                return Err(err(format!(
+                    "capacity {p} must be a percentage from 1 to 100"
+                )))
             }
             Some(p) => Some(p),
             None => builtin.as_ref().and_then(|b| b.capacity_percent),
@@ -428,7 +430,11 @@ impl Policies {
 
     /// The policy the two dataset properties name: `snapshot:policy` wins,
     /// else `snapshot:schedule`; `none`/`off`/`-`/empty mean no policy.
-    pub fn resolve(&self, policy: Option<&str>, schedule: Option<&str>) -> Result<Option<Policy>, Error> {
+    pub fn resolve(
+        &self,
+        policy: Option<&str>,
+        schedule: Option<&str>,
+    ) -> Result<Option<Policy>, Error> {
         fn set(v: Option<&str>) -> Option<&str> {
             v.map(str::trim)
                 .filter(|v| !["", "-", "none", "off"].contains(v))
@@ -446,7 +452,8 @@ impl Policies {
 fn check_name_part(what: &str, s: &str) -> Result<(), String> {
     let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && s.len() <= 100
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
     if ok {
         Ok(())
     } else {
@@ -524,7 +531,12 @@ pub struct Plan {
 /// Whether a run is due: no run since the start of the current slot. The
 /// last run is the later of the persisted record and the newest automatic
 /// snapshot, so after any downtime this is one run, not one per missed slot.
-pub fn due(policy: &Policy, now: i64, snapshots: &[SnapshotEntry], last_run: Option<i64>) -> (bool, String) {
+pub fn due(
+    policy: &Policy,
+    now: i64,
+    snapshots: &[SnapshotEntry],
+    last_run: Option<i64>,
+) -> (bool, String) {
     let newest = snapshots
         .iter()
         .filter(|s| policy.is_automatic(&s.name))
@@ -563,7 +575,11 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
     let (create, create_reason) = if !input.take {
         (None, "no snapshot taken".to_string())
     } else if is_due || input.force {
-        let reason = if is_due { why } else { "run now (forced)".into() };
+        let reason = if is_due {
+            why
+        } else {
+            "run now (forced)".into()
+        };
         // Minute names, with seconds when a forced run repeats a minute.
         let names = [
             format!("{}{}", policy.prefix, time::stamp(now, false)),
@@ -571,7 +587,10 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
         ];
         match names.into_iter().find(|n| !taken.contains(n.as_str())) {
             Some(n) => (Some(n), reason),
-            None => (None, format!("a snapshot named for {} exists", time::display(now))),
+            None => (
+                None,
+                format!("a snapshot named for {} exists", time::display(now)),
+            ),
         }
     } else {
         (None, why)
@@ -597,7 +616,11 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
     if policy.keep.last > 0 {
         let mut kept = Vec::new();
         for (i, s) in auto.iter().enumerate().take(policy.keep.last as usize) {
-            reasons[i].push(format!("last={}: {} of the newest", policy.keep.last, i + 1));
+            reasons[i].push(format!(
+                "last={}: {} of the newest",
+                policy.keep.last,
+                i + 1
+            ));
             kept.push(s.1.to_string());
         }
         rules.push(RuleKeeps {
@@ -626,7 +649,11 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
             if last_bucket != Some(b) {
                 last_bucket = Some(b);
                 kept.push(s.1.to_string());
-                let n = if max == ALL { "all".to_string() } else { max.to_string() };
+                let n = if max == ALL {
+                    "all".to_string()
+                } else {
+                    max.to_string()
+                };
                 reasons[i].push(format!(
                     "{rule}: newest of {} ({} of {n})",
                     p.label(s.0, fm),
@@ -686,7 +713,9 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
                 .enumerate()
                 .skip(1)
                 .rev()
-                .find(|(_, d)| !d.reasons.iter().any(|r| r == "held") && Some(&d.name) != create.as_ref())
+                .find(|(_, d)| {
+                    !d.reasons.iter().any(|r| r == "held") && Some(&d.name) != create.as_ref()
+                })
                 .map(|(i, _)| i);
             let Some(i) = victim else { break };
             let d = keep.remove(i);
@@ -730,11 +759,20 @@ mod tests {
     fn keep_grids_parse_and_print() {
         let k = Keep::parse("frequent=4 hourly=24 daily=31 weekly=8 monthly=12 yearly=0").unwrap();
         assert_eq!(k.count(Period::Weekly), 8);
-        assert_eq!(k.to_string(), "frequent=4 hourly=24 daily=31 weekly=8 monthly=12");
+        assert_eq!(
+            k.to_string(),
+            "frequent=4 hourly=24 daily=31 weekly=8 monthly=12"
+        );
         let k = Keep::parse("within=1d12h, weekly=all").unwrap();
         assert_eq!(k.within_secs, Some(36 * 3600));
         assert_eq!(k.to_string(), "weekly=all within=1d12h");
-        for bad in ["hourly", "hourly=x", "fortnightly=2", "within=3y", "within="] {
+        for bad in [
+            "hourly",
+            "hourly=x",
+            "fortnightly=2",
+            "within=3y",
+            "within=",
+        ] {
             assert!(Keep::parse(bad).is_err(), "{bad}");
         }
     }
@@ -755,7 +793,10 @@ mod tests {
         let mut tables: BTreeMap<String, PolicyConfig> = toml::from_str(text).unwrap();
         let bad = tables.remove("bad").unwrap();
         let e = Policy::from_config("bad", &bad).unwrap_err().to_string();
-        assert!(e.contains("policy 'bad'") && e.contains("fortnightly"), "{e}");
+        assert!(
+            e.contains("policy 'bad'") && e.contains("fortnightly"),
+            "{e}"
+        );
         let p = Policies::from_config(&tables).unwrap();
         let vm = p.get("vm").unwrap();
         assert_eq!(vm.keep.frequent_minutes, 5);
@@ -765,7 +806,13 @@ mod tests {
         assert_eq!(tm.schedule, Schedule::Hourly);
         assert_eq!(tm.keep, Keep::timemachine());
         assert!(p.get("nope").is_err());
-        assert_eq!(p.resolve(Some("none"), Some("daily")).unwrap().unwrap().name, "schedule:daily");
+        assert_eq!(
+            p.resolve(Some("none"), Some("daily"))
+                .unwrap()
+                .unwrap()
+                .name,
+            "schedule:daily"
+        );
         assert!(p.resolve(Some("off"), None).unwrap().is_none());
     }
 }

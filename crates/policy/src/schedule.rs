@@ -268,29 +268,74 @@ mod tests {
     #[test]
     fn slots() {
         let now = t("2026-11-22T1437Z"); // a Sunday
-        assert_eq!(Schedule::Hourly.slot_start(now), Some(t("2026-11-22T1400Z")));
-        assert_eq!(Schedule::Frequently(15).slot_start(now), Some(t("2026-11-22T1430Z")));
+        assert_eq!(
+            Schedule::Hourly.slot_start(now),
+            Some(t("2026-11-22T1400Z"))
+        );
+        assert_eq!(
+            Schedule::Frequently(15).slot_start(now),
+            Some(t("2026-11-22T1430Z"))
+        );
         assert_eq!(Schedule::Daily.slot_start(now), Some(t("2026-11-22T0000Z")));
-        assert_eq!(Schedule::Weekly.slot_start(now), Some(t("2026-11-16T0000Z")));
-        assert_eq!(Schedule::Monthly.slot_start(now), Some(t("2026-11-01T0000Z")));
-        assert_eq!(Schedule::Yearly.next_after(now), Some(t("2027-01-01T0000Z")));
-        assert_eq!(Schedule::Monthly.next_after(t("2026-12-31T2359Z")), Some(t("2027-01-01T0000Z")));
-        assert_eq!(Schedule::Weekly.next_after(now), Some(t("2026-11-23T0000Z")));
+        assert_eq!(
+            Schedule::Weekly.slot_start(now),
+            Some(t("2026-11-16T0000Z"))
+        );
+        assert_eq!(
+            Schedule::Monthly.slot_start(now),
+            Some(t("2026-11-01T0000Z"))
+        );
+        assert_eq!(
+            Schedule::Yearly.next_after(now),
+            Some(t("2027-01-01T0000Z"))
+        );
+        assert_eq!(
+            Schedule::Monthly.next_after(t("2026-12-31T2359Z")),
+            Some(t("2027-01-01T0000Z"))
+        );
+        assert_eq!(
+            Schedule::Weekly.next_after(now),
+            Some(t("2026-11-23T0000Z"))
+        );
     }
 
     #[test]
     fn cron_rules() {
         let c = Schedule::parse("cron=30 2 * * 1-5").unwrap();
         // Sunday 14:37 -> the last match was Friday 02:30.
-        assert_eq!(c.slot_start(t("2026-11-22T1437Z")), Some(t("2026-11-20T0230Z")));
-        assert_eq!(c.next_after(t("2026-11-22T1437Z")), Some(t("2026-11-23T0230Z")));
+        assert_eq!(
+            c.slot_start(t("2026-11-22T1437Z")),
+            Some(t("2026-11-20T0230Z"))
+        );
+        assert_eq!(
+            c.next_after(t("2026-11-22T1437Z")),
+            Some(t("2026-11-23T0230Z"))
+        );
         let q = Schedule::parse("cron=*/15 * * * *").unwrap();
-        assert_eq!(q.slot_start(t("2026-11-22T1437Z")), Some(t("2026-11-22T1430Z")));
-        assert_eq!(q.next_after(t("2026-11-22T1430Z")), Some(t("2026-11-22T1445Z")));
+        assert_eq!(
+            q.slot_start(t("2026-11-22T1437Z")),
+            Some(t("2026-11-22T1430Z"))
+        );
+        assert_eq!(
+            q.next_after(t("2026-11-22T1430Z")),
+            Some(t("2026-11-22T1445Z"))
+        );
         let sun = Schedule::parse("cron=0 0 * * 7").unwrap();
-        assert_eq!(sun.slot_start(t("2026-11-22T1437Z")), Some(t("2026-11-22T0000Z")));
-        assert_eq!(Schedule::parse("cron=0 0 30 2 *").unwrap().next_after(0), None);
-        for bad in ["cron=61 * * * *", "cron=* * *", "cron=5-1 * * * *", "every", "frequently=0"] {
+        assert_eq!(
+            sun.slot_start(t("2026-11-22T1437Z")),
+            Some(t("2026-11-22T0000Z"))
+        );
+        assert_eq!(
+            Schedule::parse("cron=0 0 30 2 *").unwrap().next_after(0),
+            None
+        );
+        for bad in [
+            "cron=61 * * * *",
+            "cron=* * *",
+            "cron=5-1 * * * *",
+            "every",
+            "frequently=0",
+        ] {
             assert!(Schedule::parse(bad).is_err(), "{bad}");
         }
     }

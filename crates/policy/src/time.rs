@@ -146,7 +146,12 @@ mod tests {
         assert_eq!(stamp(t, false), "2026-11-21T0557Z");
         assert_eq!(parse_stamp("2026-11-21T0557Z"), Some(t - 23));
         assert_eq!(parse_stamp(&stamp(t, true)), Some(t));
-        for bad in ["2026-02-30T0000Z", "2026-11-21T2400Z", "2026-11-21 0557Z", "x"] {
+        for bad in [
+            "2026-02-30T0000Z",
+            "2026-11-21T2400Z",
+            "2026-11-21 0557Z",
+            "x",
+        ] {
             assert_eq!(parse_stamp(bad), None, "{bad}");
         }
     }
