@@ -438,6 +438,35 @@ impl Client {
         self.decode(req.call())
     }
 
+    pub fn policies(&self) -> Result<Vec<dataset::PolicyInfo>> {
+        self.decode(self.agent.get(self.url("/v1/policies")).call())
+    }
+
+    pub fn policy_show(&self, dataset: &str) -> Result<dataset::PolicyShow> {
+        self.decode(
+            self.agent
+                .get(self.url("/v1/policy"))
+                .query("name", dataset)
+                .call(),
+        )
+    }
+
+    pub fn policy_run(&self, dataset: &str, dry_run: bool) -> Result<dataset::PolicyRun> {
+        let body = crate::PolicyRunRequest {
+            dataset: dataset.to_string(),
+            dry_run,
+        };
+        self.decode(self.agent.post(self.url("/v1/policy/run")).send_json(&body))
+    }
+
+    pub fn policy_history(&self, dataset: Option<&str>) -> Result<Vec<dataset::PolicyRun>> {
+        let mut req = self.agent.get(self.url("/v1/policy/history"));
+        if let Some(d) = dataset {
+            req = req.query("name", d);
+        }
+        self.decode(req.call())
+    }
+
     /// The Prometheus text of `/metrics`.
     pub fn metrics(&self) -> Result<String> {
         let mut resp = self

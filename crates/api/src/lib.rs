@@ -99,6 +99,15 @@ pub struct CloneRequest {
     pub properties: Vec<(String, String)>,
 }
 
+/// `POST /v1/policy/run`: take a snapshot now and prune (`dry_run`: only say what).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRunRequest {
+    pub dataset: String,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 /// `POST` (hold) / `DELETE` (release) `/v1/holds`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

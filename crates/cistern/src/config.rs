@@ -13,6 +13,10 @@
 //! [nbd]               # nbd::ServerConfig
 //! max_connections = 1024
 //! shutdown_grace_secs = 30
+//!
+//! [policy.vm]         # policy::PolicyConfig, assigned with snapshot:policy=vm
+//! schedule = "hourly"
+//! keep = "hourly=24 daily=7"
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -29,6 +33,8 @@ pub struct Config {
     pub server: ServerSection,
     pub engine: dataset::EngineConfig,
     pub nbd: NbdSection,
+    /// `[policy.NAME]`: named snapshot policies (`dataset::policy::PolicyConfig`).
+    pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
 }
 
 /// NBD server tunables; unset keys keep `nbd::ServerConfig`'s defaults.
@@ -128,6 +134,8 @@ pub struct Resolved {
     pub log: String,
     pub engine: dataset::EngineConfig,
     pub nbd_server: nbd::ServerConfig,
+    /// The config's snapshot policies plus the built-in ones.
+    pub policies: dataset::policy::Policies,
 }
 
 /// Flags override the config; then the defaults. `default_state_dir` is used
@@ -158,6 +166,7 @@ pub fn resolve(
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
+        policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine: cfg.engine,
     })
 }
