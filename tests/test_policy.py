@@ -176,6 +176,7 @@ def test_kill9_inside_a_pruning_batch(make_daemon, disks, point):
     d.start(env={"CISTERN_FAULT_TXG_CRASH": point}, wait=False)
     d.proc.wait(30)
     assert d.proc.returncode != 0, "the daemon should have aborted inside the pruning commit"
+    assert "fault injection: aborting" in d.log_text()
     d.config_path.write_text(OFF + VM)
     d.start()
     left = snapshots(d)
