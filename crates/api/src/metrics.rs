@@ -268,6 +268,36 @@ pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
     w.finish()
 }
 
+/// The `cistern_policy_*` families: what the snapshot policies did.
+pub fn render_policy(c: &PolicyCounters) -> String {
+    let mut w = MetricsWriter::new();
+    for (name, help, v) in [
+        (
+            "cistern_policy_snapshots_total",
+            "Snapshots taken by snapshot policies.",
+            c.snapshots,
+        ),
+        (
+            "cistern_policy_failures_total",
+            "Policy runs with an error (failed hook, snapshot or pruning).",
+            c.failures,
+        ),
+        (
+            "cistern_policy_pruned_snapshots_total",
+            "Automatic snapshots destroyed by retention rules.",
+            c.pruned,
+        ),
+        (
+            "cistern_policy_pruned_bytes_total",
+            "Bytes freed by pruning automatic snapshots.",
+            c.pruned_bytes,
+        ),
+    ] {
+        w.family(name, "counter", help).sample(name, &[], v as f64);
+    }
+    w.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,34 +337,4 @@ mod tests {
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(format_value(f64::INFINITY), "+Inf");
     }
-}
-
-/// The `cistern_policy_*` families: what the snapshot policies did.
-pub fn render_policy(c: &PolicyCounters) -> String {
-    let mut w = MetricsWriter::new();
-    for (name, help, v) in [
-        (
-            "cistern_policy_snapshots_total",
-            "Snapshots taken by snapshot policies.",
-            c.snapshots,
-        ),
-        (
-            "cistern_policy_failures_total",
-            "Policy runs with an error (failed hook, snapshot or pruning).",
-            c.failures,
-        ),
-        (
-            "cistern_policy_pruned_snapshots_total",
-            "Automatic snapshots destroyed by retention rules.",
-            c.pruned,
-        ),
-        (
-            "cistern_policy_pruned_bytes_total",
-            "Bytes freed by pruning automatic snapshots.",
-            c.pruned_bytes,
-        ),
-    ] {
-        w.family(name, "counter", help).sample(name, &[], v as f64);
-    }
-    w.finish()
 }

@@ -3,7 +3,8 @@
 
 use crate::{
     ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, PolicyRunRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    ImportRequest, PolicyRunRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
+    SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -555,10 +556,7 @@ struct HistoryQuery {
     name: Option<String>,
 }
 
-async fn policy_history(
-    State(st): State<ApiState>,
-    Q(q): Q<HistoryQuery>,
-) -> ApiResult<Response> {
+async fn policy_history(State(st): State<ApiState>, Q(q): Q<HistoryQuery>) -> ApiResult<Response> {
     blocking(&st, move |e| Ok(e.policy_history(q.name.as_deref())))
         .await
         .map(json)

@@ -121,7 +121,9 @@ fn show(client: &api::Client, a: ShowArgs) -> Result<()> {
     outln(&format!("keep:       {}", p.keep));
     outln(&format!("prefix:     {}", p.prefix));
     if let Some(c) = p.capacity_percent {
-        outln(&format!("capacity:   {c}% (past it the oldest automatic snapshots go first)"));
+        outln(&format!(
+            "capacity:   {c}% (past it the oldest automatic snapshots go first)"
+        ));
     }
     for (what, hook) in [("pre-hook", &p.pre_hook), ("post-hook", &p.post_hook)] {
         if let Some(h) = hook {
@@ -187,9 +189,8 @@ fn run_now(client: &api::Client, a: RunArgs) -> Result<()> {
     let ds = &r.dataset;
     if let Some(plan) = &r.plan {
         let verb = if r.dry_run { "would " } else { "" };
-        match (&plan.create, r.dry_run) {
-            (Some(c), true) => outln(&format!("would create   {ds}@{c}  {}", plan.create_reason)),
-            _ => {}
+        if let (Some(c), true) = (&plan.create, r.dry_run) {
+            outln(&format!("would create   {ds}@{c}  {}", plan.create_reason));
         }
         if let (Some(c), false) = (&r.created, r.dry_run) {
             outln(&format!("created  {ds}@{c}  {}", plan.create_reason));
@@ -197,14 +198,26 @@ fn run_now(client: &api::Client, a: RunArgs) -> Result<()> {
         if r.dry_run {
             print_decisions(ds, plan, verb, true);
         } else {
-            for d in plan.destroy.iter().filter(|d| r.destroyed.contains(&d.name)) {
-                outln(&format!("destroyed  {ds}@{}  {}", d.name, d.reasons.join("; ")));
+            for d in plan
+                .destroy
+                .iter()
+                .filter(|d| r.destroyed.contains(&d.name))
+            {
+                outln(&format!(
+                    "destroyed  {ds}@{}  {}",
+                    d.name,
+                    d.reasons.join("; ")
+                ));
             }
         }
     }
     outln(&format!(
         "{} {}",
-        if r.dry_run { "would reclaim" } else { "reclaimed" },
+        if r.dry_run {
+            "would reclaim"
+        } else {
+            "reclaimed"
+        },
         size_cell(r.freed, a.parsable)
     ));
     if !r.errors.is_empty() {
@@ -222,7 +235,14 @@ fn history(client: &api::Client, a: HistoryArgs) -> Result<()> {
         return json(&rows);
     }
     let mut t = Table::new(&[
-        "TIME", "DATASET", "POLICY", "TRIGGER", "CREATED", "DESTROYED", "FREED", "ERRORS",
+        "TIME",
+        "DATASET",
+        "POLICY",
+        "TRIGGER",
+        "CREATED",
+        "DESTROYED",
+        "FREED",
+        "ERRORS",
     ]);
     t.align_right(5);
     t.align_right(6);
