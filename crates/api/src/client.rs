@@ -48,6 +48,9 @@ impl ClientError {
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+/// Largest JSON answer read (a listing of 10,000 snapshots is ~15 MiB).
+const MAX_RESPONSE_BYTES: u64 = 512 << 20;
+
 /// A handle on one daemon's API. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -147,6 +150,7 @@ impl Client {
     }
 
     /// Turns a response into `T`, or its error body into [`ClientError::Api`].
+    /// ureq's default 10 MiB cut `list -t snapshot` off at ~8,000 snapshots.
     fn decode<T: DeserializeOwned>(
         &self,
         resp: std::result::Result<Response<Body>, ureq::Error>,
@@ -156,6 +160,8 @@ impl Client {
         if status.is_success() {
             return resp
                 .body_mut()
+                .with_config()
+                .limit(MAX_RESPONSE_BYTES)
                 .read_json::<T>()
                 .map_err(|e| ClientError::Protocol {
                     url: self.base.clone(),
