@@ -197,3 +197,36 @@ def test_kill9_inside_a_pruning_batch(make_daemon, disks, point):
     d.cli("release", "keep", "tank/v@auto-2020-01-01T0000Z")
     d.cli("destroy", "-r", "tank/v")
     assert allocated(d) == 0, "space leaked or double counted after the crash"
+
+
+def test_capacity_threshold_prunes_oldest_automatic_first(make_daemon, disks):
+    """Past `capacity`, the oldest automatic snapshots go until the pool is
+    below it; the grid would keep them all; held and manual ones stay."""
+    d = make_daemon(config=OFF)
+    d.cli("pool", "create", "-s", "256M", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "64M", "tank/v")
+    for i in range(1, 7):
+        write(d, "tank/v", f"cap{i}", 8 * MiB)  # each snapshot alone holds 8 MiB
+        d.cli("snapshot", f"tank/v@auto-2020-01-0{i}T0000Z")
+        if i == 2:
+            d.cli("snapshot", "tank/v@manual")
+    d.cli("hold", "keep", "tank/v@auto-2020-01-01T0000Z")
+    size, alloc = map(int, d.cli("pool", "list", "-Hp", "-o", "size,alloc").stdout.split())
+    # A threshold that needs about two snapshots' worth (16 MiB) freed. The
+    # manual snapshot shares auto-02's data: destroying auto-02 frees nothing.
+    limit = round((alloc - 13 * MiB) * 100 / size, 1)
+    d.stop()
+    d.config_path.write_text(OFF + f'[policy.tm]\nschedule = "daily"\nkeep = "hourly=all"\ncapacity = {limit}\n')
+    d.start()
+    d.cli("set", "snapshot:policy=tm", "tank/v")
+    dry = d.cli("policy", "run", "-n", "tank/v").stdout
+    doomed = [l.split()[2] for l in dry.splitlines() if l.startswith("would destroy")]
+    assert doomed == [f"tank/v@auto-2020-01-0{i}T0000Z" for i in (2, 3, 4)], dry
+    assert all("capacity" in l for l in dry.splitlines() if l.startswith("would destroy"))
+    d.cli("policy", "run", "tank/v")
+    left = snapshots(d)
+    assert "auto-2020-01-01T0000Z" in left and "manual" in left, left
+    assert not any(f"auto-2020-01-0{i}T0000Z" in left for i in (2, 3, 4)), left
+    assert "auto-2020-01-05T0000Z" in left, "pruned more than needed"
+    size, alloc = map(int, d.cli("pool", "list", "-Hp", "-o", "size,alloc").stdout.split())
+    assert alloc * 100 / size <= limit
