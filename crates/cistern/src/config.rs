@@ -253,6 +253,18 @@ mod tests {
     }
 
     #[test]
+    fn policy_tables_are_checked_at_start() {
+        let ok =
+            Config::parse("[policy.vm]\nschedule = \"hourly\"\nkeep = \"hourly=24\"\n").unwrap();
+        let r = resolve(ok, Overrides::default(), Some(Path::new("/tmp/x"))).unwrap();
+        assert!(r.policies.get("vm").is_ok() && r.policies.get("timemachine").is_ok());
+        let bad = Config::parse("[policy.vm]\nschedule = \"fortnightly\"\n").unwrap();
+        let e = resolve(bad, Overrides::default(), Some(Path::new("/tmp/x"))).unwrap_err();
+        assert!(format!("{e:#}").contains("policy 'vm'"), "{e:#}");
+        assert!(Config::parse("[policy.vm]\nschedul = \"hourly\"\n").is_err());
+    }
+
+    #[test]
     fn empty_config_is_defaults() {
         let cfg = Config::parse("").unwrap();
         assert_eq!(cfg.server, ServerSection::default());
