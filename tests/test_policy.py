@@ -97,6 +97,12 @@ def test_policy_run_dry_run_then_run(make_daemon, disks):
     assert metric(d, "cistern_policy_pruned_bytes_total") > 0
     # The held snapshot is still refused by destroy; the policy never tried.
     assert d.cli("destroy", "tank/v@auto-2020-01-01T0000Z", check=False).returncode != 0
+    # The property set nearest the dataset decides: a local schedule beats
+    # the parent's policy; a local none opts out.
+    d.cli("set", "snapshot:schedule=hourly", "tank/v")
+    show = d.cli("policy", "show", "tank/v").stdout
+    assert "snapshot:schedule=hourly (local)" in show and "schedule:hourly" in show, show
+    assert "tank/v" in d.cli("policy", "list", "-H").stdout.split("schedule:hourly")[1]
     # No policy: a clear error.
     d.cli("set", "snapshot:policy=none", "tank/v")
     p = d.cli("policy", "run", "tank/v", check=False)

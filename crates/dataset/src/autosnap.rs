@@ -133,11 +133,14 @@ pub struct PolicyCounters {
     pub pruned_bytes: u64,
 }
 
-/// The two properties that choose a dataset's policy, each with its source.
+/// The property that chooses a dataset's policy: of `snapshot:policy` and
+/// `snapshot:schedule`, the one set nearest the dataset (a child's
+/// `snapshot:schedule=daily` or `snapshot:policy=none` beats its parent's
+/// `snapshot:policy=timemachine`); `snapshot:policy` on a tie.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PolicyProps {
-    pub policy: Option<(String, String)>,
-    pub schedule: Option<(String, String)>,
+    /// (property, value, source)
+    pub chosen: Option<(&'static str, String, String)>,
 }
 
 /// The one reader of `snapshot:policy` / `snapshot:schedule` (inherited like
@@ -147,14 +150,21 @@ pub(crate) fn policy_props(
     rec: &DatasetRecord,
 ) -> PolicyProps {
     let l = lineage(datasets, rec);
-    let get = |p: &str| {
-        let (v, source) = l.resolve(p);
-        (source != "default").then_some((v, source))
-    };
-    PolicyProps {
-        policy: get(props::SNAPSHOT_POLICY),
-        schedule: get(props::SNAPSHOT_SCHEDULE),
+    for r in &l.chain {
+        for prop in [props::SNAPSHOT_POLICY, props::SNAPSHOT_SCHEDULE] {
+            if let Some(v) = r.local.get(prop) {
+                let source = if r.name == rec.name {
+                    "local".to_string()
+                } else {
+                    format!("inherited from {}", r.name)
+                };
+                return PolicyProps {
+                    chosen: Some((prop, v.clone(), source)),
+                };
+            }
+        }
     }
+    PolicyProps::default()
 }
 
 /// A dataset a policy may apply to, with what the planner needs.
@@ -314,11 +324,13 @@ impl Engine {
 
     fn resolve_policy(&self, t: &Target) -> std::result::Result<Option<Policy>, String> {
         let policies = self.autosnap().policies.read();
+        let (policy, schedule) = match &t.props.chosen {
+            Some((p, v, _)) if *p == props::SNAPSHOT_POLICY => (Some(v.as_str()), None),
+            Some((_, v, _)) => (None, Some(v.as_str())),
+            None => (None, None),
+        };
         policies
-            .resolve(
-                t.props.policy.as_ref().map(|(v, _)| v.as_str()),
-                t.props.schedule.as_ref().map(|(v, _)| v.as_str()),
-            )
+            .resolve(policy, schedule)
             .map_err(|e| e.to_string())
     }
 
@@ -549,20 +561,9 @@ impl Engine {
     /// `cistern policy show DATASET`.
     pub fn policy_show(&self, dataset: &str) -> Result<PolicyShow> {
         let t = self.target(dataset)?;
-        let (property, source) = match (&t.props.policy, &t.props.schedule) {
-            (Some((v, s)), _) if !["none", "-", ""].contains(&v.as_str()) => (
-                Some(format!("{}={v}", props::SNAPSHOT_POLICY)),
-                Some(s.clone()),
-            ),
-            (_, Some((v, s))) => (
-                Some(format!("{}={v}", props::SNAPSHOT_SCHEDULE)),
-                Some(s.clone()),
-            ),
-            (Some((v, s)), None) => (
-                Some(format!("{}={v}", props::SNAPSHOT_POLICY)),
-                Some(s.clone()),
-            ),
-            (None, None) => (None, None),
+        let (property, source) = match &t.props.chosen {
+            Some((p, v, s)) => (Some(format!("{p}={v}")), Some(s.clone())),
+            None => (None, None),
         };
         let mut show = PolicyShow {
             dataset: dataset.to_string(),

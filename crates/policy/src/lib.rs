@@ -428,21 +428,27 @@ impl Policies {
             .ok_or_else(|| Error::UnknownPolicy(name.into()))
     }
 
-    /// The policy the two dataset properties name: `snapshot:policy` wins,
-    /// else `snapshot:schedule`; `none`/`off`/`-`/empty mean no policy.
+    /// The policy the two dataset properties name. The caller passes only
+    /// the one set nearest the dataset (`snapshot:policy` on a tie); `none`
+    /// or `off` there opts the dataset out; unset (`None`, `-`) is no policy.
     pub fn resolve(
         &self,
         policy: Option<&str>,
         schedule: Option<&str>,
     ) -> Result<Option<Policy>, Error> {
         fn set(v: Option<&str>) -> Option<&str> {
-            v.map(str::trim)
-                .filter(|v| !["", "-", "none", "off"].contains(v))
+            v.map(str::trim).filter(|v| !["", "-"].contains(v))
         }
+        let off = |v: &str| v == "none" || v == "off";
         if let Some(name) = set(policy) {
-            return self.get(name).cloned().map(Some);
+            return if off(name) {
+                Ok(None)
+            } else {
+                self.get(name).cloned().map(Some)
+            };
         }
         match set(schedule) {
+            Some(s) if off(s) => Ok(None),
             Some(s) => Policy::for_schedule(s).map(Some),
             None => Ok(None),
         }
@@ -807,12 +813,11 @@ mod tests {
         assert_eq!(tm.keep, Keep::timemachine());
         assert!(p.get("nope").is_err());
         assert_eq!(
-            p.resolve(Some("none"), Some("daily"))
-                .unwrap()
-                .unwrap()
-                .name,
+            p.resolve(None, Some("daily")).unwrap().unwrap().name,
             "schedule:daily"
         );
+        assert!(p.resolve(Some("none"), Some("daily")).unwrap().is_none());
+        assert!(p.resolve(None, Some("none")).unwrap().is_none());
         assert!(p.resolve(Some("off"), None).unwrap().is_none());
     }
 }
