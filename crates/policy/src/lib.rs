@@ -277,6 +277,9 @@ pub struct PolicyConfig {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_secs: Option<f64>,
+    /// Event snapshots (the last client of a volume disconnects after
+    /// writing): at most one per this interval, e.g. `10m`; unset = off.
+    pub event_min_interval: Option<String>,
 }
 
 /// A policy, checked and ready to plan with.
@@ -292,6 +295,8 @@ pub struct Policy {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_secs: f64,
+    /// Event snapshots: minimum seconds between two; `None` = no event snapshots.
+    pub event_min_interval_secs: Option<i64>,
     /// Where it comes from: `config`, `built-in` or `schedule property`.
     pub origin: String,
 }
@@ -342,6 +347,10 @@ impl Policy {
                 "hook_timeout_secs {hook_timeout_secs} must be between 0 and 86400"
             )));
         }
+        let event_min_interval_secs = match &c.event_min_interval {
+            Some(d) => Some(parse_duration(d).map_err(|e| err(e.to_string()))?),
+            None => None,
+        };
         Ok(Policy {
             name: name.to_string(),
             schedule,
@@ -351,6 +360,7 @@ impl Policy {
             pre_hook: c.pre_hook.clone().filter(|h| !h.trim().is_empty()),
             post_hook: c.post_hook.clone().filter(|h| !h.trim().is_empty()),
             hook_timeout_secs,
+            event_min_interval_secs,
             origin: "config".into(),
         })
     }
@@ -366,6 +376,7 @@ impl Policy {
             pre_hook: None,
             post_hook: None,
             hook_timeout_secs: DEFAULT_HOOK_TIMEOUT_SECS,
+            event_min_interval_secs: None,
             origin: "built-in".into(),
         }
     }
@@ -387,6 +398,7 @@ impl Policy {
             pre_hook: None,
             post_hook: None,
             hook_timeout_secs: DEFAULT_HOOK_TIMEOUT_SECS,
+            event_min_interval_secs: None,
             origin: "schedule property".into(),
         })
     }
@@ -570,6 +582,32 @@ pub fn due(
                 time::display(slot)
             ),
         ),
+    }
+}
+
+/// An event (the last client of a volume disconnected after writing): due
+/// unless event snapshots are off for the policy or the newest automatic
+/// snapshot is younger than the minimum interval, so a flapping client
+/// cannot create thousands. When due, the caller runs [`plan`] with `force`.
+pub fn event_due(policy: &Policy, now: i64, snapshots: &[SnapshotEntry]) -> (bool, String) {
+    let Some(min) = policy.event_min_interval_secs else {
+        return (false, "event snapshots are off for this policy".into());
+    };
+    let newest = snapshots
+        .iter()
+        .filter(|s| policy.is_automatic(&s.name))
+        .map(|s| policy.time_of(s).max(s.created))
+        .max();
+    match newest {
+        Some(t) if now - t < min => (
+            false,
+            format!(
+                "newest automatic snapshot is {}s old, under the {} minimum interval",
+                now - t,
+                format_duration(min)
+            ),
+        ),
+        _ => (true, "written, then the last client disconnected".into()),
     }
 }
 
@@ -760,6 +798,47 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flapping_client_gets_one_event_snapshot_per_interval() {
+        let c = PolicyConfig {
+            schedule: "daily".into(),
+            event_min_interval: Some("10m".into()),
+            ..Default::default()
+        };
+        let p = Policy::from_config("backup", &c).unwrap();
+        assert!(!event_due(&Policy::timemachine(), 0, &[]).0);
+        let mut snaps: Vec<SnapshotEntry> = Vec::new();
+        let start = 1_795_240_800;
+        // Disconnects every 30 s for an hour.
+        for i in 0..120 {
+            let now = start + i * 30;
+            if event_due(&p, now, &snaps).0 {
+                let pl = plan(
+                    &p,
+                    Input {
+                        now,
+                        snapshots: &snaps,
+                        last_run: None,
+                        force: true,
+                        take: true,
+                    },
+                    None,
+                );
+                snaps.push(SnapshotEntry {
+                    name: pl.create.unwrap(),
+                    created: now,
+                    held: false,
+                });
+            }
+        }
+        assert_eq!(snaps.len(), 6, "{snaps:?}");
+        let bad = PolicyConfig {
+            event_min_interval: Some("soon".into()),
+            ..c
+        };
+        assert!(Policy::from_config("backup", &bad).is_err());
+    }
 
     #[test]
     fn keep_grids_parse_and_print() {
