@@ -79,6 +79,7 @@ def test_policy_run_dry_run_then_run(make_daemon, disks):
     assert any("auto-2020-01-01T0000Z" in l and "held" in l for l in lines), dry
     assert any("before-upgrade" in l and "never pruned" in l for l in lines), dry
     assert "would reclaim" in dry
+    assert any(l.strip().startswith("daily=2") and "keeps    2" in l for l in lines), dry
     assert snapshots(d) == before, "a dry run changed something"
 
     free_before = allocated(d)

@@ -140,18 +140,23 @@ fn show(client: &api::Client, a: ShowArgs) -> Result<()> {
                 None => plan.create_reason.clone(),
             }
         ));
-        outln("rules:");
-        for r in &plan.rules {
-            outln(&format!(
-                "  {:<14} keeps {:>4}: {}",
-                r.rule,
-                r.kept.len(),
-                dash(Some(r.kept.join(" ")))
-            ));
-        }
+        print_rules(plan);
         print_decisions(&s.dataset, plan, "", false);
     }
     Ok(())
+}
+
+/// What each retention rule keeps.
+fn print_rules(plan: &Plan) {
+    outln("rules:");
+    for r in &plan.rules {
+        outln(&format!(
+            "  {:<14} keeps {:>4}: {}",
+            r.rule,
+            r.kept.len(),
+            dash(Some(r.kept.join(" ")))
+        ));
+    }
 }
 
 /// `keep`/`destroy` lines, one per snapshot, with the rules behind each.
@@ -196,6 +201,7 @@ fn run_now(client: &api::Client, a: RunArgs) -> Result<()> {
             outln(&format!("created  {ds}@{c}  {}", plan.create_reason));
         }
         if r.dry_run {
+            print_rules(plan);
             print_decisions(ds, plan, verb, true);
         } else {
             for d in plan
