@@ -49,6 +49,9 @@ impl ClientError {
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+/// Largest JSON answer read (a listing of 10,000 snapshots is ~15 MiB).
+const MAX_RESPONSE_BYTES: u64 = 512 << 20;
+
 /// A handle on one daemon's API. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -148,6 +151,7 @@ impl Client {
     }
 
     /// Turns a response into `T`, or its error body into [`ClientError::Api`].
+    /// ureq's default 10 MiB cut `list -t snapshot` off at ~8,000 snapshots.
     fn decode<T: DeserializeOwned>(
         &self,
         resp: std::result::Result<Response<Body>, ureq::Error>,
@@ -157,6 +161,8 @@ impl Client {
         if status.is_success() {
             return resp
                 .body_mut()
+                .with_config()
+                .limit(MAX_RESPONSE_BYTES)
                 .read_json::<T>()
                 .map_err(|e| ClientError::Protocol {
                     url: self.base.clone(),
@@ -487,6 +493,35 @@ impl Client {
         let mut req = self.agent.get(self.url("/v1/diff")).query("from", from);
         if let Some(to) = to {
             req = req.query("to", to);
+        }
+        self.decode(req.call())
+    }
+
+    pub fn policies(&self) -> Result<Vec<dataset::PolicyInfo>> {
+        self.decode(self.agent.get(self.url("/v1/policies")).call())
+    }
+
+    pub fn policy_show(&self, dataset: &str) -> Result<dataset::PolicyShow> {
+        self.decode(
+            self.agent
+                .get(self.url("/v1/policy"))
+                .query("name", dataset)
+                .call(),
+        )
+    }
+
+    pub fn policy_run(&self, dataset: &str, dry_run: bool) -> Result<dataset::PolicyRun> {
+        let body = crate::PolicyRunRequest {
+            dataset: dataset.to_string(),
+            dry_run,
+        };
+        self.decode(self.agent.post(self.url("/v1/policy/run")).send_json(&body))
+    }
+
+    pub fn policy_history(&self, dataset: Option<&str>) -> Result<Vec<dataset::PolicyRun>> {
+        let mut req = self.agent.get(self.url("/v1/policy/history"));
+        if let Some(d) = dataset {
+            req = req.query("name", d);
         }
         self.decode(req.call())
     }

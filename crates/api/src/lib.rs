@@ -126,6 +126,15 @@ pub struct InheritRequest {
     pub recursive: bool,
 }
 
+/// `POST /v1/policy/run`: take a snapshot now and prune (`dry_run`: only say what).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRunRequest {
+    pub dataset: String,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 /// `POST` (hold) / `DELETE` (release) `/v1/holds`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,6 +1,6 @@
 //! Prometheus text exposition (format 0.0.4).
 
-use dataset::{PoolStats, PoolStatus, ScanFunction, ScanState};
+use dataset::{PolicyCounters, PoolStats, PoolStatus, ScanFunction, ScanState};
 use std::fmt::Write as _;
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -264,6 +264,36 @@ pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
                 );
             }
         }
+    }
+    w.finish()
+}
+
+/// The `cistern_policy_*` families: what the snapshot policies did.
+pub fn render_policy(c: &PolicyCounters) -> String {
+    let mut w = MetricsWriter::new();
+    for (name, help, v) in [
+        (
+            "cistern_policy_snapshots_total",
+            "Snapshots taken by snapshot policies.",
+            c.snapshots,
+        ),
+        (
+            "cistern_policy_failures_total",
+            "Policy runs with an error (failed hook, snapshot or pruning).",
+            c.failures,
+        ),
+        (
+            "cistern_policy_pruned_snapshots_total",
+            "Automatic snapshots destroyed by retention rules.",
+            c.pruned,
+        ),
+        (
+            "cistern_policy_pruned_bytes_total",
+            "Bytes freed by pruning automatic snapshots.",
+            c.pruned_bytes,
+        ),
+    ] {
+        w.family(name, "counter", help).sample(name, &[], v as f64);
     }
     w.finish()
 }

@@ -3,8 +3,8 @@
 
 use crate::{
     ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
-    SetProperty, SnapshotRequest,
+    ImportRequest, InheritRequest, PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest,
+    ScrubRequest, SetProperty, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -71,6 +71,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/inherit", post(inherit))
         .route("/v1/holds", get(holds).post(hold).delete(release))
         .route("/v1/diff", get(diff))
+        .route("/v1/policies", get(policies))
+        .route("/v1/policy", get(policy_show))
+        .route("/v1/policy/run", post(policy_run))
+        .route("/v1/policy/history", get(policy_history))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(state)
@@ -571,18 +575,50 @@ async fn diff(State(st): State<ApiState>, Q(q): Q<DiffQuery>) -> ApiResult<Respo
         .map(json)
 }
 
+async fn policies(State(st): State<ApiState>) -> ApiResult<Response> {
+    blocking(&st, |e| Ok(e.policies())).await.map(json)
+}
+
+async fn policy_show(State(st): State<ApiState>, Q(q): Q<NameQuery>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.policy_show(&q.name))
+        .await
+        .map(json)
+}
+
+async fn policy_run(
+    State(st): State<ApiState>,
+    Json(req): Json<PolicyRunRequest>,
+) -> ApiResult<Response> {
+    blocking(&st, move |e| e.policy_run(&req.dataset, req.dry_run))
+        .await
+        .map(json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    name: Option<String>,
+}
+
+async fn policy_history(State(st): State<ApiState>, Q(q): Q<HistoryQuery>) -> ApiResult<Response> {
+    blocking(&st, move |e| Ok(e.policy_history(q.name.as_deref())))
+        .await
+        .map(json)
+}
+
 async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {
-    let (stats, health) = blocking(&st, |e| {
+    let (stats, health, policy) = blocking(&st, |e| {
         let statuses: Vec<_> = e
             .list_pools()
             .iter()
             .filter_map(|p| e.pool_status(&p.name).ok())
             .collect();
-        Ok((e.stats(), statuses))
+        Ok((e.stats(), statuses, e.policy_counters()))
     })
     .await?;
     let mut text = crate::metrics::render_pool_stats(&stats);
     text.push_str(&crate::metrics::render_pool_health(&health));
+    text.push_str(&crate::metrics::render_policy(&policy));
     for source in &st.extra_metrics {
         text.push_str(&source());
     }

@@ -14,6 +14,10 @@
 //! max_connections = 1024
 //! max_in_flight_bytes_total = 268435456
 //! shutdown_grace_secs = 30
+//!
+//! [policy.vm]         # policy::PolicyConfig, assigned with snapshot:policy=vm
+//! schedule = "hourly"
+//! keep = "hourly=24 daily=7"
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +34,8 @@ pub struct Config {
     pub server: ServerSection,
     pub engine: dataset::EngineConfig,
     pub nbd: NbdSection,
+    /// `[policy.NAME]`: named snapshot policies (`dataset::policy::PolicyConfig`).
+    pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
 }
 
 /// NBD server tunables; unset keys keep `nbd::ServerConfig`'s defaults.
@@ -145,6 +151,8 @@ pub struct Resolved {
     pub log: String,
     pub engine: dataset::EngineConfig,
     pub nbd_server: nbd::ServerConfig,
+    /// The config's snapshot policies plus the built-in ones.
+    pub policies: dataset::policy::Policies,
 }
 
 /// Flags override the config; then the defaults. `default_state_dir` is used
@@ -175,6 +183,7 @@ pub fn resolve(
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
+        policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine: cfg.engine,
     })
 }
@@ -270,6 +279,18 @@ mod tests {
         assert_eq!(c.bad_client_log_interval, std::time::Duration::from_secs(5));
         let bad = Config::parse("[nbd]\nmax_handshakes = 0\n").unwrap();
         assert!(bad.nbd.server_config().is_err());
+    }
+
+    #[test]
+    fn policy_tables_are_checked_at_start() {
+        let ok =
+            Config::parse("[policy.vm]\nschedule = \"hourly\"\nkeep = \"hourly=24\"\n").unwrap();
+        let r = resolve(ok, Overrides::default(), Some(Path::new("/tmp/x"))).unwrap();
+        assert!(r.policies.get("vm").is_ok() && r.policies.get("timemachine").is_ok());
+        let bad = Config::parse("[policy.vm]\nschedule = \"fortnightly\"\n").unwrap();
+        let e = resolve(bad, Overrides::default(), Some(Path::new("/tmp/x"))).unwrap_err();
+        assert!(format!("{e:#}").contains("policy 'vm'"), "{e:#}");
+        assert!(Config::parse("[policy.vm]\nschedul = \"hourly\"\n").is_err());
     }
 
     #[test]

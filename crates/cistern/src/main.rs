@@ -78,6 +78,9 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// Snapshot policies: list, show, run [-n], history.
+    #[command(subcommand)]
+    Policy(cmd::policy::PolicyCommand),
     /// Measure and size storage: iops, latency, provisioning, compression.
     #[command(subcommand)]
     Bench(bench::cli::BenchCommand),

@@ -165,6 +165,9 @@ async fn serve(
         }
     }
 
+    engine.set_policies(r.policies.clone());
+    engine.start_policy_scheduler();
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let provider = Arc::new(EngineExports::new(engine.clone()));
     let nbd_grace = r.nbd_server.shutdown_grace;

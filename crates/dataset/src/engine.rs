@@ -40,6 +40,8 @@ pub struct EngineInner {
     /// The engine itself, for work that finishes in the background (a
     /// resilver rewrites the cache file when it is done).
     pub(crate) me: std::sync::OnceLock<std::sync::Weak<Engine>>,
+    /// Snapshot policies: the scheduler's state (`autosnap.rs`).
+    pub(crate) autosnap: crate::autosnap::AutoSnap,
 }
 
 fn io(context: &str, e: impl std::fmt::Display) -> Error {
@@ -75,6 +77,7 @@ impl Engine {
                 admin: Mutex::new(()),
                 holders: Arc::default(),
                 me: std::sync::OnceLock::new(),
+                autosnap: Default::default(),
             },
         };
         let cache = engine.read_cache()?;
@@ -1016,6 +1019,7 @@ impl Engine {
     }
 
     pub fn shutdown(&self) -> Result<()> {
+        self.stop_policy_scheduler();
         let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
         let mut first_err = None;
         for p in pools {

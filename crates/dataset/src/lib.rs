@@ -7,6 +7,7 @@
 //! administrative changes, `props.rs` holds properties and their inheritance.
 
 mod api_types;
+mod autosnap;
 mod blockmap;
 mod cache;
 mod dataset_admin;
@@ -23,8 +24,10 @@ mod txg;
 mod volume;
 
 pub use api_types::*;
+pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView};
 pub use error::{Error, Result};
 pub use holders::{HolderInfo, OpenHandle, Revoke};
+pub use policy;
 
 pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::sync::Arc;
@@ -48,6 +51,8 @@ pub struct EngineConfig {
     /// second; 0 is unlimited (the default: a scan yields to I/O by
     /// reading in short batches).
     pub scan_rate_bytes: u64,
+    /// Seconds between runs of the snapshot policy scheduler; 0 turns it off.
+    pub policy_tick_secs: f64,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             meta_cache_bytes: 64 << 20,
             log_buffer_bytes: 32 << 20,
             scan_rate_bytes: 0,
+            policy_tick_secs: 10.0,
         }
     }
 }

@@ -20,6 +20,11 @@ pub const SETTABLE: &[&str] = &[
 pub const LIMITS: &[&str] = &["quota", "refquota", "reservation", "refreservation"];
 /// Properties children inherit from their parent when not set locally.
 pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
+/// Snapshot automation (`autosnap.rs`): a named policy, or a schedule with
+/// the default retention grid. Engine properties until user properties
+/// (`module:name`) exist; `autosnap::policy_props` is the one reader.
+pub const SNAPSHOT_POLICY: &str = "snapshot:policy";
+pub const SNAPSHOT_SCHEDULE: &str = "snapshot:schedule";
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
@@ -115,7 +120,8 @@ fn default_of(prop: &str) -> &'static str {
 
 /// Checks and normalizes a value for a settable or create-time property.
 pub fn normalize(prop: &str, value: &str) -> Result<String> {
-    if crate::names::is_user_property(prop) {
+    // The policy properties are user properties (`module:name`) whose values are checked.
+    if crate::names::is_user_property(prop) && prop != SNAPSHOT_POLICY && prop != SNAPSHOT_SCHEDULE {
         crate::names::check_user_value(prop, value)?;
         return Ok(value.to_string());
     }
@@ -141,6 +147,28 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
             Ok(n.to_string())
         }
+        SNAPSHOT_POLICY => {
+            // Whether the name exists is the daemon's config's business
+            // (`cistern policy show` reports an unknown one).
+            let ok = value == "none"
+                || (value
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic())
+                    && value.len() <= 100
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c)));
+            if ok {
+                Ok(value.to_string())
+            } else {
+                Err(bad("expected a policy name or none".into()))
+            }
+        }
+        SNAPSHOT_SCHEDULE if value == "none" => Ok(value.to_string()),
+        SNAPSHOT_SCHEDULE => policy::Schedule::parse(value)
+            .map(|s| s.to_string())
+            .map_err(|e| bad(e.to_string())),
         _ => Err(Error::InvalidArgument(format!(
             "unknown or read-only property '{prop}'"
         ))),

@@ -898,6 +898,28 @@ impl ImportedPool {
         Ok(out)
     }
 
+    /// When the snapshot policy last ran on dataset `id` (Unix seconds).
+    pub(crate) fn policy_last_run(&self, id: u64) -> Result<Option<i64>> {
+        let key = format!("{RECORD_POLICY_LAST_RUN_PREFIX}{id}");
+        let tx = self.db.begin_read().map_err(meta_err)?;
+        let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+        let v = r.get(key.as_str()).map_err(meta_err)?;
+        Ok(v.map(|v| v.value() as i64))
+    }
+
+    /// Persists the last-run record in its own small transaction.
+    pub(crate) fn store_policy_last_run(&self, id: u64, secs: i64) -> Result<()> {
+        let key = format!("{RECORD_POLICY_LAST_RUN_PREFIX}{id}");
+        let _meta = self.meta_lock.lock();
+        let tx = self.db.begin_write().map_err(meta_err)?;
+        {
+            let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+            r.insert(key.as_str(), secs.max(0) as u64)
+                .map_err(meta_err)?;
+        }
+        tx.commit().map_err(meta_err)
+    }
+
     /// A new dataset id, persisted so ids are never reused.
     pub fn next_dataset_id(&self) -> Result<u64> {
         let _meta = self.meta_lock.lock();

@@ -14,6 +14,9 @@ pub const RECORD_LOG_APPLIED_SEQ: &str = "log_applied_seq";
 pub const RECORD_LOG_REPLAY_POS: &str = "log_replay_pos";
 /// ...and the sequence number replay expects there.
 pub const RECORD_LOG_EXPECT_SEQ: &str = "log_expect_seq";
+/// `policy_last_run.<dataset id>`: Unix seconds the snapshot policy last ran
+/// on that dataset (`dataset::autosnap`); absent = never.
+pub const RECORD_POLICY_LAST_RUN_PREFIX: &str = "policy_last_run.";
 
 // The scan (scrub or resilver) in progress or last finished, as ZFS's
 // dsl_scan_phys: one scan at a time; absent records mean "never scanned".

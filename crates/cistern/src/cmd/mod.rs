@@ -2,6 +2,7 @@
 
 pub mod dataset;
 pub mod plan;
+pub mod policy;
 pub mod pool;
 pub mod props;
 pub mod snapshot;
@@ -42,6 +43,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Release(a) => snapshot::hold(client, a, false),
         Command::Holds(a) => snapshot::holds(client, a),
         Command::Diff(a) => snapshot::diff(client, a),
+        Command::Policy(c) => policy::run(client, c),
         Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
             unreachable!("daemon commands are dispatched in main")
         }

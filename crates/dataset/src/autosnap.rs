@@ -1,0 +1,636 @@
+//! Snapshot automation in the daemon: a scheduler thread that applies the
+//! `policy` crate's plans (take one snapshot, destroy a batch of automatic
+//! snapshots in one txg), pre/post hooks, the last-run record, a bounded
+//! run history and counters. The decisions themselves live in `policy`.
+//!
+//! Crash safety: a snapshot and a pruning batch are each one txg commit
+//! (all or nothing). The last-run record is written after the snapshot; if
+//! the daemon dies in between, the snapshot itself marks the slot as done
+//! (the planner takes the later of the record and the newest automatic
+//! snapshot), and the next tick re-plans the pruning from the snapshot list.
+
+use crate::engine::split_dataset;
+use crate::props::{self, DatasetRecord};
+use crate::txg::{lineage, ImportedPool};
+use crate::*;
+use parking_lot::{Mutex, RwLock};
+use policy::{Input, Plan, Policies, Policy, SnapshotEntry};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Runs kept for `cistern policy history` (in memory; every run is also logged).
+const HISTORY_LEN: usize = 1000;
+
+pub(crate) struct AutoSnap {
+    policies: RwLock<Policies>,
+    history: Mutex<VecDeque<PolicyRun>>,
+    /// One run at a time (scheduler, `policy run`, shutdown).
+    run: Mutex<()>,
+    stop: AtomicBool,
+    /// Unknown policy names already reported, so a tick does not repeat them.
+    warned: Mutex<HashSet<(String, String)>>,
+    counters: [AtomicU64; 4],
+}
+
+impl Default for AutoSnap {
+    fn default() -> Self {
+        Self {
+            policies: RwLock::new(Policies::from_config(&BTreeMap::new()).unwrap_or_default()),
+            history: Mutex::new(VecDeque::new()),
+            run: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            warned: Mutex::new(HashSet::new()),
+            counters: Default::default(),
+        }
+    }
+}
+
+const SNAPSHOTS: usize = 0;
+const FAILURES: usize = 1;
+const PRUNED: usize = 2;
+const PRUNED_BYTES: usize = 3;
+
+/// A policy as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyView {
+    pub name: String,
+    pub schedule: String,
+    pub keep: String,
+    pub prefix: String,
+    pub capacity_percent: Option<f64>,
+    pub pre_hook: Option<String>,
+    pub post_hook: Option<String>,
+    pub hook_timeout_secs: f64,
+    /// `config`, `built-in` or `schedule property`.
+    pub origin: String,
+}
+
+impl From<&Policy> for PolicyView {
+    fn from(p: &Policy) -> Self {
+        PolicyView {
+            name: p.name.clone(),
+            schedule: p.schedule.to_string(),
+            keep: p.keep.to_string(),
+            prefix: p.prefix.clone(),
+            capacity_percent: p.capacity_percent,
+            pre_hook: p.pre_hook.clone(),
+            post_hook: p.post_hook.clone(),
+            hook_timeout_secs: p.hook_timeout_secs,
+            origin: p.origin.clone(),
+        }
+    }
+}
+
+/// `cistern policy list`: a policy and the datasets it applies to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    pub policy: PolicyView,
+    pub datasets: Vec<String>,
+}
+
+/// `cistern policy show DATASET`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyShow {
+    pub dataset: String,
+    pub policy: Option<PolicyView>,
+    /// `snapshot:policy` or `snapshot:schedule` and its value.
+    pub property: Option<String>,
+    /// `local`, `inherited from tank`...
+    pub source: Option<String>,
+    /// Why no policy applies (an unknown name, a bad schedule).
+    pub error: Option<String>,
+    pub last_run: Option<i64>,
+    /// What the next scheduled run would do now.
+    pub plan: Option<Plan>,
+}
+
+/// One run: what it took, what it destroyed, what failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRun {
+    pub time: i64,
+    pub dataset: String,
+    pub policy: String,
+    /// `schedule` or `manual`.
+    pub trigger: String,
+    pub dry_run: bool,
+    pub created: Option<String>,
+    pub destroyed: Vec<String>,
+    /// Bytes freed by the destroyed snapshots (an estimate for a dry run).
+    pub freed: u64,
+    pub errors: Vec<String>,
+    /// The plan it followed (for `policy run`; not kept in the history).
+    pub plan: Option<Plan>,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyCounters {
+    pub snapshots: u64,
+    pub failures: u64,
+    pub pruned: u64,
+    pub pruned_bytes: u64,
+}
+
+/// The property that chooses a dataset's policy: of `snapshot:policy` and
+/// `snapshot:schedule`, the one set nearest the dataset (a child's
+/// `snapshot:schedule=daily` or `snapshot:policy=none` beats its parent's
+/// `snapshot:policy=timemachine`); `snapshot:policy` on a tie.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PolicyProps {
+    /// (property, value, source)
+    pub chosen: Option<(&'static str, String, String)>,
+}
+
+/// The one reader of `snapshot:policy` / `snapshot:schedule` (inherited like
+/// every property); point it at the user-property store once that exists.
+pub(crate) fn policy_props(
+    datasets: &BTreeMap<String, DatasetRecord>,
+    rec: &DatasetRecord,
+) -> PolicyProps {
+    let l = lineage(datasets, rec);
+    for r in &l.chain {
+        for prop in [props::SNAPSHOT_POLICY, props::SNAPSHOT_SCHEDULE] {
+            if let Some(v) = r.local.get(prop) {
+                let source = if r.name == rec.name {
+                    "local".to_string()
+                } else {
+                    format!("inherited from {}", r.name)
+                };
+                return PolicyProps {
+                    chosen: Some((prop, v.clone(), source)),
+                };
+            }
+        }
+    }
+    PolicyProps::default()
+}
+
+/// A dataset a policy may apply to, with what the planner needs.
+struct Target {
+    pool: Arc<ImportedPool>,
+    name: String,
+    id: u64,
+    props: PolicyProps,
+    snapshots: Vec<SnapshotEntry>,
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Datasets that hold data (volumes; not the pool's root), with their
+/// snapshots. A snapshot that is held or is the origin of a clone counts as
+/// held: destroying it would fail the whole batch.
+fn targets_of(p: &Arc<ImportedPool>, only: Option<&str>) -> Vec<Target> {
+    let datasets = p.datasets.read();
+    let origins: HashSet<u64> = datasets
+        .values()
+        .filter_map(|d| d.origin.as_ref().map(|o| o.snapshot))
+        .collect();
+    let mut out = Vec::new();
+    for rec in datasets.values() {
+        if rec.is_snapshot() || !rec.name.contains('/') || only.is_some_and(|o| o != rec.name) {
+            continue;
+        }
+        let prefix = format!("{}@", rec.name);
+        let snapshots = datasets
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, s)| SnapshotEntry {
+                name: s.name[prefix.len()..].to_string(),
+                created: s.creation as i64,
+                held: !s.holds.is_empty() || origins.contains(&s.id),
+            })
+            .collect();
+        out.push(Target {
+            pool: p.clone(),
+            name: rec.name.clone(),
+            id: rec.id,
+            props: policy_props(&datasets, rec),
+            snapshots,
+        });
+    }
+    out
+}
+
+/// Pool capacity after destroying some of one dataset's snapshots, from the
+/// engine's own destroy estimate.
+struct PoolCapacity<'a> {
+    pool: &'a ImportedPool,
+    dataset: &'a str,
+}
+
+impl policy::Capacity for PoolCapacity<'_> {
+    fn percent_after(&self, destroyed: &[&str]) -> f64 {
+        let size = self.pool.pool.size().max(1) as f64;
+        let allocated = self.pool.pool.allocated();
+        let datasets = self.pool.datasets.read();
+        let ids: Vec<u64> = destroyed
+            .iter()
+            .filter_map(|s| datasets.get(&format!("{}@{s}", self.dataset)).map(|r| r.id))
+            .collect();
+        let freed = if ids.is_empty() {
+            0
+        } else {
+            self.pool.destroy_estimate(&datasets, &ids).unwrap_or(0)
+        };
+        allocated.saturating_sub(freed) as f64 * 100.0 / size
+    }
+}
+
+/// Runs `sh -c CMD` with the snapshot in its environment; kills it at the timeout.
+fn run_hook(
+    what: &str,
+    cmd: &str,
+    timeout_secs: f64,
+    env: &[(&str, &str)],
+) -> std::result::Result<(), String> {
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .envs(env.iter().copied())
+        .env("CISTERN_HOOK", what)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{what}-hook '{cmd}' could not start: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout_secs);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("{what}-hook '{cmd}' failed ({status})")),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{what}-hook '{cmd}' timed out after {timeout_secs}s and was killed"
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("{what}-hook '{cmd}': {e}")),
+        }
+    }
+}
+
+impl Engine {
+    fn autosnap(&self) -> &AutoSnap {
+        &self.inner.autosnap
+    }
+
+    /// The named policies (`[policy.NAME]` tables plus the built-in ones).
+    pub fn set_policies(&self, policies: Policies) {
+        *self.autosnap().policies.write() = policies;
+    }
+
+    /// Starts the scheduler thread: every `policy_tick_secs` (first after
+    /// one interval), each dataset whose policy is due is snapshotted and pruned.
+    pub fn start_policy_scheduler(self: &Arc<Self>) {
+        let tick = self.inner.config.policy_tick_secs;
+        if tick <= 0.0 {
+            tracing::info!("snapshot policy scheduler off (policy_tick_secs = 0)");
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let tick = Duration::from_secs_f64(tick);
+        let spawned = std::thread::Builder::new()
+            .name("autosnap".into())
+            .spawn(move || loop {
+                let start = Instant::now();
+                while start.elapsed() < tick {
+                    match weak.upgrade() {
+                        Some(e) if !e.autosnap().stop.load(Ordering::Relaxed) => {}
+                        _ => return,
+                    }
+                    std::thread::sleep(tick.min(Duration::from_millis(100)));
+                }
+                let Some(engine) = weak.upgrade() else { return };
+                engine.run_due_policies(now_secs());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the snapshot policy scheduler");
+        }
+    }
+
+    /// Stops the scheduler and waits for a run in progress.
+    pub(crate) fn stop_policy_scheduler(&self) {
+        self.autosnap().stop.store(true, Ordering::Relaxed);
+        drop(self.autosnap().run.lock());
+    }
+
+    fn resolve_policy(&self, t: &Target) -> std::result::Result<Option<Policy>, String> {
+        let policies = self.autosnap().policies.read();
+        let (policy, schedule) = match &t.props.chosen {
+            Some((p, v, _)) if *p == props::SNAPSHOT_POLICY => (Some(v.as_str()), None),
+            Some((_, v, _)) => (None, Some(v.as_str())),
+            None => (None, None),
+        };
+        policies
+            .resolve(policy, schedule)
+            .map_err(|e| e.to_string())
+    }
+
+    fn all_targets(&self, only: Option<&str>) -> Vec<Target> {
+        let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
+        pools.iter().flat_map(|p| targets_of(p, only)).collect()
+    }
+
+    /// One scheduler tick.
+    fn run_due_policies(&self, now: i64) {
+        let _run = self.autosnap().run.lock();
+        if self.autosnap().stop.load(Ordering::Relaxed) {
+            return;
+        }
+        for t in self.all_targets(None) {
+            let policy = match self.resolve_policy(&t) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => {
+                    if self
+                        .autosnap()
+                        .warned
+                        .lock()
+                        .insert((t.name.clone(), e.clone()))
+                    {
+                        tracing::warn!(dataset = %t.name, error = %e, "snapshot policy not applied");
+                    }
+                    continue;
+                }
+            };
+            if t.pool.is_closed() {
+                continue;
+            }
+            if let Some(run) = self.apply(&t, &policy, now, false, false) {
+                self.record(run);
+            }
+        }
+    }
+
+    fn record(&self, mut run: PolicyRun) {
+        run.plan = None;
+        let mut h = self.autosnap().history.lock();
+        if h.len() >= HISTORY_LEN {
+            h.pop_front();
+        }
+        h.push_back(run);
+    }
+
+    fn plan_for(&self, t: &Target, policy: &Policy, now: i64, force: bool, take: bool) -> Plan {
+        let last_run = t.pool.policy_last_run(t.id).unwrap_or_else(|e| {
+            tracing::warn!(dataset = %t.name, error = %e, "cannot read the policy's last run");
+            None
+        });
+        let cap = PoolCapacity {
+            pool: &t.pool,
+            dataset: &t.name,
+        };
+        policy::plan(
+            policy,
+            Input {
+                now,
+                snapshots: &t.snapshots,
+                last_run,
+                force,
+                take,
+            },
+            Some(&cap),
+        )
+    }
+
+    /// Plans and applies one run; `None` when a scheduled run has nothing to do.
+    fn apply(
+        &self,
+        t: &Target,
+        policy: &Policy,
+        now: i64,
+        manual: bool,
+        dry_run: bool,
+    ) -> Option<PolicyRun> {
+        let mut plan = self.plan_for(t, policy, now, manual, true);
+        let mut run = PolicyRun {
+            time: now,
+            dataset: t.name.clone(),
+            policy: policy.name.clone(),
+            trigger: if manual { "manual" } else { "schedule" }.into(),
+            dry_run,
+            created: None,
+            destroyed: Vec::new(),
+            freed: 0,
+            errors: Vec::new(),
+            plan: None,
+        };
+        if dry_run {
+            run.created = plan.create.clone();
+            run.destroyed = plan.destroy.iter().map(|d| d.name.clone()).collect();
+            run.freed = self.estimate(t, &run.destroyed);
+            run.plan = Some(plan);
+            return Some(run);
+        }
+        if !manual && plan.create.is_none() && plan.destroy.is_empty() {
+            return None;
+        }
+        let c = &self.autosnap().counters;
+        if let Some(short) = plan.create.clone() {
+            let full = format!("{}@{short}", t.name);
+            let env = [
+                ("CISTERN_DATASET", t.name.as_str()),
+                ("CISTERN_SNAPSHOT", full.as_str()),
+                ("CISTERN_POLICY", policy.name.as_str()),
+            ];
+            let pre = match &policy.pre_hook {
+                Some(cmd) => run_hook("pre", cmd, policy.hook_timeout_secs, &env),
+                None => Ok(()),
+            };
+            let taken = pre.and_then(|()| {
+                self.snapshot(std::slice::from_ref(&full), false)
+                    .map_err(|e| format!("snapshot {full}: {e}"))
+            });
+            match taken {
+                Ok(_) => {
+                    c[SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
+                    run.created = Some(short);
+                    if let Some(cmd) = &policy.post_hook {
+                        if let Err(e) = run_hook("post", cmd, policy.hook_timeout_secs, &env) {
+                            run.errors.push(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    run.errors.push(format!("snapshot skipped: {e}"));
+                    // Prune by what exists, without the snapshot that was not taken.
+                    plan = self.plan_for(t, policy, now, manual, false);
+                }
+            }
+            // The slot is done either way: a failed hook is retried at the next slot.
+            if let Err(e) = t.pool.store_policy_last_run(t.id, now) {
+                run.errors.push(format!("cannot record the last run: {e}"));
+            }
+        }
+        if !plan.destroy.is_empty() {
+            let names: Vec<String> = plan.destroy.iter().map(|d| d.name.clone()).collect();
+            // One txg for the whole batch: a crash applies all of it or none.
+            let spec = format!("{}@{}", t.name, names.join(","));
+            match self.destroy(&spec, &DestroyOptions::default()) {
+                Ok(report) => {
+                    c[PRUNED].fetch_add(names.len() as u64, Ordering::Relaxed);
+                    c[PRUNED_BYTES].fetch_add(report.freed, Ordering::Relaxed);
+                    run.freed = report.freed;
+                    run.destroyed = names;
+                }
+                Err(e) => run
+                    .errors
+                    .push(format!("pruning {} snapshots: {e}", names.len())),
+            }
+        }
+        if !run.errors.is_empty() {
+            c[FAILURES].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(dataset = %t.name, policy = %policy.name, errors = ?run.errors, "snapshot policy run failed");
+        }
+        tracing::info!(
+            dataset = %t.name,
+            policy = %policy.name,
+            trigger = %run.trigger,
+            created = ?run.created,
+            destroyed = run.destroyed.len(),
+            freed = run.freed,
+            "snapshot policy ran"
+        );
+        run.plan = Some(plan);
+        Some(run)
+    }
+
+    fn estimate(&self, t: &Target, names: &[String]) -> u64 {
+        if names.is_empty() {
+            return 0;
+        }
+        let opts = DestroyOptions {
+            dry_run: true,
+            ..Default::default()
+        };
+        self.destroy(&format!("{}@{}", t.name, names.join(",")), &opts)
+            .map(|r| r.freed)
+            .unwrap_or(0)
+    }
+
+    fn target(&self, dataset: &str) -> Result<Target> {
+        let (pool, _) = split_dataset(dataset)?;
+        let p = self.pool(pool)?;
+        let rec = p.datasets.read().get(dataset).cloned();
+        match rec {
+            Some(r) if r.is_snapshot() => Err(Error::InvalidArgument(format!(
+                "'{dataset}' is a snapshot: policies apply to datasets"
+            ))),
+            Some(_) => targets_of(&p, Some(dataset)).pop().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "'{dataset}' holds no data: policies apply to volumes"
+                ))
+            }),
+            None => Err(Error::NotFound(format!("dataset '{dataset}'"))),
+        }
+    }
+
+    /// `cistern policy list`.
+    pub fn policies(&self) -> Vec<PolicyInfo> {
+        let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut extra: BTreeMap<String, PolicyView> = BTreeMap::new();
+        for t in self.all_targets(None) {
+            if let Ok(Some(p)) = self.resolve_policy(&t) {
+                if p.origin == "schedule property" {
+                    extra.entry(p.name.clone()).or_insert_with(|| (&p).into());
+                }
+                users.entry(p.name).or_default().push(t.name);
+            }
+        }
+        let policies = self.autosnap().policies.read();
+        policies
+            .by_name
+            .values()
+            .map(PolicyView::from)
+            .chain(extra.into_values())
+            .map(|v| PolicyInfo {
+                datasets: users.remove(&v.name).unwrap_or_default(),
+                policy: v,
+            })
+            .collect()
+    }
+
+    /// `cistern policy show DATASET`.
+    pub fn policy_show(&self, dataset: &str) -> Result<PolicyShow> {
+        let t = self.target(dataset)?;
+        let (property, source) = match &t.props.chosen {
+            Some((p, v, s)) => (Some(format!("{p}={v}")), Some(s.clone())),
+            None => (None, None),
+        };
+        let mut show = PolicyShow {
+            dataset: dataset.to_string(),
+            policy: None,
+            property,
+            source,
+            error: None,
+            last_run: t.pool.policy_last_run(t.id)?,
+            plan: None,
+        };
+        match self.resolve_policy(&t) {
+            Ok(Some(p)) => {
+                show.plan = Some(self.plan_for(&t, &p, now_secs(), false, true));
+                show.policy = Some((&p).into());
+            }
+            Ok(None) => {}
+            Err(e) => show.error = Some(e),
+        }
+        Ok(show)
+    }
+
+    /// `cistern policy run [-n] DATASET`: take a snapshot now and prune.
+    pub fn policy_run(&self, dataset: &str, dry_run: bool) -> Result<PolicyRun> {
+        let _run = self.autosnap().run.lock();
+        let t = self.target(dataset)?;
+        let policy = self
+            .resolve_policy(&t)
+            .map_err(Error::InvalidArgument)?
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "no snapshot policy applies to '{dataset}': set {} or {}",
+                    props::SNAPSHOT_POLICY,
+                    props::SNAPSHOT_SCHEDULE
+                ))
+            })?;
+        let run = self
+            .apply(&t, &policy, now_secs(), true, dry_run)
+            .ok_or_else(|| Error::Io("policy run did nothing".into()))?;
+        if !dry_run {
+            self.record(run.clone());
+        }
+        Ok(run)
+    }
+
+    /// `cistern policy history [DATASET]`: the latest runs, oldest first.
+    pub fn policy_history(&self, dataset: Option<&str>) -> Vec<PolicyRun> {
+        let wanted: Option<BTreeSet<&str>> = dataset.map(|d| BTreeSet::from([d]));
+        self.autosnap()
+            .history
+            .lock()
+            .iter()
+            .filter(|r| {
+                wanted
+                    .as_ref()
+                    .is_none_or(|w| w.contains(r.dataset.as_str()))
+            })
+            .cloned()
+            .collect()
+    }
+
+    pub fn policy_counters(&self) -> PolicyCounters {
+        let c = &self.autosnap().counters;
+        PolicyCounters {
+            snapshots: c[SNAPSHOTS].load(Ordering::Relaxed),
+            failures: c[FAILURES].load(Ordering::Relaxed),
+            pruned: c[PRUNED].load(Ordering::Relaxed),
+            pruned_bytes: c[PRUNED_BYTES].load(Ordering::Relaxed),
+        }
+    }
+}
