@@ -11,6 +11,8 @@ mod blockmap;
 mod cache;
 mod engine;
 mod error;
+pub mod events;
+pub mod history;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -20,6 +22,12 @@ mod volume;
 
 pub use api_types::*;
 pub use error::{Error, Result};
+pub use events::{post_event, Event};
+pub use history::{Caller, HistoryRecord};
+
+/// Metadata format and device label version this build writes (`pool upgrade`).
+pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;
+pub const LABEL_VERSION: u32 = vdev::LABEL_VERSION;
 
 pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::sync::Arc;
