@@ -39,17 +39,22 @@ pub struct EngineConfig {
     /// Seconds between txg commits (ZFS: zfs_txg_timeout).
     pub txg_timeout_secs: f64,
     /// Dirty data that forces an early txg commit, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub dirty_max_bytes: u64,
     /// Bound of the decompressed-block read cache, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub block_cache_bytes: u64,
     /// Bound of redb's page cache, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub meta_cache_bytes: u64,
     /// Bound of intent-log records held in memory until a FLUSH/FUA; past
     /// it, unflushed writes are left to the txg and a later FLUSH waits for it.
+    #[serde(deserialize_with = "props::de_size")]
     pub log_buffer_bytes: u64,
     /// Bound of the rate at which a scrub or resilver reads, bytes per
     /// second; 0 is unlimited (the default: a scan yields to I/O by
     /// reading in short batches).
+    #[serde(deserialize_with = "props::de_size")]
     pub scan_rate_bytes: u64,
 }
 
