@@ -288,7 +288,10 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         let cfg = Config::parse(&live).unwrap();
-        assert_eq!(cfg.server.state_dir, Some(PathBuf::from("/var/lib/cistern")));
+        assert_eq!(
+            cfg.server.state_dir,
+            Some(PathBuf::from("/var/lib/cistern"))
+        );
         for key in [
             "txg_timeout_secs",
             "dirty_max_bytes",
@@ -307,7 +310,10 @@ mod tests {
             "state_dir",
             "log",
         ] {
-            assert!(live.contains(&format!("\n{key} = ")), "{key} missing from packaging/cistern.toml");
+            assert!(
+                live.contains(&format!("\n{key} = ")),
+                "{key} missing from packaging/cistern.toml"
+            );
         }
     }
 

@@ -196,3 +196,97 @@ pub(crate) fn vdev_paths(p: &ImportedPool) -> Result<HashMap<u64, PathBuf>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Engine, EngineConfig, GroupKind, GroupSpec, PoolSpec};
+    use meta::redb::ReadableDatabase as _;
+
+    fn engine_with_pool(dir: &std::path::Path) -> std::sync::Arc<Engine> {
+        let engine = Engine::open(
+            &dir.join("state"),
+            EngineConfig {
+                txg_timeout_secs: 3600.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        engine
+            .create_pool(PoolSpec {
+                name: "tank".into(),
+                groups: vec![GroupSpec {
+                    kind: GroupKind::Mirror,
+                    devices: vec![dir.join("d0"), dir.join("d1")],
+                }],
+                create_size: Some(128 << 20),
+                force: false,
+            })
+            .unwrap();
+        engine
+    }
+
+    #[test]
+    fn ring_is_bounded_and_keeps_the_creation() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_pool(dir.path());
+        let p = engine.pool("tank").unwrap();
+        // ~1 KiB a record: 200 of them overflow the ring.
+        let pad = "x".repeat(1000);
+        for i in 0..200 {
+            let caller = Caller {
+                command: format!("cistern set com.example:note={pad} tank/v{i}"),
+                user: "root".into(),
+                host: "h".into(),
+            };
+            log_command(&p, &caller).unwrap();
+        }
+        let recs = read(&p).unwrap();
+        let bytes: usize = recs
+            .iter()
+            .map(|r| serde_json::to_vec(r).unwrap().len())
+            .sum();
+        assert!(bytes as u64 <= HISTORY_MAX_BYTES, "{bytes}");
+        assert!(recs[0].internal && recs[0].command.starts_with("create pool"));
+        assert!(recs.last().unwrap().command.ends_with("tank/v199"));
+        assert!(recs.len() > 100, "{}", recs.len());
+    }
+
+    /// A pool made before the history existed (no `history`/`vdev_paths`
+    /// tables) reads as an empty history, and gets both at its next import.
+    #[test]
+    fn pool_without_the_tables_opens_with_an_empty_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_pool(dir.path());
+        {
+            let p = engine.pool("tank").unwrap();
+            let _meta = p.meta_lock.lock();
+            let tx = p.db.begin_write().unwrap();
+            tx.delete_table(HISTORY).unwrap();
+            tx.delete_table(VDEV_PATHS).unwrap();
+            {
+                let mut r = tx.open_table(POOL_RECORDS).unwrap();
+                r.remove(RECORD_HISTORY_NEXT).unwrap();
+                r.remove(RECORD_HISTORY_BYTES).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        {
+            let p = engine.pool("tank").unwrap();
+            assert!(read(&p).unwrap().is_empty());
+            assert!(vdev_paths(&p).unwrap().is_empty());
+            // The table is gone: the read transaction must not create it.
+            let tx = p.db.begin_read().unwrap();
+            assert!(tx.open_table(HISTORY).is_err());
+        }
+        engine.export_pool("tank").unwrap();
+        engine
+            .import_pool("tank", &[dir.path().to_path_buf()])
+            .unwrap();
+        let p = engine.pool("tank").unwrap();
+        let recs = read(&p).unwrap();
+        let what: Vec<&str> = recs.iter().map(|r| r.command.as_str()).collect();
+        assert_eq!(what, ["export", "import"]);
+        assert_eq!(vdev_paths(&p).unwrap().len(), 2);
+    }
+}
