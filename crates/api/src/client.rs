@@ -573,6 +573,35 @@ fn percent_encode_segment(s: &str) -> String {
     out
 }
 
+/// The HTTP agent: errors as values, no proxy, bounded in time, and the
+/// caller's headers on every request when given.
+fn agent(timeout: Duration, caller: Option<Caller>) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_global(Some(timeout));
+    if let Some(c) = caller {
+        let headers = [
+            (crate::HEADER_COMMAND, crate::encode_header(&c.command)),
+            (crate::HEADER_USER, crate::encode_header(&c.user)),
+            (crate::HEADER_HOST, crate::encode_header(&c.host)),
+        ];
+        config = config.middleware(
+            move |mut req: ureq::http::Request<ureq::SendBody>,
+                  next: ureq::middleware::MiddlewareNext| {
+                for (name, value) in &headers {
+                    if let Ok(v) = ureq::http::HeaderValue::from_str(value) {
+                        req.headers_mut().insert(*name, v);
+                    }
+                }
+                next.handle(req)
+            },
+        );
+    }
+    config.build().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,33 +634,4 @@ mod tests {
             format!("cannot reach the daemon at http://127.0.0.1:{port}: is `cistern serve` running? (connection refused)")
         );
     }
-}
-
-/// The HTTP agent: errors as values, no proxy, bounded in time, and the
-/// caller's headers on every request when given.
-fn agent(timeout: Duration, caller: Option<Caller>) -> ureq::Agent {
-    let mut config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .timeout_connect(Some(Duration::from_secs(5)))
-        .timeout_global(Some(timeout));
-    if let Some(c) = caller {
-        let headers = [
-            (crate::HEADER_COMMAND, crate::encode_header(&c.command)),
-            (crate::HEADER_USER, crate::encode_header(&c.user)),
-            (crate::HEADER_HOST, crate::encode_header(&c.host)),
-        ];
-        config = config.middleware(
-            move |mut req: ureq::http::Request<ureq::SendBody>,
-                  next: ureq::middleware::MiddlewareNext| {
-                for (name, value) in &headers {
-                    if let Ok(v) = ureq::http::HeaderValue::from_str(value) {
-                        req.headers_mut().insert(*name, v);
-                    }
-                }
-                next.handle(req)
-            },
-        );
-    }
-    config.build().into()
 }

@@ -201,7 +201,6 @@ pub(crate) fn vdev_paths(p: &ImportedPool) -> Result<HashMap<u64, PathBuf>> {
 mod tests {
     use super::*;
     use crate::{Engine, EngineConfig, GroupKind, GroupSpec, PoolSpec};
-    use meta::redb::ReadableDatabase as _;
 
     fn engine_with_pool(dir: &std::path::Path) -> std::sync::Arc<Engine> {
         let engine = Engine::open(

@@ -282,9 +282,15 @@ fn rate(v: f64, parsable: bool) -> String {
 pub fn drive_size_arg(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
-    let decimal = [("kb", 1e3), ("mb", 1e6), ("gb", 1e9), ("tb", 1e12), ("pb", 1e15)]
-        .into_iter()
-        .find(|(suffix, _)| lower.ends_with(suffix));
+    let decimal = [
+        ("kb", 1e3),
+        ("mb", 1e6),
+        ("gb", 1e9),
+        ("tb", 1e12),
+        ("pb", 1e15),
+    ]
+    .into_iter()
+    .find(|(suffix, _)| lower.ends_with(suffix));
     let Some((suffix, mult)) = decimal else {
         return size_arg(s);
     };
@@ -293,7 +299,12 @@ pub fn drive_size_arg(s: &str) -> Result<u64, String> {
         .parse()
         .ok()
         .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| format!("invalid size '{s}': expected a number before {}", &t[t.len() - suffix.len()..]))?;
+        .ok_or_else(|| {
+            format!(
+                "invalid size '{s}': expected a number before {}",
+                &t[t.len() - suffix.len()..]
+            )
+        })?;
     let bytes = v * mult;
     if bytes > u64::MAX as f64 {
         return Err(format!("invalid size '{s}': too large"));
