@@ -1386,6 +1386,102 @@ mod tests {
     }
 
     #[test]
+    fn history_and_event_text_as_zpool() {
+        let rec = |command: &str, internal: bool| dataset::HistoryRecord {
+            time: 1_795_459_373, // 2026-11-23 18:42:53 UTC
+            command: command.into(),
+            user: if internal { "".into() } else { "root".into() },
+            host: if internal { "".into() } else { "vm".into() },
+            internal,
+            txg: 7,
+        };
+        let recs = [
+            rec("create pool format 2", true),
+            rec("cistern pool create tank d0", false),
+        ];
+        assert_eq!(
+            render_history("tank", &recs, false, false),
+            "History for 'tank':\n2026-11-23.18:42:53 cistern pool create tank d0\n"
+        );
+        assert_eq!(
+            render_history("tank", &recs, true, true),
+            "History for 'tank':\n2026-11-23.18:42:53 [txg:7] create pool format 2\n\
+             2026-11-23.18:42:53 cistern pool create tank d0 [user root on vm]\n"
+        );
+        let ev = dataset::Event {
+            seq: 3,
+            time: 1_795_459_373,
+            nanos: 5,
+            class: "ereport.fs.cistern.checksum".into(),
+            pool: "tank".into(),
+            pool_guid: 255,
+            fields: [("vdev_path".to_string(), "/d/b".to_string())].into(),
+        };
+        assert_eq!(
+            render_event(&ev, false, false),
+            "Nov 23 2026 18:42:53.000000005 ereport.fs.cistern.checksum\n"
+        );
+        assert_eq!(
+            render_event(&ev, false, true),
+            "Nov 23 2026 18:42:53.000000005\tereport.fs.cistern.checksum\n"
+        );
+        assert!(render_event(&ev, true, false).contains("        vdev_path = \"/d/b\"\n"));
+    }
+
+    #[test]
+    fn missing_device_shows_its_guid_and_old_path() {
+        let mut s = PoolStatus {
+            summary: summary("tank", 8 << 30, 0),
+            groups: vec![GroupStatus {
+                name: "mirror-0".into(),
+                kind: GroupKind::Mirror,
+                state: "DEGRADED".into(),
+                devices: vec![
+                    DeviceStatus {
+                        path: "/d/a".into(),
+                        guid: 1,
+                        state: "ONLINE".into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        resilvering: false,
+                        was: None,
+                    },
+                    DeviceStatus {
+                        path: "(missing device 99)".into(),
+                        guid: 99,
+                        state: "UNAVAIL".into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        resilvering: false,
+                        was: Some("/d/b".into()),
+                    },
+                ],
+            }],
+            errors: vec![],
+            scan: None,
+            data_errors: vec![],
+        };
+        s.summary.health = "DEGRADED".into();
+        let text = render_status_with(&s, false, 0);
+        assert!(
+            text.contains("\t    99      UNAVAIL      0      0      0  was /d/b\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\t    /d/a    ONLINE       0      0      0\n"),
+            "{text}"
+        );
+        let doc = status_json(std::slice::from_ref(&s));
+        assert_eq!(doc["output_version"], 1);
+        assert_eq!(
+            doc["pools"]["tank"]["groups"][0]["devices"][1]["was"],
+            "/d/b"
+        );
+    }
+
+    #[test]
     fn status_tree() {
         let dev = |p: &str, cksum| DeviceStatus {
             path: p.into(),
