@@ -155,6 +155,13 @@ def test_wait_returns_when_the_scrub_ends(daemon, disks):
     d.cli("pool", "wait", "-t", "scrub,resilver", "tank", timeout=120)
     assert _status(d, "tank")["scan"]["state"] == "finished"
     d.cli("pool", "wait", "tank")  # nothing running: returns at once
+    # A state change is an event too.
+    d.cli("pool", "offline", "tank", "d1")
+    deadline = time.monotonic() + 2
+    while "resource.fs.cistern.statechange" not in (ev := d.cli("pool", "events", "-v", "tank").stdout):
+        assert time.monotonic() < deadline, ev
+        time.sleep(0.1)
+    assert 'vdev_state = "OFFLINE"' in ev and 'vdev_laststate = "ONLINE"' in ev, ev
     _fails(d.cli("pool", "wait", "-t", "trim", "tank", check=False), "invalid activity 'trim'", "scrub")
     _fails(d.cli("pool", "wait", "nope", check=False), "nope")
 
