@@ -77,7 +77,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 now() { python3 -c 'import time; print(f"{time.monotonic():.3f}")'; }
-status_json() { "$CISTERN_BIN" pool status --json bench; }
+status_json() { "$CISTERN_BIN" pool status --json bench | python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)[\"pools\"][\"bench\"]))"; }
 jget() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
 
 NBD_PORT=$(free_port)

@@ -4,7 +4,8 @@
 # 1. installs the apt packages the suite needs, only those missing;
 # 2. makes .venv (system site packages, so python3-libnbd's `nbd` module is
 #    importable) and pip-installs pytest into it, only if missing;
-# 3. cargo build --release, cargo test --release --workspace;
+# 3. cargo build --release (and cargo install cargo-deb if missing),
+#    cargo test --release --workspace;
 # 4. pytest -q tests/ against target/release/cistern (env CISTERN_BIN).
 #
 # Runs unattended (CI=true, no stdin); exits non-zero on any failure.
@@ -73,6 +74,12 @@ fi
 # ---------------------------------------------------------------- rust
 log "cargo build --release"
 cargo build --release 2>&1
+# cargo-deb builds the Debian package tests/test_packaging.py installs;
+# installed once (a few minutes of compiling), then reused.
+if ! cargo deb --version >/dev/null 2>&1; then
+    log "cargo install cargo-deb"
+    cargo install cargo-deb --locked 2>&1 || echo "warning: cannot install cargo-deb; the package test will skip" >&2
+fi
 # A failing `cargo test` does not hide the integration results: both run,
 # and the script fails if either did.
 cargo_rc=0

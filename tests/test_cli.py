@@ -273,6 +273,12 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
             time.sleep(0.2)
         out = (tmp_path / "qs.log").read_text()
         assert f"nbd://127.0.0.1:{nbd_port}/tank/vol0" in out, f"quickstart did not print the NBD URI:\n{out}"
+        # The management command it prints works as printed, from here.
+        manage = re.search(r"^Manage: (.+)$", out, re.M)
+        assert manage, out
+        r = subprocess.run(manage.group(1), shell=True, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PATH="/usr/bin:/bin"))
+        assert r.returncode == 0 and "tank/vol0" in r.stdout, (manage.group(1), r.stdout, r.stderr)
         info = nbdinfo_json(f"nbd://127.0.0.1:{nbd_port}/tank/vol0")
         assert info["exports"][0]["export-size"] == 4 << 30
         props = parse_get(run([cistern_bin(), "get", "-Hp", "all", "tank/vol0"], env=env).stdout)

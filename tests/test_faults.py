@@ -100,7 +100,7 @@ def wait_committed(d, pool: str = "tank"):
 
 
 def status(d, pool: str = "tank") -> dict:
-    return d.cli_json("pool", "status", pool)
+    return d.cli_json("pool", "status", pool)["pools"][pool]
 
 
 def devices(st: dict) -> dict[str, dict]:
@@ -153,7 +153,8 @@ def data_span(d, kind: str) -> int:
     """Bytes of each device's data region holding the volume (fresh pool, written once)."""
     n, parity = LAYOUTS[kind]
     alloc = int(d.cli("pool", "list", "-Hp", "-o", "alloc", "tank").stdout.split()[0])
-    return alloc if kind == "mirror" else alloc // (n - parity) + 64 * KiB
+    # ALLOC is raw, as zpool's: raidz parity included, a mirror counted once.
+    return alloc if kind == "mirror" else alloc // n + 64 * KiB
 
 
 def damage(devs: list[Path], kind: str, span: int, meta: bool, seed: int) -> list[Path]:

@@ -1,13 +1,14 @@
 //! Blocking client for the management API (what the CLI uses).
 
 use crate::{
-    ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, InheritRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
+    AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health,
+    HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, RenameRequest, ReplaceRequest,
+    RollbackRequest, ScrubRequest,
     SetProperty, SnapshotRequest,
 };
 use dataset::{
-    DatasetInfo, DestroyOptions, DestroyReport, DiffReport, ImportablePool, PoolSpec, PoolStatus,
-    PoolSummary, ScrubAction,
+    Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,
+    ImportablePool, PoolSpec, PoolStatus, PoolSummary, PoolVersions, ScrubAction,
 };
 use serde::de::DeserializeOwned;
 use std::io;
@@ -76,18 +77,110 @@ impl Client {
         } else {
             format!("http://{base}")
         };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .proxy(None)
-            .timeout_connect(Some(Duration::from_secs(5)))
-            .timeout_global(Some(timeout))
-            .build()
-            .into();
         Self {
             base,
-            agent,
+            agent: agent(timeout, None),
             timeout,
         }
+    }
+
+    /// Sends who runs what with every request ([`crate::HEADER_COMMAND`]...),
+    /// so that the pools' histories record it.
+    pub fn with_caller(mut self, caller: Caller) -> Self {
+        self.agent = agent(self.timeout, Some(caller));
+        self
+    }
+
+    /// `POST /v1/pools/{pool}/attach`.
+    pub fn attach(
+        &self,
+        pool: &str,
+        device: &str,
+        new: &std::path::Path,
+        force: bool,
+    ) -> Result<PoolStatus> {
+        let body = AttachRequest {
+            device: device.to_string(),
+            new: new.to_path_buf(),
+            force,
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/attach"))
+                .send_json(&body),
+        )
+    }
+
+    /// `POST /v1/pools/{pool}/detach`.
+    pub fn detach(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let body = DeviceRequest {
+            device: device.to_string(),
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/detach"))
+                .send_json(&body),
+        )
+    }
+
+    /// `POST /v1/pools/{pool}/remove`.
+    pub fn remove(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let body = DeviceRequest {
+            device: device.to_string(),
+        };
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/remove"))
+                .send_json(&body),
+        )
+    }
+
+    /// `GET` (versions) or `POST` (upgrade) `/v1/pools/{pool}/upgrade`.
+    pub fn upgrade(&self, pool: &str, apply: bool) -> Result<PoolVersions> {
+        let url = self.pool_url(pool, "/upgrade");
+        if apply {
+            self.decode(self.agent.post(url).send_empty())
+        } else {
+            self.decode(self.agent.get(url).call())
+        }
+    }
+
+    /// `GET /v1/pools/{pool}/history`.
+    pub fn history(&self, pool: &str) -> Result<Vec<HistoryRecord>> {
+        self.decode(self.agent.get(self.pool_url(pool, "/history")).call())
+    }
+
+    /// `GET /v1/events`: events after `after` of `pools` (all if empty),
+    /// waiting up to `wait` for one.
+    pub fn events(&self, after: u64, pools: &[String], wait: Duration) -> Result<Vec<Event>> {
+        let mut req = self
+            .agent
+            .get(self.url("/v1/events"))
+            .query("after", after.to_string())
+            .query("wait_ms", wait.as_millis().to_string());
+        for p in pools {
+            req = req.query("pool", p);
+        }
+        self.decode(req.call())
+    }
+
+    /// `DELETE /v1/events`: returns how many were cleared.
+    pub fn clear_events(&self, pools: &[String]) -> Result<u64> {
+        let mut req = self.agent.delete(self.url("/v1/events"));
+        for p in pools {
+            req = req.query("pool", p);
+        }
+        let v: serde_json::Value = self.decode(req.call())?;
+        Ok(v.get("cleared").and_then(|c| c.as_u64()).unwrap_or(0))
+    }
+
+    /// `POST /v1/labelclear`.
+    pub fn labelclear(&self, device: &std::path::Path, force: bool) -> Result<()> {
+        let body = LabelclearRequest {
+            device: device.to_path_buf(),
+            force,
+        };
+        self.expect_empty(self.agent.post(self.url("/v1/labelclear")).send_json(&body))
     }
 
     pub fn base_url(&self) -> &str {
@@ -566,6 +659,35 @@ fn percent_encode_segment(s: &str) -> String {
         }
     }
     out
+}
+
+/// The HTTP agent: errors as values, no proxy, bounded in time, and the
+/// caller's headers on every request when given.
+fn agent(timeout: Duration, caller: Option<Caller>) -> ureq::Agent {
+    let mut config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_global(Some(timeout));
+    if let Some(c) = caller {
+        let headers = [
+            (crate::HEADER_COMMAND, crate::encode_header(&c.command)),
+            (crate::HEADER_USER, crate::encode_header(&c.user)),
+            (crate::HEADER_HOST, crate::encode_header(&c.host)),
+        ];
+        config = config.middleware(
+            move |mut req: ureq::http::Request<ureq::SendBody>,
+                  next: ureq::middleware::MiddlewareNext| {
+                for (name, value) in &headers {
+                    if let Ok(v) = ureq::http::HeaderValue::from_str(value) {
+                        req.headers_mut().insert(*name, v);
+                    }
+                }
+                next.handle(req)
+            },
+        );
+    }
+    config.build().into()
 }
 
 #[cfg(test)]

@@ -27,12 +27,26 @@
 //! | POST | /v1/pools/{pool}/online | [`DeviceRequest`] | `PoolStatus` |
 //! | POST | /v1/pools/{pool}/clear | [`ClearRequest`] | `PoolStatus` |
 //! | POST | /v1/pools/{pool}/replace | [`ReplaceRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/attach | [`AttachRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/detach | [`DeviceRequest`] | `PoolStatus` |
+//! | POST | /v1/pools/{pool}/remove | [`DeviceRequest`] | `PoolStatus` |
+//! | GET, POST | /v1/pools/{pool}/upgrade | | `PoolVersions` (POST: upgrades) |
+//! | GET | /v1/pools/{pool}/history | | `[HistoryRecord]` |
+//! | GET | /v1/events?after=N&wait_ms=M&pool=P | | `[Event]` (waits up to M ms for one) |
+//! | DELETE | /v1/events?pool=P | | `{"cleared": N}` |
+//! | POST | /v1/labelclear | [`LabelclearRequest`] | 204 |
 //! | GET | /metrics | | Prometheus text |
+//!
+//! Every request that changes a pool is recorded in its history (`pool
+//! history`) after it succeeded, with the headers [`HEADER_COMMAND`],
+//! [`HEADER_USER`] and [`HEADER_HOST`] the CLI sends (percent-encoded
+//! UTF-8, see [`encode_header`]); without them the method and path are recorded.
 //!
 //! Errors are `{"error": "...", "kind": "NotFound"}` ([`ErrorBody`]) with a
 //! status mapped from [`dataset::Error`] (see [`status_for`]).
 
 pub mod client;
+pub mod history;
 pub mod metrics;
 pub mod server;
 
@@ -41,6 +55,25 @@ use std::path::PathBuf;
 
 pub use client::{Client, ClientError};
 pub use server::{router, status_for, ApiState};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_encoding_round_trips() {
+        for s in [
+            "cistern pool create tank /d/a",
+            "snap@20131124_1344 %x",
+            "caf\u{e9} \n",
+            "100%",
+        ] {
+            let e = encode_header(s);
+            assert!(e.bytes().all(|b| (0x20..0x7f).contains(&b)));
+            assert_eq!(decode_header(&e), s);
+        }
+    }
+}
 
 /// Default address of the management API.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:10810";
@@ -185,6 +218,65 @@ pub struct ReplaceRequest {
     /// Use `new` even if it carries the label of a pool not imported here.
     #[serde(default)]
     pub force: bool,
+}
+
+/// `POST /v1/pools/{pool}/attach`: `new` becomes a mirror copy of `device`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    pub device: String,
+    pub new: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `POST /v1/labelclear`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelclearRequest {
+    pub device: PathBuf,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The command line as the client ran it, e.g. `cistern pool create tank d0`.
+pub const HEADER_COMMAND: &str = "x-cistern-command";
+/// The user who ran it, and on which host.
+pub const HEADER_USER: &str = "x-cistern-user";
+pub const HEADER_HOST: &str = "x-cistern-host";
+
+/// Header-safe form of any UTF-8 text: bytes outside printable ASCII and
+/// `%` become `%XX`.
+pub fn encode_header(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Inverse of [`encode_header`] (invalid escapes are kept as they are).
+pub fn decode_header(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Body of every error response.

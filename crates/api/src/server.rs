@@ -2,9 +2,9 @@
 //! `spawn_blocking`; handlers only translate HTTP <-> engine types.
 
 use crate::{
-    ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health, HoldRequest,
-    ImportRequest, InheritRequest, PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest,
-    ScrubRequest, SetProperty, SnapshotRequest,
+    AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health,
+    HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, PolicyRunRequest, RenameRequest,
+    ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -57,6 +57,16 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/pools/{pool}/clear", post(clear_errors))
         .route("/v1/pools/{pool}/replace", post(replace_device))
         .route("/v1/pools/{pool}/add", post(add_groups))
+        .route("/v1/pools/{pool}/attach", post(attach_device))
+        .route("/v1/pools/{pool}/detach", post(detach_device))
+        .route("/v1/pools/{pool}/remove", post(remove_device))
+        .route(
+            "/v1/pools/{pool}/upgrade",
+            get(pool_versions).post(upgrade_pool),
+        )
+        .route("/v1/pools/{pool}/history", get(pool_history))
+        .route("/v1/events", get(list_events).delete(clear_events))
+        .route("/v1/labelclear", post(labelclear))
         .route("/v1/import", get(importable).post(import_pool))
         .route("/v1/datasets", get(list_datasets).post(create_volume))
         .route(
@@ -77,6 +87,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/policy/history", get(policy_history))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::history::record,
+        ))
         .with_state(state)
 }
 
@@ -370,6 +384,135 @@ async fn add_groups(
     blocking(&st, move |e| e.add_groups(&pool, spec))
         .await
         .map(json)
+}
+
+async fn attach_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<AttachRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = %req.device, new = %req.new.display(), "attach");
+    blocking(&st, move |e| {
+        e.attach_device(&pool, &req.device, &req.new, req.force)
+    })
+    .await
+    .map(json)
+}
+
+async fn detach_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<DeviceRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = %req.device, "detach");
+    blocking(&st, move |e| e.detach_device(&pool, &req.device))
+        .await
+        .map(json)
+}
+
+async fn remove_device(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<DeviceRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, device = %req.device, "remove");
+    blocking(&st, move |e| e.remove_device(&pool, &req.device))
+        .await
+        .map(json)
+}
+
+async fn pool_versions(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+) -> ApiResult<Response> {
+    blocking(&st, move |e| e.upgrade_pool(&pool, false))
+        .await
+        .map(json)
+}
+
+async fn upgrade_pool(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    tracing::info!(%pool, "upgrade");
+    blocking(&st, move |e| e.upgrade_pool(&pool, true))
+        .await
+        .map(json)
+}
+
+async fn pool_history(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.pool_history(&pool))
+        .await
+        .map(json)
+}
+
+/// Longest a `GET /v1/events` waits for a new event.
+const MAX_EVENT_WAIT_MS: u64 = 10_000;
+
+async fn list_events(
+    State(st): State<ApiState>,
+    Q(q): Q<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (mut after, mut wait_ms, mut pools) = (0u64, 0u64, Vec::new());
+    for (k, v) in q {
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("{k}={v}: not a number")))
+        };
+        match k.as_str() {
+            "after" => after = num(&v)?,
+            "wait_ms" => wait_ms = num(&v)?.min(MAX_EVENT_WAIT_MS),
+            "pool" => pools.push(v),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter '{other}'"
+                )))
+            }
+        }
+    }
+    let engine = st.engine.clone();
+    let known: Vec<String> = engine.list_pools().into_iter().map(|p| p.name).collect();
+    for p in &pools {
+        if !known.contains(p) && dataset::events::list(0, std::slice::from_ref(p)).is_empty() {
+            return Err(dataset::Error::NotFound(format!("pool '{p}'")).into());
+        }
+    }
+    blocking(&st, move |_| {
+        Ok(dataset::events::wait_after(
+            after,
+            &pools,
+            std::time::Duration::from_millis(wait_ms),
+        ))
+    })
+    .await
+    .map(json)
+}
+
+async fn clear_events(
+    State(st): State<ApiState>,
+    Q(q): Q<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let mut pools = Vec::new();
+    for (k, v) in q {
+        match k.as_str() {
+            "pool" => pools.push(v),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter '{other}'"
+                )))
+            }
+        }
+    }
+    let _ = &st;
+    let cleared = dataset::events::clear(&pools);
+    Ok(json(serde_json::json!({ "cleared": cleared })))
+}
+
+async fn labelclear(
+    State(st): State<ApiState>,
+    Json(req): Json<LabelclearRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(device = %req.device.display(), force = req.force, "labelclear");
+    blocking(&st, move |e| e.labelclear(&req.device, req.force))
+        .await
+        .map(|()| no_content())
 }
 
 async fn importable(

@@ -38,6 +38,14 @@ pub struct Config {
     pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
 }
 
+/// A byte size that may be absent: `max_in_flight_bytes = "64M"` or an integer.
+fn de_opt_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let n = dataset::props::de_size(d)?;
+    usize::try_from(n)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("size {n} is too large")))
+}
+
 /// NBD server tunables; unset keys keep `nbd::ServerConfig`'s defaults.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -46,6 +54,7 @@ pub struct NbdSection {
     pub max_handshakes: Option<usize>,
     pub max_in_flight: Option<usize>,
     pub max_workers: Option<usize>,
+    #[serde(deserialize_with = "de_opt_size")]
     pub max_in_flight_bytes: Option<usize>,
     pub max_in_flight_bytes_total: Option<usize>,
     pub handshake_timeout_secs: Option<f64>,
@@ -291,6 +300,71 @@ mod tests {
         let e = resolve(bad, Overrides::default(), Some(Path::new("/tmp/x"))).unwrap_err();
         assert!(format!("{e:#}").contains("policy 'vm'"), "{e:#}");
         assert!(Config::parse("[policy.vm]\nschedul = \"hourly\"\n").is_err());
+    }
+
+    #[test]
+    fn sizes_as_the_cli_writes_them_or_integers() {
+        let cfg = Config::parse(
+            "[engine]\ndirty_max_bytes = \"128M\"\nblock_cache_bytes = 1048576\nscan_rate_bytes = \"1.5G\"\n[nbd]\nmax_in_flight_bytes = \"64M\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.engine.dirty_max_bytes, 128 << 20);
+        assert_eq!(cfg.engine.block_cache_bytes, 1 << 20);
+        assert_eq!(cfg.engine.scan_rate_bytes, 3 << 29);
+        assert_eq!(cfg.nbd.max_in_flight_bytes, Some(64 << 20));
+        let err = Config::parse("[engine]\nmeta_cache_bytes = \"12Q\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("12Q"), "{err:#}");
+        assert!(Config::parse("[engine]\nmeta_cache_bytes = -5\n").is_err());
+    }
+
+    #[test]
+    fn example_config_in_packaging_is_valid_and_complete() {
+        let text = include_str!("../../../packaging/cistern.toml");
+        // Every key is commented out, so the example itself is the defaults...
+        let cfg = Config::parse(text).unwrap();
+        assert_eq!(cfg.server, ServerSection::default());
+        // ...and uncommented it parses too (each key spelled right).
+        let live: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| {
+                        r.split_once(" = ").is_some_and(|(k, _)| {
+                            k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        })
+                    })
+                    .unwrap_or(l)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let cfg = Config::parse(&live).unwrap();
+        assert_eq!(
+            cfg.server.state_dir,
+            Some(PathBuf::from("/var/lib/cistern"))
+        );
+        for key in [
+            "txg_timeout_secs",
+            "dirty_max_bytes",
+            "block_cache_bytes",
+            "meta_cache_bytes",
+            "log_buffer_bytes",
+            "scan_rate_bytes",
+            "max_connections",
+            "max_in_flight",
+            "max_workers",
+            "max_in_flight_bytes",
+            "handshake_timeout_secs",
+            "shutdown_grace_secs",
+            "nbd",
+            "api",
+            "state_dir",
+            "log",
+        ] {
+            assert!(
+                live.contains(&format!("\n{key} = ")),
+                "{key} missing from packaging/cistern.toml"
+            );
+        }
     }
 
     #[test]

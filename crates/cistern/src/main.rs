@@ -107,7 +107,8 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::cli::run(cmd),
         command => {
             output::init_client_logging();
-            let client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL));
+            let client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL))
+                .with_caller(cmd::pool::caller());
             cmd::run(&client, command)
         }
     };

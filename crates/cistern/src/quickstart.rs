@@ -99,6 +99,35 @@ fn announce(engine: &Arc<Engine>, ep: &Endpoints) {
     if let Some(first) = names.first() {
         println!("Try: nbdinfo {}", ep.nbd_uri(first));
     }
-    println!("Manage: CISTERN_API={} cistern list", ep.api_url());
+    let api = if ep.api_url() == api::DEFAULT_API_URL {
+        String::new()
+    } else {
+        format!("CISTERN_API={} ", ep.api_url())
+    };
+    println!("Manage: {api}{} list", invocation());
     println!("Stop with Ctrl-C.");
+}
+
+/// How the user can run this binary from where they stand: `cistern` if
+/// that is what their PATH finds, else its path (relative to the current
+/// directory when below it, e.g. `./target/release/cistern` after `cargo run`).
+fn invocation() -> String {
+    let Ok(exe) = std::env::current_exe() else {
+        return "cistern".into();
+    };
+    let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths)
+            .any(|dir| std::fs::canonicalize(dir.join("cistern")).is_ok_and(|found| found == exe))
+    });
+    if on_path {
+        return "cistern".into();
+    }
+    match std::env::current_dir()
+        .ok()
+        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(|p| p.to_path_buf()))
+    {
+        Some(rel) => format!("./{}", rel.display()),
+        None => exe.display().to_string(),
+    }
 }

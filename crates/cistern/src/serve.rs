@@ -198,6 +198,8 @@ async fn serve(
         announce(&engine, &endpoints);
     }
     tracing::info!(nbd = %endpoints.nbd, api = %endpoints.api, "serving");
+    // Under systemd (Type=notify): both listeners are bound and pools imported.
+    sd_notify::send("READY=1\nSTATUS=serving");
 
     let mut failed: Option<anyhow::Error> = None;
     tokio::select! {
@@ -213,6 +215,7 @@ async fn serve(
         }
     }
     let _ = stop_tx.send(true);
+    sd_notify::send("STOPPING=1\nSTATUS=committing and closing pools");
     // A second signal while we commit ends the process at once; the intent
     // log makes that safe for acknowledged writes.
     tokio::spawn(async {
@@ -290,5 +293,49 @@ async fn wait_for_signal() -> Result<&'static str> {
     tokio::select! {
         _ = term.recv() => Ok("SIGTERM"),
         _ = int.recv() => Ok("SIGINT"),
+    }
+}
+
+/// systemd's readiness protocol (sd_notify(3)): one datagram to the socket
+/// named by NOTIFY_SOCKET (a path, or `@name` in the abstract namespace).
+/// Without it (not under systemd) nothing happens.
+mod sd_notify {
+    pub fn send(state: &str) {
+        let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+            return;
+        };
+        if let Err(e) = send_to(&path, state) {
+            tracing::warn!(socket = ?path, error = %e, "cannot notify systemd");
+        }
+    }
+
+    fn send_to(path: &std::ffi::OsStr, state: &str) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::net::{SocketAddr, UnixDatagram};
+        let sock = UnixDatagram::unbound()?;
+        let bytes = path.as_bytes();
+        let addr = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                SocketAddr::from_abstract_name(name)?
+            }
+            None => SocketAddr::from_pathname(std::path::Path::new(path))?,
+        };
+        sock.send_to_addr(state.as_bytes(), &addr)?;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn datagram_reaches_the_socket() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("notify");
+            let rx = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+            super::send_to(path.as_os_str(), "READY=1").unwrap();
+            let mut buf = [0u8; 64];
+            let n = rx.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"READY=1");
+        }
     }
 }

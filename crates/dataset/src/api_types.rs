@@ -64,6 +64,15 @@ pub struct PoolSummary {
     pub health: String,
     /// Last committed transaction group.
     pub txg: u64,
+    /// As `zpool list` SIZE/ALLOC: raw bytes (raidz parity included; a
+    /// mirror counted once), where `size`/`allocated` are usable data bytes.
+    #[serde(default)]
+    pub raw_size: u64,
+    #[serde(default)]
+    pub raw_allocated: u64,
+    /// Free-space fragmentation, percent (None: nothing free).
+    #[serde(default)]
+    pub fragmentation: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +86,24 @@ pub struct DeviceStatus {
     /// Being rebuilt by a resilver (`replace`, or `online` after `offline`).
     #[serde(default)]
     pub resilvering: bool,
+    /// A missing device: the path it had when last present (`was /path`).
+    #[serde(default)]
+    pub was: Option<PathBuf>,
+}
+
+/// `pool upgrade`: the format versions of a pool and of this build.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PoolVersions {
+    pub pool: String,
+    /// Metadata format of the pool / the newest this build writes.
+    pub meta_format: u64,
+    pub meta_format_supported: u64,
+    /// Label version of the pool's devices / the newest this build writes.
+    pub label_version: u32,
+    pub label_version_supported: u32,
+    /// What `upgrade` did (empty: nothing to do).
+    #[serde(default)]
+    pub upgraded: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

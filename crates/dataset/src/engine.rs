@@ -3,10 +3,13 @@
 
 use crate::holders::Scope;
 pub(crate) use crate::names::split_dataset;
+use crate::events::{self, class};
+use crate::history::{self, Caller, HistoryRecord};
 use crate::props::{self, DatasetRecord, Space};
 use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
 use crate::*;
+use meta::redb::ReadableDatabase;
 use parking_lot::{Mutex, RwLock};
 use pool::{LayoutKind, Pool, Vdev};
 use serde::{Deserialize, Serialize};
@@ -97,7 +100,15 @@ impl Engine {
         let pools: Vec<_> = engine.inner.pools.read().values().cloned().collect();
         for p in pools {
             engine.resume_scan(&p);
+            if let Err(e) = history::store_vdev_paths(&p) {
+                tracing::warn!(pool = %p.pool.name, error = %e, "cannot record device paths");
+            }
         }
+        let weak = Arc::downgrade(&engine);
+        std::thread::Builder::new()
+            .name("event-watch".into())
+            .spawn(move || watch_devices(weak))
+            .map_err(|e| io("cannot start the event watcher", e))?;
         Ok(engine)
     }
 
@@ -181,8 +192,17 @@ impl Engine {
             Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
         let imported = ImportedPool::create(pool, self.inner.config.clone())?;
-        self.inner.pools.write().insert(spec.name.clone(), imported);
+        self.inner
+            .pools
+            .write()
+            .insert(spec.name.clone(), imported.clone());
         self.write_cache()?;
+        history::store_vdev_paths(&imported)?;
+        history::log_internal(
+            &imported,
+            &format!("create pool format {}", meta::META_FORMAT_VERSION),
+        );
+        events::post_event(&imported.pool, class::POOL_CREATE, &[]);
         tracing::info!(pool = %spec.name, "pool created");
         self.pool_status(&spec.name)
     }
@@ -216,6 +236,12 @@ impl Engine {
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         }
         self.write_cache()?;
+        history::store_vdev_paths(&p)?;
+        for g in &spec.groups {
+            let paths: Vec<String> = g.devices.iter().map(|d| d.display().to_string()).collect();
+            history::log_internal(&p, &format!("vdev add {:?} {}", g.kind, paths.join(" ")));
+            events::post_event(&p.pool, class::VDEV_ADD, &[("vdev_path", paths.join(","))]);
+        }
         tracing::info!(pool, groups = spec.groups.len(), "groups added");
         self.pool_status(pool)
     }
@@ -332,6 +358,7 @@ impl Engine {
 
     pub fn pool_status(&self, pool: &str) -> Result<PoolStatus> {
         let p = self.pool(pool)?;
+        let known = history::vdev_paths(&p).unwrap_or_default();
         let groups = p
             .pool
             .groups()
@@ -362,6 +389,7 @@ impl Engine {
                                 checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
                                 resilvering: c.resilvering
                                     && d.state() != pool::DeviceState::Offline,
+                                was: None,
                             },
                             None => DeviceStatus {
                                 path: PathBuf::from(format!("(missing device {})", c.guid)),
@@ -371,6 +399,7 @@ impl Engine {
                                 write_errors: 0,
                                 checksum_errors: 0,
                                 resilvering: c.resilvering,
+                                was: known.get(&c.guid).cloned(),
                             },
                         })
                         .collect(),
@@ -477,6 +506,7 @@ impl Engine {
                 .map_err(|e| Error::Io(e.to_string()))?;
             p.store_offline_locked(guid, true)?;
         }
+        events::post_event(&p.pool, class::VDEV_OFFLINE, &vdev_fields(&dev, guid));
         tracing::info!(pool, device, "device taken offline");
         self.pool_status(pool)
     }
@@ -512,6 +542,7 @@ impl Engine {
             scrub::store_new_locked(&p, &rec)?;
             rec
         };
+        events::post_event(&p.pool, class::VDEV_ONLINE, &vdev_fields(&dev, guid));
         scrub::start_resilver(&p, rec)?;
         tracing::info!(pool, device, "device brought online; resilvering");
         self.pool_status(pool)
@@ -527,6 +558,11 @@ impl Engine {
         p.pool
             .clear_errors(guid)
             .map_err(|e| Error::Io(e.to_string()))?;
+        events::post_event(
+            &p.pool,
+            class::VDEV_CLEAR,
+            &[("vdev_guid", guid.map_or("all".into(), |g| g.to_string()))],
+        );
         tracing::info!(pool, ?device, "errors cleared");
         self.pool_status(pool)
     }
@@ -591,6 +627,24 @@ impl Engine {
             scrub::store_new_locked(&p, &rec)?;
             rec
         };
+        history::store_vdev_paths(&p)?;
+        history::log_internal(
+            &p,
+            &format!(
+                "vdev replace {old_guid} with {} {}",
+                rec.target_guid,
+                new.display()
+            ),
+        );
+        events::post_event(
+            &p.pool,
+            class::VDEV_ATTACH,
+            &[
+                ("vdev_path", new.display().to_string()),
+                ("vdev_guid", rec.target_guid.to_string()),
+                ("replacing", old_guid.to_string()),
+            ],
+        );
         scrub::start_resilver(&p, rec)?;
         self.write_cache()?;
         tracing::info!(pool, old, new = %new.display(), "replacing device; resilvering");
@@ -616,6 +670,7 @@ impl Engine {
         let _ = p.close();
         p.pool.wipe_labels().map_err(|e| Error::Io(e.to_string()))?;
         self.write_cache()?;
+        events::post_event(&p.pool, class::POOL_DESTROY, &[]);
         tracing::info!(pool, "pool destroyed");
         Ok(())
     }
@@ -635,7 +690,9 @@ impl Engine {
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
         scrub::stop(&p);
+        history::log_internal(&p, "export");
         p.close()?;
+        events::post_event(&p.pool, class::POOL_EXPORT, &[]);
         p.pool
             .set_exported(true)
             .map_err(|e| Error::Io(e.to_string()))?;
@@ -729,6 +786,11 @@ impl Engine {
         self.inner.pools.write().insert(name.clone(), p.clone());
         self.write_cache()?;
         tracing::info!(pool = %name, "pool imported");
+        if let Err(e) = history::store_vdev_paths(&p) {
+            tracing::warn!(pool = %name, error = %e, "cannot record device paths");
+        }
+        history::log_internal(&p, "import");
+        events::post_event(&p.pool, class::POOL_IMPORT, &[]);
         self.resume_scan(&p);
         self.pool_status(&name)
     }
@@ -1035,6 +1097,26 @@ impl Engine {
 
 fn summary(p: &ImportedPool) -> PoolSummary {
     let (size, allocated) = (p.pool.size(), p.pool.allocated());
+    // Raw figures as zpool's SIZE/ALLOC: raidz counts parity, a mirror one copy.
+    let (mut raw_size, mut raw_allocated) = (0u64, 0u64);
+    let fragmentation = {
+        let alloc = p.pool.allocator();
+        for g in p.pool.groups() {
+            let used = alloc.group_allocated(g.index as usize);
+            match g.kind {
+                LayoutKind::Raidz { parity } => {
+                    let (w, d) = (g.width() as u64, g.width() as u64 - parity as u64);
+                    raw_size += g.data_size * w;
+                    raw_allocated += (used as u128 * w as u128 / d.max(1) as u128) as u64;
+                }
+                _ => {
+                    raw_size += g.data_size;
+                    raw_allocated += used;
+                }
+            }
+        }
+        alloc.fragmentation()
+    };
     let states: Vec<pool::DeviceState> = p.pool.groups().iter().map(|g| g.state()).collect();
     let unavail = states
         .iter()
@@ -1055,6 +1137,116 @@ fn summary(p: &ImportedPool) -> PoolSummary {
         }
         .into(),
         txg: p.open.lock().txg.saturating_sub(1),
+        raw_size,
+        raw_allocated,
+        fragmentation,
+    }
+}
+
+/// A pool-layer error as a sentence (without "invalid layout:").
+fn layout_msg(e: pool::PoolError) -> String {
+    match e {
+        pool::PoolError::Layout(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// `vdev_path`/`vdev_guid` fields of an event.
+fn vdev_fields(dev: &Vdev, guid: u64) -> [(&'static str, String); 2] {
+    [
+        ("vdev_path", dev.path().display().to_string()),
+        ("vdev_guid", guid.to_string()),
+    ]
+}
+
+/// What the watcher last saw of one device or group.
+#[derive(Clone, PartialEq, Eq)]
+struct Seen {
+    state: String,
+    counters: [u64; 3],
+}
+
+/// The engine's event watcher (ZFS posts ereports from the I/O path; here
+/// the lower layers only count): every 200 ms, compares each device's
+/// READ/WRITE/CKSUM counters and each device's, group's and pool's state
+/// with what it saw before and posts `ereport.fs.cistern.{io,checksum}`
+/// and `resource.fs.cistern.statechange` events. Ends with the engine.
+fn watch_devices(engine: std::sync::Weak<Engine>) {
+    let mut seen: HashMap<(u64, u64, u32), Seen> = HashMap::new();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let pools: Vec<_> = engine.inner.pools.read().values().cloned().collect();
+        drop(engine);
+        let mut now: HashMap<(u64, u64, u32), Seen> = HashMap::new();
+        for p in pools.iter().filter(|p| !p.is_closed()) {
+            let pool_health = summary(p).health;
+            let key = (p.pool.guid, 0, u32::MAX);
+            now.insert(
+                key,
+                Seen {
+                    state: pool_health,
+                    counters: [0; 3],
+                },
+            );
+            for g in p.pool.groups() {
+                now.insert(
+                    (p.pool.guid, 0, g.index),
+                    Seen {
+                        state: g.state().as_str().to_string(),
+                        counters: [0; 3],
+                    },
+                );
+                for c in g.children() {
+                    let (state, counters) = match &c.device {
+                        Some(d) => (
+                            d.state().as_str().to_string(),
+                            [
+                                d.errors.read.load(Ordering::Relaxed),
+                                d.errors.write.load(Ordering::Relaxed),
+                                d.errors.checksum.load(Ordering::Relaxed),
+                            ],
+                        ),
+                        None => ("UNAVAIL".to_string(), [0; 3]),
+                    };
+                    now.insert((p.pool.guid, c.guid, g.index), Seen { state, counters });
+                }
+            }
+            for (key, cur) in now.iter().filter(|(k, _)| k.0 == p.pool.guid) {
+                let Some(before) = seen.get(key) else {
+                    continue;
+                };
+                let (_, dev_guid, group) = *key;
+                let mut fields: Vec<(&str, String)> = Vec::new();
+                if dev_guid != 0 {
+                    if let Some(d) = p.pool.device_by_guid(dev_guid) {
+                        fields.push(("vdev_path", d.path().display().to_string()));
+                    }
+                    fields.push(("vdev_guid", dev_guid.to_string()));
+                } else if group != u32::MAX {
+                    fields.push(("vdev_group", group.to_string()));
+                }
+                for (i, class) in [(0, class::IO), (1, class::IO), (2, class::CHECKSUM)] {
+                    if cur.counters[i] > before.counters[i] {
+                        let mut f = fields.clone();
+                        f.push(("errors", (cur.counters[i] - before.counters[i]).to_string()));
+                        if class == class::IO {
+                            f.push(("zio_type", if i == 0 { "read" } else { "write" }.into()));
+                        }
+                        events::post_event(&p.pool, class, &f);
+                    }
+                }
+                if cur.state != before.state {
+                    let mut f = fields.clone();
+                    f.push(("vdev_state", cur.state.clone()));
+                    f.push(("vdev_laststate", before.state.clone()));
+                    events::post_event(&p.pool, class::STATECHANGE, &f);
+                }
+            }
+        }
+        seen = now;
     }
 }
 
@@ -1169,10 +1361,22 @@ fn find_device(p: &ImportedPool, spec: &str) -> Result<(u32, u64, Option<Arc<Vde
     let as_guid = spec.parse::<u64>().ok();
     let as_path = Path::new(spec);
     let canonical = std::fs::canonicalize(as_path).ok();
+    let known = history::vdev_paths(p).unwrap_or_default();
     let mut found = Vec::new();
     for group in p.pool.groups() {
         for c in group.children() {
+            // A missing device also answers to the path it had (`was /path`).
+            let was = c
+                .device
+                .is_none()
+                .then(|| known.get(&c.guid))
+                .flatten()
+                .is_some_and(|w| {
+                    w == as_path
+                        || (!spec.contains('/') && w.file_name().is_some_and(|f| f == spec))
+                });
             let matches = as_guid == Some(c.guid)
+                || was
                 || spec == format!("(missing device {})", c.guid)
                 || c.device.as_ref().is_some_and(|d| {
                     let path = d.path();
@@ -1223,5 +1427,242 @@ fn kind_of(kind: LayoutKind) -> GroupKind {
         LayoutKind::Raidz { parity: 1 } => GroupKind::Raidz1,
         LayoutKind::Raidz { parity: 2 } => GroupKind::Raidz2,
         LayoutKind::Raidz { .. } => GroupKind::Raidz3,
+    }
+}
+
+/// Pool-level verbs of `zpool` beyond create/import/export: history,
+/// attach/detach/remove, labelclear, upgrade.
+impl Engine {
+    /// Records a command that changed `pool` (`pool history`).
+    pub fn log_history(&self, pool: &str, caller: &Caller) -> Result<()> {
+        let p = self.pool(pool)?;
+        history::log_command(&p, caller)
+    }
+
+    /// `pool history`: every record kept, oldest first.
+    pub fn pool_history(&self, pool: &str) -> Result<Vec<HistoryRecord>> {
+        history::read(&*self.pool(pool)?)
+    }
+
+    /// `pool attach POOL DEV NEW`: NEW mirrors DEV (a single disk becomes
+    /// a mirror, a mirror gets one more copy) and is resilvered.
+    pub fn attach_device(
+        &self,
+        pool: &str,
+        device: &str,
+        new: &Path,
+        force: bool,
+    ) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let (_, guid, dev) = find_device(&p, device)?;
+        if dev.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "device {device} is missing: attach to a device that is present, or `pool replace` it"
+            )));
+        }
+        if !new.is_absolute() {
+            return Err(Error::InvalidArgument(format!(
+                "device path {} is not absolute",
+                new.display()
+            )));
+        }
+        if p.pool.devices().iter().any(|d| d.path() == new) {
+            return Err(Error::Busy(format!(
+                "{} is already part of pool '{pool}'",
+                new.display()
+            )));
+        }
+        let vdev = Vdev::open(new).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.check_reusable(&vdev, force)?;
+        scrub::preempt(&p)?;
+        let rec = {
+            let _meta = p.meta_lock.lock();
+            let new_guid = p.pool.attach_device(guid, vdev).map_err(|e| {
+                Error::InvalidArgument(format!("cannot attach to {device}: {}", layout_msg(e)))
+            })?;
+            let rec = scrub::resilver_record(&p, new_guid, new_guid);
+            scrub::store_new_locked(&p, &rec)?;
+            rec
+        };
+        history::store_vdev_paths(&p)?;
+        history::log_internal(&p, &format!("vdev attach {} to {guid}", new.display()));
+        events::post_event(
+            &p.pool,
+            class::VDEV_ATTACH,
+            &[
+                ("vdev_path", new.display().to_string()),
+                ("vdev_guid", rec.target_guid.to_string()),
+            ],
+        );
+        scrub::start_resilver(&p, rec)?;
+        self.write_cache()?;
+        tracing::info!(pool, device, new = %new.display(), "device attached; resilvering");
+        self.pool_status(pool)
+    }
+
+    /// `pool detach POOL DEV`: DEV leaves its mirror.
+    pub fn detach_device(&self, pool: &str, device: &str) -> Result<PoolStatus> {
+        let p = self.pool(pool)?;
+        let (_, guid, dev) = find_device(&p, device)?;
+        if p.pool.is_resilvering(guid) && scrub::is_running(&p) {
+            return Err(Error::Busy(format!(
+                "{device} is being resilvered: wait for it (`cistern pool wait -t resilver {pool}`) before detaching"
+            )));
+        }
+        scrub::preempt(&p)?;
+        {
+            let _meta = p.meta_lock.lock();
+            p.pool.detach_device(guid).map_err(|e| {
+                Error::InvalidArgument(format!("cannot detach {device}: {}", layout_msg(e)))
+            })?;
+            p.store_offline_locked(guid, false)?;
+        }
+        history::store_vdev_paths(&p)?;
+        let path = dev
+            .map(|d| d.path().display().to_string())
+            .unwrap_or_default();
+        history::log_internal(&p, &format!("vdev detach {guid} {path}"));
+        events::post_event(
+            &p.pool,
+            class::VDEV_REMOVE,
+            &[("vdev_path", path), ("vdev_guid", guid.to_string())],
+        );
+        // A scan stopped for the change carries on.
+        self.resume_scan(&p);
+        self.write_cache()?;
+        tracing::info!(pool, device, "device detached");
+        self.pool_status(pool)
+    }
+
+    /// `pool remove POOL DEV|GROUP`: removes a whole top-level group,
+    /// where the layout allows (today: the last group, holding no data).
+    pub fn remove_device(&self, pool: &str, target: &str) -> Result<PoolStatus> {
+        let _admin = self.inner.admin.lock();
+        let p = self.pool(pool)?;
+        let groups = p.pool.groups();
+        let index = match groups.iter().find(|g| {
+            format!("{}-{}", g.kind.name(), g.index) == target
+                || (g.kind == LayoutKind::Disk && format!("disk-{}", g.index) == target)
+        }) {
+            Some(g) => g.index,
+            None => {
+                let (g, _, _) = find_device(&p, target)?;
+                let group = p.pool.group(g).map_err(|e| Error::Io(e.to_string()))?;
+                if group.kind != LayoutKind::Disk {
+                    let name = format!("{}-{}", group.kind.name(), group.index);
+                    return Err(Error::InvalidArgument(match group.kind {
+                        LayoutKind::Mirror => format!(
+                            "{target} is part of {name}: take it out of the mirror with `cistern pool detach {pool} {target}`, or remove the whole group with `cistern pool remove {pool} {name}`"
+                        ),
+                        _ => format!(
+                            "{target} is part of {name}: a raidz device cannot be removed (replace it with `cistern pool replace`)"
+                        ),
+                    }));
+                }
+                g
+            }
+        };
+        scrub::preempt(&p)?;
+        let removed = {
+            let _meta = p.meta_lock.lock();
+            p.pool.remove_last_group(index).map_err(|e| {
+                Error::InvalidArgument(format!("cannot remove {target}: {}", layout_msg(e)))
+            })
+        };
+        self.resume_scan(&p);
+        let removed = removed?;
+        history::store_vdev_paths(&p)?;
+        let paths: Vec<String> = removed.iter().map(|d| d.display().to_string()).collect();
+        history::log_internal(
+            &p,
+            &format!("vdev remove group {index} {}", paths.join(" ")),
+        );
+        events::post_event(
+            &p.pool,
+            class::VDEV_REMOVE,
+            &[
+                ("vdev_group", index.to_string()),
+                ("vdev_path", paths.join(",")),
+            ],
+        );
+        self.write_cache()?;
+        tracing::info!(pool, target, "group removed");
+        self.pool_status(pool)
+    }
+
+    /// `pool labelclear [-f] DEV`: wipes a device's pool label. Refused for
+    /// a device of a pool imported here, and without `force` for one whose
+    /// pool was not exported (it may be in use elsewhere).
+    pub fn labelclear(&self, device: &Path, force: bool) -> Result<()> {
+        let dev = Vdev::open(device).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let label = match dev.read_label() {
+            Ok(l) => l,
+            Err(e) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: no pool label to clear ({e})",
+                    device.display()
+                )))
+            }
+        };
+        if let Some(p) = self
+            .inner
+            .pools
+            .read()
+            .values()
+            .find(|p| p.pool.guid == label.pool_guid)
+        {
+            return Err(Error::Busy(format!(
+                "{} is part of pool '{}', imported here: destroy the pool, or detach/remove the device first",
+                device.display(),
+                p.pool.name
+            )));
+        }
+        if !label.exported && !force {
+            return Err(Error::Busy(format!(
+                "{} is part of pool '{}', which was not exported (it may be in use on another host); use -f to clear it anyway",
+                device.display(),
+                label.pool_name
+            )));
+        }
+        dev.clear_label().map_err(|e| Error::Io(e.to_string()))?;
+        tracing::info!(device = %device.display(), pool = %label.pool_name, "label cleared");
+        Ok(())
+    }
+
+    /// `pool upgrade`: the pool's format versions against this build's;
+    /// with `apply`, runs the upgrades there are (none yet: every format
+    /// this build reads, it also writes in place). This is where a future
+    /// format change adds its conversion step.
+    pub fn upgrade_pool(&self, pool: &str, apply: bool) -> Result<PoolVersions> {
+        let p = self.pool(pool)?;
+        let meta_format = {
+            let tx = p.db.begin_read().map_err(crate::txg::meta_err)?;
+            let r = tx
+                .open_table(meta::schema::POOL_RECORDS)
+                .map_err(crate::txg::meta_err)?;
+            r.get(meta::schema::RECORD_FORMAT)
+                .map_err(crate::txg::meta_err)?
+                .map_or(0, |v| v.value())
+        };
+        let label_version = p
+            .pool
+            .devices()
+            .iter()
+            .filter_map(|d| d.read_label().ok())
+            .map(|l| l.version)
+            .max()
+            .unwrap_or(0);
+        // Each conversion, when one exists, runs here when `apply` and says
+        // what it did in `upgraded`; none exists yet.
+        let upgraded: Vec<String> = Vec::new();
+        let _ = apply;
+        Ok(PoolVersions {
+            pool: pool.to_string(),
+            meta_format,
+            meta_format_supported: meta::META_FORMAT_VERSION,
+            label_version,
+            label_version_supported: vdev::LABEL_VERSION,
+            upgraded,
+        })
     }
 }

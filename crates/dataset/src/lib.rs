@@ -15,6 +15,8 @@ mod engine;
 mod error;
 mod holders;
 pub mod names;
+pub mod events;
+pub mod history;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -28,6 +30,12 @@ pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView
 pub use error::{Error, Result};
 pub use holders::{HolderInfo, OpenHandle, Revoke};
 pub use policy;
+pub use events::{post_event, Event};
+pub use history::{Caller, HistoryRecord};
+
+/// Metadata format and device label version this build writes (`pool upgrade`).
+pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;
+pub const LABEL_VERSION: u32 = vdev::LABEL_VERSION;
 
 pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::sync::Arc;
@@ -39,17 +47,22 @@ pub struct EngineConfig {
     /// Seconds between txg commits (ZFS: zfs_txg_timeout).
     pub txg_timeout_secs: f64,
     /// Dirty data that forces an early txg commit, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub dirty_max_bytes: u64,
     /// Bound of the decompressed-block read cache, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub block_cache_bytes: u64,
     /// Bound of redb's page cache, bytes.
+    #[serde(deserialize_with = "props::de_size")]
     pub meta_cache_bytes: u64,
     /// Bound of intent-log records held in memory until a FLUSH/FUA; past
     /// it, unflushed writes are left to the txg and a later FLUSH waits for it.
+    #[serde(deserialize_with = "props::de_size")]
     pub log_buffer_bytes: u64,
     /// Bound of the rate at which a scrub or resilver reads, bytes per
     /// second; 0 is unlimited (the default: a scan yields to I/O by
     /// reading in short batches).
+    #[serde(deserialize_with = "props::de_size")]
     pub scan_rate_bytes: u64,
     /// Seconds between runs of the snapshot policy scheduler; 0 turns it off.
     pub policy_tick_secs: f64,

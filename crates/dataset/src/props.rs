@@ -184,6 +184,28 @@ pub fn validate_volblocksize(n: u64) -> Result<u32> {
     Ok(n as u32)
 }
 
+/// Serde field helper for byte sizes in config files: an integer, or a
+/// string as the CLI takes (`"128M"`, `"1.5G"`).
+pub fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a byte count: an integer or a size such as \"128M\"")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::custom(format!("invalid size {v}: negative")))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<u64, E> {
+            parse_size(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(V)
+}
+
 /// Why a size string was refused; names the value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SizeError {

@@ -459,6 +459,11 @@ pub(crate) fn store_new_locked(p: &ImportedPool, rec: &ScanRecord) -> Result<()>
     store_locked(p, rec, true, &[])
 }
 
+/// Whether a scan thread is running.
+pub(crate) fn is_running(p: &ImportedPool) -> bool {
+    p.scan.ctl.lock().running
+}
+
 /// Stops any running scan so a resilver can take its place.
 pub(crate) fn preempt(p: &Arc<ImportedPool>) -> Result<()> {
     ensure_loaded(p)?;
@@ -542,9 +547,10 @@ fn spawn(p: &Arc<ImportedPool>, rec: ScanRecord) -> Result<()> {
         c.request = Request::Run;
         c.since = Some((Instant::now(), rec.examined));
         c.timing = Some((Instant::now(), rec.examined == 0 && !rec.meta_done, None));
-        c.record = Some(rec);
+        c.record = Some(rec.clone());
         c.running = true;
     }
+    announce(p, &rec, true);
     // A finished thread's handle may still be here: reap it.
     join(p);
     let weak = Arc::downgrade(p);
@@ -557,6 +563,51 @@ fn spawn(p: &Arc<ImportedPool>, rec: ScanRecord) -> Result<()> {
         })?;
     *p.scan.thread.lock() = Some(handle);
     Ok(())
+}
+
+/// Posts the event (and the internal history record) of a scan starting
+/// or ending.
+fn announce(p: &ImportedPool, rec: &ScanRecord, started: bool) {
+    use crate::events::class;
+    let (name, class) = match (rec.func, started, rec.state) {
+        (ScanFunction::Scrub, true, _) => ("scrub", class::SCRUB_START),
+        (ScanFunction::Resilver, true, _) => ("resilver", class::RESILVER_START),
+        (ScanFunction::Scrub, false, ScanState::Finished) => ("scrub", class::SCRUB_FINISH),
+        (ScanFunction::Scrub, false, ScanState::Canceled) => ("scrub", class::SCRUB_ABORT),
+        (ScanFunction::Scrub, false, ScanState::Paused) => ("scrub", class::SCRUB_PAUSED),
+        (ScanFunction::Resilver, false, ScanState::Finished) => {
+            ("resilver", class::RESILVER_FINISH)
+        }
+        _ => return,
+    };
+    let mut fields = vec![
+        ("examined", rec.examined.to_string()),
+        ("repaired", rec.repaired.to_string()),
+        ("errors", rec.errors.to_string()),
+    ];
+    if rec.func == ScanFunction::Resilver {
+        fields.push(("vdev_guid", rec.target_guid.to_string()));
+    }
+    crate::events::post_event(&p.pool, class, &fields);
+    let what = if started {
+        format!(
+            "{name} setup{}",
+            if rec.pos.is_some() { " (resumed)" } else { "" }
+        )
+    } else {
+        format!(
+            "{name} {} examined={} repaired={} errors={}",
+            match rec.state {
+                ScanState::Finished => "done",
+                ScanState::Canceled => "canceled",
+                _ => "paused",
+            },
+            rec.examined,
+            rec.repaired,
+            rec.errors
+        )
+    };
+    crate::history::log_internal(p, &what);
 }
 
 // ------------------------------------------------------------ status
@@ -1029,6 +1080,7 @@ fn finish(p: &ImportedPool, rec: ScanRecord, pending_errors: &[Key]) {
         if let Err(e) = store(p, &rec, false, pending_errors) {
             tracing::warn!(pool = %p.pool.name, error = %e, "cannot persist scan state");
         }
+        announce(p, &rec, false);
     }
     let mut c = p.scan.ctl.lock();
     if rec.state == ScanState::Finished {

@@ -178,7 +178,7 @@ pub struct ImportedPool {
     pub scan: crate::scrub::ScanSlot,
 }
 
-fn meta_err(e: impl std::fmt::Display) -> Error {
+pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
     Error::Io(format!("metadata store: {e}"))
 }
 
@@ -237,9 +237,12 @@ impl ImportedPool {
         let db =
             meta::open(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
         {
-            // Tables added after format 1 (DEADLIST) exist from the first import on.
+            // Tables added after format 1 (DEADLIST, HISTORY, VDEV_PATHS)
+            // exist from the first import on.
             let tx = db.begin_write().map_err(meta_err)?;
             tx.open_table(DEADLIST).map_err(meta_err)?;
+            tx.open_table(HISTORY).map_err(meta_err)?;
+            tx.open_table(VDEV_PATHS).map_err(meta_err)?;
             tx.commit().map_err(meta_err)?;
         }
         let (txg, cp, datasets) = {

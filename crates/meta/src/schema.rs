@@ -70,3 +70,17 @@ pub const BLOCKS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new
 /// the dead list of the snapshot or head N that follows snapshot S, so
 /// destroying a snapshot needs no merge: removing S joins two ranges.
 pub const DEADLIST: TableDefinition<(u64, u64, u64, u64), u64> = TableDefinition::new("deadlist");
+
+/// `pool history`: sequence number -> JSON record (time, command line,
+/// user, host, internal event with its txg). A ring bounded in bytes
+/// (dataset::history): the oldest records go first, except the first one
+/// (the pool's creation), which ZFS keeps too. Absent in pools made before
+/// it existed: their history starts empty.
+pub const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+/// Next history sequence number, and the bytes of records kept.
+pub const RECORD_HISTORY_NEXT: &str = "history_next";
+pub const RECORD_HISTORY_BYTES: &str = "history_bytes";
+
+/// Device guid -> the path it was last opened at, so `pool status` names a
+/// missing device `was /path` and `pool replace` finds it by that path.
+pub const VDEV_PATHS: TableDefinition<u64, &str> = TableDefinition::new("vdev_paths");

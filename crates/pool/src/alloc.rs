@@ -215,11 +215,67 @@ impl Allocator {
     pub fn free_bytes(&self) -> u64 {
         self.groups.iter().map(|g| g.free_bytes).sum()
     }
+
+    /// Bytes allocated in group `g` (0 for a group that does not exist).
+    pub fn group_allocated(&self, g: usize) -> u64 {
+        self.groups.get(g).map_or(0, |s| s.size - s.free_bytes)
+    }
+
+    /// Free-space fragmentation in percent, as ZFS computes it: each free
+    /// extent weighs by its size class (16 MiB and more: 0%, 1 MiB: 20%,
+    /// 64 KiB: 60%, 4 KiB and less: 95-100%), averaged over the free bytes.
+    /// None when nothing is free.
+    pub fn fragmentation(&self) -> Option<u32> {
+        // ZFS's zfs_frag_table, from 512 B up to 16 MiB (index = log2 - 9).
+        const TABLE: [u64; 16] = [
+            100, 100, 98, 95, 90, 80, 70, 60, 50, 40, 30, 20, 15, 10, 5, 0,
+        ];
+        let (mut weighted, mut total) = (0u128, 0u128);
+        for g in &self.groups {
+            for &len in g.free.values() {
+                let class = (63 - len.leading_zeros()).saturating_sub(9) as usize;
+                weighted += len as u128 * TABLE[class.min(TABLE.len() - 1)] as u128;
+                total += len as u128;
+            }
+        }
+        (total > 0).then(|| (weighted / total) as u32)
+    }
+
+    /// Drops the last group (`pool remove`) if nothing is allocated in it;
+    /// false (and no change) otherwise.
+    pub fn remove_last_group(&mut self) -> bool {
+        match self.groups.last() {
+            Some(g) if self.groups.len() > 1 && g.free_bytes == g.size => {
+                self.groups.pop();
+                self.rotor %= self.groups.len();
+                self.rotor_used = 0;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fragmentation_and_group_removal() {
+        let mut a = Allocator::new(vec![64 << 20, 1 << 20]);
+        assert_eq!(a.fragmentation(), Some(0));
+        // Every other 4 KiB of the first group taken: small holes left.
+        let blocks: Vec<Dva> = (0..256).map(|_| a.allocate(4096).unwrap()).collect();
+        for b in blocks.iter().step_by(2) {
+            assert!(a.free(*b));
+        }
+        assert!(a.fragmentation().unwrap() > 0);
+        assert!(a.group_allocated(0) > 0 || a.group_allocated(1) > 0);
+        let used_last = a.group_allocated(1) > 0;
+        assert_eq!(a.remove_last_group(), !used_last);
+        let mut single = Allocator::new(vec![1 << 20]);
+        assert!(!single.remove_last_group(), "the last group stays");
+    }
 
     #[test]
     fn allocations_are_sequential_and_frees_coalesce() {

@@ -856,6 +856,148 @@ impl Pool {
         Ok(new_guid)
     }
 
+    /// `pool attach`: `new` joins the group of the device `guid` as one
+    /// more mirror copy; a single-disk group becomes a mirror. The new
+    /// device is marked resilvering (written, not read) and gets the pool's
+    /// regions; the caller rebuilds its blocks with a resilver. Raidz
+    /// groups cannot be widened this way. Returns the new device's guid.
+    pub fn attach_device(&self, guid: u64, new: Vdev) -> Result<u64, PoolError> {
+        let _admin = self.admin.lock();
+        let (group, _) = self.find(guid)?;
+        if matches!(group.kind, LayoutKind::Raidz { .. }) {
+            return Err(PoolError::Layout(format!(
+                "cannot attach to a device of {}-{}: only single disks and mirrors take another copy",
+                group.kind.name(),
+                group.index
+            )));
+        }
+        let needed = self.regions.data_offset + group.data_size + LABEL_SIZE;
+        if new.size() < needed {
+            return Err(PoolError::DeviceTooSmall {
+                path: new.path().to_path_buf(),
+                size: new.size(),
+                needed,
+            });
+        }
+        if self.devices().iter().any(|d| d.path() == new.path()) {
+            return Err(PoolError::Layout(format!(
+                "{} is already part of pool {}",
+                new.path().display(),
+                self.name
+            )));
+        }
+        prepare_device(&new, &self.regions)?;
+        let new_guid = rand::random::<u64>() | 1;
+        let mut children: Vec<Child> = group
+            .children
+            .iter()
+            .map(|c| Child::new(c.guid(), c.device(), c.resilvering()))
+            .collect();
+        children.push(Child::new(new_guid, Some(Arc::new(new)), true));
+        self.swap_group(&group, LayoutKind::Mirror, children);
+        tracing::info!(pool = %self.name, group = group.index, new = new_guid, "device attached; resilver needed");
+        self.relabel()?;
+        Ok(new_guid)
+    }
+
+    /// `pool detach`: takes a device out of a mirror (a two-way mirror
+    /// becomes a single disk). Refused when no other copy is readable. The
+    /// detached device's label is wiped.
+    pub fn detach_device(&self, guid: u64) -> Result<(), PoolError> {
+        let _admin = self.admin.lock();
+        let (group, c) = self.find(guid)?;
+        if group.kind != LayoutKind::Mirror {
+            return Err(PoolError::Layout(format!(
+                "only a device of a mirror can be detached (this one is in a {} group; `pool remove` takes out a whole group)",
+                group.kind.name()
+            )));
+        }
+        let others = group
+            .children
+            .iter()
+            .enumerate()
+            .filter(|(i, ch)| *i != c && ch.readable().is_some())
+            .count();
+        if others == 0 {
+            return Err(PoolError::Layout(
+                "no valid replicas: the other copies of the mirror are missing, faulted or being rebuilt".into(),
+            ));
+        }
+        let old = group.children[c].device();
+        let children: Vec<Child> = group
+            .children
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != c)
+            .map(|(_, ch)| Child::new(ch.guid(), ch.device(), ch.resilvering()))
+            .collect();
+        let kind = if children.len() == 1 {
+            LayoutKind::Disk
+        } else {
+            LayoutKind::Mirror
+        };
+        self.swap_group(&group, kind, children);
+        self.relabel()?;
+        if let Some(old) = old {
+            if let Err(e) = old.clear_label() {
+                tracing::warn!(device = %old.path().display(), error = %e, "could not wipe the detached device's label");
+            }
+        }
+        tracing::info!(pool = %self.name, group = group.index, guid, "device detached");
+        Ok(())
+    }
+
+    /// `pool remove`: drops the last top-level group if it holds no block
+    /// (the others keep their indexes, which block pointers name). Its
+    /// devices' labels are wiped. Evacuating a group with data is not
+    /// supported: refused, naming why.
+    pub fn remove_last_group(&self, index: u32) -> Result<Vec<PathBuf>, PoolError> {
+        let _admin = self.admin.lock();
+        let groups = self.groups();
+        if groups.len() < 2 {
+            return Err(PoolError::Layout(
+                "cannot remove the only group of a pool (destroy the pool instead)".into(),
+            ));
+        }
+        if index as usize + 1 != groups.len() {
+            return Err(PoolError::Layout(format!(
+                "only the last group ({}) can be removed: block addresses name groups by position",
+                groups.len() - 1
+            )));
+        }
+        {
+            let mut alloc = self.allocator.lock();
+            let used = alloc.group_allocated(index as usize);
+            if used > 0 || !alloc.remove_last_group() {
+                return Err(PoolError::Layout(format!(
+                    "group {index} holds {used} bytes of data: evacuating a group is not supported (only an empty group can be removed)"
+                )));
+            }
+        }
+        let removed = self.groups.write().pop();
+        self.relabel()?;
+        let mut paths = Vec::new();
+        for dev in removed.iter().flat_map(|g| g.devices()) {
+            if let Err(e) = dev.clear_label() {
+                tracing::warn!(device = %dev.path().display(), error = %e, "could not wipe the removed device's label");
+            }
+            paths.push(dev.path().to_path_buf());
+        }
+        tracing::info!(pool = %self.name, group = index, "group removed");
+        Ok(paths)
+    }
+
+    /// Puts a rebuilt copy of `group` (same index and data size) in its place.
+    fn swap_group(&self, group: &Group, kind: LayoutKind, children: Vec<Child>) {
+        let mut groups = self.groups.write();
+        groups[group.index as usize] = Arc::new(Group {
+            index: group.index,
+            kind,
+            data_size: group.data_size,
+            children,
+        });
+    }
+
     /// Marks a present device as being rebuilt (e.g. brought back online
     /// after being offline while writes went on): written, not read.
     pub fn begin_resilver(&self, guid: u64) -> Result<(), PoolError> {

@@ -3,7 +3,7 @@
 //! no daemon.
 
 use crate::cmd::{size_arg, split_list, OutputFlags};
-use crate::format::{human_size, size_cell, Table};
+use crate::format::{human_size, Table};
 use crate::output::{json, out};
 use anyhow::{bail, Context, Result};
 use bench::measure::{DriveMeasurement, MeasureConfig};
@@ -16,8 +16,9 @@ pub struct PlanArgs {
     /// Drives to buy, spares included.
     #[arg(short = 'n', long = "drives", value_name = "N")]
     pub drives: u32,
-    /// Size of one drive, e.g. 8T [default with --measure: the size of DEV].
-    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    /// Size of one drive as sold: 8TB = 8x10^12 bytes; 8TiB or 8T = 8x2^40
+    /// (as zfs reads T) [default with --measure: the size of DEV].
+    #[arg(long, value_name = "SIZE", value_parser = drive_size_arg)]
     pub size: Option<u64>,
     /// Random small-block operations per second of one drive, reads and writes.
     #[arg(long, value_name = "N")]
@@ -275,8 +276,73 @@ fn rate(v: f64, parsable: bool) -> String {
     }
 }
 
+/// A drive size: decimal units the way drives are sold (`KB`, `MB`, `GB`,
+/// `TB`, `PB`: powers of 1000), otherwise as every other size (`T`, `TiB`:
+/// powers of 1024, as zfs).
+pub fn drive_size_arg(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let decimal = [
+        ("kb", 1e3),
+        ("mb", 1e6),
+        ("gb", 1e9),
+        ("tb", 1e12),
+        ("pb", 1e15),
+    ]
+    .into_iter()
+    .find(|(suffix, _)| lower.ends_with(suffix));
+    let Some((suffix, mult)) = decimal else {
+        return size_arg(s);
+    };
+    let num = t[..t.len() - suffix.len()].trim();
+    let v: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| {
+            format!(
+                "invalid size '{s}': expected a number before {}",
+                &t[t.len() - suffix.len()..]
+            )
+        })?;
+    let bytes = v * mult;
+    if bytes > u64::MAX as f64 {
+        return Err(format!("invalid size '{s}': too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Bytes the way drives are sold: three significant digits of decimal
+/// units (`8.00TB`, `64.0TB`, `960GB`).
+pub fn sold_size(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 999.5 && i + 1 < UNITS.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 {
+        return format!("{n}B");
+    }
+    let decimals = if v < 9.995 {
+        2
+    } else if v < 99.95 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.decimals$}{}", UNITS[i])
+}
+
 fn cell(l: &Layout, col: &str, parsable: bool) -> String {
-    let size = |n: u64| size_cell(n, parsable);
+    let size = |n: u64| {
+        if parsable {
+            n.to_string()
+        } else {
+            sold_size(n)
+        }
+    };
     match col {
         "layout" => l.name.clone(),
         "groups" => l.groups.to_string(),
@@ -364,9 +430,10 @@ fn footer(p: &Plan, s: &Sources, m: Option<&DriveMeasurement>) -> String {
         }
     };
     let mut o = format!(
-        "{} drives of {}{}, {spares}; one drive: {:.0} random reads/s{}, {:.0} writes/s{}, {:.0} MB/s read{}, {:.0} MB/s write{}\n",
+        "{} drives of {} ({}){}, {spares}; one drive: {:.0} random reads/s{}, {:.0} writes/s{}, {:.0} MB/s read{}, {:.0} MB/s write{}\n",
         p.drives,
-        human_size(d.size),
+        sold_size(d.size),
+        human_size(d.size).replace('K', "KiB").replace('M', "MiB").replace('G', "GiB").replace('T', "TiB").replace('P', "PiB"),
         src(s.size),
         d.read_iops,
         src(s.read_iops),
@@ -451,11 +518,11 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            "2x raidz2-6    64.0T  67%     2         4     360     360    2000    2000  -"
+            "2x raidz2-6   70.3TB  67%     2         4     360     360    2000    2000  -"
         );
         assert_eq!(
             lines[2],
-            "6x mirror2     48.0T  50%     1         6    2160    1080    3000    1500  -"
+            "6x mirror2    52.7TB  50%     1         6    2160    1080    3000    1500  -"
         );
         let t = plan_table(&p.layouts, &["layout", "usable", "eff", "riops"], true).render(true);
         let data = plan::device_regions(8 << 40).data;
@@ -467,6 +534,23 @@ mod tests {
                 rate(100.0 * (6 * data) as f64 / (96u64 << 40) as f64, true)
             )
         );
+    }
+
+    #[test]
+    fn drive_sizes_as_sold_and_as_zfs() {
+        assert_eq!(drive_size_arg("8TB").unwrap(), 8_000_000_000_000);
+        assert_eq!(drive_size_arg("8 tb").unwrap(), 8_000_000_000_000);
+        assert_eq!(drive_size_arg("1.92TB").unwrap(), 1_920_000_000_000);
+        assert_eq!(drive_size_arg("960GB").unwrap(), 960_000_000_000);
+        assert_eq!(drive_size_arg("8TiB").unwrap(), 8 << 40);
+        assert_eq!(drive_size_arg("8T").unwrap(), 8 << 40);
+        assert!(drive_size_arg("xTB").unwrap_err().contains("xTB"));
+        assert!(drive_size_arg("8Q").is_err());
+        assert_eq!(sold_size(8_000_000_000_000), "8.00TB");
+        assert_eq!(sold_size(64_000_000_000_000), "64.0TB");
+        assert_eq!(sold_size(960_000_000_000), "960GB");
+        assert_eq!(sold_size(8 << 40), "8.80TB");
+        assert_eq!(sold_size(512), "512B");
     }
 
     #[test]

@@ -43,6 +43,98 @@ pub enum PoolCommand {
     Replace(ReplaceArgs),
     /// Add groups to a pool: `cistern pool add tank raidz2 d6 d7 d8 d9`.
     Add(AddArgs),
+    /// Mirror a device onto NEW (a single disk becomes a mirror, a mirror
+    /// gets one more copy); NEW is resilvered.
+    Attach(AttachArgs),
+    /// Take a device out of its mirror.
+    Detach(DeviceArgs),
+    /// Remove a top-level group (today: the last one, if it holds no data).
+    Remove(DeviceArgs),
+    /// Show the commands that changed pools: `cistern pool history [-il] [POOL]...`.
+    History(HistoryArgs),
+    /// Show the pools' events (errors, state changes, scans): `[-fvHc] [POOL]`.
+    Events(EventsArgs),
+    /// Wait until activities end: `cistern pool wait [-t scrub,resilver,replace] POOL`.
+    Wait(WaitArgs),
+    /// Wipe the pool label of a device that is not part of an imported pool.
+    Labelclear(LabelclearArgs),
+    /// Show the pools' format versions, or upgrade them: `[-v] [-a|POOL]`.
+    Upgrade(UpgradeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Use NEW even if it holds the label of a pool that is not imported.
+    #[arg(short = 'f')]
+    pub force: bool,
+    /// Wait until the resilver has finished.
+    #[arg(short = 'w')]
+    pub wait: bool,
+    pub pool: String,
+    /// The device to mirror: path, file name or guid.
+    pub device: String,
+    /// The new device: an existing file or block device.
+    pub new: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Also internal events (scans, layout changes) with their txg.
+    #[arg(short = 'i')]
+    pub internal: bool,
+    /// Long format: who ran each command, on which host.
+    #[arg(short = 'l')]
+    pub long: bool,
+    /// Pools (default: all).
+    pub pools: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Follow: keep printing new events as they come (Ctrl-C to stop).
+    #[arg(short = 'f')]
+    pub follow: bool,
+    /// Print every field of each event.
+    #[arg(short = 'v')]
+    pub verbose: bool,
+    /// Scripted: no header, tab-separated.
+    #[arg(short = 'H')]
+    pub scripted: bool,
+    /// Clear the events.
+    #[arg(short = 'c', conflicts_with_all = ["follow", "verbose"])]
+    pub clear: bool,
+    /// Print JSON (one object per event with -f).
+    #[arg(long)]
+    pub json: bool,
+    /// Only this pool's events.
+    pub pool: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Activities to wait for: scrub, resilver, replace (default: all).
+    #[arg(short = 't', value_name = "ACTIVITY[,...]")]
+    pub activities: Option<String>,
+    pub pool: String,
+}
+
+#[derive(Debug, Args)]
+pub struct LabelclearArgs {
+    /// Clear even if the label says its pool was not exported.
+    #[arg(short = 'f')]
+    pub force: bool,
+    pub device: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// Upgrade every imported pool.
+    #[arg(short = 'a', conflicts_with = "pool")]
+    pub all: bool,
+    /// List the format versions this build supports.
+    #[arg(short = 'v')]
+    pub verbose: bool,
+    pub pool: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -191,7 +283,358 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
             Ok(())
         }
         PoolCommand::Replace(a) => replace(client, a),
+        PoolCommand::Attach(a) => attach(client, a),
+        PoolCommand::Detach(a) => {
+            client.detach(&a.pool, &a.device)?;
+            Ok(())
+        }
+        PoolCommand::Remove(a) => {
+            client.remove(&a.pool, &a.device)?;
+            Ok(())
+        }
+        PoolCommand::History(a) => history(client, a),
+        PoolCommand::Events(a) => events(client, a),
+        PoolCommand::Wait(a) => wait(client, a),
+        PoolCommand::Labelclear(a) => {
+            let dev = absolute(&a.device, &cwd()?);
+            if !dev.exists() {
+                bail!("{}: no such device", dev.display());
+            }
+            Ok(client.labelclear(&dev, a.force)?)
+        }
+        PoolCommand::Upgrade(a) => upgrade(client, a),
     }
+}
+
+/// Who runs what, sent with every request so pool histories record it:
+/// the command line as typed (program name without its directory), the
+/// user and the host.
+pub fn caller() -> dataset::Caller {
+    let mut args = std::env::args();
+    let prog = args
+        .next()
+        .map(|a| {
+            Path::new(&a)
+                .file_name()
+                .map_or(a.clone(), |f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "cistern".into());
+    let mut command = prog;
+    for a in args {
+        command.push(' ');
+        command.push_str(&shell_quote(&a));
+    }
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .and_then(|l| l.split_whitespace().next().map(|u| format!("uid {u}")))
+                })
+                .unwrap_or_default()
+        });
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_default();
+    dataset::Caller {
+        command,
+        user,
+        host,
+    }
+}
+
+/// Quotes an argument the way a shell would need it.
+fn shell_quote(a: &str) -> String {
+    if !a.is_empty()
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
+    {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
+fn attach(client: &api::Client, a: AttachArgs) -> Result<()> {
+    let new = absolute(&a.new, &cwd()?);
+    if !new.exists() {
+        bail!(
+            "{} does not exist (create it first, e.g. `truncate -s SIZE {}`)",
+            new.display(),
+            new.display()
+        );
+    }
+    client.attach(&a.pool, &a.device, &new, a.force)?;
+    if a.wait {
+        wait_scan(client, &a.pool, ScanFunction::Resilver)?;
+    }
+    Ok(())
+}
+
+/// `2026-11-23.18:42:53`, as zpool history prints times (UTC).
+fn history_time(secs: u64) -> String {
+    let (y, m, d) = civil(secs / 86400);
+    format!(
+        "{y:04}-{m:02}-{d:02}.{:02}:{:02}:{:02}",
+        secs % 86400 / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (H. Hinnant's algorithm).
+fn civil(days: u64) -> (i64, u32, u32) {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// The `pool history` text of one pool.
+pub fn render_history(
+    pool: &str,
+    records: &[dataset::HistoryRecord],
+    internal: bool,
+    long: bool,
+) -> String {
+    let mut o = format!("History for '{pool}':\n");
+    for r in records.iter().filter(|r| internal || !r.internal) {
+        let t = history_time(r.time);
+        if r.internal {
+            o.push_str(&format!("{t} [txg:{}] {}", r.txg, r.command));
+        } else {
+            o.push_str(&format!("{t} {}", r.command));
+        }
+        if long && !r.internal {
+            let or_dash = |s: &str| {
+                if s.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.to_string()
+                }
+            };
+            o.push_str(&format!(
+                " [user {} on {}]",
+                or_dash(&r.user),
+                or_dash(&r.host)
+            ));
+        }
+        o.push('\n');
+    }
+    o
+}
+
+fn history(client: &api::Client, a: HistoryArgs) -> Result<()> {
+    let pools = if a.pools.is_empty() {
+        let mut names: Vec<String> = client.list_pools()?.into_iter().map(|p| p.name).collect();
+        names.sort();
+        if names.is_empty() {
+            outln("no pools available");
+            return Ok(());
+        }
+        names
+    } else {
+        a.pools.clone()
+    };
+    let mut text = Vec::new();
+    for p in &pools {
+        let records = client.history(p)?;
+        text.push(render_history(p, &records, a.internal, a.long));
+    }
+    out(&text.join("\n"));
+    Ok(())
+}
+
+/// `Nov 23 2026 18:42:53.123456789`, as zpool events prints times (UTC).
+fn event_time(secs: u64, nanos: u32) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, m, d) = civil(secs / 86400);
+    format!(
+        "{} {d:2} {y} {:02}:{:02}:{:02}.{nanos:09}",
+        MONTHS[(m - 1) as usize],
+        secs % 86400 / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// One event as `zpool events` prints it (with -v, its fields below).
+pub fn render_event(e: &dataset::Event, verbose: bool, scripted: bool) -> String {
+    let time = event_time(e.time, e.nanos);
+    let mut o = if scripted {
+        format!("{time}\t{}\n", e.class)
+    } else {
+        format!("{time} {}\n", e.class)
+    };
+    if verbose {
+        o.push_str(&format!("        class = \"{}\"\n", e.class));
+        o.push_str(&format!("        pool = \"{}\"\n", e.pool));
+        o.push_str(&format!("        pool_guid = {:#x}\n", e.pool_guid));
+        for (k, v) in &e.fields {
+            o.push_str(&format!("        {k} = \"{v}\"\n"));
+        }
+        o.push_str(&format!("        eid = {}\n", e.seq));
+        o.push_str(&format!("        time = {} {}\n\n", e.time, e.nanos));
+    }
+    o
+}
+
+fn events(client: &api::Client, a: EventsArgs) -> Result<()> {
+    use std::io::Write;
+    let pools: Vec<String> = a.pool.iter().cloned().collect();
+    if a.clear {
+        let n = client.clear_events(&pools)?;
+        outln(&format!("cleared {n} events"));
+        return Ok(());
+    }
+    let print = |evs: &[dataset::Event]| -> Result<()> {
+        let mut stdout = std::io::stdout().lock();
+        for e in evs {
+            let text = if a.json {
+                format!("{}\n", serde_json::to_string(e)?)
+            } else {
+                render_event(e, a.verbose, a.scripted)
+            };
+            // A closed pipe (`| head`) ends a follow quietly.
+            if stdout.write_all(text.as_bytes()).is_err() {
+                return Err(anyhow::anyhow!("stdout closed"));
+            }
+        }
+        let _ = stdout.flush();
+        Ok(())
+    };
+    let first = client.events(0, &pools, std::time::Duration::ZERO)?;
+    if a.json && !a.follow {
+        return json(&first);
+    }
+    if !a.scripted && !a.json {
+        outln(&format!("{:<30} CLASS", "TIME"));
+    }
+    print(&first)?;
+    if !a.follow {
+        return Ok(());
+    }
+    let mut after = first.last().map_or(0, |e| e.seq);
+    loop {
+        // The daemon holds each request until an event comes (long poll),
+        // so a new event prints at once.
+        let evs = client.events(after, &pools, std::time::Duration::from_secs(5))?;
+        if let Some(last) = evs.last() {
+            after = last.seq;
+        }
+        if print(&evs).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Activities `pool wait -t` knows, and the scan each one waits for.
+const WAIT_ACTIVITIES: &[(&str, Option<ScanFunction>)] = &[
+    ("scrub", Some(ScanFunction::Scrub)),
+    ("resilver", Some(ScanFunction::Resilver)),
+    ("replace", Some(ScanFunction::Resilver)),
+];
+
+fn wait(client: &api::Client, a: WaitArgs) -> Result<()> {
+    let wanted: Vec<ScanFunction> = match &a.activities {
+        None => vec![ScanFunction::Scrub, ScanFunction::Resilver],
+        Some(list) => split_list(list)
+            .iter()
+            .map(|t| {
+                WAIT_ACTIVITIES
+                    .iter()
+                    .find(|(n, _)| n == t)
+                    .and_then(|(_, f)| *f)
+                    .with_context(|| {
+                        let names: Vec<&str> = WAIT_ACTIVITIES.iter().map(|(n, _)| *n).collect();
+                        format!("invalid activity '{t}' (valid: {})", names.join(", "))
+                    })
+            })
+            .collect::<Result<_>>()?,
+    };
+    loop {
+        let s = client.pool_status(&a.pool)?;
+        let busy = s.scan.as_ref().is_some_and(|scan| {
+            scan.state == ScanState::Scanning && wanted.contains(&scan.function)
+        });
+        if !busy {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn upgrade(client: &api::Client, a: UpgradeArgs) -> Result<()> {
+    if a.verbose {
+        outln(&format!(
+            "This build writes metadata format {} and device labels up to version {}.\n\
+             Format history: metadata 1 (first release, no longer read), 2 (per-page checksums);\n\
+             labels 1 (disks and mirrors), 2 (raidz, resilvering devices).",
+            dataset::META_FORMAT,
+            dataset::LABEL_VERSION
+        ));
+        if a.pool.is_none() && !a.all {
+            return Ok(());
+        }
+    }
+    let pools: Vec<String> = match (&a.pool, a.all) {
+        (Some(p), _) => vec![p.clone()],
+        (None, _) => {
+            let mut names: Vec<String> = client.list_pools()?.into_iter().map(|p| p.name).collect();
+            names.sort();
+            names
+        }
+    };
+    let apply = a.all || a.pool.is_some();
+    let mut older = 0;
+    for p in &pools {
+        let v = client.upgrade(p, apply)?;
+        let current = v.meta_format >= v.meta_format_supported;
+        if !current {
+            older += 1;
+        }
+        if !apply {
+            if !current {
+                outln(&format!(
+                    "pool '{p}' has metadata format {} (this build: {}): `cistern pool upgrade {p}`",
+                    v.meta_format, v.meta_format_supported
+                ));
+            }
+            continue;
+        }
+        if v.upgraded.is_empty() {
+            outln(&format!(
+                "pool '{p}' already has the current format (metadata {}, labels {}): nothing to upgrade",
+                v.meta_format, v.label_version
+            ));
+        } else {
+            for what in &v.upgraded {
+                outln(&format!("pool '{p}': {what}"));
+            }
+        }
+    }
+    if !apply {
+        if pools.is_empty() {
+            outln("no pools available");
+        } else if older == 0 {
+            outln(&format!(
+                "All pools have the current format (metadata {}).",
+                dataset::META_FORMAT
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn scrub(client: &api::Client, a: ScrubArgs) -> Result<()> {
@@ -402,8 +845,18 @@ fn refuse_devices_of_other_pools(client: &api::Client, groups: &[GroupSpec]) -> 
     Ok(())
 }
 
+/// `pool list -o` columns: zpool's, then ours. size/alloc/free are raw
+/// (raidz parity included, a mirror counted once) as zpool's; the usable
+/// figures are `cistern list POOL`'s (and `usable`/`avail` here).
 const POOL_COLUMNS: &[&str] = &[
-    "name", "size", "alloc", "free", "cap", "health", "guid", "txg",
+    "name", "size", "alloc", "free", "ckpoint", "expandsz", "frag", "cap", "dedup", "health",
+    "altroot", "guid", "txg", "usable", "avail",
+];
+
+/// What `pool list` shows without -o (zpool's default columns).
+const POOL_DEFAULT_COLUMNS: &[&str] = &[
+    "name", "size", "alloc", "free", "ckpoint", "expandsz", "frag", "cap", "dedup", "health",
+    "altroot",
 ];
 
 fn pool_column(c: &str) -> Option<&'static str> {
@@ -411,6 +864,9 @@ fn pool_column(c: &str) -> Option<&'static str> {
     let c = match c.as_str() {
         "allocated" => "alloc",
         "capacity" => "cap",
+        "checkpoint" => "ckpoint",
+        "fragmentation" => "frag",
+        "dedupratio" => "dedup",
         other => POOL_COLUMNS.iter().copied().find(|k| *k == other)?,
     };
     Some(c)
@@ -418,16 +874,40 @@ fn pool_column(c: &str) -> Option<&'static str> {
 
 fn pool_cell(p: &PoolSummary, col: &str, parsable: bool) -> String {
     let size = |n: u64| size_cell(n, parsable);
+    // Summaries of older daemons carry no raw figures: the usable ones then.
+    let (raw, raw_alloc) = if p.raw_size == 0 {
+        (p.size, p.allocated)
+    } else {
+        (p.raw_size, p.raw_allocated)
+    };
+    let pct = |n: u64| {
+        if parsable {
+            n.to_string()
+        } else {
+            format!("{n}%")
+        }
+    };
     match col {
         "name" => p.name.clone(),
-        "size" => size(p.size),
-        "alloc" => size(p.allocated),
-        "free" => size(p.free),
+        "size" => size(raw),
+        "alloc" => size(raw_alloc),
+        "free" => size(raw.saturating_sub(raw_alloc)),
+        "usable" => size(p.size),
+        "avail" => size(p.free),
+        "ckpoint" | "expandsz" | "altroot" => "-".into(),
+        "frag" => p.fragmentation.map_or("-".into(), |f| pct(f as u64)),
+        "dedup" => {
+            if parsable {
+                "1.00".into()
+            } else {
+                "1.00x".into()
+            }
+        }
         "cap" => {
-            let pct = if p.size == 0 {
+            let pct = if raw == 0 {
                 0
             } else {
-                (p.allocated as u128 * 100 / p.size as u128) as u64
+                (raw_alloc as u128 * 100 / raw as u128) as u64
             };
             if parsable {
                 pct.to_string()
@@ -446,7 +926,10 @@ fn pool_cell(p: &PoolSummary, col: &str, parsable: bool) -> String {
 pub fn pool_table(pools: &[PoolSummary], columns: &[&str], parsable: bool) -> Table {
     let mut t = Table::new(columns);
     for (i, c) in columns.iter().enumerate() {
-        if matches!(*c, "size" | "alloc" | "free" | "cap" | "txg") {
+        if matches!(
+            *c,
+            "size" | "alloc" | "free" | "cap" | "txg" | "frag" | "usable" | "avail" | "dedup"
+        ) {
             t.align_right(i);
         }
     }
@@ -458,7 +941,7 @@ pub fn pool_table(pools: &[PoolSummary], columns: &[&str], parsable: bool) -> Ta
 
 fn list(client: &api::Client, a: ListArgs) -> Result<()> {
     let columns: Vec<&str> = match &a.columns {
-        None => vec!["name", "size", "alloc", "free", "cap", "health"],
+        None => POOL_DEFAULT_COLUMNS.to_vec(),
         Some(s) => split_list(s)
             .iter()
             .map(|c| {
@@ -508,10 +991,7 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
         }
     };
     if a.json {
-        return match (&a.pool, statuses.first()) {
-            (Some(_), Some(s)) => json(s),
-            _ => json(&statuses),
-        };
+        return json(&status_json(&statuses));
     }
     if statuses.is_empty() {
         outln("no pools available");
@@ -523,6 +1003,24 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
         .collect();
     out(&text.join("\n"));
     Ok(())
+}
+
+/// Version of the `pool status --json` document (see the README's schema).
+pub const STATUS_JSON_VERSION: u32 = 1;
+
+/// `pool status --json`, one shape whatever is asked: as `zpool status -j`,
+/// `{"output_version": 1, "pools": {"NAME": PoolStatus, ...}}`.
+pub fn status_json(statuses: &[PoolStatus]) -> serde_json::Value {
+    let pools: serde_json::Map<String, serde_json::Value> = statuses
+        .iter()
+        .map(|s| {
+            (
+                s.summary.name.clone(),
+                serde_json::to_value(s).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect();
+    serde_json::json!({ "output_version": STATUS_JSON_VERSION, "pools": pools })
 }
 
 fn now_secs() -> u64 {
@@ -598,6 +1096,17 @@ pub fn render_scan(scan: &ScanStatus, now: u64) -> String {
     }
 }
 
+/// A device's name in `pool status`: its path, or for a missing device its
+/// guid (the path it had follows the counters: `was /srv/d1`), as zpool.
+fn device_name(d: &dataset::DeviceStatus) -> String {
+    let path = d.path.display().to_string();
+    if d.was.is_some() || path.starts_with("(missing device") {
+        d.guid.to_string()
+    } else {
+        path
+    }
+}
+
 /// zpool-status-style text for one pool; `verbose` lists unrepaired blocks.
 pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     let mut rows: Vec<(String, &str, [u64; 3])> = Vec::new();
@@ -617,7 +1126,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         if g.kind == GroupKind::Disk && g.devices.len() == 1 {
             let d = &g.devices[0];
             rows.push((
-                format!("  {}", d.path.display()),
+                format!("  {}", device_name(d)),
                 &d.state,
                 [d.read_errors, d.write_errors, d.checksum_errors],
             ));
@@ -631,7 +1140,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                 rows.push((
                     format!(
                         "    {}{}",
-                        d.path.display(),
+                        device_name(d),
                         if d.resilvering { "  (resilvering)" } else { "" }
                     ),
                     &d.state,
@@ -661,9 +1170,23 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         o.push_str(&render_scan(scan, now));
     }
     o.push_str("config:\n\n");
-    for line in t.render(false).lines() {
+    // A missing device's old path trails its row, as zpool's `was /path`.
+    let notes: Vec<Option<String>> = std::iter::once(None)
+        .chain(s.groups.iter().flat_map(|g| {
+            let own = g.kind == GroupKind::Disk && g.devices.len() == 1;
+            let devs = g
+                .devices
+                .iter()
+                .map(|d| d.was.as_ref().map(|w| format!("  was {}", w.display())));
+            (!own).then_some(None).into_iter().chain(devs)
+        }))
+        .collect();
+    for (i, line) in t.render(false).lines().enumerate() {
         o.push('\t');
         o.push_str(line);
+        if let Some(Some(note)) = i.checked_sub(1).and_then(|r| notes.get(r)) {
+            o.push_str(note);
+        }
         o.push('\n');
     }
     o.push('\n');
@@ -845,6 +1368,9 @@ mod tests {
             free: size - alloc,
             health: "ONLINE".into(),
             txg: 9,
+            raw_size: 0,
+            raw_allocated: 0,
+            fragmentation: None,
         }
     }
 
@@ -870,6 +1396,102 @@ mod tests {
     }
 
     #[test]
+    fn history_and_event_text_as_zpool() {
+        let rec = |command: &str, internal: bool| dataset::HistoryRecord {
+            time: 1_795_459_373, // 2026-11-23 18:42:53 UTC
+            command: command.into(),
+            user: if internal { "".into() } else { "root".into() },
+            host: if internal { "".into() } else { "vm".into() },
+            internal,
+            txg: 7,
+        };
+        let recs = [
+            rec("create pool format 2", true),
+            rec("cistern pool create tank d0", false),
+        ];
+        assert_eq!(
+            render_history("tank", &recs, false, false),
+            "History for 'tank':\n2026-11-23.18:42:53 cistern pool create tank d0\n"
+        );
+        assert_eq!(
+            render_history("tank", &recs, true, true),
+            "History for 'tank':\n2026-11-23.18:42:53 [txg:7] create pool format 2\n\
+             2026-11-23.18:42:53 cistern pool create tank d0 [user root on vm]\n"
+        );
+        let ev = dataset::Event {
+            seq: 3,
+            time: 1_795_459_373,
+            nanos: 5,
+            class: "ereport.fs.cistern.checksum".into(),
+            pool: "tank".into(),
+            pool_guid: 255,
+            fields: [("vdev_path".to_string(), "/d/b".to_string())].into(),
+        };
+        assert_eq!(
+            render_event(&ev, false, false),
+            "Nov 23 2026 18:42:53.000000005 ereport.fs.cistern.checksum\n"
+        );
+        assert_eq!(
+            render_event(&ev, false, true),
+            "Nov 23 2026 18:42:53.000000005\tereport.fs.cistern.checksum\n"
+        );
+        assert!(render_event(&ev, true, false).contains("        vdev_path = \"/d/b\"\n"));
+    }
+
+    #[test]
+    fn missing_device_shows_its_guid_and_old_path() {
+        let mut s = PoolStatus {
+            summary: summary("tank", 8 << 30, 0),
+            groups: vec![GroupStatus {
+                name: "mirror-0".into(),
+                kind: GroupKind::Mirror,
+                state: "DEGRADED".into(),
+                devices: vec![
+                    DeviceStatus {
+                        path: "/d/a".into(),
+                        guid: 1,
+                        state: "ONLINE".into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        resilvering: false,
+                        was: None,
+                    },
+                    DeviceStatus {
+                        path: "(missing device 99)".into(),
+                        guid: 99,
+                        state: "UNAVAIL".into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        resilvering: false,
+                        was: Some("/d/b".into()),
+                    },
+                ],
+            }],
+            errors: vec![],
+            scan: None,
+            data_errors: vec![],
+        };
+        s.summary.health = "DEGRADED".into();
+        let text = render_status_with(&s, false, 0);
+        assert!(
+            text.contains("\t    99      UNAVAIL      0      0      0  was /d/b\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\t    /d/a    ONLINE       0      0      0\n"),
+            "{text}"
+        );
+        let doc = status_json(std::slice::from_ref(&s));
+        assert_eq!(doc["output_version"], 1);
+        assert_eq!(
+            doc["pools"]["tank"]["groups"][0]["devices"][1]["was"],
+            "/d/b"
+        );
+    }
+
+    #[test]
     fn status_tree() {
         let dev = |p: &str, cksum| DeviceStatus {
             path: p.into(),
@@ -879,6 +1501,7 @@ mod tests {
             write_errors: 0,
             checksum_errors: cksum,
             resilvering: false,
+            was: None,
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
