@@ -342,6 +342,8 @@ impl ScratchPool {
                 &[
                     ("compression".into(), label(setting)),
                     ("volblocksize".into(), self.block_size.to_string()),
+                    // Sparse: `used` must be what the blocks take, not the reservation.
+                    ("refreservation".into(), "none".into()),
                 ],
             )
             .with_context(|| format!("creating scratch volume {name}"))?;

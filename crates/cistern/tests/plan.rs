@@ -48,7 +48,7 @@ fn table() {
     );
     assert_eq!(
         lines[1],
-        "12x stripe     95.9T  100%     0         0    2160    2160    3000    3000  no redundancy"
+        "12x stripe     105TB  100%     0         0    2160    2160    3000    3000  no redundancy"
     );
     let row = |name: &str| {
         *lines
@@ -58,16 +58,16 @@ fn table() {
     };
     assert_eq!(
         row("6x mirror2"),
-        "6x mirror2     48.0T   50%     1         6    2160    1080    3000    1500  -"
+        "6x mirror2    52.7TB   50%     1         6    2160    1080    3000    1500  -"
     );
     assert_eq!(
         row("2x raidz2-6"),
-        "2x raidz2-6    64.0T   67%     2         4     360     360    2000    2000  -"
+        "2x raidz2-6   70.3TB   67%     2         4     360     360    2000    2000  -"
     );
     assert!(row("1x raidz3-12").ends_with("padding: a 16K block takes 48K"));
     // 12 layouts, a blank line, then how to read them.
     assert_eq!(lines[13], "");
-    assert!(lines[14].starts_with("12 drives of 8T, no spares; one drive: 180 random reads/s"));
+    assert!(lines[14].starts_with("12 drives of 8.80TB (8TiB), no spares; one drive: 180 random reads/s"));
     assert!(
         out.contains("metadata (4G) and intent-log (512M) regions"),
         "{out}"
