@@ -152,13 +152,20 @@ pub fn resolve(
     if nbd.addr == api.addr && nbd.addr.port() != 0 {
         bail!("the NBD and API addresses are both {}", nbd.addr);
     }
+    let mut engine = cfg.engine;
+    // Tests shorten the multihost interval without a config file.
+    if let Ok(v) = std::env::var("CISTERN_MMP_INTERVAL_MS") {
+        engine.multihost_interval_ms = v.parse().with_context(|| {
+            format!("CISTERN_MMP_INTERVAL_MS={v} is not a number of milliseconds")
+        })?;
+    }
     Ok(Resolved {
         state_dir,
         nbd,
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
-        engine: cfg.engine,
+        engine,
     })
 }
 

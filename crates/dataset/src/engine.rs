@@ -36,6 +36,9 @@ pub struct EngineInner {
     /// The engine itself, for work that finishes in the background (a
     /// resilver rewrites the cache file when it is done).
     pub(crate) me: std::sync::OnceLock<std::sync::Weak<Engine>>,
+    /// This daemon in labels and MMP stamps (decision 0010).
+    pub(crate) owner: pool::Owner,
+    lock: Mutex<Option<crate::owner::StateLock>>,
 }
 
 fn io(context: &str, e: impl std::fmt::Display) -> Error {
@@ -112,6 +115,9 @@ pub(crate) fn split_dataset(name: &str) -> Result<(&str, Option<&str>)> {
 impl Engine {
     pub fn open(state_dir: &Path, config: EngineConfig) -> Result<Arc<Engine>> {
         std::fs::create_dir_all(state_dir).map_err(|e| io(&state_dir.display().to_string(), e))?;
+        // One daemon per state directory: its cache file names pools it alone may own.
+        let lock = crate::owner::lock_state_dir(state_dir)?;
+        let owner = crate::owner::local_owner(state_dir)?;
         let engine = Engine {
             inner: EngineInner {
                 state_dir: state_dir.to_path_buf(),
@@ -119,11 +125,13 @@ impl Engine {
                 pools: RwLock::new(BTreeMap::new()),
                 admin: Mutex::new(()),
                 me: std::sync::OnceLock::new(),
+                owner,
+                lock: Mutex::new(Some(lock)),
             },
         };
         let cache = engine.read_cache()?;
         for cached in cache.pools {
-            match engine.import_devices(&cached.devices, Some(cached.guid)) {
+            match engine.import_devices(&cached.devices, Some(cached.guid), false) {
                 Ok(p) => {
                     tracing::info!(pool = %p.pool.name, "imported from cache file");
                     engine.inner.pools.write().insert(p.pool.name.clone(), p);
@@ -221,6 +229,10 @@ impl Engine {
         let pool = Arc::new(
             Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
+        pool.own_new(self.inner.owner.clone(), self.inner.config.mmp())
+            .and_then(|()| pool.start_mmp())
+            .and_then(|()| pool.set_exported(false))
+            .map_err(|e| Error::Io(e.to_string()))?;
         let imported = ImportedPool::create(pool, self.inner.config.clone())?;
         self.inner.pools.write().insert(spec.name.clone(), imported);
         self.write_cache()?;
@@ -304,7 +316,8 @@ impl Engine {
     }
 
     /// A device holding the label of a pool may join another only with
-    /// `force`, and never while that pool is imported here.
+    /// `force`, never while that pool is imported here, and never while
+    /// another live daemon holds it (its label says ACTIVE and names it).
     fn check_reusable(&self, dev: &Vdev, force: bool) -> Result<()> {
         let Ok(label) = dev.read_label() else {
             return Ok(());
@@ -315,23 +328,50 @@ impl Engine {
             .read()
             .values()
             .any(|p| p.pool.guid == label.pool_guid);
-        if in_use || !force {
+        let path = dev.path().display();
+        let name = &label.pool_name;
+        if in_use {
             return Err(Error::Busy(format!(
-                "device {} is part of pool '{}'{}",
-                dev.path().display(),
-                label.pool_name,
-                match (in_use, label.exported) {
-                    (true, _) => " (imported here)",
-                    (false, true) => " (exported; use -f to reuse the device)",
-                    (false, false) => " (use -f to reuse the device)",
-                }
+                "device {path} is part of active pool '{name}' (imported here)"
             )));
         }
-        Ok(())
+        if label.pool_state() == pool::PoolState::Exported {
+            return match force {
+                true => Ok(()),
+                false => Err(Error::Busy(format!(
+                    "device {path} is part of exported pool '{name}' (use -f to reuse the device)"
+                ))),
+            };
+        }
+        // ACTIVE: the newest stamp (or the label) says who holds it.
+        let holder = dev
+            .read_mmp()
+            .ok()
+            .flatten()
+            .filter(|s| s.pool_guid == label.pool_guid)
+            .map(|s| (s.kind != pool::MmpKind::Exported).then_some(s.owner))
+            .unwrap_or(label.owner);
+        match holder {
+            Some(h) if !pool::holder_is_gone(&h, &self.inner.owner) => Err(Error::Busy(format!(
+                "device {path} is part of active pool '{name}' (host {}, pid {})",
+                h.hostname, h.pid
+            ))),
+            _ if force => Ok(()),
+            _ => Err(Error::Busy(format!(
+                "device {path} is part of active pool '{name}' (use -f to reuse the device)"
+            ))),
+        }
     }
 
     /// Opens the devices, checks they form one pool, assembles and imports it.
-    fn import_devices(&self, paths: &[PathBuf], guid: Option<u64>) -> Result<Arc<ImportedPool>> {
+    /// Only one daemon gets it: the pool's MMP slots are claimed first
+    /// (`force`: also from a holder that seems alive, once its stamps stay still).
+    fn import_devices(
+        &self,
+        paths: &[PathBuf],
+        guid: Option<u64>,
+        force: bool,
+    ) -> Result<Arc<ImportedPool>> {
         let mut devs = Vec::new();
         for path in paths {
             let dev = match Vdev::open(path) {
@@ -352,6 +392,11 @@ impl Engine {
         if devs.is_empty() {
             return Err(Error::NotFound("no device of the pool is available".into()));
         }
+        let label_owner = devs
+            .iter()
+            .filter(|(_, l)| l.pool_state() == pool::PoolState::Active)
+            .max_by_key(|(_, l)| l.generation)
+            .and_then(|(_, l)| l.owner.clone());
         let pool = Arc::new(Pool::open(devs).map_err(|e| Error::Io(e.to_string()))?);
         if self.inner.pools.read().contains_key(&pool.name) {
             return Err(Error::AlreadyExists(format!(
@@ -359,7 +404,31 @@ impl Engine {
                 pool.name
             )));
         }
-        ImportedPool::open(pool, self.inner.config.clone())
+        let claimed = pool
+            .claim(
+                self.inner.owner.clone(),
+                self.inner.config.mmp(),
+                force,
+                label_owner,
+            )
+            .and_then(|()| pool.start_mmp());
+        if let Err(e) = claimed {
+            return Err(match e {
+                pool::PoolError::Vdev(_) => Error::Io(e.to_string()),
+                e => Error::Busy(e.to_string()),
+            });
+        }
+        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone()).and_then(|p| {
+            // The labels now name this daemon as the owner of an ACTIVE pool.
+            p.pool
+                .set_exported(false)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            Ok(p)
+        });
+        if imported.is_err() {
+            pool.release();
+        }
+        imported
     }
 
     pub fn list_pools(&self) -> Vec<PoolSummary> {
@@ -644,6 +713,7 @@ impl Engine {
         scrub::stop(&p);
         self.inner.pools.write().remove(pool);
         let _ = p.close();
+        p.pool.release();
         p.pool.wipe_labels().map_err(|e| Error::Io(e.to_string()))?;
         self.write_cache()?;
         tracing::info!(pool, "pool destroyed");
@@ -658,6 +728,7 @@ impl Engine {
         p.pool
             .set_exported(true)
             .map_err(|e| Error::Io(e.to_string()))?;
+        p.pool.release();
         self.inner.pools.write().remove(pool);
         self.write_cache()?;
         tracing::info!(pool, "pool exported");
@@ -717,7 +788,9 @@ impl Engine {
         Ok(out)
     }
 
-    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf]) -> Result<PoolStatus> {
+    /// `cistern pool import -d DIR [-f] POOL`; `force` takes a pool another
+    /// daemon seems to hold once its MMP stamps stay still (decision 0010).
+    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf], force: bool) -> Result<PoolStatus> {
         let _admin = self.inner.admin.lock();
         let candidates: Vec<_> = self
             .scan(dirs)?
@@ -740,10 +813,7 @@ impl Engine {
                 )))
             }
         };
-        let p = self.import_devices(&devices, Some(label.pool_guid))?;
-        p.pool
-            .set_exported(false)
-            .map_err(|e| Error::Io(e.to_string()))?;
+        let p = self.import_devices(&devices, Some(label.pool_guid), force)?;
         let name = p.pool.name.clone();
         self.inner.pools.write().insert(name.clone(), p.clone());
         self.write_cache()?;
@@ -944,6 +1014,17 @@ impl Engine {
             p.sync_now()?;
         }
         Ok(())
+    }
+
+    /// Leaves everything as kill -9 would (tests of crash recovery inside
+    /// one process): no more writes or MMP stamps to any pool, the state
+    /// directory unlocked, nothing closed or freed.
+    pub fn forget_as_if_killed(engine: Arc<Engine>) {
+        for p in engine.inner.pools.read().values() {
+            p.pool.halt();
+        }
+        engine.inner.lock.lock().take();
+        std::mem::forget(engine);
     }
 
     pub fn shutdown(&self) -> Result<()> {

@@ -11,6 +11,7 @@ mod blockmap;
 mod cache;
 mod engine;
 mod error;
+mod owner;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -43,6 +44,19 @@ pub struct EngineConfig {
     /// second; 0 is unlimited (the default: a scan yields to I/O by
     /// reading in short batches).
     pub scan_rate_bytes: u64,
+    /// Milliseconds between two MMP heartbeats of an owned pool (ZFS:
+    /// zfs_multihost_interval). A claim waits one interval, a forced import
+    /// watches five, an owner writes at most three past its last heartbeat
+    /// (decision 0010).
+    pub multihost_interval_ms: u64,
+}
+
+impl EngineConfig {
+    pub fn mmp(&self) -> pool::MmpConfig {
+        pool::MmpConfig {
+            interval: std::time::Duration::from_millis(self.multihost_interval_ms.max(10)),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -54,6 +68,7 @@ impl Default for EngineConfig {
             meta_cache_bytes: 64 << 20,
             log_buffer_bytes: 32 << 20,
             scan_rate_bytes: 0,
+            multihost_interval_ms: pool::DEFAULT_MMP_INTERVAL.as_millis() as u64,
         }
     }
 }

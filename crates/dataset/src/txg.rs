@@ -436,6 +436,10 @@ impl ImportedPool {
     /// dataset the action discards (rollback) are dropped from the txg.
     pub(crate) fn commit_txg(&self, action: Option<Action>) -> Result<ActionOutcome> {
         let _meta = self.meta_lock.lock();
+        // Another daemon owns the pool now: nothing more is written (logged once at the fence).
+        self.pool
+            .check_owner()
+            .map_err(|e| Error::Io(e.to_string()))?;
         let started = Instant::now();
         let (txg, dirty, cp) = {
             let mut open = self.open.lock();

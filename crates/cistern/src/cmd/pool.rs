@@ -153,6 +153,10 @@ pub struct ImportArgs {
     /// Print JSON (when listing importable pools).
     #[arg(long)]
     pub json: bool,
+    /// Import a pool that another daemon or host seems to hold, once the
+    /// activity check sees its MMP stamps stay still.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
     /// Pool name or numeric id to import.
     pub pool: Option<String>,
 }
@@ -690,7 +694,7 @@ fn import(client: &api::Client, a: ImportArgs) -> Result<()> {
     };
     match a.pool {
         Some(pool) => {
-            client.import_pool(&pool, &dirs)?;
+            client.import_pool(&pool, &dirs, a.force)?;
             Ok(())
         }
         None => {

@@ -1,0 +1,448 @@
+//! One owner per pool (decision 0010): claiming a pool at import, the
+//! multihost (MMP) heartbeat of its owner, and the fence that stops a daemon
+//! whose pool was taken over.
+//!
+//! Every device has an MMP slot (`vdev::MMP_SLOT_OFFSET`). The protocol:
+//! - **Holder.** At import the newest stamp that is not EXPORTED and not
+//!   ours names the holder (the label's owner for pools stamped by nothing).
+//!   A holder on this host that held our state directory (whose lock we now
+//!   hold) or whose pid is dead is gone. Any other holder refuses the import
+//!   unless forced; forced, the slots are watched for [`MmpConfig::import_wait`]
+//!   and any change refuses it ("its MMP sequence advanced").
+//! - **Claim.** The importer writes a CLAIM stamp on every device (the
+//!   arbiter, the first present device of the layout, first), waits
+//!   [`MmpConfig::claim_wait`] without writing, and owns the pool if the
+//!   arbiter still shows its claim. Of several daemons claiming at once, the
+//!   last to write the arbiter wins and every other sees that it lost. A
+//!   claim is written at most `claim_wait / 2` after the slots were read, so
+//!   a daemon that read before another's claim writes before that one checks.
+//! - **Heartbeat.** The owner checks that the arbiter still shows its last
+//!   stamp and writes the next sequence number to every device, every
+//!   `interval` (a thread) and whenever its lease ran out.
+//! - **Lease and fence.** Every write of data, metadata, log or labels first
+//!   asks [`Pool::check_owner`]: it passes while the last heartbeat is less
+//!   than [`MmpConfig::lease`] old, else it runs a heartbeat. A heartbeat
+//!   that finds another daemon's stamp on the arbiter fences the pool: every
+//!   later write fails, logged once. `lease < import_wait`, so an owner that
+//!   stalled long enough for a forced import to take over stops writing
+//!   before it resumes.
+
+use crate::{Pool, PoolError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use vdev::{MmpKind, MmpStamp, Owner, Vdev};
+
+/// Default interval between two heartbeats (ZFS: `zfs_multihost_interval`).
+pub const DEFAULT_MMP_INTERVAL: Duration = Duration::from_secs(1);
+/// A forced import watches the slots this many intervals.
+pub const IMPORT_INTERVALS: u32 = 5;
+/// The owner writes at most this many intervals after its last heartbeat.
+pub const LEASE_INTERVALS: u32 = 3;
+/// Rounds of claiming before giving up (a claim read too late is retried).
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// The multihost timings, all derived from one interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmpConfig {
+    pub interval: Duration,
+}
+
+impl Default for MmpConfig {
+    fn default() -> Self {
+        MmpConfig {
+            interval: DEFAULT_MMP_INTERVAL,
+        }
+    }
+}
+
+impl MmpConfig {
+    /// How long a claimer waits before checking it still holds the arbiter.
+    pub fn claim_wait(&self) -> Duration {
+        self.interval
+    }
+    /// How long a forced import watches for a live owner's heartbeats.
+    pub fn import_wait(&self) -> Duration {
+        self.interval * IMPORT_INTERVALS
+    }
+    /// How long after a heartbeat the owner may still write without another.
+    pub fn lease(&self) -> Duration {
+        self.interval * LEASE_INTERVALS
+    }
+}
+
+struct Held {
+    owner: Owner,
+    /// The last stamp we wrote.
+    seq: u64,
+    config: MmpConfig,
+}
+
+/// The ownership state of an imported pool.
+pub(crate) struct Ownership {
+    held: Mutex<Option<Held>>,
+    /// The owner last written to the labels (kept after export: "last held by").
+    last_owner: Mutex<Option<Owner>>,
+    /// Nanoseconds after `epoch` until which writes pass without a heartbeat;
+    /// u64::MAX while nobody holds the pool (a pool being created, unit tests).
+    lease_until: AtomicU64,
+    epoch: Instant,
+    fenced: Mutex<Option<String>>,
+    is_fenced: AtomicBool,
+}
+
+impl Default for Ownership {
+    fn default() -> Self {
+        Ownership {
+            held: Mutex::new(None),
+            last_owner: Mutex::new(None),
+            lease_until: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            fenced: Mutex::new(None),
+            is_fenced: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Ownership {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+    fn renew(&self, from: Instant, lease: Duration) {
+        let until = from.saturating_duration_since(self.epoch) + lease;
+        self.lease_until
+            .store(until.as_nanos() as u64, Ordering::Release);
+    }
+}
+
+/// Whether a process `pid` exists on this host (EPERM: it does, not ours).
+fn pid_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// A holder that cannot be writing any more: on this host, and either it
+/// held the state directory whose lock `me` holds now, or its process is gone.
+pub fn holder_is_gone(holder: &Owner, me: &Owner) -> bool {
+    holder.hostid == me.hostid && (holder.state_dir == me.state_dir || !pid_alive(holder.pid))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What the slots of the pool's present devices say: (device, stamp).
+type Slots = Vec<(Arc<Vdev>, Option<MmpStamp>)>;
+
+impl Pool {
+    fn read_slots(&self) -> Slots {
+        self.devices()
+            .into_iter()
+            .filter(|d| crate::is_live(d))
+            .map(|d| {
+                let s = d
+                    .read_mmp()
+                    .ok()
+                    .flatten()
+                    .filter(|s| s.pool_guid == self.guid);
+                (d, s)
+            })
+            .collect()
+    }
+
+    /// The device whose slot decides claims and fences: the first live one of the layout.
+    fn arbiter(&self) -> Result<Arc<Vdev>, PoolError> {
+        self.devices()
+            .into_iter()
+            .find(|d| crate::is_live(d))
+            .ok_or_else(|| PoolError::GroupUnavailable {
+                pool: self.name.clone(),
+                group: 0,
+            })
+    }
+
+    fn stamp(&self, owner: &Owner, seq: u64, kind: MmpKind) -> MmpStamp {
+        MmpStamp {
+            pool_guid: self.guid,
+            seq,
+            kind,
+            time_ms: now_ms(),
+            owner: owner.clone(),
+        }
+    }
+
+    /// Writes `stamp` to every live device, the arbiter first; the number written.
+    fn write_slots(&self, stamp: &MmpStamp) -> usize {
+        let mut written = 0;
+        for d in self.devices().iter().filter(|d| crate::is_live(d)) {
+            match d.write_mmp(stamp) {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, device = %d.path().display(), error = %e, "MMP stamp not written")
+                }
+            }
+        }
+        written
+    }
+
+    /// Takes ownership of a pool this daemon just created (its devices carry
+    /// no other daemon's stamp worth checking).
+    pub fn own_new(&self, me: Owner, config: MmpConfig) -> Result<(), PoolError> {
+        self.become_owner(me, 0, config)
+    }
+
+    fn become_owner(&self, me: Owner, seq: u64, config: MmpConfig) -> Result<(), PoolError> {
+        let started = Instant::now();
+        let stamp = self.stamp(&me, seq + 1, MmpKind::Active);
+        if self.write_slots(&stamp) == 0 {
+            return Err(PoolError::Ownership(format!(
+                "cannot import '{}': no device took the MMP stamp",
+                self.name
+            )));
+        }
+        *self.own.last_owner.lock() = Some(me.clone());
+        *self.own.held.lock() = Some(Held {
+            owner: me,
+            seq: seq + 1,
+            config,
+        });
+        self.own.renew(started, config.lease());
+        Ok(())
+    }
+
+    /// Imports' ownership step (see the module documentation): refuses a
+    /// pool another live daemon holds (unless `force`), refuses even with
+    /// `force` while its stamps move, then claims the pool. `label_owner`:
+    /// who the labels say holds the pool, when they say it is ACTIVE.
+    pub fn claim(
+        &self,
+        me: Owner,
+        config: MmpConfig,
+        force: bool,
+        label_owner: Option<Owner>,
+    ) -> Result<(), PoolError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let mut slots = self.read_slots();
+            let mut read_at = Instant::now();
+            let newest = slots
+                .iter()
+                .filter_map(|(_, s)| s.as_ref())
+                .max_by_key(|s| s.seq)
+                .cloned();
+            let holder = match &newest {
+                Some(s) if s.kind != MmpKind::Exported && s.owner.instance != me.instance => {
+                    Some(s.owner.clone())
+                }
+                Some(_) => None,
+                None => label_owner.clone().filter(|o| o.instance != me.instance),
+            };
+            if let Some(h) = holder.filter(|h| !holder_is_gone(h, &me)) {
+                if !force {
+                    return Err(PoolError::InUse {
+                        pool: self.name.clone(),
+                        host: h.hostname,
+                        pid: h.pid,
+                    });
+                }
+                tracing::info!(pool = %self.name, host = %h.hostname, pid = h.pid, wait_ms = config.import_wait().as_millis() as u64, "forced import: watching the MMP slots for a live owner");
+                slots = self.watch(&slots, config, &h)?;
+                read_at = Instant::now();
+            }
+            let seq = slots
+                .iter()
+                .filter_map(|(_, s)| s.as_ref().map(|s| s.seq))
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let claim = self.stamp(&me, seq, MmpKind::Claim);
+            let arbiter = self.arbiter()?;
+            if read_at.elapsed() > config.claim_wait() / 2 {
+                continue; // read too long ago to know nobody claimed since
+            }
+            arbiter.write_mmp(&claim)?;
+            for (d, _) in &slots {
+                if !Arc::ptr_eq(d, &arbiter) {
+                    let _ = d.write_mmp(&claim);
+                }
+            }
+            std::thread::sleep(config.claim_wait());
+            return match arbiter.read_mmp()? {
+                Some(s) if s.owner.instance == me.instance && s.seq == seq => {
+                    self.become_owner(me, seq, config)
+                }
+                Some(s) => Err(PoolError::InUse {
+                    pool: self.name.clone(),
+                    host: s.owner.hostname,
+                    pid: s.owner.pid,
+                }),
+                None => Err(PoolError::Ownership(format!(
+                    "cannot import '{}': the MMP slot of {} did not keep the claim",
+                    self.name,
+                    arbiter.path().display()
+                ))),
+            };
+        }
+        Err(PoolError::Ownership(format!(
+            "cannot import '{}': the MMP slots could not be read and claimed in time",
+            self.name
+        )))
+    }
+
+    /// Watches the slots for `import_wait`; any stamp that changes means a
+    /// live owner. Returns the slots as last read.
+    fn watch(&self, first: &Slots, config: MmpConfig, holder: &Owner) -> Result<Slots, PoolError> {
+        let key = |s: &Option<MmpStamp>| s.as_ref().map(|s| (s.seq, s.owner.instance, s.kind));
+        let deadline = Instant::now() + config.import_wait();
+        let step = (config.interval / 4).max(Duration::from_millis(5));
+        loop {
+            std::thread::sleep(step);
+            let now = self.read_slots();
+            for ((d, before), (_, after)) in first.iter().zip(&now) {
+                if key(before) != key(after) {
+                    let owner = after.as_ref().map_or(holder, |s| &s.owner);
+                    tracing::warn!(pool = %self.name, device = %d.path().display(), "import refused: the pool's MMP sequence advanced");
+                    return Err(PoolError::ActiveElsewhere {
+                        pool: self.name.clone(),
+                        host: owner.hostname.clone(),
+                        pid: owner.pid,
+                        from: before.as_ref().map_or(0, |s| s.seq),
+                        to: after.as_ref().map_or(0, |s| s.seq),
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(now);
+            }
+        }
+    }
+
+    /// One heartbeat: the arbiter must still show our last stamp (else the
+    /// pool is fenced), then the next sequence number goes to every device.
+    pub fn heartbeat(&self) -> Result<(), PoolError> {
+        self.beat(false)
+    }
+
+    /// `only_if_due`: skip when another writer renewed the lease meanwhile.
+    fn beat(&self, only_if_due: bool) -> Result<(), PoolError> {
+        let mut held = self.own.held.lock();
+        let Some(h) = held.as_mut() else {
+            return Ok(());
+        };
+        self.check_fence()?;
+        if only_if_due && self.own.now() < self.own.lease_until.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let arbiter = self.arbiter()?;
+        match arbiter.read_mmp() {
+            Ok(Some(s)) if s.owner.instance != h.owner.instance => {
+                let why = format!(
+                    "pool '{}' was taken over by host {} (pid {}): its MMP stamp replaced ours on {}",
+                    self.name,
+                    s.owner.hostname,
+                    s.owner.pid,
+                    arbiter.path().display()
+                );
+                tracing::error!(pool = %self.name, host = %s.owner.hostname, pid = s.owner.pid, "{why}; this daemon stops writing the pool (suspended)");
+                *self.own.fenced.lock() = Some(why);
+                self.own.is_fenced.store(true, Ordering::Release);
+                self.own.lease_until.store(0, Ordering::Release);
+                return self.check_fence();
+            }
+            // Ours, or unreadable/blank on this device: the stamp below rewrites it.
+            _ => {}
+        }
+        let stamp = self.stamp(&h.owner, h.seq + 1, MmpKind::Active);
+        if self.write_slots(&stamp) == 0 {
+            return Err(PoolError::Ownership(format!(
+                "pool '{}': no device took the MMP heartbeat",
+                self.name
+            )));
+        }
+        h.seq += 1;
+        self.own.renew(started, h.config.lease());
+        Ok(())
+    }
+
+    fn check_fence(&self) -> Result<(), PoolError> {
+        if self.own.is_fenced.load(Ordering::Acquire) {
+            let why = self.own.fenced.lock().clone().unwrap_or_default();
+            return Err(PoolError::Fenced(why));
+        }
+        Ok(())
+    }
+
+    /// Asked before every write: passes while the lease from the last
+    /// heartbeat runs, else runs a heartbeat; fails once fenced.
+    pub fn check_owner(&self) -> Result<(), PoolError> {
+        self.check_fence()?;
+        if self.own.now() < self.own.lease_until.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.beat(true)
+    }
+
+    /// Whether another daemon took this pool over.
+    pub fn is_fenced(&self) -> bool {
+        self.own.is_fenced.load(Ordering::Acquire)
+    }
+
+    /// The daemon that holds the pool, or held it last.
+    pub fn owner(&self) -> Option<Owner> {
+        self.own.last_owner.lock().clone()
+    }
+
+    /// Starts the heartbeat thread; it ends with the pool or [`Pool::release`].
+    pub fn start_mmp(self: &Arc<Self>) -> Result<(), PoolError> {
+        let Some(interval) = self.own.held.lock().as_ref().map(|h| h.config.interval) else {
+            return Ok(());
+        };
+        let weak: Weak<Pool> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name(format!("mmp-{}", self.name))
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                let Some(pool) = weak.upgrade() else { return };
+                if pool.own.held.lock().is_none() || pool.is_fenced() {
+                    return;
+                }
+                if let Err(e) = pool.heartbeat() {
+                    if !pool.is_fenced() {
+                        tracing::warn!(pool = %pool.name, error = %e, "MMP heartbeat failed");
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| PoolError::Ownership(format!("cannot start the MMP thread: {e}")))
+    }
+
+    /// Stops every write and heartbeat at once, stamping nothing, as if the
+    /// process had died (tests that simulate kill -9 inside one process).
+    pub fn halt(&self) {
+        *self.own.held.lock() = None;
+        *self.own.fenced.lock() = Some(format!("pool '{}' halted", self.name));
+        self.own.is_fenced.store(true, Ordering::Release);
+    }
+
+    /// Gives the pool up (`pool export`): a last EXPORTED stamp, then no
+    /// more heartbeats. Writes through this pool are no longer checked.
+    pub fn release(&self) {
+        let mut held = self.own.held.lock();
+        if let Some(h) = held.take() {
+            if !self.is_fenced() {
+                self.write_slots(&self.stamp(&h.owner, h.seq + 1, MmpKind::Exported));
+            }
+        }
+    }
+}
