@@ -343,24 +343,31 @@ impl Engine {
                 ))),
             };
         }
-        // ACTIVE: the newest stamp (or the label) says who holds it.
-        let holder = dev
-            .read_mmp()
-            .ok()
-            .flatten()
-            .filter(|s| s.pool_guid == label.pool_guid)
-            .map(|s| (s.kind != pool::MmpKind::Exported).then_some(s.owner))
-            .unwrap_or(label.owner);
-        match holder {
-            Some(h) if !pool::holder_is_gone(&h, &self.inner.owner) => Err(Error::Busy(format!(
+        match self.live_holder(dev, &label) {
+            Some(h) => Err(Error::Busy(format!(
                 "device {path} is part of active pool '{name}' (host {}, pid {})",
                 h.hostname, h.pid
             ))),
             _ if force => Ok(()),
             _ => Err(Error::Busy(format!(
-                "device {path} is part of active pool '{name}' (use -f to reuse the device)"
+                "device {path} is part of potentially active pool '{name}' (use -f to reuse the device)"
             ))),
         }
+    }
+
+    /// The daemon that may still hold the pool of `label` (ACTIVE, the
+    /// newest MMP stamp or else the label naming a holder not known gone).
+    fn live_holder(&self, dev: &Vdev, label: &pool::Label) -> Option<pool::Owner> {
+        if label.pool_state() == pool::PoolState::Exported {
+            return None;
+        }
+        let holder = match dev.read_mmp().ok().flatten() {
+            Some(s) if s.pool_guid == label.pool_guid => {
+                (s.kind != pool::MmpKind::Exported).then_some(s.owner)
+            }
+            _ => label.owner.clone(),
+        };
+        holder.filter(|h| !pool::holder_is_gone(h, &self.inner.owner))
     }
 
     /// Opens the devices, checks they form one pool, assembles and imports it.
@@ -736,8 +743,14 @@ impl Engine {
     }
 
     /// Labels of every file or block device directly inside `dirs`, grouped by pool.
-    fn scan(&self, dirs: &[PathBuf]) -> Result<Vec<(pool::Label, Vec<PathBuf>)>> {
-        let mut found: HashMap<u64, (pool::Label, Vec<PathBuf>)> = HashMap::new();
+    /// With each pool: the daemon that may still hold it.
+    #[allow(clippy::type_complexity)]
+    fn scan(
+        &self,
+        dirs: &[PathBuf],
+    ) -> Result<Vec<(pool::Label, Vec<PathBuf>, Option<pool::Owner>)>> {
+        let mut found: HashMap<u64, (pool::Label, Vec<PathBuf>, Option<pool::Owner>)> =
+            HashMap::new();
         for dir in dirs {
             let entries = std::fs::read_dir(dir).map_err(|e| io(&dir.display().to_string(), e))?;
             for entry in entries.flatten() {
@@ -749,11 +762,14 @@ impl Engine {
                 }
                 let Ok(dev) = Vdev::open(&path) else { continue };
                 if let Ok(label) = dev.read_label() {
-                    found
+                    let holder = self.live_holder(&dev, &label);
+                    let e = found
                         .entry(label.pool_guid)
-                        .or_insert_with(|| (label.clone(), Vec::new()))
-                        .1
-                        .push(path);
+                        .or_insert_with(|| (label.clone(), Vec::new(), None));
+                    e.1.push(path);
+                    if e.2.is_none() {
+                        e.2 = holder;
+                    }
                 }
             }
         }
@@ -766,7 +782,7 @@ impl Engine {
             .collect();
         Ok(found
             .into_values()
-            .filter(|(l, _)| !imported.contains(&l.pool_guid))
+            .filter(|(l, _, _)| !imported.contains(&l.pool_guid))
             .collect())
     }
 
@@ -774,13 +790,16 @@ impl Engine {
         let mut out: Vec<ImportablePool> = self
             .scan(dirs)?
             .into_iter()
-            .map(|(label, devices)| {
+            .map(|(label, devices, holder)| {
                 let expected: usize = label.groups.iter().map(|g| g.devices.len()).sum();
+                let active = label.pool_state() == pool::PoolState::Active;
                 ImportablePool {
                     name: label.pool_name,
                     guid: label.pool_guid,
                     complete: devices.len() >= expected,
                     devices,
+                    in_use_by: holder.map(|h| format!("host {}, pid {}", h.hostname, h.pid)),
+                    active,
                 }
             })
             .collect();
@@ -795,9 +814,9 @@ impl Engine {
         let candidates: Vec<_> = self
             .scan(dirs)?
             .into_iter()
-            .filter(|(l, _)| l.pool_name == pool || l.pool_guid.to_string() == pool)
+            .filter(|(l, _, _)| l.pool_name == pool || l.pool_guid.to_string() == pool)
             .collect();
-        let (label, devices) = match candidates.len() {
+        let (label, devices, _) = match candidates.len() {
             0 => {
                 return Err(Error::NotFound(format!(
                     "no importable pool '{pool}' in the given directories"

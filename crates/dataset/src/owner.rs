@@ -50,9 +50,15 @@ pub(crate) fn lock_state_dir(dir: &Path) -> Result<StateLock> {
 }
 
 /// The first 64 bits of /etc/machine-id, else a random id kept in the state
-/// directory's `hostid` file (created once).
+/// directory's `hostid` file (created once). `CISTERN_HOSTID` (16 hex
+/// digits) overrides both: the tests play two hosts on one machine with it.
 fn host_id(dir: &Path) -> Result<u64> {
     let parse = |s: &str| u64::from_str_radix(s.trim().get(..16)?, 16).ok();
+    if let Ok(v) = std::env::var("CISTERN_HOSTID") {
+        return parse(&v).ok_or_else(|| {
+            Error::InvalidArgument(format!("CISTERN_HOSTID={v}: 16 hex digits expected"))
+        });
+    }
     for p in ["/etc/machine-id", "/var/lib/dbus/machine-id"] {
         if let Some(id) = std::fs::read_to_string(p).ok().as_deref().and_then(parse) {
             return Ok(id);

@@ -90,6 +90,8 @@ pub(crate) struct Ownership {
     epoch: Instant,
     fenced: Mutex<Option<String>>,
     is_fenced: AtomicBool,
+    /// Ends the heartbeat thread (release, tests).
+    stop_thread: AtomicBool,
 }
 
 impl Default for Ownership {
@@ -101,6 +103,7 @@ impl Default for Ownership {
             epoch: Instant::now(),
             fenced: Mutex::new(None),
             is_fenced: AtomicBool::new(false),
+            stop_thread: AtomicBool::new(false),
         }
     }
 }
@@ -414,7 +417,10 @@ impl Pool {
             .spawn(move || loop {
                 std::thread::sleep(interval);
                 let Some(pool) = weak.upgrade() else { return };
-                if pool.own.held.lock().is_none() || pool.is_fenced() {
+                if pool.own.held.lock().is_none()
+                    || pool.is_fenced()
+                    || pool.own.stop_thread.load(Ordering::Acquire)
+                {
                     return;
                 }
                 if let Err(e) = pool.heartbeat() {
@@ -435,6 +441,13 @@ impl Pool {
         self.own.is_fenced.store(true, Ordering::Release);
     }
 
+    /// Stops the heartbeat thread but keeps the pool held, as a stopped
+    /// (SIGSTOP) owner would look to others.
+    #[cfg(test)]
+    fn release_thread_for_test(&self) {
+        self.own.stop_thread.store(true, Ordering::Release);
+    }
+
     /// Gives the pool up (`pool export`): a last EXPORTED stamp, then no
     /// more heartbeats. Writes through this pool are no longer checked.
     pub fn release(&self) {
@@ -444,5 +457,196 @@ impl Pool {
                 self.write_slots(&self.stamp(&h.owner, h.seq + 1, MmpKind::Exported));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LayoutKind, PoolState};
+    use std::path::PathBuf;
+
+    const FAST: MmpConfig = MmpConfig {
+        interval: Duration::from_millis(40),
+    };
+
+    fn host(name: &str, hostid: u64) -> Owner {
+        Owner {
+            hostname: name.into(),
+            hostid,
+            pid: std::process::id(),
+            instance: rand::random::<u64>() | 1,
+            state_dir: hostid * 7,
+        }
+    }
+
+    fn mirror(dir: &std::path::Path) -> Vec<PathBuf> {
+        let paths: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("d{i}"))).collect();
+        let devs = paths
+            .iter()
+            .map(|p| Vdev::open_or_create(p, Some(64 << 20)).unwrap())
+            .collect();
+        Pool::create("tank", vec![(LayoutKind::Mirror, devs)]).unwrap();
+        paths
+    }
+
+    fn open(paths: &[PathBuf]) -> Arc<Pool> {
+        let devs = paths
+            .iter()
+            .map(|p| {
+                let v = Vdev::open(p).unwrap();
+                let l = v.read_label().unwrap();
+                (v, l)
+            })
+            .collect();
+        Arc::new(Pool::open(devs).unwrap())
+    }
+
+    #[test]
+    fn default_timings_let_a_stalled_owner_stop_before_a_forced_import_takes_over() {
+        let d = MmpConfig::default();
+        assert_eq!(d.interval, Duration::from_secs(1));
+        assert_eq!(d.claim_wait(), Duration::from_secs(1));
+        assert_eq!(d.import_wait(), Duration::from_secs(5));
+        assert_eq!(d.lease(), Duration::from_secs(3));
+        // The owner's lease must end before an importer's watch can: a
+        // stamp missed for import_wait means the owner stopped writing.
+        assert!(d.lease() + d.interval < d.import_wait());
+    }
+
+    #[test]
+    fn a_held_pool_is_refused_then_taken_with_force_only_once_its_stamps_stay_still() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = mirror(dir.path());
+        let a = open(&paths);
+        a.claim(host("a", 1), FAST, false, None).unwrap();
+        a.set_exported(false).unwrap();
+        a.start_mmp().unwrap();
+        assert_eq!(
+            a.devices()[0].read_label().unwrap().pool_state(),
+            PoolState::Active
+        );
+        assert_eq!(
+            a.devices()[0].read_label().unwrap().owner.unwrap().hostname,
+            "a"
+        );
+
+        // Another host: refused without -f, naming the holder.
+        let b = open(&paths);
+        let err = b.claim(host("b", 2), FAST, false, None).unwrap_err();
+        assert!(
+            matches!(err, PoolError::InUse { ref host, .. } if host == "a"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("use -f"), "{err}");
+        // With -f, while A heartbeats: its sequence advances, refused.
+        let err = b.claim(host("b", 2), FAST, true, None).unwrap_err();
+        assert!(matches!(err, PoolError::ActiveElsewhere { .. }), "{err}");
+        assert!(!a.is_fenced());
+
+        // A stalls (no heartbeats, as if stopped): -f takes the pool.
+        a.release_thread_for_test();
+        std::thread::sleep(FAST.lease());
+        b.claim(host("b", 2), FAST, true, None).unwrap();
+        // A wakes up: its next write finds B's stamp and is refused for good.
+        let err = a.check_owner().unwrap_err();
+        assert!(matches!(err, PoolError::Fenced(_)), "{err}");
+        assert!(
+            a.set_exported(false).is_err(),
+            "a fenced pool rewrote its labels"
+        );
+        assert!(b.check_owner().is_ok());
+        assert_eq!(
+            a.devices()[0].read_mmp().unwrap().unwrap().owner.hostname,
+            "b"
+        );
+    }
+
+    #[test]
+    fn of_daemons_claiming_at_once_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = mirror(dir.path());
+        for round in 0..5u64 {
+            let pools: Vec<Arc<Pool>> = (0..3).map(|_| open(&paths)).collect();
+            let won: Vec<bool> = std::thread::scope(|s| {
+                let handles: Vec<_> = pools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        s.spawn(move || {
+                            // Same host, other state dirs, live pids: none is "gone".
+                            p.claim(
+                                host(&format!("d{i}"), 10 + round * 10 + i as u64),
+                                FAST,
+                                false,
+                                None,
+                            )
+                            .is_ok()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(
+                won.iter().filter(|w| **w).count(),
+                1,
+                "round {round}: {won:?}"
+            );
+            for (p, w) in pools.iter().zip(&won) {
+                if *w {
+                    p.release();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pools_without_stamps_or_owner_in_their_labels_import_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = mirror(dir.path());
+        // Labels as builds before decision 0010 wrote them: no state, no owner,
+        // not exported; no MMP slot.
+        for p in &paths {
+            let v = Vdev::open(p).unwrap();
+            let mut l = v.read_label().unwrap();
+            (l.state, l.owner, l.exported) = (None, None, false);
+            v.write_label(&l).unwrap();
+            v.clear_mmp().unwrap();
+            let json = serde_json::to_string(&v.read_label().unwrap()).unwrap();
+            assert!(!json.contains("owner") && !json.contains("state"), "{json}");
+        }
+        let p = open(&paths);
+        p.claim(host("new", 3), FAST, false, None).unwrap();
+        p.set_exported(false).unwrap();
+        let l = p.devices()[1].read_label().unwrap();
+        assert_eq!(
+            (l.pool_state(), l.owner.map(|o| o.hostname)),
+            (PoolState::Active, Some("new".into()))
+        );
+    }
+
+    #[test]
+    fn a_holder_on_this_host_is_gone_when_it_held_our_state_dir_or_its_pid_died() {
+        let me = host("h", 1);
+        let mut other = host("h", 1);
+        other.state_dir = 99;
+        assert!(!holder_is_gone(&other, &me), "live pid, other state dir");
+        let mut same_dir = other.clone();
+        same_dir.state_dir = me.state_dir;
+        assert!(
+            holder_is_gone(&same_dir, &me),
+            "we hold its state dir's lock now"
+        );
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        other.pid = dead;
+        assert!(holder_is_gone(&other, &me), "its pid is gone");
+        let mut remote = other.clone();
+        remote.hostid = 2;
+        assert!(
+            !holder_is_gone(&remote, &me),
+            "another host is never assumed gone"
+        );
     }
 }
