@@ -153,10 +153,14 @@ def test_owner_that_was_taken_over_stops_writing(make_daemon, disks):
             write_flushed(uri_b, 0, mine)
         finally:
             os.kill(a.pid, signal.SIGCONT)
-        # The loser is never acknowledged.
+        # The loser is never acknowledged: its FLUSH fails, and once it has
+        # noticed the takeover it takes no write at all.
         with pytest.raises(nbd.Error):
             h.pwrite(pattern("stale", 4 * MiB), 0)
             h.flush()
+        wait_until(lambda: "taken over by host" in a.log_text(), 10, what="fence logged")
+        with pytest.raises(nbd.Error):
+            h.pwrite(pattern("stale", 4096), 0)
     finally:
         try:
             h.shutdown()
