@@ -6,17 +6,17 @@ binary; two hosts are played by two CISTERN_HOSTID values."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 
 import nbd
 import pytest
 
-from conftest import Daemon, cistern_bin, run
+from conftest import Daemon, cistern_bin, popen
 from helpers import MiB, connected, pattern, wait_until
 
 # Short MMP timings keep the suite fast: claim 0.2 s, forced-import watch 1 s,
@@ -171,7 +171,10 @@ def test_owner_that_was_taken_over_stops_writing(make_daemon, disks):
     # Give A's txg thread every chance to write; B's data stays intact.
     time.sleep(1.5)
     assert read(uri_b, 0, len(mine)) == mine
-    a.kill9()
+    # SIGTERM: A shuts down cleanly without touching the pool.
+    assert a.stop() == 0
+    assert "closed without a final commit: the pool was taken over" in a.log_text()
+    assert read(uri_b, 0, len(mine)) == mine
     b.kill9()
     b.start()
     assert read(b.uri("tank/vol0"), 0, len(mine)) == mine
@@ -239,3 +242,38 @@ def test_kill9_restart_on_the_same_state_dir_imports_without_force(make_daemon, 
     assert read(a.uri("tank/vol0"), 0, len(data)) == data
     assert "pool may be in use" not in a.log_text()
     assert a.pid != old
+
+
+def test_two_imports_at_once_exactly_one_wins(make_daemon, disks):
+    seed = make_daemon("seed", env=env())
+    first_pool(seed, disks)
+    seed.cli("pool", "export", "tank")
+    for r in range(3):
+        racers = [make_daemon(f"i{r}-{i}", env=env()) for i in range(2)]
+        procs = [popen_cli(d, "pool", "import", "-d", disks, "tank") for d in racers]
+        results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+        ok = [d for d, (_, _, rc) in zip(racers, results) if rc == 0]
+        assert len(ok) == 1, results
+        for _, err, rc in results:
+            if rc != 0:
+                assert "pool may be in use from another system" in err, err
+        assert [pools(d) for d in racers].count(["tank"]) == 1
+        winner = ok[0]
+        write_flushed(winner.uri("tank/vol0"), r * MiB, pattern(f"imp-{r}", MiB))
+        winner.cli("pool", "export", "tank")
+        for d in racers:
+            d.stop()
+    seed.cli("pool", "import", "-d", disks, "tank")
+    for r in range(3):
+        assert read(seed.uri("tank/vol0"), r * MiB, MiB) == pattern(f"imp-{r}", MiB)
+
+
+def popen_cli(daemon, *args):
+    return popen(
+        [cistern_bin(), *args],
+        env=daemon.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )

@@ -944,7 +944,13 @@ impl ImportedPool {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = self.sync_txg();
+        let result = if self.pool.is_fenced() {
+            // Its new owner has the pool; what was not committed here was never acknowledged.
+            tracing::warn!(pool = %self.pool.name, "closed without a final commit: the pool was taken over");
+            Ok(())
+        } else {
+            self.sync_txg()
+        };
         {
             let mut c = self.ctl.lock();
             c.shutdown = true;
