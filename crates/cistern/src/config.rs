@@ -9,6 +9,7 @@
 //!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
+//! multihost_interval_ms = 1000   # or CISTERN_MMP_INTERVAL_MS (decision 0010)
 //!
 //! [nbd]               # nbd::ServerConfig
 //! max_connections = 1024
@@ -224,9 +225,14 @@ mod tests {
             log = "debug"
             [engine]
             txg_timeout_secs = 1.5
+            multihost_interval_ms = 250
             "#,
         )
         .unwrap();
+        assert_eq!(
+            cfg.engine.mmp().import_wait(),
+            std::time::Duration::from_millis(1250)
+        );
         assert_eq!(cfg.server.nbd.as_deref(), Some("0.0.0.0:10809"));
         assert_eq!(cfg.server.state_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(cfg.engine.txg_timeout_secs, 1.5);
