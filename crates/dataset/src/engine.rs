@@ -335,39 +335,38 @@ impl Engine {
                 "device {path} is part of active pool '{name}' (imported here)"
             )));
         }
-        if label.pool_state() == pool::PoolState::Exported {
-            return match force {
-                true => Ok(()),
-                false => Err(Error::Busy(format!(
-                    "device {path} is part of exported pool '{name}' (use -f to reuse the device)"
-                ))),
-            };
-        }
-        match self.live_holder(dev, &label) {
-            Some(h) => Err(Error::Busy(format!(
+        // A live holder's pool is never taken, not even with -f.
+        if let Some(h) = self.live_holder(dev, &label) {
+            return Err(Error::Busy(format!(
                 "device {path} is part of active pool '{name}' (host {}, pid {})",
                 h.hostname, h.pid
-            ))),
-            _ if force => Ok(()),
-            _ => Err(Error::Busy(format!(
-                "device {path} is part of potentially active pool '{name}' (use -f to reuse the device)"
-            ))),
+            )));
         }
+        if force {
+            return Ok(());
+        }
+        let state = match label.pool_state() {
+            pool::PoolState::Exported => "exported",
+            pool::PoolState::Active => "potentially active",
+        };
+        Err(Error::Busy(format!(
+            "device {path} is part of {state} pool '{name}' (use -f to reuse the device)"
+        )))
     }
 
-    /// The daemon that may still hold the pool of `label` (ACTIVE, the
-    /// newest MMP stamp or else the label naming a holder not known gone).
+    /// The daemon that may still hold the pool of `label`, by the device's
+    /// MMP stamp or else an ACTIVE label's owner ([`pool::live_holder`]).
     fn live_holder(&self, dev: &Vdev, label: &pool::Label) -> Option<pool::Owner> {
-        if label.pool_state() == pool::PoolState::Exported {
-            return None;
-        }
-        let holder = match dev.read_mmp().ok().flatten() {
-            Some(s) if s.pool_guid == label.pool_guid => {
-                (s.kind != pool::MmpKind::Exported).then_some(s.owner)
-            }
-            _ => label.owner.clone(),
-        };
-        holder.filter(|h| !pool::holder_is_gone(h, &self.inner.owner))
+        let stamp = dev
+            .read_mmp()
+            .ok()
+            .flatten()
+            .filter(|s| s.pool_guid == label.pool_guid);
+        let label_owner = label
+            .owner
+            .as_ref()
+            .filter(|_| label.pool_state() == pool::PoolState::Active);
+        pool::live_holder(stamp.as_ref(), label_owner, &self.inner.owner)
     }
 
     /// Opens the devices, checks they form one pool, assembles and imports it.

@@ -13,7 +13,9 @@ mod mmp;
 mod raidz;
 
 pub use alloc::Allocator;
-pub use mmp::{holder_is_gone, MmpConfig, DEFAULT_MMP_INTERVAL, IMPORT_INTERVALS, LEASE_INTERVALS};
+pub use mmp::{
+    holder_is_gone, live_holder, MmpConfig, DEFAULT_MMP_INTERVAL, IMPORT_INTERVALS, LEASE_INTERVALS,
+};
 pub use raidz::{MAX_RAIDZ_WIDTH, ROTATE_ROWS};
 pub use vdev::{
     DeviceState, GroupLayout, Label, LayoutKind, MmpKind, MmpStamp, Owner, PoolState, Regions,

@@ -138,6 +138,21 @@ pub fn holder_is_gone(holder: &Owner, me: &Owner) -> bool {
     holder.hostid == me.hostid && (holder.state_dir == me.state_dir || !pid_alive(holder.pid))
 }
 
+/// The daemon that may still hold a pool: the owner of the newest stamp
+/// unless it is EXPORTED, else (never stamped) `label_owner` (the owner an
+/// ACTIVE label names); neither `me` nor a holder known to be gone.
+pub fn live_holder<'a>(
+    stamps: impl IntoIterator<Item = &'a MmpStamp>,
+    label_owner: Option<&Owner>,
+    me: &Owner,
+) -> Option<Owner> {
+    let holder = match stamps.into_iter().max_by_key(|s| s.seq) {
+        Some(s) => (s.kind != MmpKind::Exported).then(|| s.owner.clone()),
+        None => label_owner.cloned(),
+    };
+    holder.filter(|h| h.instance != me.instance && !holder_is_gone(h, me))
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -238,19 +253,8 @@ impl Pool {
         for _ in 0..CLAIM_ATTEMPTS {
             let mut slots = self.read_slots();
             let mut read_at = Instant::now();
-            let newest = slots
-                .iter()
-                .filter_map(|(_, s)| s.as_ref())
-                .max_by_key(|s| s.seq)
-                .cloned();
-            let holder = match &newest {
-                Some(s) if s.kind != MmpKind::Exported && s.owner.instance != me.instance => {
-                    Some(s.owner.clone())
-                }
-                Some(_) => None,
-                None => label_owner.clone().filter(|o| o.instance != me.instance),
-            };
-            if let Some(h) = holder.filter(|h| !holder_is_gone(h, &me)) {
+            let stamps = slots.iter().filter_map(|(_, s)| s.as_ref());
+            if let Some(h) = live_holder(stamps, label_owner.as_ref(), &me) {
                 if !force {
                     return Err(PoolError::InUse {
                         pool: self.name.clone(),
