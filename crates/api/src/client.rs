@@ -417,10 +417,11 @@ impl Client {
         self.decode(req.call())
     }
 
-    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf]) -> Result<PoolStatus> {
+    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf], force: bool) -> Result<PoolStatus> {
         let body = ImportRequest {
             pool: pool.to_string(),
             dirs: dirs.to_vec(),
+            force,
         };
         self.decode(self.agent.post(self.url("/v1/import")).send_json(&body))
     }

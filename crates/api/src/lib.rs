@@ -94,6 +94,10 @@ pub struct ImportRequest {
     /// Pool name or numeric guid.
     pub pool: String,
     pub dirs: Vec<PathBuf>,
+    /// `-f`: import a pool another daemon seems to hold, once its MMP stamps
+    /// stay still (never while they move).
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// `POST /v1/datasets`: `cistern create -V SIZE -o k=v NAME`.

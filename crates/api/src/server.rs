@@ -548,7 +548,7 @@ async fn import_pool(
         ));
     }
     tracing::info!(pool = %req.pool, "importing pool");
-    blocking(&st, move |e| e.import_pool(&req.pool, &req.dirs))
+    blocking(&st, move |e| e.import_pool(&req.pool, &req.dirs, req.force))
         .await
         .map(json)
 }

@@ -146,7 +146,8 @@ fn routes_and_error_mapping() {
     let found = c.importable_pools(std::slice::from_ref(&disks)).unwrap();
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].name, "tank");
-    c.import_pool("tank", std::slice::from_ref(&disks)).unwrap();
+    c.import_pool("tank", std::slice::from_ref(&disks), false)
+        .unwrap();
 
     // Last: a scrape that hangs in the engine would wedge the pool for the steps after it.
     let scrape = Client::with_timeout(&srv.url, Duration::from_secs(20));

@@ -9,6 +9,7 @@
 //!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
+//! multihost_interval_ms = 1000   # or CISTERN_MMP_INTERVAL_MS (decision 0010)
 //!
 //! [nbd]               # nbd::ServerConfig
 //! max_connections = 1024
@@ -186,6 +187,13 @@ pub fn resolve(
     if nbd.addr == api.addr && nbd.addr.port() != 0 {
         bail!("the NBD and API addresses are both {}", nbd.addr);
     }
+    let mut engine = cfg.engine;
+    // Tests shorten the multihost interval without a config file.
+    if let Ok(v) = std::env::var("CISTERN_MMP_INTERVAL_MS") {
+        engine.multihost_interval_ms = v.parse().with_context(|| {
+            format!("CISTERN_MMP_INTERVAL_MS={v} is not a number of milliseconds")
+        })?;
+    }
     Ok(Resolved {
         state_dir,
         nbd,
@@ -193,7 +201,7 @@ pub fn resolve(
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
-        engine: cfg.engine,
+        engine,
     })
 }
 
@@ -252,9 +260,14 @@ mod tests {
             log = "debug"
             [engine]
             txg_timeout_secs = 1.5
+            multihost_interval_ms = 250
             "#,
         )
         .unwrap();
+        assert_eq!(
+            cfg.engine.mmp().import_wait(),
+            std::time::Duration::from_millis(1250)
+        );
         assert_eq!(cfg.server.nbd.as_deref(), Some("0.0.0.0:10809"));
         assert_eq!(cfg.server.state_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(cfg.engine.txg_timeout_secs, 1.5);

@@ -58,7 +58,7 @@ pub fn setup(engine: &Engine, disks: &Path) -> Result<()> {
         if found.iter().any(|p| p.name == POOL) {
             tracing::info!("importing pool {POOL} from {}", disks.display());
             engine
-                .import_pool(POOL, &[disks.to_path_buf()])
+                .import_pool(POOL, &[disks.to_path_buf()], false)
                 .with_context(|| format!("cannot import pool {POOL}"))?;
             return Ok(());
         }

@@ -209,6 +209,13 @@ pub struct ImportablePool {
     pub devices: Vec<PathBuf>,
     /// Whether all devices the label names were found.
     pub complete: bool,
+    /// Another daemon that may hold the pool ("host H, pid P"): importing
+    /// it needs `-f` (decision 0010). None: exported, or its holder is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_by: Option<String>,
+    /// The labels say ACTIVE (not exported), whether or not its holder lives.
+    #[serde(default)]
+    pub active: bool,
 }
 
 /// One property of a dataset as `cistern get` shows it.

@@ -45,6 +45,9 @@ pub struct EngineInner {
     pub(crate) me: std::sync::OnceLock<std::sync::Weak<Engine>>,
     /// Snapshot policies: the scheduler's state (`autosnap.rs`).
     pub(crate) autosnap: crate::autosnap::AutoSnap,
+    /// This daemon in labels and MMP stamps (decision 0010).
+    pub(crate) owner: pool::Owner,
+    lock: Mutex<Option<crate::owner::StateLock>>,
 }
 
 fn io(context: &str, e: impl std::fmt::Display) -> Error {
@@ -72,6 +75,9 @@ pub(crate) fn check_new_dataset(
 impl Engine {
     pub fn open(state_dir: &Path, config: EngineConfig) -> Result<Arc<Engine>> {
         std::fs::create_dir_all(state_dir).map_err(|e| io(&state_dir.display().to_string(), e))?;
+        // One daemon per state directory: its cache file names pools it alone may own.
+        let lock = crate::owner::lock_state_dir(state_dir)?;
+        let owner = crate::owner::local_owner(state_dir)?;
         let engine = Engine {
             inner: EngineInner {
                 state_dir: state_dir.to_path_buf(),
@@ -81,11 +87,13 @@ impl Engine {
                 holders: Arc::default(),
                 me: std::sync::OnceLock::new(),
                 autosnap: Default::default(),
+                owner,
+                lock: Mutex::new(Some(lock)),
             },
         };
         let cache = engine.read_cache()?;
         for cached in cache.pools {
-            match engine.import_devices(&cached.devices, Some(cached.guid)) {
+            match engine.import_devices(&cached.devices, Some(cached.guid), false) {
                 Ok(p) => {
                     tracing::info!(pool = %p.pool.name, "imported from cache file");
                     engine.inner.pools.write().insert(p.pool.name.clone(), p);
@@ -191,6 +199,10 @@ impl Engine {
         let pool = Arc::new(
             Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
+        pool.own_new(self.inner.owner.clone(), self.inner.config.mmp())
+            .and_then(|()| pool.start_mmp())
+            .and_then(|()| pool.set_exported(false))
+            .map_err(|e| Error::Io(e.to_string()))?;
         let imported = ImportedPool::create(pool, self.inner.config.clone())?;
         self.inner
             .pools
@@ -289,7 +301,8 @@ impl Engine {
     }
 
     /// A device holding the label of a pool may join another only with
-    /// `force`, and never while that pool is imported here.
+    /// `force`, never while that pool is imported here, and never while
+    /// another live daemon holds it (its label says ACTIVE and names it).
     fn check_reusable(&self, dev: &Vdev, force: bool) -> Result<()> {
         let Ok(label) = dev.read_label() else {
             return Ok(());
@@ -300,23 +313,56 @@ impl Engine {
             .read()
             .values()
             .any(|p| p.pool.guid == label.pool_guid);
-        if in_use || !force {
+        let path = dev.path().display();
+        let name = &label.pool_name;
+        if in_use {
             return Err(Error::Busy(format!(
-                "device {} is part of pool '{}'{}",
-                dev.path().display(),
-                label.pool_name,
-                match (in_use, label.exported) {
-                    (true, _) => " (imported here)",
-                    (false, true) => " (exported; use -f to reuse the device)",
-                    (false, false) => " (use -f to reuse the device)",
-                }
+                "device {path} is part of active pool '{name}' (imported here)"
             )));
         }
-        Ok(())
+        // A live holder's pool is never taken, not even with -f.
+        if let Some(h) = self.live_holder(dev, &label) {
+            return Err(Error::Busy(format!(
+                "device {path} is part of active pool '{name}' (host {}, pid {})",
+                h.hostname, h.pid
+            )));
+        }
+        if force {
+            return Ok(());
+        }
+        let state = match label.pool_state() {
+            pool::PoolState::Exported => "exported",
+            pool::PoolState::Active => "potentially active",
+        };
+        Err(Error::Busy(format!(
+            "device {path} is part of {state} pool '{name}' (use -f to reuse the device)"
+        )))
+    }
+
+    /// The daemon that may still hold the pool of `label`, by the device's
+    /// MMP stamp or else an ACTIVE label's owner ([`pool::live_holder`]).
+    fn live_holder(&self, dev: &Vdev, label: &pool::Label) -> Option<pool::Owner> {
+        let stamp = dev
+            .read_mmp()
+            .ok()
+            .flatten()
+            .filter(|s| s.pool_guid == label.pool_guid);
+        let label_owner = label
+            .owner
+            .as_ref()
+            .filter(|_| label.pool_state() == pool::PoolState::Active);
+        pool::live_holder(stamp.as_ref(), label_owner, &self.inner.owner)
     }
 
     /// Opens the devices, checks they form one pool, assembles and imports it.
-    fn import_devices(&self, paths: &[PathBuf], guid: Option<u64>) -> Result<Arc<ImportedPool>> {
+    /// Only one daemon gets it: the pool's MMP slots are claimed first
+    /// (`force`: also from a holder that seems alive, once its stamps stay still).
+    fn import_devices(
+        &self,
+        paths: &[PathBuf],
+        guid: Option<u64>,
+        force: bool,
+    ) -> Result<Arc<ImportedPool>> {
         let mut devs = Vec::new();
         for path in paths {
             let dev = match Vdev::open(path) {
@@ -337,6 +383,11 @@ impl Engine {
         if devs.is_empty() {
             return Err(Error::NotFound("no device of the pool is available".into()));
         }
+        let label_owner = devs
+            .iter()
+            .filter(|(_, l)| l.pool_state() == pool::PoolState::Active)
+            .max_by_key(|(_, l)| l.generation)
+            .and_then(|(_, l)| l.owner.clone());
         let pool = Arc::new(Pool::open(devs).map_err(|e| Error::Io(e.to_string()))?);
         if self.inner.pools.read().contains_key(&pool.name) {
             return Err(Error::AlreadyExists(format!(
@@ -344,7 +395,31 @@ impl Engine {
                 pool.name
             )));
         }
-        ImportedPool::open(pool, self.inner.config.clone())
+        let claimed = pool
+            .claim(
+                self.inner.owner.clone(),
+                self.inner.config.mmp(),
+                force,
+                label_owner,
+            )
+            .and_then(|()| pool.start_mmp());
+        if let Err(e) = claimed {
+            return Err(match e {
+                pool::PoolError::Vdev(_) => Error::Io(e.to_string()),
+                e => Error::Busy(e.to_string()),
+            });
+        }
+        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone()).and_then(|p| {
+            // The labels now name this daemon as the owner of an ACTIVE pool.
+            p.pool
+                .set_exported(false)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            Ok(p)
+        });
+        if imported.is_err() {
+            pool.release();
+        }
+        imported
     }
 
     pub fn list_pools(&self) -> Vec<PoolSummary> {
@@ -668,6 +743,7 @@ impl Engine {
         scrub::stop(&p);
         self.inner.pools.write().remove(pool);
         let _ = p.close();
+        p.pool.release();
         p.pool.wipe_labels().map_err(|e| Error::Io(e.to_string()))?;
         self.write_cache()?;
         events::post_event(&p.pool, class::POOL_DESTROY, &[]);
@@ -696,6 +772,7 @@ impl Engine {
         p.pool
             .set_exported(true)
             .map_err(|e| Error::Io(e.to_string()))?;
+        p.pool.release();
         self.inner.pools.write().remove(pool);
         self.write_cache()?;
         tracing::info!(pool, "pool exported");
@@ -703,8 +780,14 @@ impl Engine {
     }
 
     /// Labels of every file or block device directly inside `dirs`, grouped by pool.
-    fn scan(&self, dirs: &[PathBuf]) -> Result<Vec<(pool::Label, Vec<PathBuf>)>> {
-        let mut found: HashMap<u64, (pool::Label, Vec<PathBuf>)> = HashMap::new();
+    /// With each pool: the daemon that may still hold it.
+    #[allow(clippy::type_complexity)]
+    fn scan(
+        &self,
+        dirs: &[PathBuf],
+    ) -> Result<Vec<(pool::Label, Vec<PathBuf>, Option<pool::Owner>)>> {
+        let mut found: HashMap<u64, (pool::Label, Vec<PathBuf>, Option<pool::Owner>)> =
+            HashMap::new();
         for dir in dirs {
             let entries = std::fs::read_dir(dir).map_err(|e| io(&dir.display().to_string(), e))?;
             for entry in entries.flatten() {
@@ -716,11 +799,14 @@ impl Engine {
                 }
                 let Ok(dev) = Vdev::open(&path) else { continue };
                 if let Ok(label) = dev.read_label() {
-                    found
+                    let holder = self.live_holder(&dev, &label);
+                    let e = found
                         .entry(label.pool_guid)
-                        .or_insert_with(|| (label.clone(), Vec::new()))
-                        .1
-                        .push(path);
+                        .or_insert_with(|| (label.clone(), Vec::new(), None));
+                    e.1.push(path);
+                    if e.2.is_none() {
+                        e.2 = holder;
+                    }
                 }
             }
         }
@@ -733,7 +819,7 @@ impl Engine {
             .collect();
         Ok(found
             .into_values()
-            .filter(|(l, _)| !imported.contains(&l.pool_guid))
+            .filter(|(l, _, _)| !imported.contains(&l.pool_guid))
             .collect())
     }
 
@@ -741,13 +827,16 @@ impl Engine {
         let mut out: Vec<ImportablePool> = self
             .scan(dirs)?
             .into_iter()
-            .map(|(label, devices)| {
+            .map(|(label, devices, holder)| {
                 let expected: usize = label.groups.iter().map(|g| g.devices.len()).sum();
+                let active = label.pool_state() == pool::PoolState::Active;
                 ImportablePool {
                     name: label.pool_name,
                     guid: label.pool_guid,
                     complete: devices.len() >= expected,
                     devices,
+                    in_use_by: holder.map(|h| format!("host {}, pid {}", h.hostname, h.pid)),
+                    active,
                 }
             })
             .collect();
@@ -755,14 +844,16 @@ impl Engine {
         Ok(out)
     }
 
-    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf]) -> Result<PoolStatus> {
+    /// `cistern pool import -d DIR [-f] POOL`; `force` takes a pool another
+    /// daemon seems to hold once its MMP stamps stay still (decision 0010).
+    pub fn import_pool(&self, pool: &str, dirs: &[PathBuf], force: bool) -> Result<PoolStatus> {
         let _admin = self.inner.admin.lock();
         let candidates: Vec<_> = self
             .scan(dirs)?
             .into_iter()
-            .filter(|(l, _)| l.pool_name == pool || l.pool_guid.to_string() == pool)
+            .filter(|(l, _, _)| l.pool_name == pool || l.pool_guid.to_string() == pool)
             .collect();
-        let (label, devices) = match candidates.len() {
+        let (label, devices, _) = match candidates.len() {
             0 => {
                 return Err(Error::NotFound(format!(
                     "no importable pool '{pool}' in the given directories"
@@ -778,10 +869,7 @@ impl Engine {
                 )))
             }
         };
-        let p = self.import_devices(&devices, Some(label.pool_guid))?;
-        p.pool
-            .set_exported(false)
-            .map_err(|e| Error::Io(e.to_string()))?;
+        let p = self.import_devices(&devices, Some(label.pool_guid), force)?;
         let name = p.pool.name.clone();
         self.inner.pools.write().insert(name.clone(), p.clone());
         self.write_cache()?;
@@ -1078,6 +1166,17 @@ impl Engine {
             p.sync_now()?;
         }
         Ok(())
+    }
+
+    /// Leaves everything as kill -9 would (tests of crash recovery inside
+    /// one process): no more writes or MMP stamps to any pool, the state
+    /// directory unlocked, nothing closed or freed.
+    pub fn forget_as_if_killed(engine: Arc<Engine>) {
+        for p in engine.inner.pools.read().values() {
+            p.pool.halt();
+        }
+        engine.inner.lock.lock().take();
+        std::mem::forget(engine);
     }
 
     pub fn shutdown(&self) -> Result<()> {

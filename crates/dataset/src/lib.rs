@@ -17,6 +17,7 @@ mod holders;
 pub mod names;
 pub mod events;
 pub mod history;
+mod owner;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -66,6 +67,19 @@ pub struct EngineConfig {
     pub scan_rate_bytes: u64,
     /// Seconds between runs of the snapshot policy scheduler; 0 turns it off.
     pub policy_tick_secs: f64,
+    /// Milliseconds between two MMP heartbeats of an owned pool (ZFS:
+    /// zfs_multihost_interval). A claim waits one interval, a forced import
+    /// watches five, an owner writes at most three past its last heartbeat
+    /// (decision 0010).
+    pub multihost_interval_ms: u64,
+}
+
+impl EngineConfig {
+    pub fn mmp(&self) -> pool::MmpConfig {
+        pool::MmpConfig {
+            interval: std::time::Duration::from_millis(self.multihost_interval_ms.max(10)),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -78,6 +92,7 @@ impl Default for EngineConfig {
             log_buffer_bytes: 32 << 20,
             scan_rate_bytes: 0,
             policy_tick_secs: 10.0,
+            multihost_interval_ms: pool::DEFAULT_MMP_INTERVAL.as_millis() as u64,
         }
     }
 }

@@ -453,6 +453,10 @@ impl ImportedPool {
     /// dataset the action discards (rollback) are dropped from the txg.
     pub(crate) fn commit_txg(&self, action: Option<Action>) -> Result<ActionOutcome> {
         let _meta = self.meta_lock.lock();
+        // Another daemon owns the pool now: nothing more is written (logged once at the fence).
+        self.pool
+            .check_owner()
+            .map_err(|e| Error::Io(e.to_string()))?;
         let started = Instant::now();
         let (txg, dirty, cp) = {
             let mut open = self.open.lock();
@@ -995,7 +999,13 @@ impl ImportedPool {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = self.sync_txg();
+        let result = if self.pool.is_fenced() {
+            // Its new owner has the pool; what was not committed here was never acknowledged.
+            tracing::warn!(pool = %self.pool.name, "closed without a final commit: the pool was taken over");
+            Ok(())
+        } else {
+            self.sync_txg()
+        };
         {
             let mut c = self.ctl.lock();
             c.shutdown = true;

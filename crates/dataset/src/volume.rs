@@ -520,6 +520,13 @@ impl Volume {
     }
 
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
+        // A pool taken over by another daemon takes no write, not even into memory.
+        if self.pool.pool.is_fenced() {
+            return Err(Error::Io(format!(
+                "pool '{}' is owned by another daemon now; writes refused",
+                self.pool.pool.name
+            )));
+        }
         let st = self.current()?;
         if st.readonly {
             return Err(Error::ReadOnly(self.name()));

@@ -9,6 +9,8 @@ use std::sync::Arc;
 fn config(txg_secs: f64) -> EngineConfig {
     EngineConfig {
         txg_timeout_secs: txg_secs,
+        // Each import waits one interval for its claim (decision 0010).
+        multihost_interval_ms: 50,
         ..EngineConfig::default()
     }
 }
@@ -135,7 +137,7 @@ fn flushed_writes_are_replayed_from_the_log_after_a_crash() {
     vol.write(2 << 20, &[0xcc; 4096], false).unwrap(); // never flushed: may be lost
                                                        // Crash: the engine is abandoned without a txg commit or shutdown.
     std::mem::forget(vol);
-    std::mem::forget(engine);
+    Engine::forget_as_if_killed(engine);
 
     let engine = Engine::open(&state, config(3600.0)).unwrap();
     let vol = engine.open_volume("tank/vol").unwrap();
@@ -302,7 +304,7 @@ fn bad_requests_are_refused_without_changing_anything() {
         force: false,
     };
     let err = engine.create_pool(spec.clone()).unwrap_err().to_string();
-    assert!(err.contains("part of pool 'tank'"), "{err}");
+    assert!(err.contains("is part of active pool 'tank'"), "{err}");
     // -f does not take a device from a pool that is imported here...
     let forced = PoolSpec {
         force: true,
@@ -311,11 +313,11 @@ fn bad_requests_are_refused_without_changing_anything() {
     assert!(engine.create_pool(forced.clone()).is_err());
     // ...but does reuse one of a pool that is gone (exported, say).
     engine.export_pool("tank").unwrap();
-    assert!(engine
-        .create_pool(spec)
-        .unwrap_err()
-        .to_string()
-        .contains("use -f"));
+    let err = engine.create_pool(spec).unwrap_err().to_string();
+    assert!(
+        err.contains("part of exported pool 'tank'") && err.contains("use -f"),
+        "{err}"
+    );
     engine.create_pool(forced).unwrap();
 }
 
@@ -338,7 +340,7 @@ fn export_and_import_move_a_pool_by_its_devices() {
     assert_eq!(found.len(), 1);
     assert!(found[0].complete);
     other
-        .import_pool("tank", &[dir.path().to_path_buf()])
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
         .unwrap();
     let vol = other.open_volume("tank/v").unwrap();
     assert_eq!(&read_all(&vol, 0, 7), b"persist");
@@ -372,7 +374,7 @@ fn concurrent_writers_with_flushes_all_land() {
         }
     });
     std::mem::forget(vol);
-    std::mem::forget(engine);
+    Engine::forget_as_if_killed(engine);
     let engine = Engine::open(&state, config(3600.0)).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
     for t in 0..8u64 {

@@ -17,6 +17,7 @@ fn config() -> EngineConfig {
     // Commits happen when the test (or an admin command) asks.
     EngineConfig {
         txg_timeout_secs: 3600.0,
+        multihost_interval_ms: 50,
         ..EngineConfig::default()
     }
 }
@@ -393,7 +394,7 @@ impl Harness {
             Engine::open(&self.dir.path().join("unused"), config()).unwrap(),
         );
         // Abandoned: no txg commit, no shutdown; only the log has the latest writes.
-        std::mem::forget(engine);
+        Engine::forget_as_if_killed(engine);
         self.engine = Engine::open(&self.state(), config()).unwrap();
     }
 
@@ -729,6 +730,7 @@ fn volumes_keep_serving_during_snapshot_commands() {
         &dir.path().join("state"),
         EngineConfig {
             txg_timeout_secs: 0.05,
+            multihost_interval_ms: 50,
             ..EngineConfig::default()
         },
     )

@@ -9,12 +9,17 @@
 //! until [`Pool::finish_resilver`]. Groups are added by [`Pool::add_group`].
 
 mod alloc;
+mod mmp;
 mod raidz;
 
 pub use alloc::Allocator;
+pub use mmp::{
+    holder_is_gone, live_holder, MmpConfig, DEFAULT_MMP_INTERVAL, IMPORT_INTERVALS, LEASE_INTERVALS,
+};
 pub use raidz::{MAX_RAIDZ_WIDTH, ROTATE_ROWS};
 pub use vdev::{
-    DeviceState, GroupLayout, Label, LayoutKind, Regions, Vdev, VdevError, LABEL_SIZE, SECTOR,
+    DeviceState, GroupLayout, Label, LayoutKind, MmpKind, MmpStamp, Owner, PoolState, Regions,
+    Vdev, VdevError, LABEL_SIZE, SECTOR,
 };
 
 use parking_lot::{Mutex, RwLock};
@@ -79,6 +84,25 @@ pub enum PoolError {
     Parity(String),
     #[error("out of space")]
     NoSpace,
+    #[error("cannot import '{pool}': pool may be in use from another system (host {host}, pid {pid}), use -f to import anyway")]
+    InUse {
+        pool: String,
+        host: String,
+        pid: u32,
+    },
+    #[error("cannot import '{pool}': pool is active on host {host} (pid {pid}): its MMP sequence advanced from {from} to {to}")]
+    ActiveElsewhere {
+        pool: String,
+        host: String,
+        pid: u32,
+        from: u64,
+        to: u64,
+    },
+    /// Another daemon took the pool over; this one writes nothing more to it.
+    #[error("{0}; writes refused")]
+    Fenced(String),
+    #[error("{0}")]
+    Ownership(String),
 }
 
 /// Data virtual address: where one copy-set of a block lives.
@@ -276,6 +300,8 @@ pub struct Pool {
     /// of the regions is copied to a device being rebuilt, so the copy never
     /// overwrites a newer write.
     region_lock: RwLock<()>,
+    /// Who owns the pool: claim, heartbeat and fence (mmp.rs, decision 0010).
+    own: mmp::Ownership,
 }
 
 fn is_live(d: &Vdev) -> bool {
@@ -482,6 +508,7 @@ impl Pool {
             admin: Mutex::new(()),
             generation: AtomicU64::new(generation),
             region_lock: RwLock::new(()),
+            own: Default::default(),
         }
     }
 
@@ -641,6 +668,7 @@ impl Pool {
     /// Writes the current layout into the label of every present device
     /// (failures on one device are logged; all failing is an error).
     fn write_labels(&self, exported: bool) -> Result<(), PoolError> {
+        self.check_owner()?;
         let groups = self.groups();
         let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
         let version = label_version(&layouts);
@@ -663,6 +691,12 @@ impl Pool {
                     groups: layouts.clone(),
                     regions: self.regions,
                     exported,
+                    state: Some(if exported {
+                        PoolState::Exported
+                    } else {
+                        PoolState::Active
+                    }),
+                    owner: self.owner(),
                     generation,
                 };
                 match dev.write_label(&label) {
@@ -1153,6 +1187,7 @@ impl Pool {
     /// to 8 MiB this way): for raidz each block owns whole rows and parity
     /// is per row, so the run lands exactly as its blocks written one by one.
     pub fn write_vectored(&self, dva: Dva, bufs: &[&[u8]]) -> Result<(), PoolError> {
+        self.check_owner()?;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         assert!(
             len as u64 <= dva.asize as u64,
@@ -1433,6 +1468,7 @@ impl Pool {
 
     /// Makes every completed write on every device durable, devices in parallel.
     pub fn sync_all(&self) -> Result<(), PoolError> {
+        self.check_owner()?;
         let devices: Vec<Arc<Vdev>> = self
             .devices()
             .into_iter()
@@ -1542,6 +1578,7 @@ impl MirroredRegion {
 
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
+        self.pool.check_owner()?;
         let _shared = self.pool.region_lock.read();
         let devices = self.pool.region_writers();
         let results = devices.iter().map(|d| d.write_at(at, data)).collect();
@@ -1551,6 +1588,7 @@ impl MirroredRegion {
     /// Writes to every device in parallel, each write durable on return.
     pub fn write_durable(&self, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let at = self.check(offset, data.len())?;
+        self.pool.check_owner()?;
         let _shared = self.pool.region_lock.read();
         let devices = self.pool.region_writers();
         let results = on_each(&devices, |d| d.write_durable_at(at, data));

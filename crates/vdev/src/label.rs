@@ -8,6 +8,7 @@
 //! group are written as version 2 and refused by name by older builds).
 //! Both are read by this build.
 
+use crate::mmp::{Owner, PoolState, MMP_SLOT_SIZE};
 use crate::{Vdev, VdevError};
 use serde::{Deserialize, Serialize};
 
@@ -115,7 +116,15 @@ pub struct Label {
     pub groups: Vec<GroupLayout>,
     pub regions: Regions,
     /// Set by `pool export`; an active pool is imported only by its own host's cache.
+    /// Kept next to `state` for builds that do not know `state`.
     pub exported: bool,
+    /// ACTIVE (imported by `owner`) or EXPORTED. Absent in labels written
+    /// before decision 0010: then `exported` says which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<PoolState>,
+    /// The daemon that has (or last had) the pool imported. Absent in older labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
     /// Raised each time the layout changes (`pool add`, `replace`): at import
     /// the label with the highest generation describes the pool, and a
     /// device it does not list (a replaced one) is ignored. Absent = 0.
@@ -127,9 +136,21 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+impl Label {
+    /// ACTIVE or EXPORTED; older labels say it with `exported` alone.
+    pub fn pool_state(&self) -> PoolState {
+        match (self.state, self.exported) {
+            (Some(s), _) => s,
+            (None, true) => PoolState::Exported,
+            (None, false) => PoolState::Active,
+        }
+    }
+}
+
 fn encode(label: &Label) -> Result<Vec<u8>, LabelError> {
     let json = serde_json::to_vec(label).map_err(|_| LabelError::TooLarge)?;
-    if HEADER + json.len() > LABEL_SIZE as usize {
+    // The tail of label 0's area is the MMP slot (mmp.rs).
+    if HEADER + json.len() > (LABEL_SIZE - MMP_SLOT_SIZE) as usize {
         return Err(LabelError::TooLarge);
     }
     let mut buf = vec![0u8; LABEL_SIZE as usize];
@@ -200,17 +221,18 @@ pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {
 
 pub(crate) fn write_label(vdev: &Vdev, label: &Label) -> Result<(), LabelError> {
     let buf = encode(label)?;
-    vdev.write_at(0, &buf)?;
+    // Label 0 stops short of the MMP slot: a relabel never erases the owner's stamp.
+    vdev.write_at(0, &buf[..(LABEL_SIZE - MMP_SLOT_SIZE) as usize])?;
     vdev.write_at(vdev.size() - LABEL_SIZE, &buf)?;
     vdev.sync()?;
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> Label {
+    pub(crate) fn sample() -> Label {
         Label {
             version: LABEL_VERSION,
             pool_name: "tank".into(),
@@ -232,6 +254,8 @@ mod tests {
                 data_offset: 0,
             },
             exported: false,
+            state: Some(PoolState::Active),
+            owner: Some(crate::mmp::tests::owner()),
             generation: 0,
         }
     }
@@ -251,6 +275,12 @@ mod tests {
         };
         assert_eq!(l.groups[0].kind, LayoutKind::Mirror);
         assert!(l.groups[0].resilvering.is_empty());
+        // No state or owner (written before decision 0010): `exported` decides.
+        assert_eq!((l.state, l.owner.as_ref()), (None, None));
+        assert_eq!(l.pool_state(), PoolState::Exported);
+        let mut active = (*l).clone();
+        active.exported = false;
+        assert_eq!(active.pool_state(), PoolState::Active);
         // A plain layout still serializes exactly as version 1 did.
         let json = serde_json::to_string(&l.groups[0]).unwrap();
         assert_eq!(

@@ -1,11 +1,13 @@
 //! One device of a pool: positioned I/O, error counters and the labels at both ends.
 
 mod label;
+mod mmp;
 
 pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
     LABEL_VERSION_PLAIN,
 };
+pub use mmp::{MmpKind, MmpStamp, Owner, PoolState, MMP_SLOT_OFFSET, MMP_SLOT_SIZE, MMP_VERSION};
 
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -255,6 +255,10 @@ pub struct ImportArgs {
     /// Print JSON (when listing importable pools).
     #[arg(long)]
     pub json: bool,
+    /// Import a pool that another daemon or host seems to hold, once the
+    /// activity check sees its MMP stamps stay still.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
     /// Pool name or numeric id to import.
     pub pool: Option<String>,
 }
@@ -834,11 +838,23 @@ fn refuse_devices_of_other_pools(client: &api::Client, groups: &[GroupSpec]) -> 
     for pool in &found {
         for d in &devices {
             if pool.devices.iter().any(|p| p == *d) {
-                bail!(
-                    "{} is part of exported pool '{}' (import it, destroy it, or use -f to overwrite)",
-                    d.display(),
-                    pool.name
-                );
+                match &pool.in_use_by {
+                    Some(holder) => bail!(
+                        "{} is part of active pool '{}' ({holder})",
+                        d.display(),
+                        pool.name
+                    ),
+                    None => bail!(
+                        "{} is part of {} pool '{}' (import it, destroy it, or use -f to overwrite)",
+                        d.display(),
+                        if pool.active {
+                            "potentially active"
+                        } else {
+                            "exported"
+                        },
+                        pool.name
+                    ),
+                }
             }
         }
     }
@@ -1223,7 +1239,7 @@ fn import(client: &api::Client, a: ImportArgs) -> Result<()> {
     };
     match a.pool {
         Some(pool) => {
-            client.import_pool(&pool, &dirs)?;
+            client.import_pool(&pool, &dirs, a.force)?;
             Ok(())
         }
         None => {
@@ -1262,8 +1278,17 @@ fn render_importable(p: &ImportablePool, dirs: &[PathBuf]) -> String {
             "UNAVAIL (devices missing)"
         }
     ));
+    let force = match &p.in_use_by {
+        Some(holder) => {
+            o.push_str(&format!(
+                " status: The pool may be active on another system ({holder}).\n"
+            ));
+            "-f "
+        }
+        None => "",
+    };
     o.push_str(&format!(
-        " action: cistern pool import {dir_args}{}\n",
+        " action: cistern pool import {force}{dir_args}{}\n",
         p.name
     ));
     o.push_str(" config:\n\n");
