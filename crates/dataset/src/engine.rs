@@ -929,17 +929,7 @@ impl Engine {
             _ => {}
         }
         local.retain(|_, v| v != "none");
-        let reserved = ["refreservation", "reservation"]
-            .iter()
-            .map(|prop| {
-                local
-                    .get(*prop)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0u64)
-            })
-            .max()
-            .unwrap_or(0);
-        p.check_limit(&p.datasets.read(), name, "", reserved)?;
+        p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;
         let rec = DatasetRecord {
             id,

@@ -482,6 +482,14 @@ impl Engine {
             for (k, v) in props_in {
                 local.insert(k.clone(), props::normalize(k, v)?);
             }
+            // Clones are sparse unless asked (as zfs); space limits as on create.
+            if let Some(v) = local.get_mut("refreservation").filter(|v| *v == "auto") {
+                *v = p
+                    .volume_reservation(snap.volsize, snap.volblocksize)
+                    .to_string();
+            }
+            local.retain(|_, v| v != "none");
+            p.check_new(&datasets, name, &local)?;
             DatasetRecord {
                 id: 0,
                 name: name.to_string(),

@@ -225,6 +225,22 @@ impl ImportedPool {
         volsize / bs as u64 * self.charge_of(bs)
     }
 
+    /// A new dataset (`name`, locally set `local`) fits: what it reserves
+    /// (the larger of its reservation and refreservation) is available.
+    pub(crate) fn check_new(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        name: &str,
+        local: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let reserved = ["refreservation", "reservation"]
+            .iter()
+            .filter_map(|k| local.get(*k).and_then(|v| v.parse::<u64>().ok()))
+            .max()
+            .unwrap_or(0);
+        self.check_limit(datasets, name, "", reserved)
+    }
+
     /// zfs's checks for a new `prop` value of `name` (bytes, 0 = none), or
     /// (`name` not created yet) for a new dataset holding `new` reserved.
     pub(crate) fn check_limit(

@@ -113,6 +113,17 @@ fn volumes_reserve_their_size_unless_sparse() {
     e.set_property("tank/thick", "refreservation", "auto")
         .unwrap();
     assert_eq!(prop(&e, "tank/thick", "refreservation"), 96 * M);
+    // Clones are sparse unless asked; a reserved clone must fit.
+    e.snapshot(&["tank/thick@s".into()], false).unwrap();
+    e.clone_snapshot("tank/thick@s", "tank/c1", &[]).unwrap();
+    assert_eq!(prop(&e, "tank/c1", "refreservation"), 0);
+    let auto = [("refreservation".to_string(), "auto".to_string())];
+    e.clone_snapshot("tank/thick@s", "tank/c2", &auto).unwrap();
+    assert_eq!(prop(&e, "tank/c2", "refreservation"), 96 * M);
+    let err = e
+        .clone_snapshot("tank/thick@s", "tank/c3", &auto)
+        .unwrap_err();
+    assert!(err.to_string().contains("out of space"), "{err}");
 }
 
 #[test]
@@ -219,4 +230,40 @@ fn quotas_refuse_writes_with_edquot() {
     );
     // TRIM is never refused by a quota.
     vol.trim(0, 64 * M, false).unwrap();
+}
+
+#[test]
+fn concurrent_writers_cannot_spend_the_same_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path());
+    let size = e.stats()[0].size;
+    let slop = dataset::space::slop(size);
+    let names: Vec<String> = (0..4).map(|i| format!("tank/w{i}")).collect();
+    for n in &names {
+        e.create_volume(n, 1 << 30, &sparse()).unwrap();
+    }
+    // Four writers race for the last of the pool; each stops at its first ENOSPC.
+    let accepted: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let vol = e.open_volume(n).unwrap();
+                s.spawn(move || fill(&vol, 0, 1 << 30, 1000 * i as u64).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    e.sync_all().unwrap();
+    let allocated = e.stats()[0].allocated;
+    assert_eq!(allocated, accepted, "every accepted byte was placed");
+    assert!(
+        size - allocated >= slop,
+        "writers together ate into the slop"
+    );
+    assert!(
+        size - allocated < slop + 4 * M,
+        "{} left beyond the slop",
+        size - allocated - slop
+    );
 }
