@@ -11,6 +11,7 @@ mod blockmap;
 mod cache;
 mod engine;
 mod error;
+mod health;
 pub mod props;
 mod scrub;
 mod snapshot;

@@ -67,3 +67,8 @@ pub const BLOCKS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new
 /// the dead list of the snapshot or head N that follows snapshot S, so
 /// destroying a snapshot needs no merge: removing S joins two ranges.
 pub const DEADLIST: TableDefinition<(u64, u64, u64, u64), u64> = TableDefinition::new("deadlist");
+
+/// Pool properties set with `cistern pool set` (`failmode`, `autoreplace`,
+/// `comment`): name -> value. Absent means the default. Created at the
+/// first import by a build that knows it (older pools have no such table).
+pub const POOL_PROPS: TableDefinition<&str, &str> = TableDefinition::new("pool_props");

@@ -198,6 +198,21 @@ pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {
     })
 }
 
+pub(crate) fn labels_match(vdev: &Vdev, label: &Label) -> Result<bool, LabelError> {
+    let want = encode(label)?;
+    if vdev.size() < 2 * LABEL_SIZE {
+        return Ok(false);
+    }
+    for offset in [0, vdev.size() - LABEL_SIZE] {
+        let mut buf = vec![0u8; LABEL_SIZE as usize];
+        vdev.read_at(offset, &mut buf)?;
+        if buf != want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 pub(crate) fn write_label(vdev: &Vdev, label: &Label) -> Result<(), LabelError> {
     let buf = encode(label)?;
     vdev.write_at(0, &buf)?;

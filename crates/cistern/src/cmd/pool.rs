@@ -42,6 +42,32 @@ pub enum PoolCommand {
     Replace(ReplaceArgs),
     /// Add groups to a pool: `cistern pool add tank raidz2 d6 d7 d8 d9`.
     Add(AddArgs),
+    /// Show pool properties: `cistern pool get [-H] [-p] [-o FIELDS] all|PROP[,PROP] POOL`.
+    Get(PoolGetArgs),
+    /// Set a pool property: `cistern pool set failmode=continue POOL`.
+    Set(PoolSetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PoolGetArgs {
+    #[command(flatten)]
+    pub format: OutputFlags,
+    /// Fields: name,property,value,source.
+    #[arg(short = 'o', value_name = "FIELDS")]
+    pub fields: Option<String>,
+    /// `all`, or properties separated by commas.
+    #[arg(value_name = "all|PROP[,PROP...]")]
+    pub props: String,
+    /// Pools (default: all).
+    pub pools: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PoolSetArgs {
+    /// PROP=VALUE (failmode=wait|continue, autoreplace=on|off, comment=TEXT).
+    #[arg(value_name = "PROP=VALUE")]
+    pub assignment: String,
+    pub pool: String,
 }
 
 #[derive(Debug, Args)]
@@ -133,6 +159,9 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Only pools that are not healthy ("all pools are healthy" if none).
+    #[arg(short = 'x')]
+    pub unhealthy: bool,
     /// List the blocks that could not be repaired (dataset and byte offset).
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -181,7 +210,64 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
             Ok(())
         }
         PoolCommand::Replace(a) => replace(client, a),
+        PoolCommand::Get(a) => pool_get(client, a),
+        PoolCommand::Set(a) => {
+            let (prop, value) = crate::cmd::props::parse_assignment(&a.assignment)?;
+            client.set_pool_property(&a.pool, &prop, &value)?;
+            Ok(())
+        }
     }
+}
+
+fn pool_get(client: &api::Client, a: PoolGetArgs) -> Result<()> {
+    use crate::cmd::dataset::{get_fields, get_table, GetRow};
+    let fields = get_fields(&a.fields)?;
+    let pools: Vec<String> = if a.pools.is_empty() {
+        let mut names: Vec<String> = client.list_pools()?.into_iter().map(|p| p.name).collect();
+        names.sort();
+        names
+    } else {
+        a.pools.clone()
+    };
+    let wanted: Option<Vec<String>> = (a.props.trim() != "all").then(|| {
+        split_list(&a.props)
+            .iter()
+            .map(|p| p.to_ascii_lowercase())
+            .collect()
+    });
+    if wanted.as_ref().is_some_and(|w| w.is_empty()) {
+        bail!("no property given");
+    }
+    let mut rows = Vec::new();
+    for pool in &pools {
+        let props = client.pool_properties(pool)?;
+        let row = |p: &dataset::Property| GetRow {
+            name: pool.clone(),
+            property: p.name.clone(),
+            value: p.value.clone(),
+            parsable: p.parsable.clone(),
+            source: p.source.clone(),
+        };
+        match &wanted {
+            None => rows.extend(props.iter().map(row)),
+            Some(w) => {
+                for name in w {
+                    match props.iter().find(|p| &p.name == name) {
+                        Some(p) => rows.push(row(p)),
+                        None => bail!(
+                            "bad property list: invalid property '{name}' (valid: {})",
+                            props.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                    }
+                }
+            }
+        }
+    }
+    if a.format.json {
+        return json(&rows);
+    }
+    out(&get_table(&rows, &fields, a.format.parsable).render(a.format.scripted));
+    Ok(())
 }
 
 fn scrub(client: &api::Client, a: ScrubArgs) -> Result<()> {
@@ -497,7 +583,7 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
             v
         }
     };
-    if a.json {
+    if a.json && !a.unhealthy {
         return match (&a.pool, statuses.first()) {
             (Some(_), Some(s)) => json(s),
             _ => json(&statuses),
@@ -505,6 +591,18 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
     }
     if statuses.is_empty() {
         outln("no pools available");
+        return Ok(());
+    }
+    let statuses: Vec<PoolStatus> = if a.unhealthy {
+        statuses.into_iter().filter(|s| s.status.is_some()).collect()
+    } else {
+        statuses
+    };
+    if statuses.is_empty() {
+        match &a.pool {
+            Some(p) => outln(&format!("pool '{p}' is healthy")),
+            None => outln("all pools are healthy"),
+        }
         return Ok(());
     }
     let text: Vec<String> = statuses
@@ -591,6 +689,8 @@ pub fn render_scan(scan: &ScanStatus, now: u64) -> String {
 /// zpool-status-style text for one pool; `verbose` lists unrepaired blocks.
 pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     let mut rows: Vec<(String, &str, [u64; 3])> = Vec::new();
+    // (row, why a device is FAULTED/REMOVED/UNAVAIL), shown after its counters.
+    let mut notes: Vec<(usize, Option<String>)> = Vec::new();
     let sum = |gs: &[GroupStatus]| {
         let mut c = [0u64; 3];
         for g in gs {
@@ -611,6 +711,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                 &d.state,
                 [d.read_errors, d.write_errors, d.checksum_errors],
             ));
+            notes.push((rows.len() - 1, d.reason.clone()));
         } else {
             rows.push((
                 format!("  {}", g.name),
@@ -627,6 +728,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                     &d.state,
                     [d.read_errors, d.write_errors, d.checksum_errors],
                 ));
+                notes.push((rows.len() - 1, d.reason.clone()));
             }
         }
     }
@@ -634,18 +736,36 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     for i in 2..5 {
         t.align_right(i);
     }
-    for (name, state, c) in rows {
-        t.push(vec![
+    let any_note = notes.iter().any(|n| n.1.is_some());
+    if any_note {
+        t = Table::new(&["NAME", "STATE", "READ", "WRITE", "CKSUM", ""]);
+        for i in 2..5 {
+            t.align_right(i);
+        }
+    }
+    for (i, (name, state, c)) in rows.into_iter().enumerate() {
+        let mut row = vec![
             name,
             state.to_string(),
             c[0].to_string(),
             c[1].to_string(),
             c[2].to_string(),
-        ]);
+        ];
+        if any_note {
+            let note = notes.iter().find(|n| n.0 == i).and_then(|n| n.1.clone());
+            row.push(note.unwrap_or_default());
+        }
+        t.push(row);
     }
     let mut o = String::new();
     o.push_str(&format!("  pool: {}\n", s.summary.name));
     o.push_str(&format!(" state: {}\n", s.summary.health));
+    if let Some(st) = &s.status {
+        o.push_str(&format!("status: {st}\n"));
+    }
+    if let Some(act) = &s.action {
+        o.push_str(&format!("action: {act}\n"));
+    }
     o.push_str(&format!("   txg: {}\n", s.summary.txg));
     if let Some(scan) = &s.scan {
         o.push_str(&render_scan(scan, now));
