@@ -989,6 +989,7 @@ mod tests {
             write_errors: 0,
             checksum_errors: cksum,
             resilvering: false,
+            reason: None,
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
@@ -1009,6 +1010,9 @@ mod tests {
             errors: vec![],
             scan: None,
             data_errors: vec![],
+            status: None,
+            action: None,
+            suspended: None,
         };
         let text = render_status_with(&s, false, 0);
         let expected = "  pool: tank\n state: ONLINE\n   txg: 9\nconfig:\n\n\
@@ -1020,5 +1024,16 @@ mod tests {
             \t  /d/c      ONLINE     0      0      0\n\
             \nerrors: No known data errors\n";
         assert_eq!(text, expected);
+        // A faulted device: status and action lines, its reason after the counters.
+        let mut s = s;
+        s.summary.health = "DEGRADED".into();
+        s.groups[0].state = "DEGRADED".into();
+        s.groups[0].devices[1].state = "FAULTED".into();
+        s.groups[0].devices[1].reason = Some("too many errors".into());
+        s.status = Some("One or more devices are faulted.".into());
+        s.action = Some("Replace the faulted device.".into());
+        let text = render_status_with(&s, false, 0);
+        assert!(text.contains(" state: DEGRADED\nstatus: One or more devices are faulted.\naction: Replace the faulted device.\n"), "{text}");
+        assert!(text.contains("/d/b    FAULTED      0      0      2  too many errors\n"), "{text}");
     }
 }
