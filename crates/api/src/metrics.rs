@@ -237,7 +237,11 @@ pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
             .as_ref()
             .map_or(0, |sc| sc.errors)
             .max(s.data_errors.len() as u64);
-        w.sample("cistern_pool_data_errors", &[("pool", &s.summary.name)], n as f64);
+        w.sample(
+            "cistern_pool_data_errors",
+            &[("pool", &s.summary.name)],
+            n as f64,
+        );
     }
     w.family(
         "cistern_device_state",

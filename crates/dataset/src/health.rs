@@ -363,7 +363,11 @@ impl ImportedPool {
             stat("size", format_size(size), size.to_string()),
             stat("capacity", format!("{cap}%"), cap.to_string()),
             stat("health", health.into(), health.into()),
-            stat("guid", self.pool.guid.to_string(), self.pool.guid.to_string()),
+            stat(
+                "guid",
+                self.pool.guid.to_string(),
+                self.pool.guid.to_string(),
+            ),
             stat(
                 "free",
                 format_size(size.saturating_sub(alloc)),
@@ -495,7 +499,11 @@ impl ImportedPool {
 
     /// The rate-limited log line of a failed commit attempt.
     pub(crate) fn log_commit_failure(&self, txg: u64, e: &Error) {
-        if let Some(more) = self.health.commit_log.admit(&format!("{} commit", self.pool.name)) {
+        if let Some(more) = self
+            .health
+            .commit_log
+            .admit(&format!("{} commit", self.pool.name))
+        {
             tracing::error!(pool = %self.pool.name, txg, error = %e, failed_attempts_not_logged = more, "txg commit failed");
         }
     }
@@ -586,5 +594,62 @@ impl ImportedPool {
             ));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::*;
+
+    fn prop<'a>(props: &'a [Property], name: &str) -> &'a Property {
+        props.iter().find(|p| p.name == name).unwrap()
+    }
+
+    /// A pool written before `pool_props` existed imports with every pool
+    /// property at its default; set values persist across a reopen.
+    #[test]
+    fn pools_without_the_props_table_read_defaults_and_set_values_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let engine = Engine::open(&state, EngineConfig::default()).unwrap();
+        engine
+            .create_pool(PoolSpec {
+                name: "tank".into(),
+                groups: vec![GroupSpec {
+                    kind: GroupKind::Disk,
+                    devices: vec![dir.path().join("d0")],
+                }],
+                create_size: Some(128 << 20),
+                force: false,
+            })
+            .unwrap();
+        {
+            // As an older build left it: no pool_props table.
+            let p = engine.pool("tank").unwrap();
+            let _meta = p.meta_lock.lock();
+            let tx = p.db().begin_write().unwrap();
+            assert!(tx.delete_table(meta::schema::POOL_PROPS).unwrap());
+            tx.commit().unwrap();
+        }
+        engine.shutdown().unwrap();
+        drop(engine);
+        let engine = Engine::open(&state, EngineConfig::default()).unwrap();
+        let props = engine.pool_properties("tank").unwrap();
+        assert_eq!(prop(&props, "failmode").value, "wait");
+        assert_eq!(prop(&props, "failmode").source, "default");
+        engine
+            .set_pool_property("tank", "failmode", "continue")
+            .unwrap();
+        let err = engine
+            .set_pool_property("tank", "failmode", "panic")
+            .unwrap_err();
+        assert!(err.to_string().contains("not supported"), "{err}");
+        engine.shutdown().unwrap();
+        drop(engine);
+        let engine = Engine::open(&state, EngineConfig::default()).unwrap();
+        let props = engine.pool_properties("tank").unwrap();
+        assert_eq!(prop(&props, "failmode").value, "continue");
+        assert_eq!(prop(&props, "failmode").source, "local");
+        engine.shutdown().unwrap();
     }
 }

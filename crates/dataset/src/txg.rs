@@ -174,7 +174,10 @@ pub struct ImportedPool {
 }
 
 pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("metadata store: {}", crate::health::plain_meta_error(e)))
+    Error::Io(format!(
+        "metadata store: {}",
+        crate::health::plain_meta_error(e)
+    ))
 }
 
 /// Test hook for the crash tests: `CISTERN_FAULT_TXG_CRASH=after_data|after_meta`
@@ -327,8 +330,11 @@ impl ImportedPool {
             ),
         );
         drop(old);
-        let db = meta::open(self.pool.meta_region(), self.config.meta_cache_bytes as usize)
-            .map_err(meta_err)?;
+        let db = meta::open(
+            self.pool.meta_region(),
+            self.config.meta_cache_bytes as usize,
+        )
+        .map_err(meta_err)?;
         let (_, _, datasets) = load_committed(&db, &self.pool)?;
         *slot = Arc::new(db);
         drop(slot);
@@ -501,9 +507,11 @@ impl ImportedPool {
                 *self.syncing.write() = None;
                 drop(open);
                 self.log_commit_failure(txg, &e);
-                // Out of pool space is refused to writers up front; an I/O
-                // error means the devices cannot take the txg: suspend.
-                if !matches!(e, Error::NoSpace(_)) {
+                // An I/O error means the devices cannot take the txg:
+                // suspend. Out of pool space is refused to writers up front,
+                // and an action refused inside its commit (a held snapshot)
+                // says nothing about the devices.
+                if matches!(e, Error::Io(_)) {
                     self.suspend(&e.to_string());
                 }
                 Err(e)

@@ -68,7 +68,9 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         .set_cache_size(cache_bytes)
         .set_repair_callback(watch.callback())
         .create_with_backend(backend)?;
-    let cleared = watch.finish().map_err(|e| MetaError::Region(e.to_string()))?;
+    let cleared = watch
+        .finish()
+        .map_err(|e| MetaError::Region(e.to_string()))?;
     if cleared > 0 {
         tracing::info!(
             pages = cleared,

@@ -68,7 +68,11 @@ mod tests {
         for _ in 0..1000 {
             assert_eq!(log.admit("heal d0"), None);
         }
-        assert_eq!(log.admit("heal d1"), Some(0), "another subject is not held back");
+        assert_eq!(
+            log.admit("heal d1"),
+            Some(0),
+            "another subject is not held back"
+        );
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(log.admit("heal d0"), Some(1000));
         log.reset("heal d0");

@@ -256,7 +256,11 @@ fn pool_get(client: &api::Client, a: PoolGetArgs) -> Result<()> {
                         Some(p) => rows.push(row(p)),
                         None => bail!(
                             "bad property list: invalid property '{name}' (valid: {})",
-                            props.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                            props
+                                .iter()
+                                .map(|p| p.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     }
                 }
@@ -594,7 +598,10 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
         return Ok(());
     }
     let statuses: Vec<PoolStatus> = if a.unhealthy {
-        statuses.into_iter().filter(|s| s.status.is_some()).collect()
+        statuses
+            .into_iter()
+            .filter(|s| s.status.is_some())
+            .collect()
     } else {
         statuses
     };
@@ -1034,6 +1041,9 @@ mod tests {
         s.action = Some("Replace the faulted device.".into());
         let text = render_status_with(&s, false, 0);
         assert!(text.contains(" state: DEGRADED\nstatus: One or more devices are faulted.\naction: Replace the faulted device.\n"), "{text}");
-        assert!(text.contains("/d/b    FAULTED      0      0      2  too many errors\n"), "{text}");
+        assert!(
+            text.contains("/d/b    FAULTED      0      0      2  too many errors\n"),
+            "{text}"
+        );
     }
 }
