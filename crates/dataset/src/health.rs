@@ -344,7 +344,7 @@ impl ImportedPool {
             parsable,
             source: "-".into(),
         };
-        let cap = if size == 0 { 0 } else { alloc * 100 / size };
+        let cap = (alloc * 100).checked_div(size).unwrap_or(0);
         let props = self.health.props.read().clone();
         let src = |n: &str| {
             if props.local.iter().any(|l| l == n) {
