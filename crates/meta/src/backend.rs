@@ -141,9 +141,9 @@ struct Inner {
     sums: Mutex<Sums>,
     /// redb's header page as last written, until `sync_data` writes it.
     pending_header: Mutex<Option<Box<[u8]>>>,
-    /// While a database is opened: every page read from the devices (see
-    /// [`RepairWatch`]).
-    touched: Mutex<Option<BTreeSet<u64>>>,
+    /// While a database is opened: a bitmap of the pages read from the
+    /// devices (see [`RepairWatch`]; one bit per page of the region).
+    touched: Mutex<Option<Vec<u64>>>,
 }
 
 /// Live backends, so `verify_all` works on the same checksums as the open
@@ -249,7 +249,11 @@ impl Inner {
     fn read_disk_pages(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         let n = buf.len() as u64 / PAGE;
         if let Some(t) = self.touched.lock().as_mut() {
-            t.extend(first..first + n);
+            for p in first..first + n {
+                if let Some(w) = t.get_mut((p / 64) as usize) {
+                    *w |= 1 << (p % 64);
+                }
+            }
         }
         let entries: Vec<(Sum, Sum)> = {
             let mut sums = self.sums.lock();
@@ -389,7 +393,7 @@ impl RepairWatch {
             if (0.25..0.35).contains(&session.progress()) {
                 if let Some(i) = inner.upgrade() {
                     if let Some(t) = i.touched.lock().as_mut() {
-                        t.clear();
+                        t.fill(0);
                     }
                 }
             }
@@ -411,7 +415,10 @@ impl RepairWatch {
         let mut cleared = 0;
         // Page 0 is redb's header, rewritten in place: always referenced.
         for page in 1..pages {
-            if touched.contains(&page) || inner.entry(&mut sums, page)?.0 == [0u8; 16] {
+            let read = touched
+                .get((page / 64) as usize)
+                .is_some_and(|w| w & (1 << (page % 64)) != 0);
+            if read || inner.entry(&mut sums, page)?.0 == [0u8; 16] {
                 continue;
             }
             let tp = page / PER_TABLE_PAGE;
@@ -428,7 +435,7 @@ impl RepairWatch {
 impl RegionBackend {
     /// Starts recording the pages read, for [`RepairWatch::finish`].
     pub fn watch_repair(&self) -> RepairWatch {
-        *self.inner.touched.lock() = Some(BTreeSet::new());
+        *self.inner.touched.lock() = Some(vec![0; self.inner.db_pages.div_ceil(64) as usize]);
         RepairWatch {
             inner: self.inner.clone(),
             repaired: Arc::default(),
