@@ -101,7 +101,9 @@ def small_fs(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "fs"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96M", "tmpfs", str(mnt)], check=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96M", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
     try:
         yield mnt
     finally:
