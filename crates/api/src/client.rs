@@ -457,6 +457,29 @@ impl Client {
         )
     }
 
+    /// `cistern pool get`: the pool's properties.
+    pub fn pool_properties(&self, pool: &str) -> Result<Vec<dataset::Property>> {
+        self.decode(self.agent.get(self.pool_url(pool, "/properties")).call())
+    }
+
+    /// `cistern pool set PROP=VALUE POOL`; returns the properties after the change.
+    pub fn set_pool_property(
+        &self,
+        pool: &str,
+        property: &str,
+        value: &str,
+    ) -> Result<Vec<dataset::Property>> {
+        let body = SetProperty {
+            property: property.to_string(),
+            value: value.to_string(),
+        };
+        self.decode(
+            self.agent
+                .patch(self.pool_url(pool, "/properties"))
+                .send_json(&body),
+        )
+    }
+
     pub fn set_property(&self, name: &str, property: &str, value: &str) -> Result<DatasetInfo> {
         let body = SetProperty {
             property: property.to_string(),

@@ -151,8 +151,14 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
         (
             "cistern_pool_checksum_errors_total",
             "counter",
-            "Checksum mismatches found on read.",
+            "Checksum mismatches found on the devices (repaired ones included; see cistern_pool_data_errors).",
             |s| s.checksum_errors as f64,
+        ),
+        (
+            "cistern_pool_suspended",
+            "gauge",
+            "1 while the pool is SUSPENDED (its transaction groups cannot be written).",
+            |s| s.suspended as f64,
         ),
         (
             "cistern_pool_allocated_bytes",
@@ -209,9 +215,38 @@ pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
         }
     }
     w.family(
+        "cistern_pool_health",
+        "gauge",
+        "1 for the health each pool is in (ONLINE, DEGRADED, UNAVAIL, SUSPENDED).",
+    );
+    for s in statuses {
+        w.sample(
+            "cistern_pool_health",
+            &[("pool", &s.summary.name), ("health", &s.summary.health)],
+            1.0,
+        );
+    }
+    w.family(
+        "cistern_pool_data_errors",
+        "gauge",
+        "Blocks that could not be read or repaired from redundancy (what `errors:` counts); healed blocks are not counted.",
+    );
+    for s in statuses {
+        let n = s
+            .scan
+            .as_ref()
+            .map_or(0, |sc| sc.errors)
+            .max(s.data_errors.len() as u64);
+        w.sample(
+            "cistern_pool_data_errors",
+            &[("pool", &s.summary.name)],
+            n as f64,
+        );
+    }
+    w.family(
         "cistern_device_state",
         "gauge",
-        "1 for the state each device is in (ONLINE, DEGRADED, FAULTED, UNAVAIL, OFFLINE).",
+        "1 for the state each device is in (ONLINE, DEGRADED, FAULTED, UNAVAIL, OFFLINE, REMOVED).",
     );
     for (pool, d) in devices() {
         let path = d.path.display().to_string();

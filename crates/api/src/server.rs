@@ -55,6 +55,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/pools/{pool}/offline", post(offline_device))
         .route("/v1/pools/{pool}/online", post(online_device))
         .route("/v1/pools/{pool}/clear", post(clear_errors))
+        .route(
+            "/v1/pools/{pool}/properties",
+            get(pool_properties).patch(set_pool_property),
+        )
         .route("/v1/pools/{pool}/replace", post(replace_device))
         .route("/v1/pools/{pool}/add", post(add_groups))
         .route("/v1/pools/{pool}/attach", post(attach_device))
@@ -357,6 +361,28 @@ async fn clear_errors(
     blocking(&st, move |e| e.clear_errors(&pool, req.device.as_deref()))
         .await
         .map(json)
+}
+
+async fn pool_properties(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+) -> ApiResult<Response> {
+    blocking(&st, move |e| e.pool_properties(&pool))
+        .await
+        .map(json)
+}
+
+async fn set_pool_property(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(req): Json<SetProperty>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, property = %req.property, value = %req.value, "setting pool property");
+    blocking(&st, move |e| {
+        e.set_pool_property(&pool, &req.property, &req.value)
+    })
+    .await
+    .map(json)
 }
 
 async fn replace_device(

@@ -175,7 +175,11 @@ pub fn map_error(e: dataset::Error) -> ExportError {
         E::NoSpace(m) => ExportError::NoSpace(m),
         E::InvalidArgument(m) => ExportError::Invalid(m),
         other => {
-            tracing::warn!("volume I/O failed: {other}");
+            // One line a minute (with the count left out), not one per request.
+            static FAILED: pool::RateLog = pool::RateLog::new(std::time::Duration::from_secs(60));
+            if let Some(more) = FAILED.admit("volume I/O") {
+                tracing::warn!(more_not_logged = more, "volume I/O failed: {other}");
+            }
             ExportError::Io(other.to_string())
         }
     }

@@ -86,6 +86,9 @@ pub struct DeviceStatus {
     /// Being rebuilt by a resilver (`replace`, or `online` after `offline`).
     #[serde(default)]
     pub resilvering: bool,
+    /// Why the device is FAULTED, REMOVED or UNAVAIL.
+    #[serde(default)]
+    pub reason: Option<String>,
     /// A missing device: the path it had when last present (`was /path`).
     #[serde(default)]
     pub was: Option<PathBuf>,
@@ -127,6 +130,15 @@ pub struct PoolStatus {
     /// Blocks that could not be read or repaired (`pool status -v`).
     #[serde(default)]
     pub data_errors: Vec<DataError>,
+    /// What is wrong (zpool's `status:`), none for a healthy pool.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// What to do about it (zpool's `action:`).
+    #[serde(default)]
+    pub action: Option<String>,
+    /// Why the pool is SUSPENDED, if it is.
+    #[serde(default)]
+    pub suspended: Option<String>,
 }
 
 /// What a scan does.
@@ -274,6 +286,9 @@ pub struct PoolStats {
     pub checksum_errors: u64,
     pub allocated: u64,
     pub size: u64,
+    /// 1 while the pool is SUSPENDED.
+    #[serde(default)]
+    pub suspended: u64,
 }
 
 /// `cistern destroy` flags.

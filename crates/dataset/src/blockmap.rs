@@ -61,9 +61,7 @@ impl Chain {
 
 pub(crate) type Key = (u64, u64, u64);
 
-fn meta_err(e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("metadata store: {e}"))
-}
+use crate::txg::meta_err;
 
 pub(crate) fn decode(blk: u64, bytes: &[u8]) -> Result<Option<BlockPointer>> {
     if bytes.is_empty() {

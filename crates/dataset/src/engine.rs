@@ -465,6 +465,7 @@ impl Engine {
                                 resilvering: c.resilvering
                                     && d.state() != pool::DeviceState::Offline,
                                 was: None,
+                                reason: d.reason(),
                             },
                             None => DeviceStatus {
                                 path: PathBuf::from(format!("(missing device {})", c.guid)),
@@ -475,6 +476,7 @@ impl Engine {
                                 checksum_errors: 0,
                                 resilvering: c.resilvering,
                                 was: known.get(&c.guid).cloned(),
+                                reason: Some("cannot open".into()),
                             },
                         })
                         .collect(),
@@ -492,12 +494,16 @@ impl Engine {
                     .max(data_errors.len() as u64))
             )]
         };
+        let text = p.status_text(data_errors.len());
         Ok(PoolStatus {
             summary: summary(&p),
             groups,
             errors,
             scan,
             data_errors,
+            status: text.as_ref().map(|t| t.0.clone()),
+            action: text.map(|t| t.1),
+            suspended: p.health.suspension().map(|s| s.cause),
         })
     }
 
@@ -587,7 +593,8 @@ impl Engine {
     }
 
     /// `cistern pool online POOL DEV`: back in service; what was written
-    /// while it was away is resilvered onto it.
+    /// while it was away is resilvered onto it. A FAULTED or REMOVED device
+    /// is retried first (reopened at its path) and refused if still unusable.
     pub fn online_device(&self, pool: &str, device: &str) -> Result<PoolStatus> {
         let p = self.pool(pool)?;
         let (_, guid, dev) = find_device(&p, device)?;
@@ -596,50 +603,112 @@ impl Engine {
                 "device {device} is missing: replace it with `cistern pool replace`"
             )));
         };
-        if !matches!(
-            dev.state(),
-            pool::DeviceState::Offline | pool::DeviceState::Faulted
-        ) {
-            return self.pool_status(pool);
+        match dev.state() {
+            pool::DeviceState::Offline => {
+                scrub::preempt(&p)?;
+                {
+                    let _meta = p.meta_lock.lock();
+                    p.pool
+                        .set_device_state(guid, pool::DeviceState::Online)
+                        .map_err(|e| Error::Io(e.to_string()))?;
+                    p.store_offline_locked(guid, false)?;
+                }
+                self.bring_back(&p, &[guid])?;
+            }
+            pool::DeviceState::Faulted | pool::DeviceState::Removed => {
+                let back = p
+                    .pool
+                    .clear_errors(Some(guid))
+                    .map_err(|e| Error::Io(e.to_string()))?;
+                if back.is_empty() {
+                    let dev = p.pool.device_by_guid(guid);
+                    return Err(Error::Busy(format!(
+                        "cannot online {device}: {}",
+                        dev.and_then(|d| d.reason())
+                            .unwrap_or_else(|| "the device is still unusable".into())
+                    )));
+                }
+                self.bring_back(&p, &back)?;
+            }
+            _ => return self.pool_status(pool),
         }
-        scrub::preempt(&p)?;
-        let rec = {
-            let _meta = p.meta_lock.lock();
-            p.pool
-                .set_device_state(guid, pool::DeviceState::Online)
-                .map_err(|e| Error::Io(e.to_string()))?;
-            // Missed the writes made meanwhile: trusted for reads only once rebuilt.
-            p.pool
-                .begin_resilver(guid)
-                .map_err(|e| Error::Io(e.to_string()))?;
-            p.store_offline_locked(guid, false)?;
-            let rec = scrub::resilver_record(&p, guid, guid);
-            scrub::store_new_locked(&p, &rec)?;
-            rec
-        };
         events::post_event(&p.pool, class::VDEV_ONLINE, &vdev_fields(&dev, guid));
-        scrub::start_resilver(&p, rec)?;
         tracing::info!(pool, device, "device brought online; resilvering");
         self.pool_status(pool)
     }
 
-    /// `cistern pool clear POOL [DEV]`: error counters to zero, FAULTED devices back.
+    /// Devices back in service after missing writes (online, clear): each
+    /// is marked for a rebuild in the labels and the first one's resilver
+    /// starts (the scan takes the others one after another). A device of a
+    /// group without redundancy has nothing to be rebuilt from: it is only
+    /// trusted again.
+    fn bring_back(&self, p: &Arc<ImportedPool>, guids: &[u64]) -> Result<()> {
+        let redundant: Vec<u64> = guids
+            .iter()
+            .copied()
+            .filter(|g| {
+                p.pool.groups().iter().any(|grp| {
+                    grp.children().iter().any(|c| c.guid == *g)
+                        && grp.kind.redundancy(grp.width()) > 0
+                })
+            })
+            .collect();
+        let Some(&first) = redundant.first() else {
+            return Ok(());
+        };
+        scrub::preempt(p)?;
+        let rec = {
+            let _meta = p.meta_lock.lock();
+            for g in &redundant {
+                // Missed the writes made meanwhile: trusted for reads only once rebuilt.
+                p.pool
+                    .begin_resilver(*g)
+                    .map_err(|e| Error::Io(e.to_string()))?;
+            }
+            let rec = scrub::resilver_record(p, first, first);
+            scrub::store_new_locked(p, &rec)?;
+            rec
+        };
+        scrub::start_resilver(p, rec)
+    }
+
+    /// `cistern pool clear POOL [DEV]`: error counters to zero; FAULTED and
+    /// REMOVED devices retried (resilvered when they come back); a
+    /// suspended pool retried and resumed if its commits work again.
     pub fn clear_errors(&self, pool: &str, device: Option<&str>) -> Result<PoolStatus> {
         let p = self.pool(pool)?;
         let guid = match device {
             Some(d) => Some(find_device(&p, d)?.1),
             None => None,
         };
-        p.pool
+        let back = p
+            .pool
             .clear_errors(guid)
             .map_err(|e| Error::Io(e.to_string()))?;
+        p.resume()?;
+        if !back.is_empty() {
+            self.bring_back(&p, &back)?;
+        }
         events::post_event(
             &p.pool,
             class::VDEV_CLEAR,
             &[("vdev_guid", guid.map_or("all".into(), |g| g.to_string()))],
         );
-        tracing::info!(pool, ?device, "errors cleared");
+        tracing::info!(pool, ?device, devices_back = back.len(), "errors cleared");
         self.pool_status(pool)
+    }
+
+    /// `cistern pool get all POOL`.
+    pub fn pool_properties(&self, pool: &str) -> Result<Vec<Property>> {
+        let p = self.pool(pool)?;
+        Ok(p.pool_properties(&summary(&p).health))
+    }
+
+    /// `cistern pool set PROP=VALUE POOL`.
+    pub fn set_pool_property(&self, pool: &str, prop: &str, value: &str) -> Result<Vec<Property>> {
+        let p = self.pool(pool)?;
+        p.set_pool_property(prop, value)?;
+        Ok(p.pool_properties(&summary(&p).health))
     }
 
     /// `cistern pool replace POOL OLD NEW`: NEW (an existing file or block
@@ -1217,7 +1286,9 @@ fn summary(p: &ImportedPool) -> PoolSummary {
         size,
         allocated,
         free: size - allocated,
-        health: if unavail {
+        health: if p.is_suspended() {
+            "SUSPENDED"
+        } else if unavail {
             "UNAVAIL"
         } else if degraded {
             "DEGRADED"
@@ -1725,7 +1796,7 @@ impl Engine {
     pub fn upgrade_pool(&self, pool: &str, apply: bool) -> Result<PoolVersions> {
         let p = self.pool(pool)?;
         let meta_format = {
-            let tx = p.db.begin_read().map_err(crate::txg::meta_err)?;
+            let tx = p.db().begin_read().map_err(crate::txg::meta_err)?;
             let r = tx
                 .open_table(meta::schema::POOL_RECORDS)
                 .map_err(crate::txg::meta_err)?;

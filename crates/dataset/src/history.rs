@@ -55,7 +55,7 @@ pub(crate) fn append(p: &ImportedPool, mut rec: HistoryRecord) -> Result<()> {
     }
     let bytes = serde_json::to_vec(&rec).map_err(meta_err)?;
     let _meta = p.meta_lock.lock();
-    let tx = p.db.begin_write().map_err(meta_err)?;
+    let tx = p.db().begin_write().map_err(meta_err)?;
     {
         let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
         let get = |r: &meta::redb::Table<&str, u64>, k: &str| -> Result<u64> {
@@ -122,7 +122,7 @@ pub(crate) fn log_internal(p: &ImportedPool, what: &str) {
 
 /// Every record kept, oldest first.
 pub(crate) fn read(p: &ImportedPool) -> Result<Vec<HistoryRecord>> {
-    let tx = p.db.begin_read().map_err(meta_err)?;
+    let tx = p.db().begin_read().map_err(meta_err)?;
     let h = match tx.open_table(HISTORY) {
         Ok(h) => h,
         Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -154,7 +154,7 @@ pub(crate) fn store_vdev_paths(p: &ImportedPool) -> Result<()> {
         return Ok(());
     }
     let _meta = p.meta_lock.lock();
-    let tx = p.db.begin_write().map_err(meta_err)?;
+    let tx = p.db().begin_write().map_err(meta_err)?;
     {
         let mut t = tx.open_table(VDEV_PATHS).map_err(meta_err)?;
         // Only guids of the current layout: replaced devices are forgotten.
@@ -183,7 +183,7 @@ pub(crate) fn store_vdev_paths(p: &ImportedPool) -> Result<()> {
 
 /// Device guid -> last known path.
 pub(crate) fn vdev_paths(p: &ImportedPool) -> Result<HashMap<u64, PathBuf>> {
-    let tx = p.db.begin_read().map_err(meta_err)?;
+    let tx = p.db().begin_read().map_err(meta_err)?;
     let t = match tx.open_table(VDEV_PATHS) {
         Ok(t) => t,
         Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(HashMap::new()),
@@ -260,7 +260,7 @@ mod tests {
         {
             let p = engine.pool("tank").unwrap();
             let _meta = p.meta_lock.lock();
-            let tx = p.db.begin_write().unwrap();
+            let tx = p.db().begin_write().unwrap();
             tx.delete_table(HISTORY).unwrap();
             tx.delete_table(VDEV_PATHS).unwrap();
             {
@@ -275,12 +275,12 @@ mod tests {
             assert!(read(&p).unwrap().is_empty());
             assert!(vdev_paths(&p).unwrap().is_empty());
             // The table is gone: the read transaction must not create it.
-            let tx = p.db.begin_read().unwrap();
+            let tx = p.db().begin_read().unwrap();
             assert!(tx.open_table(HISTORY).is_err());
         }
         engine.export_pool("tank").unwrap();
         engine
-            .import_pool("tank", &[dir.path().to_path_buf()])
+            .import_pool("tank", &[dir.path().to_path_buf()], false)
             .unwrap();
         let p = engine.pool("tank").unwrap();
         let recs = read(&p).unwrap();

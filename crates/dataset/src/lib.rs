@@ -18,6 +18,7 @@ pub mod names;
 pub mod events;
 pub mod history;
 mod owner;
+mod health;
 pub mod props;
 mod scrub;
 mod snapshot;

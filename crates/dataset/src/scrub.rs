@@ -48,9 +48,7 @@ pub(crate) const MAX_LISTED_ERRORS: usize = 256;
 
 type Key = (u64, u64, u64);
 
-fn meta_err(e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("metadata store: {e}"))
-}
+use crate::txg::meta_err;
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -148,7 +146,7 @@ impl ScanSlot {
 // ------------------------------------------------------------ persistence
 
 fn load_record(p: &ImportedPool) -> Result<(Option<ScanRecord>, Vec<Key>)> {
-    let tx = p.db.begin_read().map_err(meta_err)?;
+    let tx = p.db().begin_read().map_err(meta_err)?;
     let t = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
     let get =
         |k: &str| -> Result<Option<u64>> { Ok(t.get(k).map_err(meta_err)?.map(|v| v.value())) };
@@ -228,7 +226,7 @@ fn store_locked(
     clear_errors: bool,
     new_errors: &[Key],
 ) -> Result<()> {
-    let tx = p.db.begin_write().map_err(meta_err)?;
+    let tx = p.db().begin_write().map_err(meta_err)?;
     {
         let mut t = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
         if clear_errors {
@@ -716,7 +714,7 @@ struct Row {
 
 /// Reads up to `BATCH_ROWS` rows after `pos`.
 fn read_batch(p: &ImportedPool, pos: Option<Key>, max_bytes: u64) -> Result<Vec<Row>> {
-    let tx = p.db.begin_read().map_err(meta_err)?;
+    let tx = p.db().begin_read().map_err(meta_err)?;
     let t = tx.open_table(BLOCKS).map_err(meta_err)?;
     let lower = match pos {
         Some(k) => Bound::Excluded(k),
@@ -770,14 +768,14 @@ fn verify_row(
             ScanFunction::Scrub => match p.pool.scrub_block(*dva, bp.psize as usize, verify) {
                 Ok(o) => {
                     if !o.bad_devices.is_empty() {
-                        tracing::info!(pool = %p.pool.name, ?dva, bad_devices = ?o.bad_devices, repaired = o.repaired_bytes, "scrub: repaired block");
+                        // Per block only at debug: the heals are logged per
+                        // device and minute, the totals when the scan ends.
+                        tracing::debug!(pool = %p.pool.name, ?dva, bad_devices = ?o.bad_devices, repaired = o.repaired_bytes, "scrub: repaired block");
                     }
                     r.repaired += o.repaired_bytes;
                     good += 1;
                 }
-                Err(e) => {
-                    tracing::warn!(pool = %p.pool.name, ?dva, error = %e, "scrub: block cannot be repaired")
-                }
+                Err(e) => note_unrepaired(p, "scrub: block cannot be repaired", dva, &e),
             },
             ScanFunction::Resilver => {
                 if Some(dva.group) != target_group {
@@ -792,15 +790,22 @@ fn verify_row(
                         r.repaired += n;
                         good += 1;
                     }
-                    Err(e) => {
-                        tracing::warn!(pool = %p.pool.name, ?dva, error = %e, "resilver: block cannot be rebuilt")
-                    }
+                    Err(e) => note_unrepaired(p, "resilver: block cannot be rebuilt", dva, &e),
                 }
             }
         }
     }
     r.lost = good == 0;
     r
+}
+
+/// One line per pool and minute for blocks a scan could not repair (their
+/// count is in the scan's summary, the blocks in `pool status -v`).
+fn note_unrepaired(p: &ImportedPool, what: &str, dva: &Dva, e: &pool::PoolError) {
+    let subject = format!("unrepaired {}", p.pool.name);
+    if let Some(more) = pool::ratelog::DEVICE_EVENTS.admit(&subject) {
+        tracing::warn!(pool = %p.pool.name, ?dva, error = %e, more_not_logged = more, "{what}");
+    }
 }
 
 /// The group holding device `guid`.
@@ -1165,6 +1170,18 @@ fn verify_metadata(p: &ImportedPool, rec: &ScanRecord) -> Result<(u64, u64, Vec<
             .resilver_regions(rec.target_guid)
             .map_err(|e| Error::Io(format!("copying the metadata regions: {e}")))?;
     }
+    // A device shorter than its label says, or gone, is taken out first
+    // (FAULTED / REMOVED); then both labels of every device are checked and
+    // rewritten where damaged or stale.
+    p.check_devices();
+    let (fixed, failed) = p.pool.check_labels();
+    for path in &fixed {
+        tracing::warn!(pool = %p.pool.name, device = %path.display(), "scan: damaged or stale label rewritten");
+    }
+    for (path, e) in &failed {
+        tracing::error!(pool = %p.pool.name, device = %path.display(), error = %e, "scan: cannot rewrite a damaged label");
+    }
+    repaired += fixed.len() as u64 * 2 * pool::LABEL_SIZE;
     let report = meta::verify_all(&p.pool.meta_region()).map_err(meta_err)?;
     if !report.bad_devices.is_empty() {
         tracing::warn!(pool = %p.pool.name, bad_devices = ?report.bad_devices, repaired = report.repaired_bytes, "scan: metadata copies repaired");
@@ -1239,7 +1256,7 @@ mod tests {
         // A tombstone row (snapshots): an empty value, to be skipped.
         {
             let _meta = p.meta_lock.lock();
-            let tx = p.db.begin_write().unwrap();
+            let tx = p.db().begin_write().unwrap();
             tx.open_table(meta::schema::BLOCKS)
                 .unwrap()
                 .insert((1, 1 << 40, 5), [].as_slice())
@@ -1263,7 +1280,7 @@ mod tests {
         // tombstone: import's space-map rebuild does not know them yet).
         {
             let _meta = p.meta_lock.lock();
-            let tx = p.db.begin_write().unwrap();
+            let tx = p.db().begin_write().unwrap();
             tx.open_table(meta::schema::BLOCKS)
                 .unwrap()
                 .remove((1, 1 << 40, 5))
@@ -1290,7 +1307,7 @@ mod tests {
         let p = engine.inner.pools.read().get("tank").cloned().unwrap();
         // As if a scrub had been killed after verifying everything but the last block.
         let last = {
-            let tx = p.db.begin_read().unwrap();
+            let tx = p.db().begin_read().unwrap();
             let t = tx.open_table(meta::schema::BLOCKS).unwrap();
             let mut it = t.iter().unwrap();
             let (k, _) = it.next_back().unwrap().unwrap();

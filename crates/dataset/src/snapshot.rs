@@ -21,9 +21,7 @@ use std::collections::BTreeMap;
 
 type DeadKey = (u64, u64, u64, u64);
 
-fn meta_err(e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("metadata store: {e}"))
-}
+use crate::txg::meta_err;
 
 /// Space changes of one dataset during a txg, applied to its record at commit.
 #[derive(Debug, Default)]
@@ -722,7 +720,7 @@ impl ImportedPool {
                 .or_default()
                 .push(snap.created_txg);
         }
-        let tx = self.db.begin_read().map_err(meta_err)?;
+        let tx = self.db().begin_read().map_err(meta_err)?;
         let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
         let mut total = 0;
         for (ds, doomed) in by_ds {

@@ -153,7 +153,9 @@ pub struct Counters {
 
 pub struct ImportedPool {
     pub pool: Arc<Pool>,
-    pub db: Database,
+    /// The metadata store; replaced when a suspended pool resumes (redb
+    /// refuses every write after a failed one until it is reopened).
+    db: RwLock<Arc<Database>>,
     pub log: Arc<IntentLog>,
     pub open: Mutex<OpenTxg>,
     /// The txg being committed; readers look here after the open txg.
@@ -176,10 +178,16 @@ pub struct ImportedPool {
     closed: AtomicBool,
     /// Scrub / resilver state (crate::scrub).
     pub scan: crate::scrub::ScanSlot,
+    /// Suspension, pool properties, the fault manager (crate::health).
+    pub health: crate::health::Health,
+    pub(crate) health_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("metadata store: {e}"))
+    Error::Io(format!(
+        "metadata store: {}",
+        crate::health::plain_meta_error(e)
+    ))
 }
 
 /// Test hook for the crash tests: `CISTERN_FAULT_TXG_CRASH=after_data|after_meta`
@@ -237,64 +245,18 @@ impl ImportedPool {
         let db =
             meta::open(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
         {
-            // Tables added after format 1 (DEADLIST, HISTORY, VDEV_PATHS)
+            // Tables added after format 1 (DEADLIST, HISTORY, VDEV_PATHS, POOL_PROPS)
             // exist from the first import on.
             let tx = db.begin_write().map_err(meta_err)?;
             tx.open_table(DEADLIST).map_err(meta_err)?;
             tx.open_table(HISTORY).map_err(meta_err)?;
             tx.open_table(VDEV_PATHS).map_err(meta_err)?;
+            tx.open_table(POOL_PROPS).map_err(meta_err)?;
             tx.commit().map_err(meta_err)?;
         }
-        let (txg, cp, datasets) = {
-            let tx = db.begin_read().map_err(meta_err)?;
-            let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
-            let get = |k: &str| -> Result<u64> {
-                r.get(k)
-                    .map_err(meta_err)?
-                    .map(|v| v.value())
-                    .ok_or_else(|| Error::Corrupt(format!("pool record {k} missing")))
-            };
-            let txg = get(RECORD_TXG)?;
-            let cp = Checkpoint {
-                applied_seq: get(RECORD_LOG_APPLIED_SEQ)?,
-                replay_pos: get(RECORD_LOG_REPLAY_POS)?,
-                expect_seq: get(RECORD_LOG_EXPECT_SEQ)?,
-            };
-            let mut datasets = BTreeMap::new();
-            for row in tx
-                .open_table(DATASETS)
-                .map_err(meta_err)?
-                .iter()
-                .map_err(meta_err)?
-            {
-                let (_, v) = row.map_err(meta_err)?;
-                let rec: DatasetRecord = serde_json::from_slice(v.value())
-                    .map_err(|e| Error::Corrupt(format!("dataset record: {e}")))?;
-                datasets.insert(rec.name.clone(), rec);
-            }
-            // Rebuild the space map; a block claimed twice means the metadata is inconsistent.
-            let mut alloc = pool.allocator();
-            for row in tx
-                .open_table(BLOCKS)
-                .map_err(meta_err)?
-                .iter()
-                .map_err(meta_err)?
-            {
-                let (k, v) = row.map_err(meta_err)?;
-                let Some(bp) = blockmap::decode(k.value().1, v.value())? else {
-                    continue; // a tombstone
-                };
-                for dva in &bp.dvas {
-                    if !alloc.claim(*dva) {
-                        return Err(Error::Corrupt(format!(
-                            "block {:?} overlaps another block at {dva:?}",
-                            k.value()
-                        )));
-                    }
-                }
-            }
-            (txg, cp, datasets)
-        };
+        let props = crate::health::load_props(&db)?;
+        let (txg, cp, datasets) = load_committed(&db, &pool)?;
+
         // The log asks for a txg when it fills up; it reaches the pool through a slot set below.
         let slot: Arc<std::sync::OnceLock<std::sync::Weak<ImportedPool>>> = Arc::default();
         let request = {
@@ -315,7 +277,7 @@ impl ImportedPool {
         let imported = Arc::new(ImportedPool {
             cache: BlockCache::new(config.block_cache_bytes as usize),
             pool,
-            db,
+            db: RwLock::new(Arc::new(db)),
             log,
             open: Mutex::new(OpenTxg {
                 txg: txg + 1,
@@ -336,6 +298,8 @@ impl ImportedPool {
             sync_thread: Mutex::new(None),
             closed: AtomicBool::new(false),
             scan: Default::default(),
+            health: crate::health::Health::new(props),
+            health_thread: Mutex::new(None),
         });
         let _ = slot.set(Arc::downgrade(&imported));
         let replayed = records.len();
@@ -352,7 +316,47 @@ impl ImportedPool {
             .spawn(move || sync_loop(weak))
             .map_err(|e| Error::Io(format!("cannot start txg sync thread: {e}")))?;
         *imported.sync_thread.lock() = Some(handle);
+        imported.start_health_thread()?;
         Ok(imported)
+    }
+
+    /// The metadata store (a handle: it is replaced when a suspended pool resumes).
+    pub fn db(&self) -> Arc<Database> {
+        self.db.read().clone()
+    }
+
+    /// Reopens the metadata store from the devices and reloads the dataset
+    /// records and the space map from it (a suspended pool being resumed).
+    /// The caller holds `meta_lock`; no txg is being committed.
+    pub(crate) fn reopen_meta_locked(&self) -> Result<()> {
+        // A store that still commits failed nowhere: the txg failed before
+        // its metadata transaction, and nothing needs reloading.
+        let probe = self.db().begin_write().map_err(meta_err);
+        if probe.and_then(|tx| tx.commit().map_err(meta_err)).is_ok() {
+            return Ok(());
+        }
+        // The failed handle (redb refuses it every write now) is dropped
+        // first; readers wait on the lock meanwhile.
+        let mut slot = self.db.write();
+        let old = std::mem::replace(
+            &mut *slot,
+            Arc::new(
+                meta::redb::Builder::new()
+                    .create_with_backend(meta::redb::backends::InMemoryBackend::new())
+                    .map_err(meta_err)?,
+            ),
+        );
+        drop(old);
+        let db = meta::open(
+            self.pool.meta_region(),
+            self.config.meta_cache_bytes as usize,
+        )
+        .map_err(meta_err)?;
+        let (_, _, datasets) = load_committed(&db, &self.pool)?;
+        *slot = Arc::new(db);
+        drop(slot);
+        *self.datasets.write() = datasets;
+        Ok(())
     }
 
     fn replay(&self, rec: LogRecord) -> Result<()> {
@@ -406,6 +410,14 @@ impl ImportedPool {
         let want = c.requested;
         self.ctl_changed.notify_all();
         while c.done < want && !c.shutdown {
+            if let (Some(s), crate::health::FailMode::Continue) =
+                (self.health.suspension(), self.health.failmode())
+            {
+                return Err(Error::Io(format!(
+                    "pool '{}' is suspended: {}",
+                    self.pool.name, s.cause
+                )));
+            }
             self.ctl_changed
                 .wait_for(&mut c, Duration::from_millis(200));
         }
@@ -452,7 +464,26 @@ impl ImportedPool {
     /// (a txg is committed even when nothing is dirty). Changes of the
     /// dataset the action discards (rollback) are dropped from the txg.
     pub(crate) fn commit_txg(&self, action: Option<Action>) -> Result<ActionOutcome> {
-        let _meta = self.meta_lock.lock();
+        if let Some(s) = self.health.suspension() {
+            return Err(Error::Io(format!(
+                "pool '{}' is suspended ({}): run `cistern pool clear {}` once the cause is gone",
+                self.pool.name, s.cause, self.pool.name
+            )));
+        }
+        self.commit_txg_locked(action, &self.meta_lock.lock())
+    }
+
+    /// The commit `pool clear` retries a suspended pool with.
+    pub(crate) fn commit_txg_resuming(&self) -> Result<()> {
+        self.commit_txg_locked(None, &self.meta_lock.lock())
+            .map(|_| ())
+    }
+
+    fn commit_txg_locked(
+        &self,
+        action: Option<Action>,
+        _meta: &parking_lot::MutexGuard<'_, ()>,
+    ) -> Result<ActionOutcome> {
         // Another daemon owns the pool now: nothing more is written (logged once at the fence).
         self.pool
             .check_owner()
@@ -503,7 +534,15 @@ impl ImportedPool {
                     *open.charged.entry(ds).or_default() += n;
                 }
                 *self.syncing.write() = None;
-                tracing::error!(pool = %self.pool.name, txg, error = %e, "txg commit failed; will retry");
+                drop(open);
+                self.log_commit_failure(txg, &e);
+                // An I/O error means the devices cannot take the txg:
+                // suspend. Out of pool space is refused to writers up front,
+                // and an action refused inside its commit (a held snapshot)
+                // says nothing about the devices.
+                if matches!(e, Error::Io(_)) {
+                    self.suspend(&e.to_string());
+                }
                 Err(e)
             }
         }
@@ -691,7 +730,7 @@ impl ImportedPool {
         let mut space: HashMap<u64, SpaceDelta> = HashMap::new();
         let mut outcome = ActionOutcome::default();
         let mut has_action = false;
-        let tx = self.db.begin_write().map_err(meta_err)?;
+        let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
             let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
@@ -797,7 +836,7 @@ impl ImportedPool {
     /// commits in between is seen in one place or the other, never missed.
     pub fn view(&self) -> Result<View> {
         let syncing = self.syncing.read().clone();
-        let tx = self.db.begin_read().map_err(meta_err)?;
+        let tx = self.db().begin_read().map_err(meta_err)?;
         let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
         Ok(View { syncing, blocks })
     }
@@ -805,7 +844,7 @@ impl ImportedPool {
     /// The committed block map alone, without the txg being committed (whose
     /// partial blocks are merged over it).
     fn committed_view(&self) -> Result<View> {
-        let tx = self.db.begin_read().map_err(meta_err)?;
+        let tx = self.db().begin_read().map_err(meta_err)?;
         let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
         Ok(View {
             syncing: None,
@@ -853,7 +892,7 @@ impl ImportedPool {
     /// Writes a dataset record (created or changed) in its own transaction.
     pub fn store_dataset(&self, rec: &DatasetRecord) -> Result<()> {
         let _meta = self.meta_lock.lock();
-        let tx = self.db.begin_write().map_err(meta_err)?;
+        let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut t = tx.open_table(DATASETS).map_err(meta_err)?;
             // Space figures are owned by the txg commit: keep the latest ones.
@@ -877,7 +916,7 @@ impl ImportedPool {
     /// stays offline across restarts. The caller holds `meta_lock`.
     pub(crate) fn store_offline_locked(&self, guid: u64, offline: bool) -> Result<()> {
         let key = format!("{RECORD_OFFLINE_PREFIX}{guid}");
-        let tx = self.db.begin_write().map_err(meta_err)?;
+        let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
             if offline {
@@ -891,7 +930,7 @@ impl ImportedPool {
 
     /// Devices recorded as taken offline.
     pub(crate) fn offline_devices(&self) -> Result<Vec<u64>> {
-        let tx = self.db.begin_read().map_err(meta_err)?;
+        let tx = self.db().begin_read().map_err(meta_err)?;
         let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
         let mut out = Vec::new();
         for row in r.iter().map_err(meta_err)? {
@@ -908,7 +947,7 @@ impl ImportedPool {
     /// When the snapshot policy last ran on dataset `id` (Unix seconds).
     pub(crate) fn policy_last_run(&self, id: u64) -> Result<Option<i64>> {
         let key = format!("{RECORD_POLICY_LAST_RUN_PREFIX}{id}");
-        let tx = self.db.begin_read().map_err(meta_err)?;
+        let tx = self.db().begin_read().map_err(meta_err)?;
         let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
         let v = r.get(key.as_str()).map_err(meta_err)?;
         Ok(v.map(|v| v.value() as i64))
@@ -918,7 +957,7 @@ impl ImportedPool {
     pub(crate) fn store_policy_last_run(&self, id: u64, secs: i64) -> Result<()> {
         let key = format!("{RECORD_POLICY_LAST_RUN_PREFIX}{id}");
         let _meta = self.meta_lock.lock();
-        let tx = self.db.begin_write().map_err(meta_err)?;
+        let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
             r.insert(key.as_str(), secs.max(0) as u64)
@@ -930,7 +969,7 @@ impl ImportedPool {
     /// A new dataset id, persisted so ids are never reused.
     pub fn next_dataset_id(&self) -> Result<u64> {
         let _meta = self.meta_lock.lock();
-        let tx = self.db.begin_write().map_err(meta_err)?;
+        let tx = self.db().begin_write().map_err(meta_err)?;
         let id = {
             let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
             let id = r
@@ -991,6 +1030,7 @@ impl ImportedPool {
                 .sum(),
             allocated,
             size,
+            suspended: u64::from(self.is_suspended()),
         }
     }
 
@@ -999,12 +1039,32 @@ impl ImportedPool {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = if self.pool.is_fenced() {
+        self.stop_health_thread();
+        // Blocked writers (failmode=wait) see `closed` and give up.
+        self.health.resumed.notify_all();
+        let result = match self.health.suspension() {
             // Its new owner has the pool; what was not committed here was never acknowledged.
-            tracing::warn!(pool = %self.pool.name, "closed without a final commit: the pool was taken over");
-            Ok(())
-        } else {
-            self.sync_txg()
+            _ if self.pool.is_fenced() => {
+                tracing::warn!(pool = %self.pool.name, "closed without a final commit: the pool was taken over");
+                Ok(())
+            }
+            None => self.sync_txg(),
+            // One last try; if the cause is still there, what was never
+            // acknowledged is dropped and said so. Acknowledged writes are
+            // in the intent log, replayed at the next import.
+            Some(s) => match self.resume() {
+                Ok(()) => Ok(()),
+                Err(_) => {
+                    let dirty = self.open.lock().dirty_bytes;
+                    tracing::warn!(
+                        pool = %self.pool.name,
+                        cause = %s.cause,
+                        "pool closed while SUSPENDED: {} of writes never acknowledged (no FLUSH/FUA completed for them) are dropped; every acknowledged write is in the intent log and is replayed at the next import",
+                        crate::props::format_size(dirty)
+                    );
+                    Ok(())
+                }
+            },
         };
         {
             let mut c = self.ctl.lock();
@@ -1017,6 +1077,63 @@ impl ImportedPool {
         self.log.close();
         result
     }
+}
+
+/// The committed state a pool starts from: last txg, log checkpoint and
+/// dataset records; the space map is rebuilt from every block pointer (a
+/// block claimed twice means the metadata is inconsistent).
+fn load_committed(
+    db: &Database,
+    pool: &Pool,
+) -> Result<(u64, Checkpoint, BTreeMap<String, DatasetRecord>)> {
+    let tx = db.begin_read().map_err(meta_err)?;
+    let r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+    let get = |k: &str| -> Result<u64> {
+        r.get(k)
+            .map_err(meta_err)?
+            .map(|v| v.value())
+            .ok_or_else(|| Error::Corrupt(format!("pool record {k} missing")))
+    };
+    let txg = get(RECORD_TXG)?;
+    let cp = Checkpoint {
+        applied_seq: get(RECORD_LOG_APPLIED_SEQ)?,
+        replay_pos: get(RECORD_LOG_REPLAY_POS)?,
+        expect_seq: get(RECORD_LOG_EXPECT_SEQ)?,
+    };
+    let mut datasets = BTreeMap::new();
+    for row in tx
+        .open_table(DATASETS)
+        .map_err(meta_err)?
+        .iter()
+        .map_err(meta_err)?
+    {
+        let (_, v) = row.map_err(meta_err)?;
+        let rec: DatasetRecord = serde_json::from_slice(v.value())
+            .map_err(|e| Error::Corrupt(format!("dataset record: {e}")))?;
+        datasets.insert(rec.name.clone(), rec);
+    }
+    let mut alloc = pool.empty_allocator();
+    for row in tx
+        .open_table(BLOCKS)
+        .map_err(meta_err)?
+        .iter()
+        .map_err(meta_err)?
+    {
+        let (k, v) = row.map_err(meta_err)?;
+        let Some(bp) = blockmap::decode(k.value().1, v.value())? else {
+            continue; // a tombstone
+        };
+        for dva in &bp.dvas {
+            if !alloc.claim(*dva) {
+                return Err(Error::Corrupt(format!(
+                    "block {:?} overlaps another block at {dva:?}",
+                    k.value()
+                )));
+            }
+        }
+    }
+    pool.set_allocator(alloc);
+    Ok((txg, cp, datasets))
 }
 
 /// Resolves the inheritance chain of `rec` (itself, then parents up to the pool root).
@@ -1073,6 +1190,14 @@ fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
             }
             c.requested
         };
+        if p.is_suspended() {
+            // No retries until `pool clear`: wait for it (or shutdown).
+            let mut c = p.ctl.lock();
+            if !c.shutdown {
+                p.ctl_changed.wait_for(&mut c, timeout);
+            }
+            continue;
+        }
         if p.log.fill() > 0.5 {
             p.request_sync();
         }

@@ -539,6 +539,7 @@ impl Volume {
                 allocate: false, ..
             } => Class::Free,
         };
+        self.pool.wait_unsuspended()?;
         self.pool.throttle();
         let p = &self.pool;
         let attempt = || apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
@@ -566,9 +567,32 @@ impl Volume {
             tracing::info!(pool = %p.pool.name, volume = %self.name(), "writes succeed again");
         }
         if fua {
-            p.log.commit(seq).map_err(|e| Error::Io(e.to_string()))?;
+            self.commit_log(seq)?;
         }
         Ok(())
+    }
+
+    /// Waits until the log record `seq` (and all before it) is durable. A
+    /// failed log write suspends the pool; with failmode=wait the commit
+    /// waits for `pool clear` and is retried, it is never acknowledged first.
+    fn commit_log(&self, seq: u64) -> Result<()> {
+        loop {
+            self.pool.wait_unsuspended()?;
+            match self.pool.log.commit(seq) {
+                Ok(()) => return Ok(()),
+                Err(e @ (intent_log::LogError::TooLarge(_) | intent_log::LogError::Closed)) => {
+                    return Err(Error::Io(e.to_string()))
+                }
+                Err(e) if self.pool.is_closed() || self.pool.is_suspended() => {
+                    if self.pool.health.failmode() == crate::health::FailMode::Continue
+                        || self.pool.is_closed()
+                    {
+                        return Err(Error::Io(e.to_string()));
+                    }
+                }
+                Err(e) => self.pool.suspend(&format!("intent log write failed: {e}")),
+            }
+        }
     }
 
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -577,10 +601,7 @@ impl Volume {
 
     pub fn flush(&self) -> Result<()> {
         self.current()?;
-        self.pool
-            .log
-            .commit(self.pool.log.last_seq())
-            .map_err(|e| Error::Io(e.to_string()))
+        self.commit_log(self.pool.log.last_seq())
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {

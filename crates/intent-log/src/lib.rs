@@ -136,6 +136,9 @@ struct State {
     replay_start: u64,
     closed: bool,
     failed: Option<String>,
+    /// Set while the pool is suspended with failmode=continue: a commit
+    /// that would wait for a txg fails with this instead.
+    failing: Option<String>,
 }
 
 /// Where replay must start if the pool crashes after the txg that takes it.
@@ -252,6 +255,7 @@ impl IntentLog {
                 replay_start: cp.replay_pos,
                 closed: false,
                 failed: None,
+                failing: None,
             }),
             changed: Condvar::new(),
             request_txg,
@@ -359,6 +363,9 @@ impl IntentLog {
             if st.closed {
                 return Err(LogError::Closed);
             }
+            if let (false, Some(f)) = (dropped_done, &st.failing) {
+                return Err(LogError::Failed(f.clone()));
+            }
             if !dropped_done {
                 drop(st);
                 (self.request_txg)();
@@ -408,6 +415,9 @@ impl IntentLog {
                         return Err(LogError::TooLarge(
                             st.pending.front().map_or(0, |p| p.bytes.len()),
                         ));
+                    }
+                    if let Some(f) = &st.failing {
+                        return Err(LogError::Failed(f.clone()));
                     }
                     // Wait for a txg to make the live part of the log unnecessary.
                     drop(st);
@@ -494,6 +504,27 @@ impl IntentLog {
         let size = self.region.size();
         let used = (st.write_pos + size - st.replay_start) % size;
         (used + st.pending_bytes as u64) as f64 / size as f64
+    }
+
+    /// While `Some`, a commit that needs a txg (the log is full, or its
+    /// records were left to the txg) fails at once with this reason instead
+    /// of waiting (a suspended pool with failmode=continue).
+    pub fn set_failing(&self, reason: Option<String>) {
+        self.state.lock().failing = reason;
+        self.changed.notify_all();
+    }
+
+    /// After a failed log write, once the pool is resumed: commits work
+    /// again. The failed batch may be missing from the region, so replay
+    /// could not reach records written after it: every record so far is
+    /// treated as left to the txg (a commit waits for a txg holding it).
+    pub fn resume(&self) {
+        let mut st = self.state.lock();
+        st.failing = None;
+        if st.failed.take().is_some() {
+            st.dropped_below = st.next_seq;
+        }
+        self.changed.notify_all();
     }
 
     /// Fails every later commit; waiters wake up.

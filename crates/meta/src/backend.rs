@@ -141,6 +141,9 @@ struct Inner {
     sums: Mutex<Sums>,
     /// redb's header page as last written, until `sync_data` writes it.
     pending_header: Mutex<Option<Box<[u8]>>>,
+    /// While a database is opened: a bitmap of the pages read from the
+    /// devices (see [`RepairWatch`]; one bit per page of the region).
+    touched: Mutex<Option<Vec<u64>>>,
 }
 
 /// Live backends, so `verify_all` works on the same checksums as the open
@@ -245,6 +248,13 @@ impl Inner {
 
     fn read_disk_pages(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         let n = buf.len() as u64 / PAGE;
+        if let Some(t) = self.touched.lock().as_mut() {
+            for p in first..first + n {
+                if let Some(w) = t.get_mut((p / 64) as usize) {
+                    *w |= 1 << (p % 64);
+                }
+            }
+        }
         let entries: Vec<(Sum, Sum)> = {
             let mut sums = self.sums.lock();
             (first..first + n)
@@ -311,6 +321,7 @@ impl RegionBackend {
             state: Mutex::new(state),
             sums: Mutex::new(Sums::default()),
             pending_header: Mutex::new(None),
+            touched: Mutex::new(None),
         });
         let mut live = LIVE.lock();
         live.retain(|(_, _, w)| w.strong_count() > 0);
@@ -351,6 +362,84 @@ impl RegionBackend {
         };
         let (table_pages, db_pages) = plan(region.size());
         Ok(Self::new(region, table_pages, db_pages, state))
+    }
+}
+
+/// Pages a crash left behind. A commit that a kill -9 interrupted may have
+/// written pages (free ones: redb is copy-on-write) whose checksums never
+/// became durable; the last committed transaction does not reference them,
+/// but they lie below the database length, so a strict verification would
+/// call them damaged. After such a crash redb repairs at open: it walks
+/// and checks every page the committed roots reference, with a cold cache,
+/// so every one of them is read through this backend. The pages below the
+/// length that this walk did not read are not referenced: their checksum
+/// entries are cleared (no checksum: accepted until redb writes them
+/// again, which records a new one), so a scrub checks exactly what the last
+/// committed transaction references.
+pub struct RepairWatch {
+    inner: Arc<Inner>,
+    repaired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RepairWatch {
+    /// The repair callback for `redb::Builder::set_repair_callback`.
+    pub fn callback(&self) -> impl Fn(&mut redb::RepairSession) + 'static {
+        let inner = Arc::downgrade(&self.inner);
+        let repaired = self.repaired.clone();
+        move |session: &mut redb::RepairSession| {
+            repaired.store(true, std::sync::atomic::Ordering::Release);
+            // 0.3: the newest root failed its checks and is rolled back; the
+            // walk starts again on the previous root with a cleared cache.
+            if (0.25..0.35).contains(&session.progress()) {
+                if let Some(i) = inner.upgrade() {
+                    if let Some(t) = i.touched.lock().as_mut() {
+                        t.fill(0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the watch once the database is open: after a repair, clears the
+    /// checksum entries of the pages nothing referenced (written to the
+    /// table at the next sync). Returns how many were cleared.
+    pub fn finish(self) -> io::Result<u64> {
+        let inner = &self.inner;
+        let touched = inner.touched.lock().take().unwrap_or_default();
+        if !self.repaired.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(0);
+        }
+        let len = inner.state.lock().1;
+        let pages = len.div_ceil(PAGE).min(inner.db_pages);
+        let mut sums = inner.sums.lock();
+        let mut cleared = 0;
+        // Page 0 is redb's header, rewritten in place: always referenced.
+        for page in 1..pages {
+            let read = touched
+                .get((page / 64) as usize)
+                .is_some_and(|w| w & (1 << (page % 64)) != 0);
+            if read || inner.entry(&mut sums, page)?.0 == [0u8; 16] {
+                continue;
+            }
+            let tp = page / PER_TABLE_PAGE;
+            let at = (page % PER_TABLE_PAGE) as usize * ENTRY;
+            let t = inner.table_page(&mut sums, tp)?;
+            t[at..at + ENTRY].fill(0);
+            sums.dirty.insert(tp);
+            cleared += 1;
+        }
+        Ok(cleared)
+    }
+}
+
+impl RegionBackend {
+    /// Starts recording the pages read, for [`RepairWatch::finish`].
+    pub fn watch_repair(&self) -> RepairWatch {
+        *self.inner.touched.lock() = Some(vec![0; self.inner.db_pages.div_ceil(64) as usize]);
+        RepairWatch {
+            inner: self.inner.clone(),
+            repaired: Arc::default(),
+        }
     }
 }
 

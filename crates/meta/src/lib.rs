@@ -63,9 +63,20 @@ pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Me
 /// Opens an existing pool's store, refusing a newer format by name.
 pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, MetaError> {
     let backend = RegionBackend::open(region)?;
+    let watch = backend.watch_repair();
     let db = Database::builder()
         .set_cache_size(cache_bytes)
+        .set_repair_callback(watch.callback())
         .create_with_backend(backend)?;
+    let cleared = watch
+        .finish()
+        .map_err(|e| MetaError::Region(e.to_string()))?;
+    if cleared > 0 {
+        tracing::info!(
+            pages = cleared,
+            "metadata pages left by an interrupted commit are free; their checksums dropped"
+        );
+    }
     let found = {
         let tx = db.begin_read()?;
         let t = tx.open_table(schema::POOL_RECORDS)?;

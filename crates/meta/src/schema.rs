@@ -84,3 +84,7 @@ pub const RECORD_HISTORY_BYTES: &str = "history_bytes";
 /// Device guid -> the path it was last opened at, so `pool status` names a
 /// missing device `was /path` and `pool replace` finds it by that path.
 pub const VDEV_PATHS: TableDefinition<u64, &str> = TableDefinition::new("vdev_paths");
+/// Pool properties set with `cistern pool set` (`failmode`, `autoreplace`,
+/// `comment`): name -> value. Absent means the default. Created at the
+/// first import by a build that knows it (older pools have no such table).
+pub const POOL_PROPS: TableDefinition<&str, &str> = TableDefinition::new("pool_props");

@@ -11,15 +11,17 @@
 mod alloc;
 mod mmp;
 mod raidz;
+pub mod ratelog;
 
 pub use alloc::Allocator;
 pub use mmp::{
     holder_is_gone, live_holder, MmpConfig, DEFAULT_MMP_INTERVAL, IMPORT_INTERVALS, LEASE_INTERVALS,
 };
 pub use raidz::{MAX_RAIDZ_WIDTH, ROTATE_ROWS};
+pub use ratelog::RateLog;
 pub use vdev::{
-    DeviceState, GroupLayout, Label, LayoutKind, MmpKind, MmpStamp, Owner, PoolState, Regions,
-    Vdev, VdevError, LABEL_SIZE, SECTOR,
+    DeviceState, GroupLayout, Label, LayoutKind, MmpKind, MmpStamp, Owner, PoolState, ProbeFault,
+    Regions, Vdev, VdevError, LABEL_SIZE, SECTOR,
 };
 
 use parking_lot::{Mutex, RwLock};
@@ -304,27 +306,33 @@ pub struct Pool {
     own: mmp::Ownership,
 }
 
-fn is_live(d: &Vdev) -> bool {
-    !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted)
+/// Neither offline, faulted nor removed: I/O may go to it.
+pub fn is_live(d: &Vdev) -> bool {
+    !matches!(
+        d.state(),
+        DeviceState::Offline | DeviceState::Faulted | DeviceState::Removed
+    )
 }
 
 /// A redundant write succeeds if any copy was written; a device that failed
-/// is FAULTED so later I/O skips it.
+/// while others took the write misses data and is FAULTED so later I/O skips
+/// it. When every copy failed nothing is faulted: the write fails and the
+/// caller (the txg) suspends the pool until the cause is gone (a full
+/// filesystem under the device files must not take every device out).
 fn settle_writes(
     pool: &str,
     group: usize,
     devices: &[Arc<Vdev>],
     results: Vec<Result<(), VdevError>>,
 ) -> Result<(), PoolError> {
-    let mut written = 0;
+    let written = results.iter().filter(|r| r.is_ok()).count();
     let mut last = None;
     for (dev, r) in devices.iter().zip(results) {
-        match r {
-            Ok(()) => written += 1,
-            Err(e) => {
+        if let Err(e) = r {
+            if written > 0 {
                 fault(dev, &e);
-                last = Some(e);
             }
+            last = Some(e);
         }
     }
     match (written, last) {
@@ -337,9 +345,22 @@ fn settle_writes(
     }
 }
 
-fn fault(dev: &Vdev, e: &VdevError) {
-    tracing::error!(device = %dev.path().display(), error = %e, "write failed; device FAULTED");
-    dev.set_state(DeviceState::Faulted);
+/// A write to `dev` failed while the rest of its group took it: FAULTED.
+pub(crate) fn fault(dev: &Vdev, e: &VdevError) {
+    let subject = format!("fault {}", dev.path().display());
+    if let Some(more) = ratelog::DEVICE_EVENTS.admit(&subject) {
+        tracing::error!(device = %dev.path().display(), error = %e, more_errors = more, "write failed while the rest of the group took it; device FAULTED");
+    }
+    dev.set_failed(DeviceState::Faulted, format!("write failed: {e}"));
+}
+
+/// One log line per device per minute for healed copies (the count of the
+/// ones left out goes in the next line; a scan's totals in its summary).
+pub(crate) fn note_heal(dev: &Vdev, at: u64, what: &str) {
+    let subject = format!("heal {}", dev.path().display());
+    if let Some(more) = ratelog::DEVICE_EVENTS.admit(&subject) {
+        tracing::warn!(device = %dev.path().display(), offset = at, more_healed = more, "{what}");
+    }
 }
 
 /// Runs `op` on every item at once (one thread each; inline for one item).
@@ -553,7 +574,13 @@ impl Pool {
                     None => missing.push(*guid),
                     Some(d) if d.size() < needed => {
                         tracing::error!(pool = %layout.pool_name, device = %d.path().display(), size = d.size(), needed, "device is shorter than the pool needs (truncated?); FAULTED");
-                        d.set_state(DeviceState::Faulted);
+                        d.set_failed(
+                            DeviceState::Faulted,
+                            format!(
+                                "device is {} bytes, shorter than the {needed} its label says",
+                                d.size()
+                            ),
+                        );
                     }
                     Some(_) => {}
                 }
@@ -681,24 +708,7 @@ impl Pool {
                 if dev.state() == DeviceState::Faulted {
                     continue;
                 }
-                let label = Label {
-                    version,
-                    pool_name: self.name.clone(),
-                    pool_guid: self.guid,
-                    device_guid: child.guid(),
-                    group: g.index,
-                    child: c as u32,
-                    groups: layouts.clone(),
-                    regions: self.regions,
-                    exported,
-                    state: Some(if exported {
-                        PoolState::Exported
-                    } else {
-                        PoolState::Active
-                    }),
-                    owner: self.owner(),
-                    generation,
-                };
+                let label = self.label_for(g, c, child.guid(), &layouts, version, generation, exported);
                 match dev.write_label(&label) {
                     Ok(()) => written += 1,
                     Err(e) => {
@@ -1069,24 +1079,204 @@ impl Pool {
     }
 
     /// Zeroes the READ/WRITE/CKSUM counters of one device or of all, and
-    /// brings FAULTED devices back ONLINE (as `zpool clear`).
-    pub fn clear_errors(&self, guid: Option<u64>) -> Result<(), PoolError> {
-        let devices = match guid {
-            Some(g) => vec![self.device_by_guid(g).ok_or(PoolError::NoSuchDevice {
+    /// retries FAULTED and REMOVED devices (as `zpool clear`): a device
+    /// whose path names its own file again, as large as its label says, is
+    /// reopened and comes back ONLINE; one still gone or short keeps its
+    /// state and reason. Returns the guids of the devices brought back (they
+    /// may have missed writes: the caller resilvers them).
+    pub fn clear_errors(&self, guid: Option<u64>) -> Result<Vec<u64>, PoolError> {
+        let _admin = self.admin.lock();
+        let mut slots = Vec::new();
+        for g in self.groups() {
+            for (c, child) in g.children.iter().enumerate() {
+                if guid.is_none_or(|x| x == child.guid()) {
+                    slots.push((g.clone(), c));
+                }
+            }
+        }
+        if let (Some(g), true) = (guid, slots.is_empty()) {
+            return Err(PoolError::NoSuchDevice {
                 pool: self.name.clone(),
                 guid: g,
-            })?],
-            None => self.devices(),
-        };
-        for d in devices {
+            });
+        }
+        let mut back = Vec::new();
+        for (g, c) in slots {
+            let child = &g.children[c];
+            let Some(d) = child.device() else { continue };
             d.errors.read.store(0, Ordering::Relaxed);
             d.errors.write.store(0, Ordering::Relaxed);
             d.errors.checksum.store(0, Ordering::Relaxed);
-            if d.state() == DeviceState::Faulted {
-                d.set_state(DeviceState::Online);
+            if !matches!(d.state(), DeviceState::Faulted | DeviceState::Removed) {
+                continue;
+            }
+            let needed = self.regions.data_offset + g.data_size + LABEL_SIZE;
+            match self.reopen(&d, child.guid(), needed) {
+                Ok(fresh) => {
+                    if let Some(fresh) = fresh {
+                        *child.dev.write() = Some(Arc::new(fresh));
+                    } else {
+                        d.set_state(DeviceState::Online);
+                    }
+                    ratelog::DEVICE_EVENTS.reset(&format!("fault {}", d.path().display()));
+                    tracing::info!(pool = %self.name, device = %d.path().display(), "device retried; ONLINE");
+                    back.push(child.guid());
+                }
+                Err(why) => {
+                    tracing::warn!(pool = %self.name, device = %d.path().display(), reason = %why, "device retried; still unusable");
+                    let state = match d.state() {
+                        DeviceState::Removed => DeviceState::Removed,
+                        _ => DeviceState::Faulted,
+                    };
+                    d.set_failed(state, why);
+                }
             }
         }
-        Ok(())
+        Ok(back)
+    }
+
+    /// Whether a failed device can serve again: the same file, large
+    /// enough (`Ok(None)`), or a file at its path that carries this pool's
+    /// label for this slot (`Ok(Some)`: opened afresh; a device re-attached).
+    fn reopen(&self, d: &Vdev, guid: u64, needed: u64) -> Result<Option<Vdev>, String> {
+        match d.probe() {
+            None if d.size() >= needed => return Ok(None),
+            None => {
+                return Err(format!(
+                    "device is {} bytes, shorter than the {needed} its label says",
+                    d.size()
+                ))
+            }
+            Some(ProbeFault::Shrunk { size, .. }) => {
+                return Err(format!(
+                    "device is {size} bytes, shorter than the {needed} its label says"
+                ))
+            }
+            Some(ProbeFault::Gone(_)) => {}
+        }
+        let fresh = Vdev::open(d.path()).map_err(|e| e.to_string())?;
+        let label = fresh.read_label().map_err(|e| e.to_string())?;
+        if label.pool_guid != self.guid || label.device_guid != guid {
+            return Err(format!(
+                "{} now holds another device (guid {:#x} of pool {})",
+                d.path().display(),
+                label.device_guid,
+                label.pool_name
+            ));
+        }
+        if fresh.size() < needed {
+            return Err(format!(
+                "device is {} bytes, shorter than the {needed} its label says",
+                fresh.size()
+            ));
+        }
+        Ok(Some(fresh))
+    }
+
+    /// Checks every present device as zed would on a udev event (path gone
+    /// or replaced: REMOVED; shorter than its label says: FAULTED). Returns
+    /// the devices whose state changed, with the reason.
+    pub fn probe_devices(&self) -> Vec<(Arc<Vdev>, DeviceState, String)> {
+        let mut out = Vec::new();
+        for g in self.groups() {
+            let needed = self.regions.data_offset + g.data_size + LABEL_SIZE;
+            for child in &g.children {
+                let Some(d) = child.device().filter(|d| is_live(d)) else {
+                    continue;
+                };
+                let found = match d.probe() {
+                    Some(ProbeFault::Gone(why)) => Some((DeviceState::Removed, why)),
+                    Some(ProbeFault::Shrunk { size, .. }) => Some((
+                        DeviceState::Faulted,
+                        format!("device is {size} bytes, shorter than the {needed} its label says"),
+                    )),
+                    None => None,
+                };
+                if let Some((state, why)) = found {
+                    d.set_failed(state, why.clone());
+                    out.push((d, state, why));
+                }
+            }
+        }
+        out
+    }
+
+    /// Faults a device for repeated I/O errors (the caller counts them).
+    pub fn fault_device(&self, dev: &Vdev, reason: String) {
+        dev.set_failed(DeviceState::Faulted, reason);
+    }
+
+    /// The label of child `c` of group `g` as this daemon writes it.
+    #[allow(clippy::too_many_arguments)]
+    fn label_for(
+        &self,
+        g: &Group,
+        c: usize,
+        device_guid: u64,
+        layouts: &[GroupLayout],
+        version: u32,
+        generation: u64,
+        exported: bool,
+    ) -> Label {
+        Label {
+            version,
+            pool_name: self.name.clone(),
+            pool_guid: self.guid,
+            device_guid,
+            group: g.index,
+            child: c as u32,
+            groups: layouts.to_vec(),
+            regions: self.regions,
+            exported,
+            state: Some(if exported {
+                PoolState::Exported
+            } else {
+                PoolState::Active
+            }),
+            owner: self.owner(),
+            generation,
+        }
+    }
+
+    /// Checks both labels of every live device against the current layout
+    /// and rewrites the labels of devices where either copy is damaged or
+    /// stale (scrub). Returns the paths of the devices whose labels were
+    /// rewritten and of those that could not be.
+    pub fn check_labels(&self) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
+        let _admin = self.admin.lock();
+        let groups = self.groups();
+        let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
+        let version = label_version(&layouts);
+        let generation = self.generation.load(Ordering::Acquire);
+        let (mut fixed, mut failed) = (Vec::new(), Vec::new());
+        for g in &groups {
+            for (c, child) in g.children.iter().enumerate() {
+                let Some(dev) = child.device().filter(|d| is_live(d)) else {
+                    continue;
+                };
+                let label = self.label_for(g, c, child.guid(), &layouts, version, generation, false);
+                match dev.labels_match(&label) {
+                    Ok(true) => {}
+                    Ok(false) | Err(_) => match dev.write_label(&label) {
+                        Ok(()) => fixed.push(dev.path().to_path_buf()),
+                        Err(e) => failed.push((dev.path().to_path_buf(), e.to_string())),
+                    },
+                }
+            }
+        }
+        (fixed, failed)
+    }
+
+    /// An empty space map for the current groups, to be filled with
+    /// [`Allocator::claim`] and installed with [`Pool::set_allocator`]
+    /// (import, and a suspended pool resumed on a reopened metadata store).
+    pub fn empty_allocator(&self) -> Allocator {
+        let groups = self.groups();
+        Allocator::with_units(groups.iter().map(|g| (g.capacity(), g.unit())).collect())
+    }
+
+    pub fn set_allocator(&self, alloc: Allocator) {
+        *self.allocator.lock() = alloc;
     }
 
     /// Copies the metadata and intent-log regions onto a device (being
@@ -1255,9 +1445,9 @@ impl Pool {
             match dev.read_at(at, &mut buf) {
                 Ok(()) if verify(&buf) => {
                     for b in bad {
-                        tracing::warn!(device = %b.path().display(), offset = at, "healing bad copy");
+                        note_heal(&b, at, "healing bad copy");
                         if let Err(e) = b.write_at(at, &buf) {
-                            tracing::error!(device = %b.path().display(), error = %e, "heal write failed");
+                            fault(&b, &e);
                         }
                     }
                     return Ok(buf);
@@ -1348,7 +1538,7 @@ impl Pool {
             }
             out.bad_devices.push(*guid);
             if let Some(Ok(data)) = good.map(|g| &copies[g]) {
-                tracing::warn!(device = %dev.path().display(), offset = at, "scrub: healing bad copy");
+                note_heal(dev, at, "scrub: healing bad copy");
                 match dev.write_at(at, &data[..len]) {
                     Ok(()) => out.repaired_bytes += len as u64,
                     Err(e) => fault(dev, &e),
@@ -1469,19 +1659,10 @@ impl Pool {
     /// Makes every completed write on every device durable, devices in parallel.
     pub fn sync_all(&self) -> Result<(), PoolError> {
         self.check_owner()?;
-        let devices: Vec<Arc<Vdev>> = self
-            .devices()
-            .into_iter()
-            .filter(|d| !matches!(d.state(), DeviceState::Offline | DeviceState::Faulted))
-            .collect();
+        let devices: Vec<Arc<Vdev>> = self.devices().into_iter().filter(|d| is_live(d)).collect();
         let results = on_each(&devices, |d| d.sync());
-        let ok = results.iter().filter(|r| r.is_ok()).count();
-        if ok == 0 {
-            if let Some(Err(e)) = results.into_iter().next() {
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        // A device whose sync failed may have lost what was written to it.
+        settle_writes(&self.name, 0, &devices, results)
     }
 
     /// The metadata region, mirrored on every device.
@@ -1618,7 +1799,7 @@ impl MirroredRegion {
                         if mismatch {
                             b.errors.checksum.fetch_add(1, Ordering::Relaxed);
                         }
-                        tracing::warn!(device = %b.path().display(), offset = at, "healing bad region copy");
+                        note_heal(&b, at, "healing bad region copy");
                         let _ = b.write_at(at, buf);
                     }
                     return Ok(());
@@ -1728,7 +1909,7 @@ impl MirroredRegion {
                         out.bad_devices.push(*guid);
                     }
                 }
-                tracing::warn!(device = %dev.path().display(), offset = at + start as u64, "scrub: healing region copy");
+                note_heal(dev, at + start as u64, "scrub: healing region copy");
                 match dev.write_at(at + start as u64, good) {
                     Ok(()) => out.repaired_bytes += (end - start) as u64,
                     Err(e) => fault(dev, &e),

@@ -444,18 +444,19 @@ pub(crate) fn write(
             .map(|(d, b)| write_buf(d, at, b, bytes))
             .collect()
     };
-    let mut written = 0;
+    let written = results.iter().filter(|r| r.is_ok()).count();
+    let survives = geo.width - written <= geo.parity;
     let mut last = None;
     for ((d, _), r) in jobs.iter().zip(results) {
-        match r {
-            Ok(()) => written += 1,
-            Err(e) => {
+        if let Err(e) = r {
+            // Faulted only when the row is still whole without it (see settle_writes).
+            if survives {
                 crate::fault(d, &e);
-                last = Some(e);
             }
+            last = Some(e);
         }
     }
-    if geo.width - written > geo.parity {
+    if !survives {
         return Err(match last {
             Some(e) => e.into(),
             None => PoolError::GroupUnavailable {
@@ -672,7 +673,7 @@ pub(crate) fn repair(
         }
         out.bad.push(child.guid());
         if let Some(d) = child.writable() {
-            tracing::warn!(device = %d.path().display(), offset = at, rows = span.rows, "healing raidz column");
+            crate::note_heal(&d, at, "healing raidz column");
             match write_buf(&d, at, &expect[i], bytes) {
                 Ok(()) => out.repaired_bytes += bytes as u64,
                 Err(e) => crate::fault(&d, &e),

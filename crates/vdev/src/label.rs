@@ -219,6 +219,23 @@ pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {
     })
 }
 
+pub(crate) fn labels_match(vdev: &Vdev, label: &Label) -> Result<bool, LabelError> {
+    let want = encode(label)?;
+    if vdev.size() < 2 * LABEL_SIZE {
+        return Ok(false);
+    }
+    // Label 0 ends where the MMP slot starts (the owner's stamps are not label bytes).
+    let head = (LABEL_SIZE - MMP_SLOT_SIZE) as usize;
+    for (offset, n) in [(0, head), (vdev.size() - LABEL_SIZE, LABEL_SIZE as usize)] {
+        let mut buf = vec![0u8; n];
+        vdev.read_at(offset, &mut buf)?;
+        if buf[..] != want[..n] {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 pub(crate) fn write_label(vdev: &Vdev, label: &Label) -> Result<(), LabelError> {
     let buf = encode(label)?;
     // Label 0 stops short of the MMP slot: a relabel never erases the owner's stamp.

@@ -50,6 +50,8 @@ pub enum DeviceState {
     Faulted = 2,
     Unavail = 3,
     Offline = 4,
+    /// The device vanished while in use (its path is gone or names another file).
+    Removed = 5,
 }
 
 impl DeviceState {
@@ -60,6 +62,7 @@ impl DeviceState {
             DeviceState::Faulted => "FAULTED",
             DeviceState::Unavail => "UNAVAIL",
             DeviceState::Offline => "OFFLINE",
+            DeviceState::Removed => "REMOVED",
         }
     }
     fn from_u8(v: u8) -> Self {
@@ -68,6 +71,7 @@ impl DeviceState {
             1 => DeviceState::Degraded,
             2 => DeviceState::Faulted,
             3 => DeviceState::Unavail,
+            5 => DeviceState::Removed,
             _ => DeviceState::Offline,
         }
     }
@@ -96,6 +100,20 @@ pub struct Vdev {
     size: u64,
     state: AtomicU8,
     pub errors: ErrorCounters,
+    /// Why the device was last FAULTED or REMOVED (for `pool status` and the log).
+    reason: parking_lot::Mutex<Option<String>>,
+    /// (st_dev, st_ino) of the file opened, to notice the path being
+    /// deleted or replaced by another file while the device is in use.
+    identity: (u64, u64),
+}
+
+/// What [`Vdev::probe`] found wrong with a device that is still open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeFault {
+    /// The path is gone or names another file: REMOVED.
+    Gone(String),
+    /// The device is shorter than when it was opened: FAULTED.
+    Shrunk { size: u64, expected: u64 },
 }
 
 impl Vdev {
@@ -134,6 +152,12 @@ impl Vdev {
                 .open(path)
                 .ok()
         };
+        let identity = {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata()
+                .map(|m| (m.dev(), m.ino()))
+                .unwrap_or((0, 0))
+        };
         Ok(Vdev {
             path: path.to_path_buf(),
             file,
@@ -142,6 +166,8 @@ impl Vdev {
             size,
             state: AtomicU8::new(DeviceState::Online as u8),
             errors: ErrorCounters::default(),
+            reason: parking_lot::Mutex::new(None),
+            identity,
         })
     }
 
@@ -178,6 +204,44 @@ impl Vdev {
 
     pub fn set_state(&self, state: DeviceState) {
         self.state.store(state as u8, Ordering::Relaxed);
+        if state == DeviceState::Online {
+            *self.reason.lock() = None;
+        }
+    }
+
+    /// Sets a failed state (FAULTED, REMOVED) with the reason `pool status` shows.
+    pub fn set_failed(&self, state: DeviceState, reason: String) {
+        *self.reason.lock() = Some(reason);
+        self.state.store(state as u8, Ordering::Relaxed);
+    }
+
+    /// Why the device is FAULTED or REMOVED, if it is.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().clone()
+    }
+
+    /// Checks that the path still names the file opened and that it is as
+    /// large as it was (zed's removal and size checks, done by polling).
+    pub fn probe(&self) -> Option<ProbeFault> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(&self.path) {
+            Err(e) => return Some(ProbeFault::Gone(format!("{}: {e}", self.path.display()))),
+            Ok(m) if (m.dev(), m.ino()) != self.identity && self.identity != (0, 0) => {
+                return Some(ProbeFault::Gone(format!(
+                    "{} now names another file",
+                    self.path.display()
+                )));
+            }
+            Ok(_) => {}
+        }
+        match device_size(&self.file) {
+            Ok(size) if size < self.size => Some(ProbeFault::Shrunk {
+                size,
+                expected: self.size,
+            }),
+            Ok(_) => None,
+            Err(e) => Some(ProbeFault::Gone(format!("{}: {e}", self.path.display()))),
+        }
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<(), VdevError> {
@@ -390,6 +454,11 @@ impl Vdev {
 
     pub fn read_label(&self) -> Result<Label, LabelError> {
         label::read_label(self)
+    }
+
+    /// Whether both ends hold exactly `label` (a scrub rewrites them if not).
+    pub fn labels_match(&self, label: &Label) -> Result<bool, LabelError> {
+        label::labels_match(self, label)
     }
 
     /// Writes the label at both ends and syncs.

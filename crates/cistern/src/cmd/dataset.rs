@@ -605,8 +605,9 @@ pub fn get_table(rows: &[GetRow], fields: &[String], parsable: bool) -> Table {
     t
 }
 
-pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
-    let fields = match &a.fields {
+/// The `-o` fields of `get` and `pool get` (default: all four).
+pub fn get_fields(fields: &Option<String>) -> Result<Vec<String>> {
+    Ok(match fields {
         Some(f) => {
             let v: Vec<String> = split_list(f)
                 .iter()
@@ -623,7 +624,11 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
             v
         }
         None => GET_FIELDS.iter().map(|s| s.to_string()).collect(),
-    };
+    })
+}
+
+pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
+    let fields = get_fields(&a.fields)?;
     let sources = match &a.sources {
         Some(s) => {
             let v = split_list(s);

@@ -60,6 +60,10 @@ pub enum PoolCommand {
     Labelclear(LabelclearArgs),
     /// Show the pools' format versions, or upgrade them: `[-v] [-a|POOL]`.
     Upgrade(UpgradeArgs),
+    /// Show pool properties: `cistern pool get [-H] [-p] [-o FIELDS] all|PROP[,PROP] POOL`.
+    Get(PoolGetArgs),
+    /// Set a pool property: `cistern pool set failmode=continue POOL`.
+    Set(PoolSetArgs),
 }
 
 #[derive(Debug, Args)]
@@ -226,6 +230,9 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Only pools that are not healthy ("all pools are healthy" if none).
+    #[arg(short = 'x')]
+    pub unhealthy: bool,
     /// List the blocks that could not be repaired (dataset and byte offset).
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -307,6 +314,12 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
             Ok(client.labelclear(&dev, a.force)?)
         }
         PoolCommand::Upgrade(a) => upgrade(client, a),
+        PoolCommand::Get(a) => pool_get(client, a),
+        PoolCommand::Set(a) => {
+            let (prop, value) = crate::cmd::props::parse_assignment(&a.assignment)?;
+            client.set_pool_property(&a.pool, &prop, &value)?;
+            Ok(())
+        }
     }
 }
 
@@ -1013,6 +1026,21 @@ fn status(client: &api::Client, a: StatusArgs) -> Result<()> {
         outln("no pools available");
         return Ok(());
     }
+    let statuses: Vec<PoolStatus> = if a.unhealthy {
+        statuses
+            .into_iter()
+            .filter(|s| s.status.is_some())
+            .collect()
+    } else {
+        statuses
+    };
+    if statuses.is_empty() {
+        match &a.pool {
+            Some(p) => outln(&format!("pool '{p}' is healthy")),
+            None => outln("all pools are healthy"),
+        }
+        return Ok(());
+    }
     let text: Vec<String> = statuses
         .iter()
         .map(|s| render_status_with(s, a.verbose, now_secs()))
@@ -1126,6 +1154,8 @@ fn device_name(d: &dataset::DeviceStatus) -> String {
 /// zpool-status-style text for one pool; `verbose` lists unrepaired blocks.
 pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     let mut rows: Vec<(String, &str, [u64; 3])> = Vec::new();
+    // (row, why a device is FAULTED/REMOVED/UNAVAIL), shown after its counters.
+    let mut notes: Vec<(usize, Option<String>)> = Vec::new();
     let sum = |gs: &[GroupStatus]| {
         let mut c = [0u64; 3];
         for g in gs {
@@ -1146,6 +1176,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                 &d.state,
                 [d.read_errors, d.write_errors, d.checksum_errors],
             ));
+            notes.push((rows.len() - 1, d.reason.clone()));
         } else {
             rows.push((
                 format!("  {}", g.name),
@@ -1162,6 +1193,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                     &d.state,
                     [d.read_errors, d.write_errors, d.checksum_errors],
                 ));
+                notes.push((rows.len() - 1, d.reason.clone()));
             }
         }
     }
@@ -1169,18 +1201,36 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
     for i in 2..5 {
         t.align_right(i);
     }
-    for (name, state, c) in rows {
-        t.push(vec![
+    let any_note = notes.iter().any(|n| n.1.is_some());
+    if any_note {
+        t = Table::new(&["NAME", "STATE", "READ", "WRITE", "CKSUM", ""]);
+        for i in 2..5 {
+            t.align_right(i);
+        }
+    }
+    for (i, (name, state, c)) in rows.into_iter().enumerate() {
+        let mut row = vec![
             name,
             state.to_string(),
             c[0].to_string(),
             c[1].to_string(),
             c[2].to_string(),
-        ]);
+        ];
+        if any_note {
+            let note = notes.iter().find(|n| n.0 == i).and_then(|n| n.1.clone());
+            row.push(note.unwrap_or_default());
+        }
+        t.push(row);
     }
     let mut o = String::new();
     o.push_str(&format!("  pool: {}\n", s.summary.name));
     o.push_str(&format!(" state: {}\n", s.summary.health));
+    if let Some(st) = &s.status {
+        o.push_str(&format!("status: {st}\n"));
+    }
+    if let Some(act) = &s.action {
+        o.push_str(&format!("action: {act}\n"));
+    }
     o.push_str(&format!("   txg: {}\n", s.summary.txg));
     if let Some(scan) = &s.scan {
         o.push_str(&render_scan(scan, now));
@@ -1481,6 +1531,7 @@ mod tests {
                         checksum_errors: 0,
                         resilvering: false,
                         was: None,
+                        reason: None,
                     },
                     DeviceStatus {
                         path: "(missing device 99)".into(),
@@ -1491,12 +1542,16 @@ mod tests {
                         checksum_errors: 0,
                         resilvering: false,
                         was: Some("/d/b".into()),
+                        reason: Some("cannot open".into()),
                     },
                 ],
             }],
             errors: vec![],
             scan: None,
             data_errors: vec![],
+            status: None,
+            action: None,
+            suspended: None,
         };
         s.summary.health = "DEGRADED".into();
         let text = render_status_with(&s, false, 0);
@@ -1527,6 +1582,7 @@ mod tests {
             checksum_errors: cksum,
             resilvering: false,
             was: None,
+            reason: None,
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
@@ -1547,6 +1603,9 @@ mod tests {
             errors: vec![],
             scan: None,
             data_errors: vec![],
+            status: None,
+            action: None,
+            suspended: None,
         };
         let text = render_status_with(&s, false, 0);
         let expected = "  pool: tank\n state: ONLINE\n   txg: 9\nconfig:\n\n\
@@ -1558,5 +1617,96 @@ mod tests {
             \t  /d/c      ONLINE     0      0      0\n\
             \nerrors: No known data errors\n";
         assert_eq!(text, expected);
+        // A faulted device: status and action lines, its reason after the counters.
+        let mut s = s;
+        s.summary.health = "DEGRADED".into();
+        s.groups[0].state = "DEGRADED".into();
+        s.groups[0].devices[1].state = "FAULTED".into();
+        s.groups[0].devices[1].reason = Some("too many errors".into());
+        s.status = Some("One or more devices are faulted.".into());
+        s.action = Some("Replace the faulted device.".into());
+        let text = render_status_with(&s, false, 0);
+        assert!(text.contains(" state: DEGRADED\nstatus: One or more devices are faulted.\naction: Replace the faulted device.\n"), "{text}");
+        assert!(
+            text.contains("/d/b    FAULTED      0      0      2  too many errors\n"),
+            "{text}"
+        );
     }
+}
+
+#[derive(Debug, Args)]
+pub struct PoolGetArgs {
+    #[command(flatten)]
+    pub format: OutputFlags,
+    /// Fields: name,property,value,source.
+    #[arg(short = 'o', value_name = "FIELDS")]
+    pub fields: Option<String>,
+    /// `all`, or properties separated by commas.
+    #[arg(value_name = "all|PROP[,PROP...]")]
+    pub props: String,
+    /// Pools (default: all).
+    pub pools: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PoolSetArgs {
+    /// PROP=VALUE (failmode=wait|continue, autoreplace=on|off, comment=TEXT).
+    #[arg(value_name = "PROP=VALUE")]
+    pub assignment: String,
+    pub pool: String,
+}
+
+fn pool_get(client: &api::Client, a: PoolGetArgs) -> Result<()> {
+    use crate::cmd::dataset::{get_fields, get_table, GetRow};
+    let fields = get_fields(&a.fields)?;
+    let pools: Vec<String> = if a.pools.is_empty() {
+        let mut names: Vec<String> = client.list_pools()?.into_iter().map(|p| p.name).collect();
+        names.sort();
+        names
+    } else {
+        a.pools.clone()
+    };
+    let wanted: Option<Vec<String>> = (a.props.trim() != "all").then(|| {
+        split_list(&a.props)
+            .iter()
+            .map(|p| p.to_ascii_lowercase())
+            .collect()
+    });
+    if wanted.as_ref().is_some_and(|w| w.is_empty()) {
+        bail!("no property given");
+    }
+    let mut rows = Vec::new();
+    for pool in &pools {
+        let props = client.pool_properties(pool)?;
+        let row = |p: &dataset::Property| GetRow {
+            name: pool.clone(),
+            property: p.name.clone(),
+            value: p.value.clone(),
+            parsable: p.parsable.clone(),
+            source: p.source.clone(),
+        };
+        match &wanted {
+            None => rows.extend(props.iter().map(row)),
+            Some(w) => {
+                for name in w {
+                    match props.iter().find(|p| &p.name == name) {
+                        Some(p) => rows.push(row(p)),
+                        None => bail!(
+                            "bad property list: invalid property '{name}' (valid: {})",
+                            props
+                                .iter()
+                                .map(|p| p.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                }
+            }
+        }
+    }
+    if a.format.json {
+        return json(&rows);
+    }
+    out(&get_table(&rows, &fields, a.format.parsable).render(a.format.scripted));
+    Ok(())
 }
