@@ -145,6 +145,9 @@ class Daemon:
     def env(self) -> dict:
         e = dict(os.environ)
         e["CISTERN_API"] = self.api_url
+        # A quicker owner heartbeat (default 1 s): every import waits one
+        # interval for its claim, and the suite restarts daemons often.
+        e.setdefault("CISTERN_MMP_INTERVAL_MS", "250")
         e.setdefault("RUST_BACKTRACE", "1")
         e.setdefault("NO_COLOR", "1")  # plain daemon logs
         return e

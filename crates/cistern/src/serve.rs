@@ -101,7 +101,7 @@ async fn bind(what: &str, l: &Listen) -> Result<TcpListener> {
 }
 
 /// glibc malloc settings for a long-running daemon, made before any thread
-/// starts (see docs/decisions/0013-frontdoor-bounds-and-busy.md): a fixed
+/// starts (see docs/decisions/0013-bounds-and-busy.md): a fixed
 /// mmap threshold of 1 MiB, so NBD payloads and reply queues (1-32 MiB) are
 /// mapped and unmapped, going back to the OS when freed (glibc's dynamic
 /// threshold otherwise rises to 32 MiB after the first large free, and the

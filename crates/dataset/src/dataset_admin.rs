@@ -107,7 +107,18 @@ impl Engine {
             )));
         }
         let renamed: Vec<String> = list.iter().map(|(_, n)| n.clone()).collect();
+        let moves: Vec<(String, String)> = {
+            let datasets = p.datasets.read();
+            list.iter()
+                .filter_map(|(id, new)| {
+                    let old = datasets.values().find(|d| d.id == *id)?;
+                    Some((old.name.clone(), new.clone()))
+                })
+                .collect()
+        };
         p.commit_txg(Some(Action::Rename(list)))?;
+        // Open handles follow, so a busy check on the new name sees them.
+        self.inner.holders.rename(&moves);
         tracing::info!(from, to = %to, renamed = renamed.len(), "renamed");
         Ok(renamed)
     }

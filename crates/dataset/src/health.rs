@@ -228,6 +228,11 @@ impl ImportedPool {
         }
         if first {
             h.commit_log.reset(&self.pool.name);
+            crate::events::post_event(
+                &self.pool,
+                crate::events::class::IO_FAILURE,
+                &[("cause", cause.to_string()), ("failmode", mode.as_str().to_string())],
+            );
         }
         if let Some(more) = h.commit_log.admit(&self.pool.name) {
             tracing::error!(
@@ -255,7 +260,8 @@ impl ImportedPool {
         let h = &self.health;
         let mut s = h.suspended.lock();
         while let Some(susp) = s.as_ref() {
-            if self.is_closed() || h.failmode() == FailMode::Continue {
+            // A pool another daemon took over never resumes here: fail at once.
+            if self.is_closed() || h.failmode() == FailMode::Continue || self.pool.is_fenced() {
                 return Err(Error::Io(format!(
                     "pool '{}' is suspended: {}",
                     self.pool.name, susp.cause

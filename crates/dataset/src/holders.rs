@@ -120,6 +120,15 @@ impl Holders {
         })
     }
 
+    /// Renamed datasets and snapshots: `(old name, new name)` pairs.
+    pub(crate) fn rename(&self, moves: &[(String, String)]) {
+        for h in self.st.lock().open.values_mut() {
+            if let Some((_, new)) = moves.iter().find(|(old, _)| *old == h.dataset) {
+                h.dataset = new.clone();
+            }
+        }
+    }
+
     pub(crate) fn list(&self, scope: &Scope) -> Vec<HolderInfo> {
         self.st
             .lock()

@@ -586,6 +586,7 @@ impl Volume {
                 Err(e) if self.pool.is_closed() || self.pool.is_suspended() => {
                     if self.pool.health.failmode() == crate::health::FailMode::Continue
                         || self.pool.is_closed()
+                        || self.pool.pool.is_fenced()
                     {
                         return Err(Error::Io(e.to_string()));
                     }

@@ -1176,7 +1176,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                 &d.state,
                 [d.read_errors, d.write_errors, d.checksum_errors],
             ));
-            notes.push((rows.len() - 1, d.reason.clone()));
+            notes.push((rows.len() - 1, d.reason.clone().filter(|_| d.was.is_none())));
         } else {
             rows.push((
                 format!("  {}", g.name),
@@ -1193,7 +1193,7 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
                     &d.state,
                     [d.read_errors, d.write_errors, d.checksum_errors],
                 ));
-                notes.push((rows.len() - 1, d.reason.clone()));
+                notes.push((rows.len() - 1, d.reason.clone().filter(|_| d.was.is_none())));
             }
         }
     }
