@@ -30,7 +30,7 @@ FAST = "[engine]\ntxg_timeout_secs = 0.2\nblock_cache_bytes = 0\n"
 
 
 def status(d, pool="tank") -> dict:
-    return d.cli_json("pool", "status", pool)
+    return d.cli_json("pool", "status", pool)["pools"][pool]
 
 
 def devices(st: dict) -> dict[str, dict]:
@@ -131,7 +131,7 @@ def test_full_filesystem_suspends_pool_and_clear_resumes(make_daemon, small_fs, 
     # commit (and must not be acknowledged while none can be written).
     d = make_daemon(config=FAST + "log_buffer_bytes = 1048576\n")
     d.cli("pool", "create", "-s", DEV, "tank", "mirror", small_fs / "d0", small_fs / "d1")
-    d.cli("create", "-V", "64M", "-o", "compression=off", "tank/vol0")
+    d.cli("create", "-s", "-V", "64M", "-o", "compression=off", "tank/vol0")
     d.cli("pool", "set", f"failmode={failmode}", "tank")
     first = pattern(1, 4 * MiB)
     with connected(d.uri("tank/vol0")) as h:
@@ -214,7 +214,7 @@ def test_full_filesystem_suspends_pool_and_clear_resumes(make_daemon, small_fs, 
 def test_sigterm_on_suspended_pool_exits_cleanly(make_daemon, small_fs):
     d = make_daemon(config=FAST + "log_buffer_bytes = 1048576\n")
     d.cli("pool", "create", "-s", DEV, "tank", "mirror", small_fs / "d0", small_fs / "d1")
-    d.cli("create", "-V", "32M", "-o", "compression=off", "tank/vol0")
+    d.cli("create", "-s", "-V", "32M", "-o", "compression=off", "tank/vol0")
     acked = pattern(3, 2 * MiB)
     with connected(d.uri("tank/vol0")) as h:
         h.pwrite(acked, 0)
@@ -254,7 +254,7 @@ def test_truncated_and_deleted_devices_fault_under_load(make_daemon, disks):
     d = make_daemon(config=FAST)
     for pool, a, b in (("tank", "d0", "d1"), ("pool2", "e0", "e1")):
         d.cli("pool", "create", "-s", DEV, pool, "mirror", disks / a, disks / b)
-        d.cli("create", "-V", "16M", "-o", "compression=off", f"{pool}/vol0")
+        d.cli("create", "-s", "-V", "16M", "-o", "compression=off", f"{pool}/vol0")
     models = {"tank": {}, "pool2": {}}
     stop = threading.Event()
     errors: list = []
@@ -325,7 +325,7 @@ def test_truncated_and_deleted_devices_fault_under_load(make_daemon, disks):
 def test_scrub_repairs_damaged_labels(make_daemon, disks):
     d = make_daemon(config=FAST)
     d.cli("pool", "create", "-s", DEV, "tank", "mirror", disks / "d0", disks / "d1")
-    d.cli("create", "-V", "8M", "tank/vol0")
+    d.cli("create", "-s", "-V", "8M", "tank/vol0")
     d.cli("pool", "scrub", "-w", "tank")
     size = (disks / "d1").stat().st_size
     with open(disks / "d1", "r+b") as f:  # both labels of d1 overwritten
@@ -362,7 +362,7 @@ def test_scrub_after_kill9_under_load_reports_nothing(make_daemon, disks):
     d.cli("pool", "create", "-s", DEV, "tank", "mirror", disks / "d0", disks / "d1")
     # Small blocks spread over the volume: many block-map rows, so each
     # commit rewrites many metadata pages.
-    d.cli("create", "-V", "64M", "-o", "volblocksize=4K", "-o", "compression=off", "tank/vol0")
+    d.cli("create", "-s", "-V", "64M", "-o", "volblocksize=4K", "-o", "compression=off", "tank/vol0")
     d.ignore_panics = True
     rnd = random.Random(9)
     deadline = time.monotonic() + budget

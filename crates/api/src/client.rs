@@ -3,8 +3,7 @@
 use crate::{
     AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health,
     HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, RenameRequest, ReplaceRequest,
-    RollbackRequest, ScrubRequest,
-    SetProperty, SnapshotRequest,
+    RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use dataset::{
     Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,

@@ -338,7 +338,10 @@ fn serve_and_drive_the_cli() {
     let l = lines(&list);
     assert_eq!(
         l[0].split_whitespace().collect::<Vec<_>>(),
-        ["NAME", "SIZE", "ALLOC", "FREE", "CKPOINT", "EXPANDSZ", "FRAG", "CAP", "DEDUP", "HEALTH", "ALTROOT"]
+        [
+            "NAME", "SIZE", "ALLOC", "FREE", "CKPOINT", "EXPANDSZ", "FRAG", "CAP", "DEDUP",
+            "HEALTH", "ALTROOT"
+        ]
     );
     assert!(
         l[1].starts_with("tank ") && l[1].contains(" ONLINE "),

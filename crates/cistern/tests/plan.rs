@@ -67,7 +67,8 @@ fn table() {
     assert!(row("1x raidz3-12").ends_with("padding: a 16K block takes 48K"));
     // 12 layouts, a blank line, then how to read them.
     assert_eq!(lines[13], "");
-    assert!(lines[14].starts_with("12 drives of 8.80TB (8TiB), no spares; one drive: 180 random reads/s"));
+    assert!(lines[14]
+        .starts_with("12 drives of 8.80TB (8TiB), no spares; one drive: 180 random reads/s"));
     assert!(
         out.contains("metadata (4G) and intent-log (512M) regions"),
         "{out}"

@@ -1,10 +1,10 @@
 //! The engine: every imported pool, the cache file that brings them back at
 //! start (like zpool.cache), and the administrative operations.
 
-use crate::holders::Scope;
-pub(crate) use crate::names::split_dataset;
 use crate::events::{self, class};
 use crate::history::{self, Caller, HistoryRecord};
+use crate::holders::Scope;
+pub(crate) use crate::names::split_dataset;
 use crate::props::{self, DatasetRecord, Space};
 use crate::scrub;
 use crate::txg::{lineage, ImportedPool};
@@ -1333,8 +1333,12 @@ struct Seen {
 /// and `resource.fs.cistern.statechange` events. Ends with the engine.
 fn watch_devices(engine: std::sync::Weak<Engine>) {
     let mut seen: HashMap<(u64, u64, u32), Seen> = HashMap::new();
+    let mut first = true;
     loop {
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        if !first {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        first = false;
         let Some(engine) = engine.upgrade() else {
             return;
         };
@@ -1375,9 +1379,10 @@ fn watch_devices(engine: std::sync::Weak<Engine>) {
                 }
             }
             for (key, cur) in now.iter().filter(|(k, _)| k.0 == p.pool.guid) {
-                let Some(before) = seen.get(key) else {
-                    continue;
-                };
+                // Counters start at zero when a pool is imported: errors
+                // counted before the first look are events too.
+                let before = seen.get(key);
+                let before_counters = before.map_or([0; 3], |b| b.counters);
                 let (_, dev_guid, group) = *key;
                 let mut fields: Vec<(&str, String)> = Vec::new();
                 if dev_guid != 0 {
@@ -1389,16 +1394,16 @@ fn watch_devices(engine: std::sync::Weak<Engine>) {
                     fields.push(("vdev_group", group.to_string()));
                 }
                 for (i, class) in [(0, class::IO), (1, class::IO), (2, class::CHECKSUM)] {
-                    if cur.counters[i] > before.counters[i] {
+                    if cur.counters[i] > before_counters[i] {
                         let mut f = fields.clone();
-                        f.push(("errors", (cur.counters[i] - before.counters[i]).to_string()));
+                        f.push(("errors", (cur.counters[i] - before_counters[i]).to_string()));
                         if class == class::IO {
                             f.push(("zio_type", if i == 0 { "read" } else { "write" }.into()));
                         }
                         events::post_event(&p.pool, class, &f);
                     }
                 }
-                if cur.state != before.state {
+                if let Some(before) = before.filter(|b| b.state != cur.state) {
                     let mut f = fields.clone();
                     f.push(("vdev_state", cur.state.clone()));
                     f.push(("vdev_laststate", before.state.clone()));

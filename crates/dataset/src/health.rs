@@ -231,7 +231,10 @@ impl ImportedPool {
             crate::events::post_event(
                 &self.pool,
                 crate::events::class::IO_FAILURE,
-                &[("cause", cause.to_string()), ("failmode", mode.as_str().to_string())],
+                &[
+                    ("cause", cause.to_string()),
+                    ("failmode", mode.as_str().to_string()),
+                ],
             );
         }
         if let Some(more) = h.commit_log.admit(&self.pool.name) {

@@ -13,12 +13,12 @@ mod cache;
 mod dataset_admin;
 mod engine;
 mod error;
+pub mod events;
+mod health;
+pub mod history;
 mod holders;
 pub mod names;
-pub mod events;
-pub mod history;
 mod owner;
-mod health;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -30,10 +30,10 @@ mod volume;
 pub use api_types::*;
 pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView};
 pub use error::{Error, Result};
-pub use holders::{HolderInfo, OpenHandle, Revoke};
-pub use policy;
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
+pub use holders::{HolderInfo, OpenHandle, Revoke};
+pub use policy;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;

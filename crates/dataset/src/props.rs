@@ -121,7 +121,8 @@ fn default_of(prop: &str) -> &'static str {
 /// Checks and normalizes a value for a settable or create-time property.
 pub fn normalize(prop: &str, value: &str) -> Result<String> {
     // The policy properties are user properties (`module:name`) whose values are checked.
-    if crate::names::is_user_property(prop) && prop != SNAPSHOT_POLICY && prop != SNAPSHOT_SCHEDULE {
+    if crate::names::is_user_property(prop) && prop != SNAPSHOT_POLICY && prop != SNAPSHOT_SCHEDULE
+    {
         crate::names::check_user_value(prop, value)?;
         return Ok(value.to_string());
     }
@@ -322,16 +323,7 @@ pub fn format_time(secs: u64) -> String {
     ];
     let days = secs / 86400;
     let (hh, mm) = ((secs % 86400) / 3600, (secs % 3600) / 60);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = policy::time::civil_from_days(days as i64);
     format!(
         "{} {} {:2} {hh:02}:{mm:02} {year}",
         DAYS[(days % 7) as usize],

@@ -708,7 +708,8 @@ impl Pool {
                 if dev.state() == DeviceState::Faulted {
                     continue;
                 }
-                let label = self.label_for(g, c, child.guid(), &layouts, version, generation, exported);
+                let label =
+                    self.label_for(g, c, child.guid(), &layouts, version, generation, exported);
                 match dev.write_label(&label) {
                     Ok(()) => written += 1,
                     Err(e) => {
@@ -1254,7 +1255,8 @@ impl Pool {
                 let Some(dev) = child.device().filter(|d| is_live(d)) else {
                     continue;
                 };
-                let label = self.label_for(g, c, child.guid(), &layouts, version, generation, false);
+                let label =
+                    self.label_for(g, c, child.guid(), &layouts, version, generation, false);
                 match dev.labels_match(&label) {
                     Ok(true) => {}
                     Ok(false) | Err(_) => match dev.write_label(&label) {

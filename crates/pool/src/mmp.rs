@@ -90,6 +90,10 @@ pub(crate) struct Ownership {
     epoch: Instant,
     fenced: Mutex<Option<String>>,
     is_fenced: AtomicBool,
+    /// Released (exported, or closed at shutdown): a late write from a
+    /// reference still held somewhere must not touch devices another
+    /// importer may own by now.
+    released: AtomicBool,
     /// Ends the heartbeat thread (release, tests).
     stop_thread: AtomicBool,
 }
@@ -103,6 +107,7 @@ impl Default for Ownership {
             epoch: Instant::now(),
             fenced: Mutex::new(None),
             is_fenced: AtomicBool::new(false),
+            released: AtomicBool::new(false),
             stop_thread: AtomicBool::new(false),
         }
     }
@@ -387,6 +392,12 @@ impl Pool {
             let why = self.own.fenced.lock().clone().unwrap_or_default();
             return Err(PoolError::Fenced(why));
         }
+        if self.own.released.load(Ordering::Acquire) {
+            return Err(PoolError::Fenced(format!(
+                "pool '{}' was exported or closed by this daemon",
+                self.name
+            )));
+        }
         Ok(())
     }
 
@@ -460,6 +471,7 @@ impl Pool {
             if !self.is_fenced() {
                 self.write_slots(&self.stamp(&h.owner, h.seq + 1, MmpKind::Exported));
             }
+            self.own.released.store(true, Ordering::Release);
         }
     }
 }

@@ -403,17 +403,9 @@ fn history_time(secs: u64) -> String {
     )
 }
 
-/// (year, month, day) of a day count since 1970-01-01 (H. Hinnant's algorithm).
+/// (year, month, day) of a day count since 1970-01-01.
 fn civil(days: u64) -> (i64, u32, u32) {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
+    dataset::policy::time::civil_from_days(days as i64)
 }
 
 /// The `pool history` text of one pool.
