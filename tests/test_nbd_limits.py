@@ -171,6 +171,26 @@ def test_busy_destroy_rollback_export_and_force(make_daemon, disks):
     assert d.alive()
 
 
+def test_busy_follows_a_rename(make_daemon, disks):
+    """A client of a renamed volume keeps it busy under its new name."""
+    d = make_daemon(config=BUSY_CONFIG)
+    d.cli("pool", "create", "-s", "512M", "tank", disks / "d0")
+    d.cli("create", "-V", "16M", "tank/old")
+    h = connect(d.uri("tank/old"))
+    try:
+        h.pwrite(pattern("renamed", 4096), 0)
+        h.flush()
+        d.cli("rename", "tank/old", "tank/new")
+        p = d.cli("destroy", "tank/new", check=False)
+        assert p.returncode == 1 and "cannot destroy 'tank/new': dataset is busy" in p.stderr, p.stderr
+        # The open connection follows the volume and still reads it.
+        assert h.pread(4096, 0) == pattern("renamed", 4096)
+        d.cli("destroy", "-f", "tank/new")
+        expect_eshutdown(lambda: h.pread(4096, 0))
+    finally:
+        close(h)
+
+
 def test_revoked_client_is_closed_after_the_grace(make_daemon, disks):
     d = make_daemon(config="[nbd]\nrevoke_grace_secs = 0.5\n")
     d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
