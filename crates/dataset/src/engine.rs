@@ -54,6 +54,24 @@ fn io(context: &str, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("{context}: {e}"))
 }
 
+/// A device path given to `replace` or `attach`: absolute, and not already in the pool.
+fn check_new_device_path(p: &ImportedPool, new: &Path) -> Result<()> {
+    if !new.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "device path {} is not absolute",
+            new.display()
+        )));
+    }
+    if p.pool.devices().iter().any(|d| d.path() == new) {
+        return Err(Error::Busy(format!(
+            "{} is already part of pool '{}'",
+            new.display(),
+            p.pool.name
+        )));
+    }
+    Ok(())
+}
+
 /// A new dataset `name` (volume or clone): not taken, and its parent is a filesystem.
 pub(crate) fn check_new_dataset(
     datasets: &BTreeMap<String, DatasetRecord>,
@@ -722,24 +740,13 @@ impl Engine {
     ) -> Result<PoolStatus> {
         let p = self.pool(pool)?;
         let (g, old_guid, old_dev) = find_device(&p, old)?;
-        if !new.is_absolute() {
-            return Err(Error::InvalidArgument(format!(
-                "device path {} is not absolute",
-                new.display()
-            )));
-        }
         if old_dev.as_ref().is_some_and(|d| d.path() == new) {
             return Err(Error::InvalidArgument(format!(
                 "{} is already {old}: give a different device",
                 new.display()
             )));
         }
-        if p.pool.devices().iter().any(|d| d.path() == new) {
-            return Err(Error::Busy(format!(
-                "{} is already part of pool '{pool}'",
-                new.display()
-            )));
-        }
+        check_new_device_path(&p, new)?;
         // A running resilver (of another device, or of OLD itself if the
         // device being rebuilt failed) is stopped; a device it left half
         // rebuilt is still marked so in the labels and is resumed after.
@@ -1625,18 +1632,7 @@ impl Engine {
                 "device {device} is missing: attach to a device that is present, or `pool replace` it"
             )));
         }
-        if !new.is_absolute() {
-            return Err(Error::InvalidArgument(format!(
-                "device path {} is not absolute",
-                new.display()
-            )));
-        }
-        if p.pool.devices().iter().any(|d| d.path() == new) {
-            return Err(Error::Busy(format!(
-                "{} is already part of pool '{pool}'",
-                new.display()
-            )));
-        }
+        check_new_device_path(&p, new)?;
         let vdev = Vdev::open(new).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         self.check_reusable(&vdev, force)?;
         scrub::preempt(&p)?;

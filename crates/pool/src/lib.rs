@@ -831,6 +831,37 @@ impl Pool {
         Ok(())
     }
 
+    /// A device joining `group` (replace, attach): big enough for the
+    /// group's data, and not already in the pool (except `leaving`, the
+    /// device it replaces, which may be re-used in place).
+    fn check_new_device(
+        &self,
+        group: &Group,
+        new: &Vdev,
+        leaving: Option<Arc<Vdev>>,
+    ) -> Result<(), PoolError> {
+        let needed = self.regions.data_offset + group.data_size + LABEL_SIZE;
+        if new.size() < needed {
+            return Err(PoolError::DeviceTooSmall {
+                path: new.path().to_path_buf(),
+                size: new.size(),
+                needed,
+            });
+        }
+        if self
+            .devices()
+            .iter()
+            .any(|d| d.path() == new.path() && leaving.as_ref().is_none_or(|o| !Arc::ptr_eq(o, d)))
+        {
+            return Err(PoolError::Layout(format!(
+                "{} is already part of pool {}",
+                new.path().display(),
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     /// Puts `new` in the slot of the device `old_guid` (present or missing).
     /// The new device gets a new guid and is marked resilvering: written by
     /// every write, read by nothing until [`Pool::finish_resilver`]. All
@@ -846,26 +877,7 @@ impl Pool {
                 "device {old_guid:#x} is a single-disk group: without redundancy there is nothing to rebuild it from"
             )));
         }
-        let needed = self.regions.data_offset + group.data_size + LABEL_SIZE;
-        if new.size() < needed {
-            return Err(PoolError::DeviceTooSmall {
-                path: new.path().to_path_buf(),
-                size: new.size(),
-                needed,
-            });
-        }
-        if self.devices().iter().any(|d| {
-            d.path() == new.path()
-                && group.children[c]
-                    .device()
-                    .is_none_or(|o| !Arc::ptr_eq(&o, d))
-        }) {
-            return Err(PoolError::Layout(format!(
-                "{} is already part of pool {}",
-                new.path().display(),
-                self.name
-            )));
-        }
+        self.check_new_device(&group, &new, group.children[c].device())?;
         // Rebuilding needs enough of the rest of the group.
         let others_ok = group
             .children
@@ -916,21 +928,7 @@ impl Pool {
                 group.index
             )));
         }
-        let needed = self.regions.data_offset + group.data_size + LABEL_SIZE;
-        if new.size() < needed {
-            return Err(PoolError::DeviceTooSmall {
-                path: new.path().to_path_buf(),
-                size: new.size(),
-                needed,
-            });
-        }
-        if self.devices().iter().any(|d| d.path() == new.path()) {
-            return Err(PoolError::Layout(format!(
-                "{} is already part of pool {}",
-                new.path().display(),
-                self.name
-            )));
-        }
+        self.check_new_device(&group, &new, None)?;
         prepare_device(&new, &self.regions)?;
         let new_guid = rand::random::<u64>() | 1;
         let mut children: Vec<Child> = group

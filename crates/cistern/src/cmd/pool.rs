@@ -376,8 +376,9 @@ fn shell_quote(a: &str) -> String {
     }
 }
 
-fn attach(client: &api::Client, a: AttachArgs) -> Result<()> {
-    let new = absolute(&a.new, &cwd()?);
+/// The NEW device of `replace`/`attach`, made absolute; it must exist.
+fn existing_device(path: &Path) -> Result<PathBuf> {
+    let new = absolute(path, &cwd()?);
     if !new.exists() {
         bail!(
             "{} does not exist (create it first, e.g. `truncate -s SIZE {}`)",
@@ -385,6 +386,11 @@ fn attach(client: &api::Client, a: AttachArgs) -> Result<()> {
             new.display()
         );
     }
+    Ok(new)
+}
+
+fn attach(client: &api::Client, a: AttachArgs) -> Result<()> {
+    let new = existing_device(&a.new)?;
     client.attach(&a.pool, &a.device, &new, a.force)?;
     if a.wait {
         wait_scan(client, &a.pool, ScanFunction::Resilver)?;
@@ -668,14 +674,7 @@ fn scrub(client: &api::Client, a: ScrubArgs) -> Result<()> {
 }
 
 fn replace(client: &api::Client, a: ReplaceArgs) -> Result<()> {
-    let new = absolute(&a.new, &cwd()?);
-    if !new.exists() {
-        bail!(
-            "{} does not exist (create it first, e.g. `truncate -s SIZE {}`)",
-            new.display(),
-            new.display()
-        );
-    }
+    let new = existing_device(&a.new)?;
     client.replace(&a.pool, &a.old, &new, a.force)?;
     if a.wait {
         wait_scan(client, &a.pool, ScanFunction::Resilver)?;
