@@ -250,8 +250,10 @@ pub enum DatasetKind {
     Filesystem,
     /// A fixed-size block device (`tank/vol0`).
     Volume,
-    /// A read-only point in time of a volume (`tank/vol0@monday`).
+    /// A read-only point in time of a dataset (`tank/vol0@monday`).
     Snapshot,
+    /// Objects named by keys, served over S3 (`tank/photos`).
+    Bucket,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ mod health;
 pub mod history;
 mod holders;
 pub mod names;
+pub mod objects;
 mod owner;
 pub mod props;
 mod scrub;
@@ -33,6 +34,7 @@ pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
 pub use holders::{HolderInfo, OpenHandle, Revoke};
+pub use objects::{ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).

@@ -438,6 +438,7 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
                 DatasetKind::Volume => "volume".into(),
                 DatasetKind::Filesystem => "filesystem".into(),
                 DatasetKind::Snapshot => "snapshot".into(),
+                DatasetKind::Bucket => "bucket".into(),
             },
             String::new(),
         ),

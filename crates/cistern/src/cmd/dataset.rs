@@ -204,6 +204,7 @@ pub struct TypeFilter {
     pub filesystem: bool,
     pub snapshot: bool,
     pub bookmark: bool,
+    pub bucket: bool,
 }
 
 impl TypeFilter {
@@ -212,6 +213,7 @@ impl TypeFilter {
             DatasetKind::Volume => self.volume,
             DatasetKind::Filesystem => self.filesystem,
             DatasetKind::Snapshot => self.snapshot,
+            DatasetKind::Bucket => self.bucket,
         }
     }
 
@@ -225,6 +227,7 @@ impl TypeFilter {
         filesystem: true,
         snapshot: true,
         bookmark: true,
+        bucket: true,
     };
 }
 
@@ -238,6 +241,7 @@ pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
         filesystem: false,
         snapshot: false,
         bookmark: false,
+        bucket: false,
     };
     for t in split_list(s) {
         match t.to_ascii_lowercase().as_str() {
@@ -245,9 +249,10 @@ pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
             "filesystem" | "fs" => f.filesystem = true,
             "snapshot" | "snap" => f.snapshot = true,
             "bookmark" => f.bookmark = true,
+            "bucket" => f.bucket = true,
             "all" => f = TypeFilter::ALL,
             other => {
-                bail!("invalid type '{other}' (valid: filesystem, snapshot, volume, bookmark, all)")
+                bail!("invalid type '{other}' (valid: filesystem, snapshot, volume, bucket, bookmark, all)")
             }
         }
     }
@@ -256,6 +261,7 @@ pub fn parse_types(s: Option<&str>, default: TypeFilter) -> Result<TypeFilter> {
         filesystem: false,
         snapshot: false,
         bookmark: false,
+        bucket: false,
     }) {
         bail!("no type given to -t");
     }
@@ -268,6 +274,7 @@ const LIST_DEFAULT_TYPES: TypeFilter = TypeFilter {
     filesystem: true,
     snapshot: false,
     bookmark: false,
+    bucket: true,
 };
 
 fn kind_name(k: DatasetKind) -> &'static str {
@@ -275,6 +282,7 @@ fn kind_name(k: DatasetKind) -> &'static str {
         DatasetKind::Filesystem => "filesystem",
         DatasetKind::Volume => "volume",
         DatasetKind::Snapshot => "snapshot",
+        DatasetKind::Bucket => "bucket",
     }
 }
 
