@@ -1,5 +1,5 @@
 //! A bounded cache of decompressed, verified blocks, keyed by
-//! (dataset, block, birth txg): a block version never changes, so an entry
+//! (dataset, object, block, birth txg): a block version never changes, so an entry
 //! can never be stale. Eviction is first-in first-out.
 
 use parking_lot::Mutex;
@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub type Key = (u64, u64, u64);
+pub type Key = (u64, u64, u64, u64);
 
 pub struct BlockCache {
     limit: usize,

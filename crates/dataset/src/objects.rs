@@ -247,3 +247,17 @@ impl crate::Engine {
         Err(Error::Io("object layer: not yet".into()))
     }
 }
+
+/// Largest stored (compressed) block kept in its metadata row instead of a
+/// data block.
+pub const EMBED_MAX: usize = 2048;
+
+/// Length of `data` without its trailing zeros, rounded up to 512 bytes.
+pub(crate) fn trimmed_len(data: &[u8]) -> usize {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    end.div_ceil(512).saturating_mul(512).min(data.len())
+}
+
+pub(crate) fn replay(_p: &crate::txg::ImportedPool, _ds: u64, _payload: &[u8]) -> Result<()> {
+    Err(Error::Io("object layer: not yet".into()))
+}

@@ -68,6 +68,14 @@ pub struct DatasetRecord {
     /// Snapshots: user holds (`cistern hold TAG SNAP`); a held snapshot cannot be destroyed.
     #[serde(default)]
     pub holds: std::collections::BTreeSet<String>,
+    /// Buckets and filesystems: the next object id to hand out (0: none
+    /// handed out yet). Clones and snapshots carry their origin's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_object: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where a clone's blocks come from until it overwrites them.

@@ -1,9 +1,12 @@
-//! Volume I/O: byte ranges mapped onto volblocksize blocks in the open txg,
-//! the txg being committed, and the committed block map, in that order.
+//! Block I/O of one object: byte ranges mapped onto its blocks in the open
+//! txg, the txg being committed, and the committed block map, in that
+//! order. A volume is object `VOLUME_OBJECT` with volblocksize blocks; the
+//! object layer (`objects.rs`) uses the same paths for every object.
 
 use crate::blockmap::Chain;
 use crate::space::Class;
-use crate::txg::{BlockKey, Dirty, ImportedPool, PartialBlock, View};
+use crate::objects::VOLUME_OBJECT;
+use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
 use intent_log::RecordKind;
@@ -43,6 +46,7 @@ pub(crate) fn read_outside_open(
     p: &ImportedPool,
     view: &View,
     chain: &Chain,
+    obj: u64,
     head: bool,
     bs: u32,
     blocks: &[u64],
@@ -54,7 +58,7 @@ pub(crate) fn read_outside_open(
     // Partial blocks of the syncing txg lie over the committed version.
     let mut partial: Vec<(u64, Arc<PartialBlock>)> = Vec::new();
     for &b in blocks {
-        match syncing.and_then(|s| s.get(&(ds, b))) {
+        match syncing.and_then(|s| s.blocks.get(&(ds, obj, b))) {
             Some(Dirty::Partial(p)) => {
                 partial.push((b, p.clone()));
                 committed.push(b);
@@ -65,7 +69,7 @@ pub(crate) fn read_outside_open(
             None => committed.push(b),
         }
     }
-    read_committed(p, view, chain, bs, &committed, &mut out)?;
+    read_committed(p, view, chain, obj, bs, &committed, &mut out)?;
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
         out.insert(
@@ -81,6 +85,7 @@ fn read_committed(
     p: &ImportedPool,
     view: &View,
     chain: &Chain,
+    obj: u64,
     bs: u32,
     committed: &[u64],
     out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
@@ -92,13 +97,20 @@ fn read_committed(
     // One range scan when the blocks are dense (a read), point lookups when
     // they are far apart (the head and tail of a large write).
     let pointers = if hi - lo < 4 * committed.len() as u64 {
-        view.pointers(chain, lo, hi)?
+        view.pointers(chain, obj, lo, hi)?
     } else {
         let mut m = std::collections::BTreeMap::new();
         for &b in committed {
-            m.extend(view.pointers(chain, b, b)?);
+            m.extend(view.pointers(chain, obj, b, b)?);
         }
         m
+    };
+    let lost = |b: u64, bp: &BlockPointer, e: &dyn std::fmt::Display| {
+        crate::scrub::note_lost_block(p, (ds, obj, b, bp.birth));
+        Error::Corrupt(format!(
+            "dataset {ds} object {obj} block {b} (byte offset {}): {e}",
+            b * bs as u64
+        ))
     };
     let mut fetch: Vec<(u64, &BlockPointer)> = Vec::new();
     for &b in committed {
@@ -106,7 +118,12 @@ fn read_committed(
             None => {
                 out.insert(b, None);
             }
-            Some(bp) => match p.cache.get(&(ds, b, bp.birth)) {
+            // In the metadata row: no I/O.
+            Some(bp) if bp.is_embedded() => {
+                let data = block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?;
+                out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
+            }
+            Some(bp) => match p.cache.get(&(ds, obj, b, bp.birth)) {
                 Some(hit) => {
                     out.insert(b, Some(hit));
                 }
@@ -148,32 +165,34 @@ fn read_committed(
             let data = match quick {
                 Some(d) => d,
                 // Slow path: try every copy, heal the bad ones, count the errors.
-                None => block::read_block(&p.pool, bp).map_err(|e| {
-                    crate::scrub::note_lost_block(p, (ds, b, bp.birth));
-                    Error::Corrupt(format!(
-                        "dataset {ds} block {b} (byte offset {}): {e}",
-                        b * bs as u64
-                    ))
-                })?,
+                None => block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?,
             };
-            if data.len() != bs as usize {
-                return Err(Error::Corrupt(format!(
-                    "dataset {ds} block {b}: {} bytes, volblocksize is {bs}",
-                    data.len()
-                )));
-            }
+            let data = full_block(data, bs, ds, obj, b)?;
             p.counters
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
             let data = Arc::new(data);
             if keep_in_cache {
-                p.cache.insert((ds, b, bp.birth), data.clone());
+                p.cache.insert((ds, obj, b, bp.birth), data.clone());
             }
             out.insert(b, Some(data));
         }
         i = j;
     }
     Ok(())
+}
+
+/// A stored block as a whole block: an object's last block is stored only
+/// as long as its data (the rest reads as zeros); never longer than `bs`.
+fn full_block(mut data: Vec<u8>, bs: u32, ds: u64, obj: u64, b: u64) -> Result<Vec<u8>> {
+    if data.len() > bs as usize || (obj == VOLUME_OBJECT && data.len() != bs as usize) {
+        return Err(Error::Corrupt(format!(
+            "dataset {ds} object {obj} block {b}: {} bytes, block size is {bs}",
+            data.len()
+        )));
+    }
+    data.resize(bs as usize, 0);
+    Ok(data)
 }
 
 /// Contents of a dirty block that needs nothing below it (not `Partial`).
@@ -186,24 +205,26 @@ fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
     }
 }
 
-/// Applies a write or zeroing to the open txg. A front end's change
-/// (`class` given) is admitted against the space budget of that class and
-/// appended to the intent log under the same lock (log order = apply
-/// order); a replayed one (`None`) was admitted before the crash.
-/// Returns the sequence number of the last log record.
+/// Applies a write or zeroing of object `obj` to the open txg. A front
+/// end's change (`class` given) is admitted against the space budget of
+/// that class; a replayed one (`None`) was admitted before the crash.
+/// `then` runs under the same lock once the blocks are changed: it logs
+/// the change (log order = apply order) and returns the log sequence number.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     p: &ImportedPool,
     ds: u64,
+    obj: u64,
     bs: u32,
     offset: u64,
     op: Op<'_>,
     zero_to_hole: bool,
     class: Option<Class>,
+    mut then: impl FnMut(&mut OpenTxg) -> u64,
 ) -> Result<u64> {
-    let log = class.is_some();
     let len = op.len();
     if len == 0 {
-        return Ok(0);
+        return Ok(then(&mut p.open.lock()));
     }
     let bsz = bs as u64;
     let first = offset / bsz;
@@ -235,12 +256,13 @@ pub(crate) fn apply(
             Some(chain) => {
                 let view = p.view()?;
                 let mut set: HashSet<u64> =
-                    view.pointers(chain, first, last)?.into_keys().collect();
+                    view.pointers(chain, obj, first, last)?.into_keys().collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
-                        s.keys()
-                            .filter(|k| k.0 == ds && (first..=last).contains(&k.1))
-                            .map(|k| k.1),
+                        s.blocks
+                            .keys()
+                            .filter(|k| k.0 == ds && k.1 == obj && (first..=last).contains(&k.2))
+                            .map(|k| k.2),
                     );
                 }
                 set
@@ -268,7 +290,7 @@ pub(crate) fn apply(
             let lo = offset.max(start);
             let hi = (offset + len).min(start + bsz);
             let (in_lo, in_hi) = ((lo - start) as usize, (hi - start) as usize);
-            let key = (ds, b);
+            let key: BlockKey = (ds, obj, b);
             let new = if !is_partial(b) {
                 match op {
                     Op::Write(data) => {
@@ -343,32 +365,40 @@ pub(crate) fn apply(
                 open.dirty_bytes += bsz;
             }
         }
-        let mut seq = 0;
-        if log {
-            match op {
-                Op::Write(data) => {
-                    for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
-                        let at = offset + (i * MAX_LOG_RECORD) as u64;
-                        seq = p
-                            .log
-                            .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
-                    }
-                }
-                Op::Zero { len, allocate } => {
-                    let kind = if allocate {
-                        RecordKind::ZeroAllocated
-                    } else {
-                        RecordKind::Trim
-                    };
-                    seq = p.log.append(kind, ds, offset, len, &[]);
-                }
-            }
-        }
-        return Ok(seq);
+        return Ok(then(&mut open));
     }
     Err(Error::Busy(format!(
         "dataset {ds}: txgs turned over faster than a write could apply"
     )))
+}
+
+/// Appends a volume's change to the intent log (volume record kinds).
+fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 {
+    match op {
+        Op::Write(data) => {
+            let mut seq = 0;
+            for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
+                let at = offset + (i * MAX_LOG_RECORD) as u64;
+                seq = p
+                    .log
+                    .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
+            }
+            seq
+        }
+        Op::Zero { len, allocate } => {
+            let kind = if allocate {
+                RecordKind::ZeroAllocated
+            } else {
+                RecordKind::Trim
+            };
+            p.log.append(kind, ds, offset, len, &[])
+        }
+    }
+}
+
+/// A volume change replayed from the intent log (admitted before the crash).
+pub(crate) fn replay_volume(p: &ImportedPool, ds: u64, bs: u32, offset: u64, op: Op<'_>) -> Result<()> {
+    apply(p, ds, VOLUME_OBJECT, bs, offset, op, false, None, |_| 0).map(|_| ())
 }
 
 /// A volume's (or snapshot's) settings as of one request.
@@ -456,7 +486,7 @@ impl Volume {
         let ds = st.chain.data_id();
         let open = self.pool.open.lock();
         (first..=last)
-            .map(|b| open.dirty.get(&(ds, b)).cloned())
+            .map(|b| open.dirty.get(&(ds, VOLUME_OBJECT, b)).cloned())
             .collect()
     }
 
@@ -487,6 +517,7 @@ impl Volume {
                 &self.pool,
                 &view,
                 &st.chain,
+                VOLUME_OBJECT,
                 st.snapshot.is_none(),
                 bs,
                 &outside,
@@ -542,7 +573,19 @@ impl Volume {
         self.pool.wait_unsuspended()?;
         self.pool.throttle();
         let p = &self.pool;
-        let attempt = || apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
+        let attempt = || {
+            apply(
+                p,
+                self.id,
+                VOLUME_OBJECT,
+                st.bs,
+                offset,
+                op,
+                st.compressing,
+                Some(class),
+                |_| log_volume_change(p, self.id, offset, op),
+            )
+        };
         let mut applied = attempt();
         if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
             // What is in flight may free space (overwrites) or be charged
@@ -634,12 +677,12 @@ impl Volume {
         let in_open = self.open_changes(&st, first, last);
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
-        let committed = view.pointers(&st.chain, first, last)?;
+        let committed = view.pointers(&st.chain, VOLUME_OBJECT, first, last)?;
         let mut out: Vec<Extent> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let dirty = in_open[i]
                 .as_ref()
-                .or_else(|| syncing.and_then(|s| s.get(&(ds, b))));
+                .or_else(|| syncing.and_then(|s| s.blocks.get(&(ds, VOLUME_OBJECT, b))));
             let (hole, zero) = match dirty {
                 Some(Dirty::Data(_) | Dirty::Partial(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
@@ -702,11 +745,11 @@ impl Volume {
         let in_open = self.open_changes(&st, first, last);
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
-        let committed = view.changed(ds, first, last, after, upto)?;
+        let committed = view.changed(ds, VOLUME_OBJECT, first, last, after, upto)?;
         let mut out: Vec<(u64, bool)> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let changed = in_open[i].is_some()
-                || syncing.is_some_and(|s| s.contains_key(&(ds, b)))
+                || syncing.is_some_and(|s| s.blocks.contains_key(&(ds, VOLUME_OBJECT, b)))
                 || committed.contains(&b);
             let start = b * bsz;
             let n = (offset + len).min(start + bsz) - offset.max(start);
