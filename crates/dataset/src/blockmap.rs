@@ -98,6 +98,7 @@ pub fn name_addr(dir: u64, name: &str) -> Vec<u8> {
 }
 
 impl Addr {
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         match self {
             Addr::Block { obj, blk } => block_addr(*obj, *blk).to_vec(),
@@ -287,6 +288,115 @@ pub(crate) fn prefix_end(mut a: Vec<u8>) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// Names in [lo, hi) (name addresses of one directory) as `chain` sees
+/// them, in order, read lazily: a page of a large directory reads a page of
+/// rows. Tombstones are skipped.
+pub(crate) struct NameScan<'a> {
+    rows: NameRows<'a>,
+    peeked: Option<(String, Vec<u8>)>,
+    hi: Vec<u8>,
+}
+
+enum NameRows<'a> {
+    /// A dataset that is not a clone: one range, read as it goes.
+    One {
+        range: meta::redb::Range<'a, KeyType, &'static [u8]>,
+        bound: u64,
+        /// A row read ahead: the first version of the next address.
+        ahead: Option<(Vec<u8>, u64, Vec<u8>)>,
+    },
+    /// A clone: levels merged up front (rare; bounded by the range).
+    Merged(std::vec::IntoIter<(Vec<u8>, Vec<u8>)>),
+}
+
+impl<'a> NameScan<'a> {
+    pub(crate) fn new<T>(t: &'a T, chain: &Chain, lo: &[u8], hi: &[u8]) -> Result<NameScan<'a>>
+    where
+        T: ReadableTable<KeyType, &'static [u8]>,
+    {
+        let rows = if chain.0.len() == 1 {
+            let (ds, bound) = chain.0[0];
+            NameRows::One {
+                range: t.range((ds, lo, 0)..(ds, hi, 0)).map_err(meta_err)?,
+                bound,
+                ahead: None,
+            }
+        } else {
+            let all = resolve_range(t, chain, lo, hi)?;
+            NameRows::Merged(
+                all.into_iter()
+                    .filter(|(a, _)| a.as_slice() < hi)
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            )
+        };
+        Ok(NameScan {
+            rows,
+            peeked: None,
+            hi: hi.to_vec(),
+        })
+    }
+
+    fn read(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        match &mut self.rows {
+            NameRows::Merged(it) => Ok(it.next()),
+            NameRows::One {
+                range,
+                bound,
+                ahead,
+            } => loop {
+                // The versions of one address, oldest first: keep the newest within the bound.
+                let first = match ahead.take() {
+                    Some(r) => r,
+                    None => match range.next() {
+                        None => return Ok(None),
+                        Some(row) => {
+                            let (k, v) = row.map_err(meta_err)?;
+                            let (_, a, b) = k.value();
+                            (a.to_vec(), b, v.value().to_vec())
+                        }
+                    },
+                };
+                let (addr, mut best) = (first.0.clone(), (first.1 <= *bound).then_some(first.2));
+                for row in range.by_ref() {
+                    let (k, v) = row.map_err(meta_err)?;
+                    let (_, a, b) = k.value();
+                    if a != addr.as_slice() {
+                        *ahead = Some((a.to_vec(), b, v.value().to_vec()));
+                        break;
+                    }
+                    if b <= *bound {
+                        best = Some(v.value().to_vec());
+                    }
+                }
+                match best {
+                    Some(v) if !v.is_empty() && addr < self.hi => return Ok(Some((addr, v))),
+                    _ => continue,
+                }
+            },
+        }
+    }
+
+    /// The next name and its value, without consuming it.
+    pub(crate) fn peek(&mut self) -> Result<Option<&(String, Vec<u8>)>> {
+        if self.peeked.is_none() {
+            self.peeked = match self.read()? {
+                None => None,
+                Some((addr, v)) => match Addr::parse(&addr)? {
+                    Addr::Name { name, .. } => Some((name, v)),
+                    Addr::Block { .. } => None,
+                },
+            };
+        }
+        Ok(self.peeked.as_ref())
+    }
+
+    pub(crate) fn next(&mut self) -> Result<Option<(String, Vec<u8>)>> {
+        self.peek()?;
+        Ok(self.peeked.take())
+    }
 }
 
 #[cfg(test)]

@@ -86,10 +86,10 @@ mod tests {
     fn stays_within_its_bound() {
         let c = BlockCache::new(10_000);
         for i in 0..100 {
-            c.insert((1, i, 1), Arc::new(vec![0; 4096]));
+            c.insert((1, 1, i, 1), Arc::new(vec![0; 4096]));
         }
         assert!(c.inner.lock().bytes <= 10_000);
-        assert!(c.get(&(1, 99, 1)).is_some());
-        assert!(c.get(&(1, 0, 1)).is_none());
+        assert!(c.get(&(1, 1, 99, 1)).is_some());
+        assert!(c.get(&(1, 1, 0, 1)).is_none());
     }
 }

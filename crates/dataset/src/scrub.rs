@@ -1278,9 +1278,9 @@ mod tests {
         {
             let _meta = p.meta_lock.lock();
             let tx = p.db().begin_write().unwrap();
-            tx.open_table(meta::schema::BLOCKS)
+            tx.open_table(meta::schema::BLOCK_MAP)
                 .unwrap()
-                .insert((1, 1 << 40, 5), [].as_slice())
+                .insert((1, &block_addr(1, 1 << 40)[..], 5), [].as_slice())
                 .unwrap();
             tx.commit().unwrap();
         }
@@ -1302,9 +1302,9 @@ mod tests {
         {
             let _meta = p.meta_lock.lock();
             let tx = p.db().begin_write().unwrap();
-            tx.open_table(meta::schema::BLOCKS)
+            tx.open_table(meta::schema::BLOCK_MAP)
                 .unwrap()
-                .remove((1, 1 << 40, 5))
+                .remove((1, &block_addr(1, 1 << 40)[..], 5))
                 .unwrap();
             tx.commit().unwrap();
         }
@@ -1329,12 +1329,14 @@ mod tests {
         // As if a scrub had been killed after verifying everything but the last block.
         let last = {
             let tx = p.db().begin_read().unwrap();
-            let t = tx.open_table(meta::schema::BLOCKS).unwrap();
+            let t = tx.open_table(meta::schema::BLOCK_MAP).unwrap();
             let mut it = t.iter().unwrap();
             let (k, _) = it.next_back().unwrap().unwrap();
             let (k2, _) = it.next_back().unwrap().unwrap();
             assert!(k2.value() < k.value());
-            k2.value()
+            let (ds, addr, birth) = k2.value();
+            let (obj, blk) = block_of(addr).unwrap();
+            (ds, obj, blk, birth)
         };
         let mut rec = super::ScanRecord::new(ScanFunction::Scrub, 4 << 20, 0, 0);
         rec.meta_done = true;

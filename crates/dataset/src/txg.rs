@@ -67,11 +67,6 @@ pub struct TxgChanges {
     pub names: BTreeMap<NameKey, Option<u64>>,
 }
 
-impl TxgChanges {
-    fn is_empty(&self) -> bool {
-        self.blocks.is_empty() && self.names.is_empty()
-    }
-}
 
 /// A changed block, not yet committed.
 #[derive(Debug, Clone)]
@@ -346,6 +341,10 @@ impl ImportedPool {
         let replayed = records.len();
         for rec in records {
             imported.replay(rec)?;
+        }
+        let drained = crate::objects::drain_unlinked(&imported)?;
+        if drained > 0 {
+            tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }
         imported.sync_txg()?;
         if replayed > 0 {

@@ -401,6 +401,175 @@ pub(crate) fn replay_volume(p: &ImportedPool, ds: u64, bs: u32, offset: u64, op:
     apply(p, ds, VOLUME_OBJECT, bs, offset, op, false, None, |_| 0).map(|_| ())
 }
 
+/// The record with id `id`, last known as `name` (updated when it was renamed).
+pub(crate) fn record_by_id<'a>(
+    datasets: &'a std::collections::BTreeMap<String, crate::props::DatasetRecord>,
+    id: u64,
+    name: &parking_lot::Mutex<String>,
+) -> Result<&'a crate::props::DatasetRecord> {
+    let mut name = name.lock();
+    match datasets.get(&*name).filter(|r| r.id == id) {
+        Some(r) => Ok(r),
+        None => {
+            let r = datasets
+                .values()
+                .find(|r| r.id == id)
+                .ok_or_else(|| Error::NotFound(name.clone()))?;
+            name.clone_from(&r.name);
+            Ok(r)
+        }
+    }
+}
+
+/// Bytes [offset, offset+len) of object `obj` (block size `bs`) as `chain`
+/// sees them: the open txg and the syncing one first for a head
+/// (`snapshot` false), then the committed block map.
+pub(crate) fn read_range(
+    p: &ImportedPool,
+    chain: &Chain,
+    obj: u64,
+    bs: u32,
+    snapshot: bool,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<ReadSegment>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let bsz = bs as u64;
+    let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
+    let in_open = open_changes(p, chain.data_id(), obj, snapshot, first, last);
+    // Blocks not in the open txg, or only partly (they need what lies below).
+    let outside: Vec<u64> = (first..=last)
+        .filter(|b| {
+            matches!(
+                in_open[(b - first) as usize],
+                None | Some(Dirty::Partial(_))
+            )
+        })
+        .collect();
+    let mut fetched = if outside.is_empty() {
+        HashMap::new()
+    } else {
+        let view = p.view()?;
+        read_outside_open(p, &view, chain, obj, !snapshot, bs, &outside)?
+    };
+    let mut out: Vec<ReadSegment> = Vec::new();
+    for (i, b) in (first..=last).enumerate() {
+        let data = match &in_open[i] {
+            Some(Dirty::Partial(part)) => {
+                let base = fetched.remove(&b).flatten();
+                Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
+            }
+            Some(d) => materialized(d, bs),
+            None => fetched.remove(&b).flatten(),
+        };
+        let start = b * bsz;
+        let lo = (offset.max(start) - start) as usize;
+        let hi = ((offset + len).min(start + bsz) - start) as usize;
+        match (data, out.last_mut()) {
+            (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
+            (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
+            (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
+            (Some(d), _) => {
+                let mut v = Vec::with_capacity(len as usize);
+                v.extend_from_slice(&d[lo..hi]);
+                out.push(ReadSegment::Data(v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Uncommitted changes of blocks [first, last] of one object (none for a snapshot).
+fn open_changes(
+    p: &ImportedPool,
+    ds: u64,
+    obj: u64,
+    snapshot: bool,
+    first: u64,
+    last: u64,
+) -> Vec<Option<Dirty>> {
+    if snapshot {
+        return vec![None; (last - first + 1) as usize];
+    }
+    let open = p.open.lock();
+    (first..=last)
+        .map(|b| open.dirty.get(&(ds, obj, b)).cloned())
+        .collect()
+}
+
+impl ImportedPool {
+    /// Runs `apply` (a front end's change to the open txg) the way every
+    /// change is admitted: refused on a pool another daemon took over,
+    /// waiting while suspended, throttled past dirty_max, retried once
+    /// after a commit when out of space (what is in flight may free some),
+    /// ENOSPC logged once until writes succeed again. Returns its log sequence.
+    pub(crate) fn admit_change(
+        &self,
+        what: &str,
+        class: Class,
+        apply: impl Fn() -> Result<u64>,
+    ) -> Result<u64> {
+        if self.pool.is_fenced() {
+            return Err(Error::Io(format!(
+                "pool '{}' is owned by another daemon now; writes refused",
+                self.pool.name
+            )));
+        }
+        self.wait_unsuspended()?;
+        self.throttle();
+        let mut applied = apply();
+        if matches!(applied, Err(Error::NoSpace(_))) && !self.pending().by_ds.is_empty() {
+            // What is in flight may free space (overwrites) or be charged
+            // more than it will take (compression): commit it and look again.
+            self.sync_now()?;
+            applied = apply();
+        }
+        let seq = match applied {
+            Err(Error::NoSpace(why)) => {
+                // Once, not per request: a full guest retries a lot.
+                if !self.nospace_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(pool = %self.pool.name, dataset = what, "{why}: writes fail with ENOSPC until space is freed");
+                }
+                return Err(Error::NoSpace(why));
+            }
+            r => r?,
+        };
+        if class == Class::Write
+            && self.nospace_logged.load(Ordering::Relaxed)
+            && self.nospace_logged.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(pool = %self.pool.name, dataset = what, "writes succeed again");
+        }
+        Ok(seq)
+    }
+
+    /// Waits until the log record `seq` (and all before it) is durable. A
+    /// failed log write suspends the pool; with failmode=wait the commit
+    /// waits for `pool clear` and is retried, it is never acknowledged first.
+    pub(crate) fn commit_log(&self, seq: u64) -> Result<()> {
+        loop {
+            self.wait_unsuspended()?;
+            match self.log.commit(seq) {
+                Ok(()) => return Ok(()),
+                Err(e @ (intent_log::LogError::TooLarge(_) | intent_log::LogError::Closed)) => {
+                    return Err(Error::Io(e.to_string()))
+                }
+                Err(e) if self.is_closed() || self.is_suspended() => {
+                    if self.health.failmode() == crate::health::FailMode::Continue
+                        || self.is_closed()
+                        || self.pool.is_fenced()
+                    {
+                        return Err(Error::Io(e.to_string()));
+                    }
+                }
+                Err(e) => self.suspend(&format!("intent log write failed: {e}")),
+            }
+        }
+    }
+}
+
 /// A volume's (or snapshot's) settings as of one request.
 struct State {
     size: u64,
@@ -426,21 +595,7 @@ impl Volume {
             return Err(Error::NotFound(self.name()));
         }
         let datasets = self.pool.datasets.read();
-        let rec = {
-            let mut name = self.name.lock();
-            match datasets.get(&*name).filter(|r| r.id == self.id) {
-                Some(r) => r,
-                // Renamed: the same record under its new name.
-                None => {
-                    let r = datasets
-                        .values()
-                        .find(|r| r.id == self.id)
-                        .ok_or_else(|| Error::NotFound(name.clone()))?;
-                    name.clone_from(&r.name);
-                    r
-                }
-            }
-        };
+        let rec = record_by_id(&datasets, self.id, &self.name)?;
         let lineage = crate::txg::lineage(&datasets, rec);
         Ok(State {
             size: rec.volsize,
@@ -478,86 +633,21 @@ impl Volume {
         self.current().map(|c| c.readonly).unwrap_or(true)
     }
 
-    /// Uncommitted changes of blocks [first, last] (none for a snapshot).
-    fn open_changes(&self, st: &State, first: u64, last: u64) -> Vec<Option<Dirty>> {
-        if st.snapshot.is_some() {
-            return vec![None; (last - first + 1) as usize];
-        }
-        let ds = st.chain.data_id();
-        let open = self.pool.open.lock();
-        (first..=last)
-            .map(|b| open.dirty.get(&(ds, VOLUME_OBJECT, b)).cloned())
-            .collect()
-    }
-
     pub fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadSegment>> {
         let st = self.current()?;
         self.check_range(offset, len, st.size)?;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let bs = st.bs;
-        let bsz = bs as u64;
-        let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
-        let in_open = self.open_changes(&st, first, last);
-        // Blocks not in the open txg, or only partly (they need what lies below).
-        let outside: Vec<u64> = (first..=last)
-            .filter(|b| {
-                matches!(
-                    in_open[(b - first) as usize],
-                    None | Some(Dirty::Partial(_))
-                )
-            })
-            .collect();
-        let mut fetched = if outside.is_empty() {
-            HashMap::new()
-        } else {
-            let view = self.pool.view()?;
-            read_outside_open(
-                &self.pool,
-                &view,
-                &st.chain,
-                VOLUME_OBJECT,
-                st.snapshot.is_none(),
-                bs,
-                &outside,
-            )?
-        };
-        let mut out: Vec<ReadSegment> = Vec::new();
-        for (i, b) in (first..=last).enumerate() {
-            let data = match &in_open[i] {
-                Some(Dirty::Partial(part)) => {
-                    let base = fetched.remove(&b).flatten();
-                    Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
-                }
-                Some(d) => materialized(d, bs),
-                None => fetched.remove(&b).flatten(),
-            };
-            let start = b * bsz;
-            let lo = (offset.max(start) - start) as usize;
-            let hi = ((offset + len).min(start + bsz) - start) as usize;
-            match (data, out.last_mut()) {
-                (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
-                (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
-                (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
-                (Some(d), _) => {
-                    let mut v = Vec::with_capacity(len as usize);
-                    v.extend_from_slice(&d[lo..hi]);
-                    out.push(ReadSegment::Data(v));
-                }
-            }
-        }
-        Ok(out)
+        read_range(
+            &self.pool,
+            &st.chain,
+            VOLUME_OBJECT,
+            st.bs,
+            st.snapshot.is_some(),
+            offset,
+            len,
+        )
     }
 
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
-        // A pool taken over by another daemon takes no write, not even into memory.
-        if self.pool.pool.is_fenced() {
-            return Err(Error::Io(format!(
-                "pool '{}' is owned by another daemon now; writes refused",
-                self.pool.pool.name
-            )));
-        }
         let st = self.current()?;
         if st.readonly {
             return Err(Error::ReadOnly(self.name()));
@@ -570,10 +660,8 @@ impl Volume {
                 allocate: false, ..
             } => Class::Free,
         };
-        self.pool.wait_unsuspended()?;
-        self.pool.throttle();
         let p = &self.pool;
-        let attempt = || {
+        let seq = p.admit_change(&self.name(), class, || {
             apply(
                 p,
                 self.id,
@@ -585,58 +673,11 @@ impl Volume {
                 Some(class),
                 |_| log_volume_change(p, self.id, offset, op),
             )
-        };
-        let mut applied = attempt();
-        if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
-            // What is in flight may free space (overwrites) or be charged
-            // more than it will take (compression): commit it and look again.
-            p.sync_now()?;
-            applied = attempt();
-        }
-        let seq = match applied {
-            Err(Error::NoSpace(why)) => {
-                // Once, not per request: a full guest retries a lot.
-                if !p.nospace_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(pool = %p.pool.name, volume = %self.name(), "{why}: writes fail with ENOSPC until space is freed");
-                }
-                return Err(Error::NoSpace(why));
-            }
-            r => r?,
-        };
-        if class == Class::Write
-            && p.nospace_logged.load(Ordering::Relaxed)
-            && p.nospace_logged.swap(false, Ordering::Relaxed)
-        {
-            tracing::info!(pool = %p.pool.name, volume = %self.name(), "writes succeed again");
-        }
+        })?;
         if fua {
-            self.commit_log(seq)?;
+            self.pool.commit_log(seq)?;
         }
         Ok(())
-    }
-
-    /// Waits until the log record `seq` (and all before it) is durable. A
-    /// failed log write suspends the pool; with failmode=wait the commit
-    /// waits for `pool clear` and is retried, it is never acknowledged first.
-    fn commit_log(&self, seq: u64) -> Result<()> {
-        loop {
-            self.pool.wait_unsuspended()?;
-            match self.pool.log.commit(seq) {
-                Ok(()) => return Ok(()),
-                Err(e @ (intent_log::LogError::TooLarge(_) | intent_log::LogError::Closed)) => {
-                    return Err(Error::Io(e.to_string()))
-                }
-                Err(e) if self.pool.is_closed() || self.pool.is_suspended() => {
-                    if self.pool.health.failmode() == crate::health::FailMode::Continue
-                        || self.pool.is_closed()
-                        || self.pool.pool.is_fenced()
-                    {
-                        return Err(Error::Io(e.to_string()));
-                    }
-                }
-                Err(e) => self.pool.suspend(&format!("intent log write failed: {e}")),
-            }
-        }
     }
 
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -645,7 +686,7 @@ impl Volume {
 
     pub fn flush(&self) -> Result<()> {
         self.current()?;
-        self.commit_log(self.pool.log.last_seq())
+        self.pool.commit_log(self.pool.log.last_seq())
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
@@ -674,7 +715,14 @@ impl Volume {
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
         let ds = st.chain.data_id();
         // The open txg first, then the view (see ImportedPool::view for why).
-        let in_open = self.open_changes(&st, first, last);
+        let in_open = open_changes(
+            &self.pool,
+            st.chain.data_id(),
+            VOLUME_OBJECT,
+            st.snapshot.is_some(),
+            first,
+            last,
+        );
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
         let committed = view.pointers(&st.chain, VOLUME_OBJECT, first, last)?;
@@ -742,7 +790,14 @@ impl Volume {
         let bsz = st.bs as u64;
         let first = offset / bsz;
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
-        let in_open = self.open_changes(&st, first, last);
+        let in_open = open_changes(
+            &self.pool,
+            st.chain.data_id(),
+            VOLUME_OBJECT,
+            st.snapshot.is_some(),
+            first,
+            last,
+        );
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
         let committed = view.changed(ds, VOLUME_OBJECT, first, last, after, upto)?;
