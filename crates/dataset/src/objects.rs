@@ -523,13 +523,13 @@ fn apply_op(
     p: &ImportedPool,
     ds: u64,
     chain_st: &State,
-    op: ObjectOp,
+    op: &ObjectOp,
     log: bool,
     class: Option<Class>,
 ) -> Result<u64> {
     let st = chain_st;
     // Objects whose attributes it changes, and the name it looks at.
-    let (objs, name): (Vec<u64>, Option<(u64, &str)>) = match &op {
+    let (objs, name): (Vec<u64>, Option<(u64, &str)>) = match op {
         ObjectOp::Create { .. } => (vec![], None),
         ObjectOp::Write { obj, .. }
         | ObjectOp::Truncate { obj, .. }
@@ -562,7 +562,7 @@ fn apply_op(
     let missing = |o: u64| Error::NotFound(format!("object {o}"));
     let get = |o: u64| prep.attrs.iter().find(|(x, _)| *x == o).and_then(|(_, a)| a.clone());
     // The block part of the op, checked against the prepared attributes.
-    let (bs, offset, block_op) = match &op {
+    let (bs, offset, block_op) = match op {
         ObjectOp::Write {
             obj, offset, data, ..
         } => {
@@ -638,10 +638,10 @@ fn apply_op(
         block_op,
         true,
         class,
-        |open| match change_metadata(open, ds, &prep, &op) {
+        |open| match change_metadata(open, ds, &prep, op) {
             Ok(generation) if log => {
                 // A create is logged with the generation it got, so replay gives it the same.
-                let record = match (&op, generation) {
+                let record = match (op, generation) {
                     (ObjectOp::Create { .. }, Some(g)) => {
                         let mut c = op.clone();
                         if let ObjectOp::Create { generation, .. } = &mut c {
@@ -818,7 +818,7 @@ pub(crate) fn replay(p: &ImportedPool, ds: u64, payload: &[u8]) -> Result<()> {
         };
         state_of(&datasets, rec)
     };
-    match apply_op(p, ds, &st, op, false, None) {
+    match apply_op(p, ds, &st, &op, false, None) {
         // An op that no longer applies (its object went in a later
         // committed txg) changes nothing; a real inconsistency is an error.
         Err(Error::NotFound(what)) => {
@@ -850,7 +850,7 @@ pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
                 break;
             }
             for (_, obj) in batch {
-                match apply_op(p, ds, &st, ObjectOp::Remove { obj }, false, None) {
+                match apply_op(p, ds, &st, &ObjectOp::Remove { obj }, false, None) {
                     Ok(_) => removed += 1,
                     Err(e) => {
                         // Unremovable (linked after all): leave the set, keep the object.
@@ -998,7 +998,7 @@ impl ObjectSet {
         }
         let ds = st.ds();
         self.pool.admit_change(&self.name(), class, || {
-            apply_op(&self.pool, ds, &st, op.clone(), true, Some(class))
+            apply_op(&self.pool, ds, &st, &op, true, Some(class))
         })
     }
 
