@@ -68,6 +68,7 @@ pub fn ds_err(e: dataset::Error) -> S3Error {
             S3Error::with_message(S3ErrorCode::InternalError, format!("data error: {m}"))
         }
         E::Io(m) => S3Error::with_message(S3ErrorCode::InternalError, format!("I/O error: {m}")),
+        e @ E::NeedsUpgrade(_) => S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string()),
     }
 }
 
