@@ -123,7 +123,9 @@ fn pytest(addr: std::net::SocketAddr, filter: Option<&str>, env: &[(&str, &str)]
     if let Some(f) = filter {
         cmd.arg("-k").arg(f);
     }
-    let out = cmd.output().expect("python with pytest and boto3 (set CISTERN_PYTHON)");
+    let out = cmd
+        .output()
+        .expect("python with pytest and boto3 (set CISTERN_PYTHON)");
     let text = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -139,10 +141,15 @@ fn boto3_suite() {
     let engine = engine_with_pool(dir.path());
     // A bucket with a small quota: PUTs past it answer QuotaExceeded.
     engine
-        .create_dataset("tank/quotab", DatasetKind::Bucket, &[("quota".into(), "3M".into())])
+        .create_dataset(
+            "tank/quotab",
+            DatasetKind::Bucket,
+            &[("quota".into(), "3M".into())],
+        )
         .unwrap();
     let server = Server::start(engine.clone(), cfg());
-    let filter = std::env::var("S3_TEST_FILTER").unwrap_or_else(|_| "not crash_ and not snap_".into());
+    let filter =
+        std::env::var("S3_TEST_FILTER").unwrap_or_else(|_| "not crash_ and not snap_".into());
     pytest(server.addr, Some(&filter), &[("S3_QUOTA_BUCKET", "quotab")]);
     drop(server);
     engine.shutdown().unwrap();
@@ -174,8 +181,46 @@ fn snapshot_buckets_are_read_only_points_in_time() {
     let server = Server::start(engine.clone(), cfg());
     pytest(server.addr, Some("snap_prepare"), &[]);
     // Upper case and `_` map to the S3 name `snapb--snap--monday-1`.
-    engine.snapshot(&["tank/snapb@Monday_1".to_string()], false).unwrap();
+    engine
+        .snapshot(&["tank/snapb@Monday_1".to_string()], false)
+        .unwrap();
     pytest(server.addr, Some("snap_check"), &[]);
     drop(server);
+    engine.shutdown().unwrap();
+}
+
+/// Uploads older than `multipart_expiry` are aborted and their parts freed;
+/// younger ones stay.
+#[test]
+fn abandoned_uploads_expire_and_free_their_parts() {
+    use dataset::objects::ObjectKind;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_with_pool(dir.path());
+    let store = s3::store::Store::new(
+        engine.clone(),
+        s3::S3Config {
+            multipart_expiry: 1,
+            ..cfg()
+        },
+    );
+    store.create_bucket("exp").unwrap();
+    let b = store.open("exp").unwrap();
+    let id = store.create_upload(&b, "k", Default::default()).unwrap();
+    let part = b.os.create(ObjectKind::File, &[]).unwrap();
+    b.os.write(part, 0, b"part data").unwrap();
+    let rec = s3::record::ObjectRecord {
+        etag: "e".into(),
+        size: 9,
+        ..Default::default()
+    };
+    store.add_part(&b, "k", &id, 1, part, &rec).unwrap();
+    assert_eq!(store.expire_uploads().unwrap(), 0, "too young to expire");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(store.expire_uploads().unwrap(), 1);
+    assert_eq!(
+        *store.upload(&b, "k", &id).err().unwrap().code(),
+        s3s::S3ErrorCode::NoSuchUpload
+    );
+    assert!(b.os.attrs(part).unwrap().is_none(), "the part is freed");
     engine.shutdown().unwrap();
 }
