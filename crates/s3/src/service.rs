@@ -1434,7 +1434,12 @@ impl S3 for Cistern {
         let b = self
             .bucket(&i.bucket, cred.as_deref(), Access::Read)
             .await?;
-        let want = |a: &str| i.object_attributes.iter().any(|x| x.as_str() == a);
+        // The header may arrive as one comma-separated value.
+        let want = |a: &str| {
+            i.object_attributes
+                .iter()
+                .any(|x| x.as_str().split(',').any(|y| y.trim() == a))
+        };
         let (os, key, vid) = (b.os.clone(), i.key.clone(), i.version_id.clone());
         let (f, st) = self
             .run(move |_| Ok((find_version(&os, &key, vid.as_deref())?, settings(&os)?)))

@@ -622,3 +622,22 @@ def test_s3_tests_compat_details(s3):
     b2 = new_bucket(s3)
     s3.put_bucket_versioning(Bucket=b2, VersioningConfiguration={"Status": "Suspended"})
     assert s3.get_bucket_versioning(Bucket=b2)["Status"] == "Suspended"
+
+
+def test_get_object_attributes(s3):
+    b = new_bucket(s3)
+    data = b"A" * 1024
+    s3.put_object(Bucket=b, Key="o", Body=data, ChecksumAlgorithm="SHA256")
+    r = s3.get_object_attributes(Bucket=b, Key="o", ObjectAttributes=["ETag", "Checksum", "ObjectSize", "StorageClass"])
+    assert r["ObjectSize"] == 1024
+    assert r["ETag"].strip('"') == hashlib.md5(data).hexdigest()
+    assert r["Checksum"]["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    uid = s3.create_multipart_upload(Bucket=b, Key="m")["UploadId"]
+    e1 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=1, Body=b"x" * (5 * MiB))["ETag"]
+    e2 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=2, Body=b"y")["ETag"]
+    s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    r = s3.get_object_attributes(Bucket=b, Key="m", ObjectAttributes=["ObjectParts", "ObjectSize"])
+    assert r["ObjectSize"] == 5 * MiB + 1
+    assert r["ObjectParts"]["TotalPartsCount"] == 2
+    assert [p["Size"] for p in r["ObjectParts"]["Parts"]] == [5 * MiB, 1]
