@@ -1346,9 +1346,7 @@ impl crate::Engine {
         crate::engine::check_new_dataset(&p.datasets.read(), name)?;
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
-            if matches!(k.as_str(), "volsize" | "volblocksize" | "refreservation")
-                && kind != DatasetKind::Volume
-            {
+            if matches!(k.as_str(), "volsize" | "volblocksize") {
                 return Err(Error::InvalidArgument(format!(
                     "property '{k}' is for volumes only"
                 )));
