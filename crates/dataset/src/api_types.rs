@@ -335,4 +335,15 @@ pub struct DiffReport {
     pub to: String,
     pub changed_bytes: u64,
     pub ranges: Vec<ChangedRange>,
+    /// Buckets and filesystems: names of the root directory that changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<NameChange>,
+}
+
+/// A name in a `diff` of a bucket or filesystem, as zfs diff says it:
+/// `+` appeared, `-` went, `M` points at another or a changed object.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NameChange {
+    pub change: char,
+    pub name: String,
 }
