@@ -291,6 +291,12 @@ pub struct PoolStats {
     /// 1 while the pool is SUSPENDED.
     #[serde(default)]
     pub suspended: u64,
+    /// Bytes of the metadata store, and the most its region holds
+    /// (embedded blocks live there: decision 0017).
+    #[serde(default)]
+    pub metadata_used: u64,
+    #[serde(default)]
+    pub metadata_size: u64,
 }
 
 /// `cistern destroy` flags.
