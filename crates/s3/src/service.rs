@@ -1316,15 +1316,16 @@ impl S3 for Cistern {
         } else {
             f.attrs.size
         };
-        let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
+        let (start, end, ranged, part_sums) =
+            self.select(&b, &f, size, i.range, i.part_number).await?;
         let (os, f2) = (b.os.clone(), f.clone());
         let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
         let body = self.stream(b.os.clone(), plan);
         let whole = !ranged;
-        let sums = if whole && i.checksum_mode.is_some() {
-            f.rec.checksums.clone()
-        } else {
-            Checksums::default()
+        let sums = match part_sums {
+            Some(p) => p,
+            None if whole && i.checksum_mode.is_some() => f.rec.checksums.clone(),
+            None => Checksums::default(),
         };
         let r = &f.rec;
         Ok(S3Response::new(GetObjectOutput {
@@ -1385,16 +1386,17 @@ impl S3 for Cistern {
         } else {
             f.attrs.size
         };
-        let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
+        let (start, end, ranged, part_sums) =
+            self.select(&b, &f, size, i.range, i.part_number).await?;
         let r = &f.rec;
         let mut headers = http::HeaderMap::new();
         if !r.tags.is_empty() {
             headers.insert("x-amz-tagging-count", http::HeaderValue::from(r.tags.len()));
         }
-        let sums = if !ranged && i.checksum_mode.is_some() {
-            r.checksums.clone()
-        } else {
-            Checksums::default()
+        let sums = match part_sums {
+            Some(p) => p,
+            None if !ranged && i.checksum_mode.is_some() => r.checksums.clone(),
+            None => Checksums::default(),
         };
         Ok(S3Response::with_headers(
             HeadObjectOutput {
@@ -2406,19 +2408,19 @@ impl Cistern {
         size: u64,
         range: Option<Range>,
         part: Option<i32>,
-    ) -> S3Result<(u64, u64, bool)> {
+    ) -> S3Result<(u64, u64, bool, Option<Checksums>)> {
         if let Some(r) = range {
             let r = r
                 .check(size)
                 .map_err(|_| s3_error!(InvalidRange, "The requested range is not satisfiable"))?;
-            return Ok((r.start, r.end, r.start != 0 || r.end != size));
+            return Ok((r.start, r.end, r.start != 0 || r.end != size, None));
         }
         let Some(n) = part else {
-            return Ok((0, size, false));
+            return Ok((0, size, false, None));
         };
         if f.attrs.kind != ObjectKind::Dir {
             if n == 1 {
-                return Ok((0, size, false));
+                return Ok((0, size, false, None));
             }
             return Err(bad_part_number());
         }
@@ -2429,7 +2431,10 @@ impl Cistern {
         let mut pos = 0;
         for (pn, _, r) in parts {
             if pn == n {
-                return Ok((pos, pos + r.size, true));
+                // A part answers with its own checksums (the object's are composite).
+                let mut c = r.checksums;
+                c.kind = f.rec.checksums.kind.clone();
+                return Ok((pos, pos + r.size, true, Some(c).filter(|c| !c.is_empty())));
             }
             pos += r.size;
         }

@@ -641,3 +641,26 @@ def test_get_object_attributes(s3):
     assert r["ObjectSize"] == 5 * MiB + 1
     assert r["ObjectParts"]["TotalPartsCount"] == 2
     assert [p["Size"] for p in r["ObjectParts"]["Parts"]] == [5 * MiB, 1]
+
+
+def test_multipart_composite_checksums(s3):
+    b = new_bucket(s3)
+    p1, p2 = os.urandom(5 * MiB), os.urandom(100)
+    sha = lambda d: hashlib.sha256(d).digest()
+    uid = s3.create_multipart_upload(Bucket=b, Key="m", ChecksumAlgorithm="SHA256")["UploadId"]
+    r1 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=1, Body=p1, ChecksumAlgorithm="SHA256")
+    r2 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=2, Body=p2, ChecksumAlgorithm="SHA256")
+    assert r1["ChecksumSHA256"] == base64.b64encode(sha(p1)).decode()
+    parts = [{"PartNumber": 1, "ETag": r1["ETag"], "ChecksumSHA256": r1["ChecksumSHA256"]},
+             {"PartNumber": 2, "ETag": r2["ETag"], "ChecksumSHA256": r2["ChecksumSHA256"]}]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, ChecksumSHA256="bad",
+                                     MultipartUpload={"Parts": parts})
+    assert code(e) == "BadDigest"
+    r = s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload={"Parts": parts})
+    want = base64.b64encode(sha(sha(p1) + sha(p2))).decode() + "-2"
+    assert r["ChecksumSHA256"] == want
+    h = s3.head_object(Bucket=b, Key="m", ChecksumMode="ENABLED")
+    assert h["ChecksumSHA256"] == want and h["ChecksumType"] == "COMPOSITE"
+    g = s3.get_object(Bucket=b, Key="m", PartNumber=2)
+    assert g["ChecksumSHA256"] == r2["ChecksumSHA256"] and g["Body"].read() == p2
