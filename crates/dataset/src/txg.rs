@@ -530,16 +530,21 @@ impl ImportedPool {
             .check_owner()
             .map_err(|e| Error::Io(e.to_string()))?;
         let started = Instant::now();
-        let (txg, dirty, cp, next_objects) = {
+        let (txg, dirty, cp, next_objects, discarded) = {
             let mut open = self.open.lock();
             if open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
                 return Ok(ActionOutcome::default());
             }
-            if let Some(ds) = action.as_ref().and_then(Action::discards) {
-                open.dirty.retain(|k, _| k.0 != ds);
-                open.names.retain(|k, _| k.0 != ds);
-                open.charged.remove(&ds);
-            }
+            // Kept aside, not dropped: the action can still be refused
+            // inside the commit (a later snapshot with a clone or a hold),
+            // and then these acknowledged changes go back like the rest.
+            let discarded = action.as_ref().and_then(Action::discards).map(|ds| {
+                (
+                    open.dirty.extract_if(|k, _| k.0 == ds).collect::<Vec<_>>(),
+                    open.names.extract_if(.., |k, _| k.0 == ds).collect::<Vec<_>>(),
+                    (ds, open.charged.remove(&ds).unwrap_or(0)),
+                )
+            });
             let cp = self.log.checkpoint();
             let txg = open.txg;
             open.txg += 1;
@@ -557,7 +562,7 @@ impl ImportedPool {
             // block in the open txg must find it here, never fall through to
             // the older committed version.
             *self.syncing.write() = Some(dirty.clone());
-            (txg, dirty, cp, next_objects)
+            (txg, dirty, cp, next_objects, discarded)
         };
         match self.write_txg(txg, &dirty, cp, &next_objects, action) {
             Ok(outcome) => {
@@ -581,6 +586,15 @@ impl ImportedPool {
                 }
                 for (ds, n) in std::mem::take(&mut *self.syncing_charged.lock()).by_ds {
                     *open.charged.entry(ds).or_default() += n;
+                }
+                if let Some((blocks, names, (ds, charged))) = discarded {
+                    for (k, v) in blocks {
+                        open.dirty.entry(k).or_insert(v);
+                    }
+                    for (k, v) in names {
+                        open.names.entry(k).or_insert(v);
+                    }
+                    *open.charged.entry(ds).or_default() += charged;
                 }
                 *self.syncing.write() = None;
                 drop(open);
