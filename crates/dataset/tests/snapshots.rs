@@ -3,38 +3,17 @@
 //! model, and the pool's allocated space and every space figure equal what
 //! the model predicts (nothing leaked, nothing freed twice).
 
+mod common;
+
+use common::{config, create_pool, prop};
 use dataset::*;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 
 const BS: u64 = 4096;
 const BLOCKS: usize = 96;
 const VOLSIZE: u64 = BS * BLOCKS as u64;
-
-fn config() -> EngineConfig {
-    // Commits happen when the test (or an admin command) asks.
-    EngineConfig {
-        txg_timeout_secs: 3600.0,
-        multihost_interval_ms: 50,
-        ..EngineConfig::default()
-    }
-}
-
-fn create_pool(engine: &Engine, dir: &Path) {
-    engine
-        .create_pool(PoolSpec {
-            name: "tank".into(),
-            groups: vec![GroupSpec {
-                kind: GroupKind::Mirror,
-                devices: vec![dir.join("d0"), dir.join("d1")],
-            }],
-            create_size: Some(256 << 20),
-            force: false,
-        })
-        .unwrap();
-}
 
 fn read_all(vol: &Volume) -> Vec<u8> {
     let mut out = Vec::new();
@@ -45,17 +24,6 @@ fn read_all(vol: &Volume) -> Vec<u8> {
         }
     }
     out
-}
-
-fn prop(engine: &Engine, ds: &str, name: &str) -> u64 {
-    engine
-        .dataset(ds)
-        .unwrap()
-        .property(name)
-        .unwrap_or_else(|| panic!("{ds} has no {name}"))
-        .parsable
-        .parse()
-        .unwrap()
 }
 
 /// A block's content and the token of the write that made it (tokens are
@@ -792,4 +760,28 @@ fn read_all_sized(vol: &Volume, len: u64) -> Vec<u8> {
         }
     }
     out
+}
+
+#[test]
+fn a_refused_rollback_keeps_the_writes_it_would_have_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 1 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    engine.snapshot(&["tank/v@b".into()], false).unwrap();
+    engine.clone_snapshot("tank/v@b", "tank/c", &[]).unwrap();
+    // Acknowledged, not yet in a txg when the rollback's commit takes the open txg.
+    vol.write(0, &[5u8; 4096], true).unwrap();
+    // @b has a dependent clone: refused inside the commit.
+    assert!(matches!(
+        engine.rollback("tank/v@a", true),
+        Err(Error::Busy(_))
+    ));
+    let want = vec![ReadSegment::Data(vec![5u8; 4096])];
+    assert!(vol.read(0, 4096).unwrap() == want, "lost by the refused rollback");
+    engine.sync_all().unwrap();
+    assert!(vol.read(0, 4096).unwrap() == want, "lost at the next commit");
+    engine.shutdown().unwrap();
 }
