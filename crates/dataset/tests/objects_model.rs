@@ -547,6 +547,9 @@ impl Harness {
         self.engine
             .clone_snapshot(snap, name, &[("recordsize".into(), rs.to_string())])
             .unwrap();
+        // A bucket's clone is a bucket (what the S3 layer serves).
+        let kind = self.engine.dataset(name).unwrap().kind;
+        assert_eq!(kind, DatasetKind::Bucket, "{name}, a clone of {snap}");
         let image = self.model.snaps[snap].image.clone();
         self.model.heads.insert(name.to_string(), image);
         self.model.recordsize.insert(name.to_string(), rs);
@@ -847,7 +850,8 @@ impl Harness {
     }
 }
 
-fn run_model(seed: u64, steps: usize) {
+/// Runs one seed; returns how often each step ran.
+fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // Embedding on (the default) in most runs, off or larger in some.
@@ -884,6 +888,7 @@ fn run_model(seed: u64, steps: usize) {
     h.model.recordsize.insert("tank/b".into(), rs);
     let mut names = 0;
     let crash_at = steps / 2;
+    let mut ran = BTreeMap::new();
     // Every check after every step: slow, for finding the first wrong step.
     // (Contents only: checks without commits, so the txgs stay as they were.)
     let strict = std::env::var_os("CISTERN_MODEL_STRICT").is_some();
@@ -970,6 +975,7 @@ fn run_model(seed: u64, steps: usize) {
             }
             _ => "nothing",
         };
+        *ran.entry(what).or_default() += 1;
         if std::env::var("CISTERN_MODEL_SYNC").is_ok_and(|v| v.split(',').any(|x| x == what)) {
             h.engine.sync_all().unwrap();
         }
@@ -988,6 +994,7 @@ fn run_model(seed: u64, steps: usize) {
     h.check_contents("end");
     h.check_space("end");
     teardown(&mut h);
+    ran
 }
 
 /// Destroying every clone, snapshot and object returns the bucket and the
@@ -1047,8 +1054,20 @@ fn objects_snapshots_clones_rollbacks_and_destroys_match_a_model() {
         Some(k) => k..=k,
         None => 1..=env("CISTERN_MODEL_SEEDS").unwrap_or(4),
     };
+    let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
     for seed in seeds {
         eprintln!("seed {seed}");
-        run_model(seed, 160);
+        for (what, n) in run_model(seed, 250) {
+            *ran.entry(what).or_default() += n;
+        }
+    }
+    eprintln!("steps run: {ran:?}");
+    // The mix must reach every kind of step (a changed mix could skip some).
+    for what in [
+        "put", "write", "truncate", "delete", "link", "orphan", "payload", "remove", "commit",
+        "snapshot", "clone", "rollback", "destroy snapshot", "destroy clone",
+        "kill -9 and reopen", "restart",
+    ] {
+        assert!(ran.contains_key(what), "no '{what}' step ran: {ran:?}");
     }
 }
