@@ -856,8 +856,12 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // Embedding on (the default) in most runs, off or larger in some.
     let embed_max = [2048u64, 2048, 0, 4096][(seed % 4) as usize];
+    // Every third seed also commits txgs in the background, racing the ops
+    // (those runs are not exactly reproducible; the figures are exact anyway).
+    let txg_timeout_secs = if seed % 3 == 0 { 0.01 } else { config().txg_timeout_secs };
     let cfg = EngineConfig {
         embed_max_bytes: embed_max,
+        txg_timeout_secs,
         ..config()
     };
     let engine = Engine::open(&dir.path().join("state"), cfg.clone()).unwrap();
@@ -1062,7 +1066,10 @@ fn objects_snapshots_clones_rollbacks_and_destroys_match_a_model() {
         }
     }
     eprintln!("steps run: {ran:?}");
-    // The mix must reach every kind of step (a changed mix could skip some).
+    if env("CISTERN_MODEL_SEED").is_some() {
+        return;
+    }
+    // The seeds' mix must reach every kind of step (a changed mix could skip some).
     for what in [
         "put", "write", "truncate", "delete", "link", "orphan", "payload", "remove", "commit",
         "snapshot", "clone", "rollback", "destroy snapshot", "destroy clone",
