@@ -513,6 +513,47 @@ impl Harness {
         self.img(ds).objects.get_mut(&obj).unwrap().payload = payload;
     }
 
+    /// Requests that must fail with a clear error and change nothing (the
+    /// next check of contents and space shows nothing changed).
+    fn misuse(&mut self, ds: &str) {
+        let set = self.set(ds);
+        let gone = self.model.heads[ds].removed.iter().next().copied();
+        let ctx = format!("{ds}: misuse");
+        match (self.rng.random_range(0..5), gone) {
+            (0, Some(g)) => {
+                let r = set.write(g, 0, b"late");
+                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: write to removed {g}: {r:?}");
+            }
+            (1, Some(g)) => {
+                let r = set.truncate(g, 0);
+                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: truncate removed {g}: {r:?}");
+                let r = set.remove(g);
+                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: remove removed {g}: {r:?}");
+            }
+            (2, Some(g)) => {
+                let r = set.link(ROOT_DIR, "a/00", g);
+                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: link to removed {g}: {r:?}");
+            }
+            (3, _) => {
+                let missing = format!("{}-none", self.key());
+                assert_eq!(set.unlink(ROOT_DIR, &missing).unwrap(), None, "{ctx}: unlink {missing}");
+                let r = set.link(ROOT_DIR, "", ROOT_DIR);
+                assert!(matches!(r, Err(Error::InvalidArgument(_))), "{ctx}: empty name: {r:?}");
+            }
+            _ => {
+                let Some(snap) = self.model.snaps_of(ds).pop() else { return };
+                let s = self.engine.open_objects(&snap).unwrap();
+                let obj = self.model.snaps[&snap].image.objects.keys().next().copied();
+                let r = s.create(ObjectKind::File, b"");
+                assert!(matches!(r, Err(Error::ReadOnly(_))), "{ctx}: create in {snap}: {r:?}");
+                if let Some(o) = obj {
+                    let r = s.write(o, 0, b"x");
+                    assert!(matches!(r, Err(Error::ReadOnly(_))), "{ctx}: write in {snap}: {r:?}");
+                }
+            }
+        }
+    }
+
     fn remove_some(&mut self, ds: &str) {
         let Some(obj) = self.pick_obj(ds) else { return };
         self.remove(ds, obj);
@@ -733,6 +774,10 @@ impl Harness {
                     got.len()
                 );
             }
+            assert!(
+                set.read(*id, o.size + 1, 10).unwrap().is_empty(),
+                "{ctx}: object {id} read past its end"
+            );
             if o.size > 0 {
                 let off = self.checks.random_range(0..o.size);
                 let len = self.checks.random_range(0..=o.size);
@@ -936,6 +981,10 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
                 h.set_payload(&ds);
                 "payload"
             }
+            93..=94 => {
+                h.misuse(&ds);
+                "misuse"
+            }
             59 => {
                 h.remove_some(&ds);
                 "remove"
@@ -1073,7 +1122,7 @@ fn objects_snapshots_clones_rollbacks_and_destroys_match_a_model() {
     for what in [
         "put", "write", "truncate", "delete", "link", "orphan", "payload", "remove", "commit",
         "snapshot", "clone", "rollback", "destroy snapshot", "destroy clone",
-        "kill -9 and reopen", "restart",
+        "kill -9 and reopen", "restart", "misuse",
     ] {
         assert!(ran.contains_key(what), "no '{what}' step ran: {ran:?}");
     }
