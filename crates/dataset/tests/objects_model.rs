@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{config, create_pool, prop};
+use common::{config, create_pool, prop, History, Tokens};
 use dataset::objects::{ObjectKind, ObjectSet, ROOT_DIR, UNLINKED_SET};
 use dataset::*;
 use rand::{Rng, SeedableRng};
@@ -70,44 +70,13 @@ struct Image {
     root_touched: bool,
 }
 
-impl Image {
+impl Tokens for Image {
     fn tokens(&self) -> BTreeSet<u64> {
         self.objects
             .values()
             .flat_map(|o| o.blocks.values().map(|b| b.token))
             .collect()
     }
-}
-
-/// What the pool stores for one block version.
-struct Version {
-    owner: String,
-    asize: u64,
-    lsize: u64,
-}
-
-struct Snap {
-    dataset: String,
-    image: Image,
-    clones: BTreeSet<String>,
-    /// Token counter when it was taken (for `written`).
-    seq: u64,
-    /// Creation order.
-    order: u64,
-}
-
-#[derive(Default)]
-struct Model {
-    next: u64,
-    versions: BTreeMap<u64, Version>,
-    heads: BTreeMap<String, Image>,
-    /// The recordsize new objects of each head get.
-    recordsize: BTreeMap<String, u32>,
-    snaps: BTreeMap<String, Snap>,
-    origin: BTreeMap<String, String>,
-    /// Token counter when each clone was made.
-    born: BTreeMap<String, u64>,
-    next_order: u64,
 }
 
 fn key(rng: &mut impl Rng) -> String {
@@ -126,101 +95,15 @@ fn stored(data: &[u8], embed_max: u64) -> (u64, u64) {
     }
 }
 
-impl Model {
-    fn token(&mut self, ds: &str, data: &[u8], embed_max: u64) -> u64 {
-        self.next += 1;
-        let (asize, lsize) = stored(data, embed_max);
-        self.versions.insert(
-            self.next,
-            Version {
-                owner: ds.to_string(),
-                asize,
-                lsize,
-            },
-        );
-        self.next
-    }
-
-    fn asize(&self, tokens: impl IntoIterator<Item = u64>) -> u64 {
-        tokens.into_iter().map(|t| self.versions[&t].asize).sum()
-    }
-
-    /// `logicalreferenced`: block versions plus attribute rows.
-    fn logical(&self, img: &Image) -> u64 {
-        let blocks: u64 = img.tokens().iter().map(|t| self.versions[t].lsize).sum();
-        let attrs: u64 = img
-            .objects
-            .values()
-            .map(|o| ATTR_HEADER + o.payload.len() as u64)
-            .sum();
-        blocks + attrs + if img.root_touched { ATTR_HEADER } else { 0 }
-    }
-
-    fn snaps_of(&self, ds: &str) -> Vec<String> {
-        let mut v: Vec<(u64, &String)> = self
-            .snaps
-            .iter()
-            .filter(|(_, s)| s.dataset == ds)
-            .map(|(n, s)| (s.order, n))
-            .collect();
-        v.sort();
-        v.into_iter().map(|(_, n)| n.clone()).collect()
-    }
-
-    fn referenced(&self) -> BTreeSet<u64> {
-        let mut all = BTreeSet::new();
-        for i in self.heads.values() {
-            all.extend(i.tokens());
-        }
-        for s in self.snaps.values() {
-            all.extend(s.image.tokens());
-        }
-        all
-    }
-
-    /// Bytes only snapshot `snap` references (what destroying it frees).
-    fn unique_bytes(&self, snap: &str) -> u64 {
-        let mut others = BTreeSet::new();
-        for i in self.heads.values() {
-            others.extend(i.tokens());
-        }
-        for (n, s) in &self.snaps {
-            if n != snap {
-                others.extend(s.image.tokens());
-            }
-        }
-        let mine = self.snaps[snap].image.tokens();
-        self.asize(mine.difference(&others).copied())
-    }
-
-    /// Where `written` of `ds`'s snapshot `upto` (None: the head) starts.
-    fn written_since(&self, ds: &str, upto: Option<&str>) -> u64 {
-        let order = self.snaps_of(ds);
-        let before: Vec<&String> = match upto {
-            Some(s) => order.iter().take_while(|n| n.as_str() != s).collect(),
-            None => order.iter().collect(),
-        };
-        before
-            .last()
-            .map(|s| self.snaps[*s].seq)
-            .or_else(|| self.born.get(ds).copied())
-            .unwrap_or(0)
-    }
-
-    fn written(&self, ds: &str, img: &Image, since: u64) -> u64 {
-        self.asize(
-            img.tokens()
-                .into_iter()
-                .filter(|t| *t > since && self.versions[t].owner == ds),
-        )
-    }
-}
-
 struct Harness {
     dir: tempfile::TempDir,
     engine: Arc<Engine>,
     cfg: EngineConfig,
-    model: Model,
+    model: History<Image>,
+    /// The recordsize new objects of each head get.
+    recordsize: BTreeMap<String, u32>,
+    /// Token -> logical bytes of that block version.
+    lsize: BTreeMap<u64, u64>,
     rng: rand::rngs::StdRng,
     /// What the checks pick (apart, so checking more often changes no op).
     checks: rand::rngs::StdRng,
@@ -233,6 +116,25 @@ impl Harness {
         if std::env::var_os("CISTERN_MODEL_TRACE").is_some() {
             eprintln!("  {what}");
         }
+    }
+
+    /// A new block version of `ds` holding `data`.
+    fn token(&mut self, ds: &str, data: &[u8], embed_max: u64) -> u64 {
+        let (asize, lsize) = stored(data, embed_max);
+        let t = self.model.token(ds, asize);
+        self.lsize.insert(t, lsize);
+        t
+    }
+
+    /// `logicalreferenced`: block versions plus attribute rows.
+    fn logical(&self, img: &Image) -> u64 {
+        let blocks: u64 = img.tokens().iter().map(|t| self.lsize[t]).sum();
+        let attrs: u64 = img
+            .objects
+            .values()
+            .map(|o| ATTR_HEADER + o.payload.len() as u64)
+            .sum();
+        blocks + attrs + if img.root_touched { ATTR_HEADER } else { 0 }
     }
 
     fn embed_max(&self) -> u64 {
@@ -303,7 +205,7 @@ impl Harness {
         self.rng.fill(&mut payload[..]);
         let obj = set.create(ObjectKind::File, &payload).unwrap();
         let a = set.attrs(obj).unwrap().expect("a created object has attributes");
-        let blksz = self.model.recordsize[ds];
+        let blksz = self.recordsize[ds];
         assert_eq!(a.blksz, blksz, "{ds}: object {obj} block size");
         assert_eq!((a.size, a.nlink), (0, 0), "{ds}: new object {obj}");
         let img = self.img(ds);
@@ -345,7 +247,7 @@ impl Harness {
                 .unwrap_or_else(|| vec![0u8; bs as usize]);
             content[(lo - start) as usize..(hi - start) as usize]
                 .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
-            let token = self.model.token(ds, &content, embed_max);
+            let token = self.token(ds, &content, embed_max);
             o.blocks.insert(
                 b,
                 Blk {
@@ -376,7 +278,7 @@ impl Harness {
                     .map(|x| x.data.to_vec())
                     .unwrap_or_else(|| vec![0u8; bs as usize]);
                 content[(size % bs) as usize..].fill(0);
-                let token = self.model.token(ds, &content, embed_max);
+                let token = self.token(ds, &content, embed_max);
                 o.blocks.insert(
                     b,
                     Blk {
@@ -437,7 +339,7 @@ impl Harness {
     fn put(&mut self, ds: &str) {
         let key = self.key();
         let obj = self.create(ds);
-        let data = self.data(self.model.recordsize[ds]);
+        let data = self.data(self.recordsize[ds]);
         if self.rng.random_bool(0.2) && data.len() > 1 {
             let cut = self.rng.random_range(1..data.len());
             self.write(ds, obj, cut as u64, &data[cut..]);
@@ -501,7 +403,7 @@ impl Harness {
     /// An upload that never gets a name: removed at the next import.
     fn orphan(&mut self, ds: &str) {
         let obj = self.create(ds);
-        let data = self.data(self.model.recordsize[ds]);
+        let data = self.data(self.recordsize[ds]);
         self.write(ds, obj, 0, &data);
     }
 
@@ -562,122 +464,51 @@ impl Harness {
     // ------------------------------------------------------------ dataset ops
 
     fn snapshot(&mut self, ds: &str, name: &str) {
-        let full = format!("{ds}@{name}");
-        let created = self
-            .engine
-            .snapshot(std::slice::from_ref(&full), false)
-            .unwrap();
-        assert_eq!(created, vec![full.clone()]);
-        self.model.next_order += 1;
-        let image = self.model.heads[ds].clone();
-        self.model.snaps.insert(
-            full,
-            Snap {
-                dataset: ds.to_string(),
-                image,
-                clones: BTreeSet::new(),
-                seq: self.model.next,
-                order: self.model.next_order,
-            },
-        );
+        self.model.snapshot(&self.engine, ds, name);
     }
 
     fn clone(&mut self, snap: &str, name: &str) {
         self.trace(&format!("clone {snap} as {name}"));
         let rs = [4096u32, 8192, 16384, 65536][self.rng.random_range(0..4)];
-        self.engine
-            .clone_snapshot(snap, name, &[("recordsize".into(), rs.to_string())])
-            .unwrap();
+        let props = [("recordsize".to_string(), rs.to_string())];
+        self.model.clone(&self.engine, snap, name, &props);
         // A bucket's clone is a bucket (what the S3 layer serves).
         let kind = self.engine.dataset(name).unwrap().kind;
         assert_eq!(kind, DatasetKind::Bucket, "{name}, a clone of {snap}");
-        let image = self.model.snaps[snap].image.clone();
-        self.model.heads.insert(name.to_string(), image);
-        self.model.recordsize.insert(name.to_string(), rs);
-        self.model.origin.insert(name.to_string(), snap.to_string());
-        self.model.born.insert(name.to_string(), self.model.next);
-        self.model
-            .snaps
-            .get_mut(snap)
-            .unwrap()
-            .clones
-            .insert(name.to_string());
+        self.recordsize.insert(name.to_string(), rs);
     }
 
     fn rollback(&mut self, snap: &str) {
         self.trace(&format!("rollback to {snap}"));
-        let ds = self.model.snaps[snap].dataset.clone();
-        let order = self.model.snaps_of(&ds);
-        let pos = order.iter().position(|n| n == snap).unwrap();
-        let later: Vec<String> = order[pos + 1..].to_vec();
-        let blocked = later.iter().any(|l| !self.model.snaps[l].clones.is_empty());
-        let result = self.engine.rollback(snap, true);
-        if blocked {
-            assert!(
-                matches!(result, Err(Error::Busy(_))),
-                "rollback past a snapshot with clones: {result:?}"
-            );
-            return;
-        }
-        assert_eq!(result.unwrap(), later);
-        for l in later {
-            self.model.snaps.remove(&l);
-        }
-        let image = self.model.snaps[snap].image.clone();
-        self.model.heads.insert(ds, image);
+        self.model.rollback(&self.engine, snap);
     }
 
     fn destroy_snapshot(&mut self, snap: &str) {
         self.trace(&format!("destroy {snap}"));
-        let opts = DestroyOptions::default();
-        if !self.model.snaps[snap].clones.is_empty() {
-            let r = self.engine.destroy(snap, &opts);
-            assert!(matches!(r, Err(Error::Busy(_))), "{r:?}");
-            return;
-        }
-        let dry = DestroyOptions {
-            dry_run: true,
-            ..opts.clone()
-        };
-        let predicted = self.model.unique_bytes(snap);
         // A dry run reads the committed dead lists (as zfs destroy -n):
         // exact once the open txg is committed. The destroy itself commits
         // the open txg first, so it frees exactly the prediction anyway.
-        if self.rng.random_bool(0.5) {
+        let dry_run = self.rng.random_bool(0.5);
+        if dry_run {
             self.engine.sync_all().unwrap();
-            let estimate = self.engine.destroy(snap, &dry).unwrap();
-            assert_eq!(estimate.freed, predicted, "dry run of destroying {snap}");
         }
-        let report = self.engine.destroy(snap, &opts).unwrap();
-        assert_eq!(report.freed, predicted, "destroying {snap}");
-        self.model.snaps.remove(snap);
+        self.model.destroy_snapshot(&self.engine, snap, dry_run);
     }
 
     fn destroy_clone(&mut self, ds: &str) {
-        let snaps = self.model.snaps_of(ds);
-        let blocked = snaps.iter().any(|s| !self.model.snaps[s].clones.is_empty());
-        let result = self.engine.destroy(
-            ds,
-            &DestroyOptions {
-                recursive: true,
-                ..Default::default()
-            },
-        );
-        if blocked {
-            assert!(matches!(result, Err(Error::Busy(_))), "{result:?}");
-            return;
-        }
-        result.unwrap();
-        for s in snaps {
-            self.model.snaps.remove(&s);
-        }
-        self.model.heads.remove(ds);
-        self.sets.remove(ds);
-        if let Some(origin) = self.model.origin.remove(ds) {
-            if let Some(s) = self.model.snaps.get_mut(&origin) {
-                s.clones.remove(ds);
+        self.trace(&format!("destroy {ds}"));
+        if self.model.destroy_clone(&self.engine, ds) {
+            let stale = self.sets.remove(ds);
+            if let Some(set) = stale {
+                let r = set.attrs(ROOT_DIR);
+                assert!(matches!(r, Err(Error::NotFound(_))), "{ds} destroyed: {r:?}");
             }
         }
+    }
+
+    fn promote(&mut self, ds: &str) {
+        self.trace(&format!("promote {ds}"));
+        self.model.promote(&self.engine, ds);
     }
 
     /// At import every head's unlinked set is drained.
@@ -835,35 +666,25 @@ impl Harness {
     fn check_space(&mut self, what: &str) {
         self.engine.sync_all().unwrap();
         let ctx = |n: &str| format!("step {} ({what}): {n}", self.step);
-        let m = &self.model;
-        let e = &self.engine;
+        let (m, e) = (&self.model, &self.engine);
         let allocated = e.stats()[0].allocated;
         assert_eq!(allocated, m.asize(m.referenced()), "{}", ctx("pool allocated"));
         let mut sum = 0;
         for (name, img) in &m.heads {
-            let live = img.tokens();
-            let own = |t: &u64| m.versions[t].owner == *name;
-            let mut held = BTreeSet::new();
-            for s in m.snaps_of(name) {
-                held.extend(m.snaps[&s].image.tokens().into_iter().filter(|t| own(t) && !live.contains(t)));
-            }
-            let dataset = m.asize(live.iter().copied().filter(own));
-            let snapshots = m.asize(held);
             let p = |n: &str| prop(e, name, n);
-            assert_eq!(p("usedbydataset"), dataset, "{}", ctx(&format!("{name} usedbydataset")));
-            assert_eq!(p("usedbysnapshots"), snapshots, "{}", ctx(&format!("{name} usedbysnapshots")));
-            assert_eq!(p("usedbychildren"), 0, "{}", ctx(&format!("{name} usedbychildren")));
-            assert_eq!(p("used"), dataset + snapshots, "{}", ctx(&format!("{name} used")));
-            assert_eq!(
-                p("used"),
-                p("usedbydataset") + p("usedbysnapshots") + p("usedbychildren") + p("usedbyrefreservation"),
-                "{}",
-                ctx(&format!("{name} used is the sum of usedby*"))
-            );
-            assert_eq!(p("referenced"), m.asize(live.iter().copied()), "{}", ctx(&format!("{name} referenced")));
-            assert_eq!(p("logicalreferenced"), m.logical(img), "{}", ctx(&format!("{name} logicalreferenced")));
-            let since = m.written_since(name, None);
-            assert_eq!(p("written"), m.written(name, img, since), "{}", ctx(&format!("{name} written")));
+            let want = [
+                ("usedbydataset", m.own_live(name)),
+                ("usedbysnapshots", m.held(name)),
+                ("usedbychildren", 0),
+                ("usedbyrefreservation", 0),
+                ("used", m.own_live(name) + m.held(name)),
+                ("referenced", m.asize(img.tokens())),
+                ("logicalreferenced", self.logical(img)),
+                ("written", m.written(name, None)),
+            ];
+            for (n, v) in want {
+                assert_eq!(p(n), v, "{}", ctx(&format!("{name} {n}")));
+            }
             sum += p("used");
         }
         // The pool's root: its children's used is everything allocated.
@@ -878,18 +699,17 @@ impl Harness {
         );
         for (name, s) in &m.snaps {
             let p = |n: &str| prop(e, name, n);
-            let tokens = s.image.tokens();
-            assert_eq!(p("referenced"), m.asize(tokens.iter().copied()), "{}", ctx(&format!("{name} referenced")));
-            assert_eq!(p("logicalreferenced"), m.logical(&s.image), "{}", ctx(&format!("{name} logicalreferenced")));
-            let since = m.written_since(&s.dataset, Some(name));
-            assert_eq!(
-                p("written"),
-                m.written(&s.dataset, &s.image, since),
-                "{}",
-                ctx(&format!("{name} written"))
-            );
+            let mut want = vec![
+                ("referenced", m.asize(s.image.tokens())),
+                ("logicalreferenced", self.logical(&s.image)),
+                ("written", m.written(&s.dataset, Some(name))),
+            ];
+            // What destroying it frees (a snapshot with clones cannot go).
             if s.clones.is_empty() {
-                assert_eq!(p("used"), m.unique_bytes(name), "{}", ctx(&format!("{name} used")));
+                want.push(("used", m.unique_bytes(name)));
+            }
+            for (n, v) in want {
+                assert_eq!(p(n), v, "{}", ctx(&format!("{name} {n}")));
             }
         }
     }
@@ -927,14 +747,16 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
         dir,
         engine,
         cfg,
-        model: Model::default(),
+        model: History::new(),
+        recordsize: BTreeMap::new(),
+        lsize: BTreeMap::new(),
         rng,
         checks: rand::rngs::StdRng::seed_from_u64(!seed),
         sets: BTreeMap::new(),
         step: 0,
     };
     h.model.heads.insert("tank/b".into(), Image::default());
-    h.model.recordsize.insert("tank/b".into(), rs);
+    h.recordsize.insert("tank/b".into(), rs);
     let mut names = 0;
     let crash_at = steps / 2;
     let mut ran = BTreeMap::new();
@@ -1018,6 +840,10 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
                 h.destroy_clone(&ds);
                 "destroy clone"
             }
+            95..=96 if h.model.origin.contains_key(&ds) => {
+                h.promote(&ds);
+                "promote"
+            }
             90..=91 => {
                 h.crash_and_reopen();
                 "kill -9 and reopen"
@@ -1075,24 +901,28 @@ fn teardown(h: &mut Harness) {
         }
     }
     assert!(h.model.origin.is_empty(), "clones left: {:?}", h.model.origin);
-    for s in h.model.snaps_of("tank/b") {
+    // One head is left: tank/b, or the clone promoted in its place.
+    let heads: Vec<String> = h.model.heads.keys().cloned().collect();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    let ds = heads[0].clone();
+    for s in h.model.snaps_of(&ds) {
         h.destroy_snapshot(&s);
     }
     h.check_space("snapshots destroyed");
-    let names: Vec<String> = h.model.heads["tank/b"].names.keys().cloned().collect();
+    let names: Vec<String> = h.model.heads[&ds].names.keys().cloned().collect();
     for n in names {
-        h.unlink("tank/b", &n);
+        h.unlink(&ds, &n);
     }
-    let objs: Vec<u64> = h.model.heads["tank/b"].objects.keys().copied().collect();
+    let objs: Vec<u64> = h.model.heads[&ds].objects.keys().copied().collect();
     for o in objs {
-        h.remove("tank/b", o);
+        h.remove(&ds, o);
     }
     h.check_space("everything deleted");
     h.crash_and_reopen();
     h.check_contents("empty after kill -9");
     h.check_space("empty after kill -9");
     for n in ["used", "referenced", "usedbysnapshots", "written"] {
-        assert_eq!(prop(&h.engine, "tank/b", n), 0, "empty bucket {n}");
+        assert_eq!(prop(&h.engine, &ds, n), 0, "empty {ds}: {n}");
     }
     assert_eq!(h.engine.stats()[0].allocated, 0, "nothing left allocated");
     h.sets.clear();
@@ -1122,7 +952,7 @@ fn objects_snapshots_clones_rollbacks_and_destroys_match_a_model() {
     for what in [
         "put", "write", "truncate", "delete", "link", "orphan", "payload", "remove", "commit",
         "snapshot", "clone", "rollback", "destroy snapshot", "destroy clone",
-        "kill -9 and reopen", "restart", "misuse",
+        "kill -9 and reopen", "restart", "misuse", "promote",
     ] {
         assert!(ran.contains_key(what), "no '{what}' step ran: {ran:?}");
     }
