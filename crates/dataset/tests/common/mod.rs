@@ -325,8 +325,12 @@ impl<I: Tokens> History<I> {
         let new_s = renamed[&s_name].clone();
         self.origin.remove(c);
         match self.origin.remove(&o) {
+            // o was a clone: c's history (and `written`) now starts where o's did.
             Some(x) => {
                 self.origin.insert(c.to_string(), x);
+                if let Some(b) = self.born.get(&o).copied() {
+                    self.born.insert(c.to_string(), b);
+                }
             }
             None => {
                 self.born.remove(c);
