@@ -539,11 +539,17 @@ impl ImportedPool {
             // inside the commit (a later snapshot with a clone or a hold),
             // and then these acknowledged changes go back like the rest.
             let discarded = action.as_ref().and_then(Action::discards).map(|ds| {
-                (
-                    open.dirty.extract_if(|k, _| k.0 == ds).collect::<Vec<_>>(),
-                    open.names.extract_if(.., |k, _| k.0 == ds).collect::<Vec<_>>(),
-                    (ds, open.charged.remove(&ds).unwrap_or(0)),
-                )
+                let (blocks, kept): (HashMap<_, _>, HashMap<_, _>) =
+                    std::mem::take(&mut open.dirty)
+                        .into_iter()
+                        .partition(|(k, _)| k.0 == ds);
+                open.dirty = kept;
+                let (names, kept): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                    std::mem::take(&mut open.names)
+                        .into_iter()
+                        .partition(|(k, _)| k.0 == ds);
+                open.names = kept;
+                (blocks, names, (ds, open.charged.remove(&ds).unwrap_or(0)))
             });
             let cp = self.log.checkpoint();
             let txg = open.txg;
