@@ -204,7 +204,10 @@ impl Harness {
         let mut payload = vec![0u8; self.rng.random_range(0..200)];
         self.rng.fill(&mut payload[..]);
         let obj = set.create(ObjectKind::File, &payload).unwrap();
-        let a = set.attrs(obj).unwrap().expect("a created object has attributes");
+        let a = set
+            .attrs(obj)
+            .unwrap()
+            .expect("a created object has attributes");
         let blksz = self.recordsize[ds];
         assert_eq!(a.blksz, blksz, "{ds}: object {obj} block size");
         assert_eq!((a.size, a.nlink), (0, 0), "{ds}: new object {obj}");
@@ -228,7 +231,10 @@ impl Harness {
     }
 
     fn write(&mut self, ds: &str, obj: u64, offset: u64, data: &[u8]) {
-        self.trace(&format!("write {ds} object {obj} at {offset}+{}", data.len()));
+        self.trace(&format!(
+            "write {ds} object {obj} at {offset}+{}",
+            data.len()
+        ));
         self.set(ds).write(obj, offset, data).unwrap();
         if data.is_empty() {
             return;
@@ -297,7 +303,10 @@ impl Harness {
         let img = self.img(ds);
         let before = img.names.get(name).copied();
         let want = before.filter(|b| *b != obj);
-        assert_eq!(got, want, "{ds}: link {name} -> {obj} returns what it replaced");
+        assert_eq!(
+            got, want,
+            "{ds}: link {name} -> {obj} returns what it replaced"
+        );
         if before != Some(obj) {
             img.names.insert(name.to_string(), obj);
             img.objects.get_mut(&obj).unwrap().nlink += 1;
@@ -325,7 +334,10 @@ impl Harness {
         let linked = self.model.heads[ds].objects[&obj].nlink > 0;
         let r = self.set(ds).remove(obj);
         if linked {
-            assert!(matches!(r, Err(Error::Busy(_))), "{ds}: remove of linked {obj}: {r:?}");
+            assert!(
+                matches!(r, Err(Error::Busy(_))),
+                "{ds}: remove of linked {obj}: {r:?}"
+            );
             return;
         }
         r.unwrap();
@@ -381,7 +393,9 @@ impl Harness {
     }
 
     fn delete(&mut self, ds: &str) {
-        let Some(name) = self.pick_name(ds) else { return };
+        let Some(name) = self.pick_name(ds) else {
+            return;
+        };
         if let Some(obj) = self.unlink(ds, &name) {
             self.drop_if_unlinked(ds, obj);
         }
@@ -389,7 +403,9 @@ impl Harness {
 
     /// A second name for an object (a hard link), or a rename.
     fn relink(&mut self, ds: &str) {
-        let Some(from) = self.pick_name(ds) else { return };
+        let Some(from) = self.pick_name(ds) else {
+            return;
+        };
         let obj = self.model.heads[ds].names[&from];
         let to = self.key();
         if let Some(old) = self.link(ds, &to, obj) {
@@ -424,33 +440,60 @@ impl Harness {
         match (self.rng.random_range(0..5), gone) {
             (0, Some(g)) => {
                 let r = set.write(g, 0, b"late");
-                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: write to removed {g}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::NotFound(_))),
+                    "{ctx}: write to removed {g}: {r:?}"
+                );
             }
             (1, Some(g)) => {
                 let r = set.truncate(g, 0);
-                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: truncate removed {g}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::NotFound(_))),
+                    "{ctx}: truncate removed {g}: {r:?}"
+                );
                 let r = set.remove(g);
-                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: remove removed {g}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::NotFound(_))),
+                    "{ctx}: remove removed {g}: {r:?}"
+                );
             }
             (2, Some(g)) => {
                 let r = set.link(ROOT_DIR, "a/00", g);
-                assert!(matches!(r, Err(Error::NotFound(_))), "{ctx}: link to removed {g}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::NotFound(_))),
+                    "{ctx}: link to removed {g}: {r:?}"
+                );
             }
             (3, _) => {
                 let missing = format!("{}-none", self.key());
-                assert_eq!(set.unlink(ROOT_DIR, &missing).unwrap(), None, "{ctx}: unlink {missing}");
+                assert_eq!(
+                    set.unlink(ROOT_DIR, &missing).unwrap(),
+                    None,
+                    "{ctx}: unlink {missing}"
+                );
                 let r = set.link(ROOT_DIR, "", ROOT_DIR);
-                assert!(matches!(r, Err(Error::InvalidArgument(_))), "{ctx}: empty name: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::InvalidArgument(_))),
+                    "{ctx}: empty name: {r:?}"
+                );
             }
             _ => {
-                let Some(snap) = self.model.snaps_of(ds).pop() else { return };
+                let Some(snap) = self.model.snaps_of(ds).pop() else {
+                    return;
+                };
                 let s = self.engine.open_objects(&snap).unwrap();
                 let obj = self.model.snaps[&snap].image.objects.keys().next().copied();
                 let r = s.create(ObjectKind::File, b"");
-                assert!(matches!(r, Err(Error::ReadOnly(_))), "{ctx}: create in {snap}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::ReadOnly(_))),
+                    "{ctx}: create in {snap}: {r:?}"
+                );
                 if let Some(o) = obj {
                     let r = s.write(o, 0, b"x");
-                    assert!(matches!(r, Err(Error::ReadOnly(_))), "{ctx}: write in {snap}: {r:?}");
+                    assert!(
+                        matches!(r, Err(Error::ReadOnly(_))),
+                        "{ctx}: write in {snap}: {r:?}"
+                    );
                 }
             }
         }
@@ -501,7 +544,10 @@ impl Harness {
             let stale = self.sets.remove(ds);
             if let Some(set) = stale {
                 let r = set.attrs(ROOT_DIR);
-                assert!(matches!(r, Err(Error::NotFound(_))), "{ds} destroyed: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::NotFound(_))),
+                    "{ds} destroyed: {r:?}"
+                );
             }
         }
     }
@@ -620,7 +666,10 @@ impl Harness {
             }
         }
         for id in &img.removed {
-            assert!(set.attrs(*id).unwrap().is_none(), "{ctx}: removed object {id} is back");
+            assert!(
+                set.attrs(*id).unwrap().is_none(),
+                "{ctx}: removed object {id} is back"
+            );
         }
         // Pages of a listing: a prefix, a start-after, a limit.
         let prefix = ["", "a/", "b/", "c/", "c/x/1", "z"][self.checks.random_range(0..6)];
@@ -634,7 +683,10 @@ impl Harness {
             .take(limit)
             .map(|(n, o)| (n.clone(), *o))
             .collect();
-        assert_eq!(got, want, "{ctx}: list prefix {prefix:?} after {after:?} limit {limit}");
+        assert_eq!(
+            got, want,
+            "{ctx}: list prefix {prefix:?} after {after:?} limit {limit}"
+        );
         let key = key(&mut self.checks);
         assert_eq!(
             set.lookup(ROOT_DIR, &key).unwrap(),
@@ -668,7 +720,12 @@ impl Harness {
         let ctx = |n: &str| format!("step {} ({what}): {n}", self.step);
         let (m, e) = (&self.model, &self.engine);
         let allocated = e.stats()[0].allocated;
-        assert_eq!(allocated, m.asize(m.referenced()), "{}", ctx("pool allocated"));
+        assert_eq!(
+            allocated,
+            m.asize(m.referenced()),
+            "{}",
+            ctx("pool allocated")
+        );
         let mut sum = 0;
         for (name, img) in &m.heads {
             let p = |n: &str| prop(e, name, n);
@@ -723,7 +780,11 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
     let embed_max = [2048u64, 2048, 0, 4096][(seed % 4) as usize];
     // Every third seed also commits txgs in the background, racing the ops
     // (those runs are not exactly reproducible; the figures are exact anyway).
-    let txg_timeout_secs = if seed % 3 == 0 { 0.01 } else { config().txg_timeout_secs };
+    let txg_timeout_secs = if seed % 3 == 0 {
+        0.01
+    } else {
+        config().txg_timeout_secs
+    };
     let cfg = EngineConfig {
         embed_max_bytes: embed_max,
         txg_timeout_secs,
@@ -900,7 +961,11 @@ fn teardown(h: &mut Harness) {
             h.destroy_clone(&c);
         }
     }
-    assert!(h.model.origin.is_empty(), "clones left: {:?}", h.model.origin);
+    assert!(
+        h.model.origin.is_empty(),
+        "clones left: {:?}",
+        h.model.origin
+    );
     // One head is left: tank/b, or the clone promoted in its place.
     let heads: Vec<String> = h.model.heads.keys().cloned().collect();
     assert_eq!(heads.len(), 1, "{heads:?}");
@@ -950,9 +1015,24 @@ fn objects_snapshots_clones_rollbacks_and_destroys_match_a_model() {
     }
     // The seeds' mix must reach every kind of step (a changed mix could skip some).
     for what in [
-        "put", "write", "truncate", "delete", "link", "orphan", "payload", "remove", "commit",
-        "snapshot", "clone", "rollback", "destroy snapshot", "destroy clone",
-        "kill -9 and reopen", "restart", "misuse", "promote",
+        "put",
+        "write",
+        "truncate",
+        "delete",
+        "link",
+        "orphan",
+        "payload",
+        "remove",
+        "commit",
+        "snapshot",
+        "clone",
+        "rollback",
+        "destroy snapshot",
+        "destroy clone",
+        "kill -9 and reopen",
+        "restart",
+        "misuse",
+        "promote",
     ] {
         assert!(ran.contains_key(what), "no '{what}' step ran: {ran:?}");
     }

@@ -151,7 +151,12 @@ impl Harness {
         self.engine.sync_all().unwrap();
         let m = &self.model;
         let allocated = self.engine.stats()[0].allocated;
-        assert_eq!(allocated, m.asize(m.referenced()), "{}", ctx("pool allocated"));
+        assert_eq!(
+            allocated,
+            m.asize(m.referenced()),
+            "{}",
+            ctx("pool allocated")
+        );
         let mut reserved = 0;
         for (name, img) in &m.heads {
             let held = m.held(name);
@@ -510,8 +515,14 @@ fn a_refused_rollback_keeps_the_writes_it_would_have_discarded() {
         Err(Error::Busy(_))
     ));
     let want = vec![ReadSegment::Data(vec![5u8; 4096])];
-    assert!(vol.read(0, 4096).unwrap() == want, "lost by the refused rollback");
+    assert!(
+        vol.read(0, 4096).unwrap() == want,
+        "lost by the refused rollback"
+    );
     engine.sync_all().unwrap();
-    assert!(vol.read(0, 4096).unwrap() == want, "lost at the next commit");
+    assert!(
+        vol.read(0, 4096).unwrap() == want,
+        "lost at the next commit"
+    );
     engine.shutdown().unwrap();
 }

@@ -216,7 +216,11 @@ impl<I: Tokens> History<I> {
         self.heads.insert(name.to_string(), image);
         self.origin.insert(name.to_string(), snap.to_string());
         self.born.insert(name.to_string(), self.next);
-        self.snaps.get_mut(snap).unwrap().clones.insert(name.to_string());
+        self.snaps
+            .get_mut(snap)
+            .unwrap()
+            .clones
+            .insert(name.to_string());
     }
 
     /// `rollback -r`: refused while a later snapshot has clones.
