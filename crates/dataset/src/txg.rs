@@ -1145,6 +1145,8 @@ impl ImportedPool {
         let (allocated, size) = (alloc.allocated(), self.pool.size());
         drop(alloc);
         let log = self.log.stats();
+        let (metadata_used, metadata_size) =
+            meta::usage(&self.pool.meta_region()).unwrap_or((0, 0));
         // One guard: a second lock of `open` in the same expression would deadlock.
         let (open_txg, dirty_bytes) = {
             let open = self.open.lock();
@@ -1174,6 +1176,8 @@ impl ImportedPool {
             allocated,
             size,
             suspended: u64::from(self.is_suspended()),
+            metadata_used,
+            metadata_size,
         }
     }
 
