@@ -1,12 +1,14 @@
 //! Objects of buckets against an in-memory model (issue 11): random
-//! creates, writes, truncates, links, deletes, snapshots, clones, rollbacks
-//! and destroys, with txg commits and kill -9 at random. Every head,
+//! creates, writes, truncates, links, deletes, payloads, orphaned uploads
+//! and requests that must fail, with snapshots, clones, rollbacks, destroys,
+//! promotes, txg commits, restarts and kill -9 mixed in. Every head,
 //! snapshot and clone reads back equal to the model, and every space figure
 //! equals what the model computes from the bytes each block version
 //! allocates: with compression off a block is stored as its data without
 //! trailing zeros (rounded up to 512 bytes); stored sizes up to the embed
 //! limit live in the metadata row (no allocation), larger ones take whole
-//! 4 KiB sectors of the mirror. Attributes and names never allocate.
+//! 4 KiB sectors of the mirror (one allocation for both copies, as the
+//! pool counts it). Attributes and names never allocate.
 
 mod common;
 
