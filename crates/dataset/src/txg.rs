@@ -135,6 +135,29 @@ impl PartialBlock {
     }
 }
 
+/// Puts back a change of a commit that failed, under what was changed
+/// since: a partial block written meanwhile lies over it (merged with the
+/// committed version instead, it would lose the change it covers).
+fn restore(dirty: &mut HashMap<BlockKey, Dirty>, k: BlockKey, older: &Dirty) {
+    let merged = match dirty.get(&k) {
+        None => older.clone(),
+        Some(Dirty::Partial(p)) => match older {
+            Dirty::Partial(o) => {
+                let mut m = PartialBlock::clone(o);
+                for &(a, b) in &p.ranges {
+                    let (a, b) = (a as usize, b as usize);
+                    m.put(a, b, Some(&p.data[a..b]));
+                }
+                Dirty::Partial(Arc::new(m))
+            }
+            Dirty::Data(d) => Dirty::Data(Arc::new(p.over(Some(d)))),
+            Dirty::Zero | Dirty::Hole => Dirty::Data(Arc::new(p.over(None))),
+        },
+        Some(_) => return,
+    };
+    dirty.insert(k, merged);
+}
+
 pub struct OpenTxg {
     pub txg: u64,
     pub dirty: HashMap<BlockKey, Dirty>,
@@ -585,7 +608,7 @@ impl ImportedPool {
                 // Keep the changes: put them back under newer ones and retry later.
                 let mut open = self.open.lock();
                 for (k, v) in dirty.blocks.iter() {
-                    open.dirty.entry(*k).or_insert_with(|| v.clone());
+                    restore(&mut open.dirty, *k, v);
                 }
                 for (k, v) in dirty.names.iter() {
                     open.names.entry(k.clone()).or_insert(*v);
@@ -595,7 +618,7 @@ impl ImportedPool {
                 }
                 if let Some((blocks, names, (ds, charged))) = discarded {
                     for (k, v) in blocks {
-                        open.dirty.entry(k).or_insert(v);
+                        restore(&mut open.dirty, k, &v);
                     }
                     for (k, v) in names {
                         open.names.entry(k).or_insert(v);
