@@ -493,10 +493,11 @@ impl Engine {
             DatasetRecord {
                 id: 0,
                 name: name.to_string(),
-                kind: if snap.volblocksize != 0 {
-                    DatasetKind::Volume
-                } else {
-                    DatasetKind::Filesystem
+                // The kind of its origin: a bucket's clone is a bucket.
+                kind: match datasets.values().find(|r| r.id == snap.data_id()) {
+                    Some(head) => head.kind,
+                    None if snap.volblocksize != 0 => DatasetKind::Volume,
+                    None => DatasetKind::Filesystem,
                 },
                 volsize: snap.volsize,
                 volblocksize: snap.volblocksize,
