@@ -238,9 +238,29 @@ pub(crate) fn resolve_blocks<T>(
 where
     T: ReadableTable<KeyType, &'static [u8]>,
 {
-    let rows = resolve_range(t, chain, &block_addr(obj, first), &block_addr(obj, last))?;
+    let (lo, hi) = (block_addr(obj, first), block_addr(obj, last));
     let mut out = BTreeMap::new();
-    for (addr, v) in rows {
+    if let [(ds, bound)] = chain.0[..] {
+        // Not a clone (every read of a volume or object head): one scan,
+        // decoded in place. Versions of a block come oldest first, so the
+        // last one within the bound decides.
+        for row in t
+            .range((ds, &lo[..], 0)..=(ds, &hi[..], u64::MAX))
+            .map_err(meta_err)?
+        {
+            let (k, v) = row.map_err(meta_err)?;
+            let (_, addr, birth) = k.value();
+            let Some((_, blk)) = block_of(addr).filter(|_| birth <= bound) else {
+                continue;
+            };
+            match decode(addr, v.value())? {
+                Some(bp) => out.insert(blk, bp),
+                None => out.remove(&blk),
+            };
+        }
+        return Ok(out);
+    }
+    for (addr, v) in resolve_range(t, chain, &lo, &hi)? {
         if let (Some((_, blk)), Some(bp)) = (block_of(&addr), decode(&addr, &v)?) {
             out.insert(blk, bp);
         }

@@ -463,16 +463,15 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
     };
     let bytes = |name: &str, n: u64| stat(name, format_size(n), n.to_string());
     let mut out = vec![
-        stat(
-            "type",
-            match rec.kind {
-                DatasetKind::Volume => "volume".into(),
-                DatasetKind::Filesystem => "filesystem".into(),
-                DatasetKind::Snapshot => "snapshot".into(),
-                DatasetKind::Bucket => "bucket".into(),
-            },
-            String::new(),
-        ),
+        {
+            let kind = match rec.kind {
+                DatasetKind::Volume => "volume",
+                DatasetKind::Filesystem => "filesystem",
+                DatasetKind::Snapshot => "snapshot",
+                DatasetKind::Bucket => "bucket",
+            };
+            stat("type", kind.into(), kind.into())
+        },
         stat(
             "creation",
             format_time(rec.creation),

@@ -1214,7 +1214,10 @@ impl Store {
     /// AbortIncompleteMultipartUpload rule. Returns how many went.
     pub fn expire_uploads(&self) -> R<usize> {
         let parent = &self.cfg.parent;
-        let all = self.engine.list_datasets(Some(parent)).map_err(ds_err)?;
+        let all = match self.engine.list_datasets(Some(parent)) {
+            Err(dataset::Error::NotFound(_)) => return Ok(0),
+            r => r.map_err(ds_err)?,
+        };
         let mut n = 0;
         for d in all.iter().filter(|d| d.kind == DatasetKind::Bucket) {
             let Some(name) = d.name.strip_prefix(&format!("{parent}/")) else {
@@ -1264,7 +1267,12 @@ impl Store {
     /// Buckets under the parent: (S3 name, creation, dataset name).
     pub fn buckets(&self) -> R<Vec<(String, u64)>> {
         let parent = &self.cfg.parent;
-        let all = self.engine.list_datasets(Some(parent)).map_err(ds_err)?;
+        // No parent (its pool not imported or created yet): no buckets, as
+        // an empty server answers.
+        let all = match self.engine.list_datasets(Some(parent)) {
+            Err(dataset::Error::NotFound(_)) => Vec::new(),
+            r => r.map_err(ds_err)?,
+        };
         let mut out = Vec::new();
         let creation = |d: &dataset::DatasetInfo| {
             d.property("creation")
