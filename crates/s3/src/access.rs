@@ -250,7 +250,9 @@ fn check_bucket(b: &str) -> Result<(), Error> {
 pub fn check_bucket_name(b: &str) -> Result<(), Error> {
     let bad = |why: &str| Err(Error::Invalid(format!("'{b}' is not a bucket name: {why}")));
     if b.contains('/') || b.contains('@') {
-        return bad("give the S3 name (the dataset's last component, e.g. 'bucket0' for tank/bucket0)");
+        return bad(
+            "give the S3 name (the dataset's last component, e.g. 'bucket0' for tank/bucket0)",
+        );
     }
     if !(3..=63).contains(&b.len()) {
         return bad("it must be 3 to 63 characters long");
@@ -490,11 +492,20 @@ impl Users {
         }
         let mut table = BTreeMap::new();
         for u in file.users {
-            users
-                .decrypt(&u)
-                .map_err(|_| corrupt(format!("the secret of user '{}' does not decrypt with {KEY_FILE}", u.name)))?;
-            if table.values().any(|o: &StoredUser| o.access_key == u.access_key) {
-                return Err(corrupt(format!("access key {} appears twice", u.access_key)));
+            users.decrypt(&u).map_err(|_| {
+                corrupt(format!(
+                    "the secret of user '{}' does not decrypt with {KEY_FILE}",
+                    u.name
+                ))
+            })?;
+            if table
+                .values()
+                .any(|o: &StoredUser| o.access_key == u.access_key)
+            {
+                return Err(corrupt(format!(
+                    "access key {} appears twice",
+                    u.access_key
+                )));
             }
             if table.insert(u.name.clone(), u.clone()).is_some() {
                 return Err(corrupt(format!("user '{}' appears twice", u.name)));
@@ -715,7 +726,10 @@ impl Users {
             Ok(s) => Ok(SecretKey::from(s)),
             Err(()) => {
                 tracing::error!(user = %u.name, "S3 secret does not decrypt");
-                Err(s3_error!(InternalError, "cannot read the secret of this key"))
+                Err(s3_error!(
+                    InternalError,
+                    "cannot read the secret of this key"
+                ))
             }
         }
     }
@@ -783,13 +797,19 @@ mod tests {
         assert!(text.contains(&nu.access_key));
         assert!(!text.contains(&nu.secret_key), "secret stored in the clear");
         for f in [USERS_FILE, KEY_FILE] {
-            let mode = std::fs::metadata(dir.path().join(f)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
         drop(users);
         // Reopened: the same secret comes back for s3s.
         let users = Users::open(dir.path()).unwrap();
-        assert_eq!(users.secret_of(&nu.access_key).unwrap().expose(), nu.secret_key);
+        assert_eq!(
+            users.secret_of(&nu.access_key).unwrap().expose(),
+            nu.secret_key
+        );
         let e = users.secret_of("CISTNOSUCHKEY0000000").unwrap_err();
         assert_eq!(*e.code(), s3s::S3ErrorCode::InvalidAccessKeyId);
         // Two users never share a key or a secret.
@@ -824,7 +844,8 @@ mod tests {
         users.add("alice", &[]).unwrap();
         users.add("bob", &[]).unwrap();
         let path = dir.path().join(USERS_FILE);
-        let mut f: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut f: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let s0 = f["users"][0]["secret"].clone();
         f["users"][1]["secret"] = s0;
         std::fs::write(&path, serde_json::to_vec(&f).unwrap()).unwrap();
@@ -848,7 +869,10 @@ mod tests {
         std::fs::remove_file(&tmp).unwrap();
         std::fs::create_dir(&tmp).unwrap();
         assert!(matches!(users.add("bob", &[]), Err(Error::Io { .. })));
-        assert!(matches!(users.grant("alice", "zzz", Access::Write), Err(Error::Io { .. })));
+        assert!(matches!(
+            users.grant("alice", "zzz", Access::Write),
+            Err(Error::Io { .. })
+        ));
         assert_eq!(users.list().len(), 1);
         assert_eq!(users.get("alice").unwrap().grants, vec![g("a1b=ro")]);
         assert_eq!(std::fs::read(dir.path().join(USERS_FILE)).unwrap(), before);
@@ -857,7 +881,10 @@ mod tests {
         std::fs::write(&tmp, b"").unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
         users.add("bob", &[]).unwrap();
-        let mode = std::fs::metadata(dir.path().join(USERS_FILE)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join(USERS_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(Users::open(dir.path()).unwrap().list().len(), 2);
     }
@@ -866,8 +893,14 @@ mod tests {
     fn grants_decide_check_and_visible() {
         let dir = tempfile::tempdir().unwrap();
         let users = Users::open(dir.path()).unwrap();
-        let a = users.add("alice", &[g("photos=rw"), g("logs=ro")]).unwrap().access_key;
-        let b = users.add("bob", &[g("*=rw"), g("logs=ro")]).unwrap().access_key;
+        let a = users
+            .add("alice", &[g("photos=rw"), g("logs=ro")])
+            .unwrap()
+            .access_key;
+        let b = users
+            .add("bob", &[g("*=rw"), g("logs=ro")])
+            .unwrap()
+            .access_key;
         fn k(s: &str) -> Option<&str> {
             Some(s)
         }
@@ -884,7 +917,9 @@ mod tests {
         assert!(users.check(k(&b), "other", Access::Write).is_ok());
         denied(users.check(k(&b), "logs", Access::Write));
         // Snapshot buckets: readable with a grant on their bucket, never writable.
-        assert!(users.check(k(&a), "photos--snap--daily", Access::Read).is_ok());
+        assert!(users
+            .check(k(&a), "photos--snap--daily", Access::Read)
+            .is_ok());
         denied(users.check(k(&a), "photos--snap--daily", Access::Write));
         denied(users.check(k(&a), "other--snap--daily", Access::Read));
         assert!(users.visible(k(&a), "photos") && users.visible(k(&a), "logs"));
@@ -900,8 +935,14 @@ mod tests {
         denied(users.check(k(&a), "photos", Access::Read));
         let reopened = Users::open(dir.path()).unwrap();
         assert_eq!(reopened.get("alice").unwrap(), users.get("alice").unwrap());
-        assert!(matches!(users.revoke("alice", "photos"), Err(Error::NoSuchGrant { .. })));
-        assert!(matches!(users.grant("carol", "x1x", Access::Read), Err(Error::NoSuchUser(_))));
+        assert!(matches!(
+            users.revoke("alice", "photos"),
+            Err(Error::NoSuchGrant { .. })
+        ));
+        assert!(matches!(
+            users.grant("carol", "x1x", Access::Read),
+            Err(Error::NoSuchUser(_))
+        ));
         // A removed user's key stops working at once.
         users.remove("alice").unwrap();
         denied(users.check(k(&a), "logs", Access::Read));
@@ -959,7 +1000,16 @@ mod tests {
             let e = grant.parse::<Grant>().unwrap_err().to_string();
             assert!(e.contains(why), "{grant}: {e}");
         }
-        assert!(matches!(users.add("ok", &[Grant { bucket: "A".into(), access: Access::Read }]), Err(Error::Invalid(_))));
+        assert!(matches!(
+            users.add(
+                "ok",
+                &[Grant {
+                    bucket: "A".into(),
+                    access: Access::Read
+                }]
+            ),
+            Err(Error::Invalid(_))
+        ));
         assert!(users.list().is_empty());
         assert_eq!(g("*=ro").bucket, "*");
     }
@@ -969,25 +1019,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         Users::open(dir.path()).unwrap().add("alice", &[]).unwrap();
         let path = dir.path().join(USERS_FILE);
-        let text = std::fs::read_to_string(&path).unwrap().replace("\"format\": 1", "\"format\": 2");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"format\": 1", "\"format\": 2");
         std::fs::write(&path, text).unwrap();
         let e = Users::open(dir.path()).unwrap_err().to_string();
         assert!(e.contains("format 2"), "{e}");
         std::fs::write(&path, "not json").unwrap();
-        assert!(matches!(Users::open(dir.path()), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            Users::open(dir.path()),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
     fn sig_v2_is_refused() {
         let mut h = http::HeaderMap::new();
         assert!(!SigV4Only::is_v2(&h, Some("list-type=2&prefix=a")));
-        assert!(SigV4Only::is_v2(&h, Some("AWSAccessKeyId=K&Expires=1&Signature=x")));
-        assert!(!SigV4Only::is_v2(&h, Some("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=x")));
+        assert!(SigV4Only::is_v2(
+            &h,
+            Some("AWSAccessKeyId=K&Expires=1&Signature=x")
+        ));
+        assert!(!SigV4Only::is_v2(
+            &h,
+            Some("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=x")
+        ));
         h.insert(http::header::AUTHORIZATION, "AWS K:sig".parse().unwrap());
         assert!(SigV4Only::is_v2(&h, None));
         h.insert(
             http::header::AUTHORIZATION,
-            "AWS4-HMAC-SHA256 Credential=K/20260101/us-east-1/s3/aws4_request".parse().unwrap(),
+            "AWS4-HMAC-SHA256 Credential=K/20260101/us-east-1/s3/aws4_request"
+                .parse()
+                .unwrap(),
         );
         assert!(!SigV4Only::is_v2(&h, None));
     }

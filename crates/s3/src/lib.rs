@@ -71,10 +71,7 @@ impl s3s::S3 for Stub {
     ) -> s3s::S3Result<s3s::S3Response<s3s::dto::ListBucketsOutput>> {
         let cred = req.credentials.as_ref().map(|c| c.access_key.as_str());
         if cred.is_none() && !self.users.anonymous_allowed() {
-            return Err(s3s::s3_error!(
-                AccessDenied,
-                "anonymous access is refused"
-            ));
+            return Err(s3s::s3_error!(AccessDenied, "anonymous access is refused"));
         }
         Ok(s3s::S3Response::new(s3s::dto::ListBucketsOutput {
             buckets: Some(Vec::new()),
