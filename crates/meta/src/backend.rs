@@ -587,6 +587,19 @@ impl MetaScrubReport {
     }
 }
 
+/// (bytes of the database, bytes the region holds at most) of the open
+/// store on `region`: how full the metadata is.
+pub fn usage(region: &MirroredRegion) -> Option<(u64, u64)> {
+    let key = (region.pool().guid, region.offset());
+    let live = LIVE
+        .lock()
+        .iter()
+        .filter(|(g, o, _)| (*g, *o) == key)
+        .find_map(|(_, _, w)| w.upgrade())?;
+    let used = live.state.lock().1;
+    Some((used, live.capacity()))
+}
+
 /// Verifies every copy of every metadata page on every device (header
 /// slots, checksum table, database pages up to the database length) and
 /// rewrites each wrong or unreadable copy from a good one, raising CKSUM on
@@ -717,7 +730,7 @@ mod tests {
     fn fill(db: &redb::Database, n: u64) {
         let tx = db.begin_write().unwrap();
         {
-            let mut t = tx.open_table(schema::BLOCKS).unwrap();
+            let mut t = tx.open_table(schema::BLOCKS_V2).unwrap();
             for i in 0..n {
                 t.insert((1, i, 3), vec![i as u8; 300].as_slice()).unwrap();
             }
@@ -727,7 +740,7 @@ mod tests {
 
     fn check(db: &redb::Database, n: u64) {
         let tx = db.begin_read().unwrap();
-        let t = tx.open_table(schema::BLOCKS).unwrap();
+        let t = tx.open_table(schema::BLOCKS_V2).unwrap();
         assert_eq!(t.iter().unwrap().count() as u64, n);
         for i in 0..n {
             assert_eq!(
@@ -756,7 +769,7 @@ mod tests {
         let (pool, paths) = mirror(dir.path(), 2, LayoutKind::Mirror);
         let db = crate::create(pool.meta_region(), 1 << 20).unwrap();
         let tx = db.begin_write().unwrap();
-        tx.open_table(schema::BLOCKS)
+        tx.open_table(schema::BLOCKS_V2)
             .unwrap()
             .insert((1, 2, 3), b"bp".as_slice())
             .unwrap();
@@ -769,7 +782,7 @@ mod tests {
         let pool = Arc::new(Pool::open(vec![(v, l)]).unwrap());
         let db = crate::open(pool.meta_region(), 1 << 20).unwrap();
         let tx = db.begin_read().unwrap();
-        let t = tx.open_table(schema::BLOCKS).unwrap();
+        let t = tx.open_table(schema::BLOCKS_V2).unwrap();
         assert_eq!(t.get((1, 2, 3)).unwrap().unwrap().value(), b"bp");
         assert_eq!(t.iter().unwrap().count(), 1);
     }
@@ -811,7 +824,10 @@ mod tests {
             "{err}"
         );
         let msg = err.to_string();
-        assert!(msg.contains("version 1") && msg.contains("(2)"), "{msg}");
+        assert!(
+            msg.contains("version 1") && msg.contains("(2 and later)"),
+            "{msg}"
+        );
     }
 
     #[test]

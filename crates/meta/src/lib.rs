@@ -3,7 +3,7 @@
 mod backend;
 pub mod schema;
 
-pub use backend::{verify_all, MetaScrubReport, RegionBackend, REGION_FORMAT};
+pub use backend::{usage, verify_all, MetaScrubReport, RegionBackend, REGION_FORMAT};
 pub use redb;
 
 use pool::MirroredRegion;
@@ -13,7 +13,10 @@ use redb::{Database, ReadableDatabase};
 /// in POOL_RECORDS) and the region layout of `backend.rs` (stored in its
 /// header slots). 2: per-page checksums (decision 0007). Format 1 is
 /// refused by name ([`MetaError::Older`]).
-pub const META_FORMAT_VERSION: u64 = 2;
+pub const META_FORMAT_VERSION: u64 = 3;
+/// The oldest format `open` accepts: older ones are converted by
+/// `dataset` (`pool upgrade`, decision 0017) before anything else reads them.
+pub const META_FORMAT_UPGRADABLE: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -21,7 +24,7 @@ pub enum MetaError {
     Store(String),
     #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_VERSION})")]
     Newer { found: u64 },
-    #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_VERSION}); import the pool with the build that created it and copy its data to a new pool")]
+    #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_UPGRADABLE} and later); import the pool with the build that created it and copy its data to a new pool")]
     Older { found: u64, what: &'static str },
     #[error("metadata region: {0}")]
     Region(String),
@@ -54,7 +57,8 @@ pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Me
         t.insert(schema::RECORD_TXG, 0)?;
         t.insert(schema::RECORD_NEXT_DATASET, 1)?;
         tx.open_table(schema::DATASETS)?;
-        tx.open_table(schema::BLOCKS)?;
+        tx.open_table(schema::BLOCK_MAP)?;
+        tx.open_table(schema::DEAD_LIST)?;
     }
     tx.commit()?;
     Ok(db)
@@ -84,7 +88,7 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         v
     };
     match found {
-        Some(v) if v == META_FORMAT_VERSION => Ok(db),
+        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_VERSION).contains(&v) => Ok(db),
         Some(v) if v < META_FORMAT_VERSION => Err(MetaError::Older {
             found: v,
             what: "older table layout",
