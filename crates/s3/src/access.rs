@@ -332,7 +332,8 @@ struct UsersFile {
 /// Access keys, their (encrypted) secrets and grants; shared by the S3
 /// endpoint and the management API. Changes are saved before they apply.
 pub struct Users {
-    path: PathBuf,
+    /// None: kept in memory only ([`Users::single`]).
+    path: Option<PathBuf>,
     cipher: ChaCha20Poly1305,
     /// By user name.
     table: RwLock<BTreeMap<String, StoredUser>>,
@@ -471,7 +472,7 @@ impl Users {
         };
         let key = load_or_make_key(state_dir, text.is_some())?;
         let users = Users {
-            path: path.clone(),
+            path: Some(path.clone()),
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
             table: RwLock::new(BTreeMap::new()),
             anonymous: Grants::new(),
@@ -513,6 +514,41 @@ impl Users {
         }
         *users.table.write() = table;
         Ok(users)
+    }
+
+    /// One key that may read and write every bucket, kept in memory only
+    /// (tests, embedding; changes are not saved anywhere).
+    pub fn single(access_key: &str, secret_key: &str) -> Users {
+        // A fresh key per table: nothing encrypted with it outlives it.
+        let key = random_bytes::<KEY_LEN>().unwrap_or_else(|_| {
+            let mut k = [0u8; KEY_LEN];
+            rand::Rng::fill(&mut rand::rng(), &mut k[..]);
+            k
+        });
+        let users = Users {
+            path: None,
+            cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+            table: RwLock::new(BTreeMap::new()),
+            anonymous: Grants::new(),
+        };
+        let name = "admin";
+        // Encryption with a valid key and nonce cannot fail.
+        let secret = users
+            .encrypt(name, access_key, secret_key)
+            .unwrap_or_default();
+        let mut grants = Grants::new();
+        grants.insert("*".into(), Access::Write);
+        users.table.write().insert(
+            name.into(),
+            StoredUser {
+                name: name.into(),
+                access_key: access_key.into(),
+                secret,
+                created: now_secs(),
+                grants,
+            },
+        );
+        users
     }
 
     /// What unsigned requests may do (from the config; see [`parse_anonymous`]).
@@ -569,15 +605,19 @@ impl Users {
         let mut table = self.table.write();
         let mut next = table.clone();
         let out = f(&mut next)?;
+        let Some(path) = &self.path else {
+            *table = next;
+            return Ok(out);
+        };
         let file = UsersFile {
             format: FORMAT,
             users: next.values().cloned().collect(),
         };
         let bytes = serde_json::to_vec_pretty(&file).map_err(|e| Error::Corrupt {
-            path: self.path.clone(),
+            path: path.clone(),
             msg: e.to_string(),
         })?;
-        write_atomic(&self.path, &bytes)?;
+        write_atomic(path, &bytes)?;
         *table = next;
         Ok(out)
     }
@@ -950,6 +990,16 @@ mod tests {
         assert!(users.secret_of(&a).is_err());
         assert!(matches!(users.remove("alice"), Err(Error::NoSuchUser(_))));
         assert!(matches!(users.add("bob", &[]), Err(Error::UserExists(_))));
+    }
+
+    #[test]
+    fn a_single_key_table_may_do_everything_and_saves_nothing() {
+        let users = Users::single("AKEXAMPLE", "secret1");
+        assert_eq!(users.secret_of("AKEXAMPLE").unwrap().expose(), "secret1");
+        assert!(users.check(Some("AKEXAMPLE"), "any", Access::Write).is_ok());
+        assert!(users.check(None, "any", Access::Read).is_err());
+        users.add("bob", &[]).unwrap();
+        assert_eq!(users.list().len(), 2);
     }
 
     #[test]
