@@ -155,7 +155,8 @@ def code_of(call):
     return e.value.response["Error"]["Code"], e.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
 
-def test_s3_signatures_keys_and_clock(s3d, monkeypatch):
+def test_s3_signatures_keys_and_clock(s3d, disks, monkeypatch):
+    s3d.cli("pool", "create", "-s", "2G", "tank", str(disks / "d0"))  # the S3 parent
     key, secret = add_user(s3d, "alice", "photos=rw")
     assert f"S3: {s3d.s3_url}" in s3d.log_text()
     # A correct SigV4 signature: the request gets through.
