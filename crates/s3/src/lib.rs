@@ -40,6 +40,10 @@ pub struct S3Config {
     /// ListBuckets also lists read-only snapshot buckets (`b--snap--s`);
     /// they are reachable by name either way.
     pub list_snapshots: bool,
+    /// Connections served at once; more wait in the listen queue.
+    pub max_connections: usize,
+    /// Seconds a client may take to send a request's headers.
+    pub header_timeout_secs: u64,
 }
 
 impl Default for S3Config {
@@ -53,6 +57,8 @@ impl Default for S3Config {
             sweep_interval_secs: 3600,
             max_blocking: 16,
             list_snapshots: false,
+            max_connections: 1024,
+            header_timeout_secs: 30,
         }
     }
 }
@@ -125,18 +131,6 @@ impl s3s::auth::S3Auth for AuthRef {
     }
 }
 
-/// Grants are checked per operation in `service.rs` (each knows its
-/// bucket and whether it reads or writes); s3s's default would only refuse
-/// anonymous requests, which `Users::check` does too.
-struct AllowSigned;
-
-#[async_trait::async_trait]
-impl s3s::access::S3Access for AllowSigned {
-    async fn check(&self, _cx: &mut s3s::access::S3AccessContext<'_>) -> s3s::S3Result<()> {
-        Ok(())
-    }
-}
-
 fn build(
     cistern: Cistern,
     cfg: &S3Config,
@@ -144,7 +138,9 @@ fn build(
 ) -> Result<s3s::service::S3Service, Error> {
     let mut b = s3s::service::S3ServiceBuilder::new(cistern.with_users(access.clone()));
     b.set_auth(AuthRef(access));
-    b.set_access(AllowSigned);
+    // SigV4 only; grants are checked per operation in `service.rs` (each
+    // knows its bucket and whether it reads or writes).
+    b.set_access(access::SigV4Only);
     if let Some(d) = &cfg.domain {
         if d.is_empty() || d.contains('/') {
             return Err(Error::Domain(d.clone()));
@@ -178,7 +174,17 @@ pub async fn serve(
     let svc = build(cistern, &cfg, access)?;
     tracing::info!(addr = ?listener.local_addr().ok(), parent = %cfg.parent, "S3 endpoint listening");
     let mut shutdown = std::pin::pin!(shutdown);
+    // Bounded: past max_connections, accepting waits for one to end.
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
+    let header_timeout = std::time::Duration::from_secs(cfg.header_timeout_secs.max(1));
     loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (sock, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -197,8 +203,12 @@ pub async fn serve(
         }
         let svc = svc.clone();
         tokio::spawn(async move {
+            let _permit = permit;
+            // A client that never finishes its headers is dropped.
             let conn = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(hyper_util::rt::TokioIo::new(sock), svc);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "S3 connection ended");

@@ -842,10 +842,8 @@ impl S3 for Cistern {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
+        // Anonymous callers see what `[s3] anonymous` grants them (nothing by default).
         let cred = creds(&req);
-        if cred.is_none() && self.users.is_some() {
-            return Err(s3_error!(AccessDenied, "anonymous access is refused"));
-        }
         let all = self.run(|s| s.buckets()).await?;
         let prefix = req.input.prefix.clone().unwrap_or_default();
         let buckets = all
