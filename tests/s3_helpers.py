@@ -22,7 +22,7 @@ import pytest
 import helpers
 
 REGION = "us-east-1"
-PARENT = "tank/s3"  # the dataset whose children are the S3 buckets
+PARENT = "tank"  # the dataset whose children are the S3 buckets (`[s3] parent`)
 
 
 def tool(name: str) -> str:
@@ -139,8 +139,8 @@ class S3Endpoint:
 
 class CisternS3(S3Endpoint):
     """`cistern serve --s3 127.0.0.1:PORT` with pool `tank` (a mirror of two sparse
-    files), the buckets' parent dataset `tank/s3`, and user `tester` holding a
-    read-write grant on every bucket a test makes through `bucket()`."""
+    files) as the buckets' parent, and user `tester` holding a read-write grant
+    on every bucket."""
 
     kind = "cistern"
 
@@ -150,13 +150,12 @@ class CisternS3(S3Endpoint):
 
         super().__init__(tmp_path)
         (self.s3_port,) = free_ports(1)
-        config = f'[s3]\nlisten = "127.0.0.1:{self.s3_port}"\nparent = "{PARENT}"\n'
+        config = f'[s3]\nparent = "{PARENT}"\n'
         self.daemon = make_daemon(name, config=config, start=False, env=env)
         self.daemon.s3_addr = f"127.0.0.1:{self.s3_port}"
         self.daemon.start()
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
         self.cli("pool", "create", "-s", pool_size, "tank", "mirror", disks / "s3d0", disks / "s3d1")
-        self.cli("create", PARENT)
         self.access_key, self.secret_key = self.user_add("tester", "*=rw")
 
     def cli(self, *args, **kw):
@@ -175,7 +174,7 @@ class CisternS3(S3Endpoint):
 
     def snapshot_bucket(self, bucket: str, snap: str) -> str:
         """The read-only bucket name S3 clients use for BUCKET@SNAP."""
-        return f"{bucket}.{snap}"  # TODO(s3): follow the naming crates/s3 documents
+        return f"{bucket}--snap--{snap}"  # crates/s3 store.rs SNAP_SEP
 
     def wait_ready(self, timeout: float = 60):
         from conftest import port_open
