@@ -23,6 +23,7 @@ import helpers
 
 REGION = "us-east-1"
 PARENT = "tank"  # the dataset whose children are the S3 buckets (`[s3] parent`)
+DOMAIN = "s3.local"  # virtual-host style: BUCKET.s3.local
 
 
 def tool(name: str) -> str:
@@ -150,7 +151,7 @@ class CisternS3(S3Endpoint):
 
         super().__init__(tmp_path)
         (self.s3_port,) = free_ports(1)
-        config = f'[s3]\nparent = "{PARENT}"\n'
+        config = f'[s3]\nparent = "{PARENT}"\ndomain = "{DOMAIN}"\n'
         self.daemon = make_daemon(name, config=config, start=False, env=env)
         self.daemon.s3_addr = f"127.0.0.1:{self.s3_port}"
         self.daemon.start()
@@ -207,7 +208,7 @@ class MinioS3(S3Endpoint):
         data = self.tmp_path / "minio-data"
         data.mkdir(exist_ok=True)
         env = dict(os.environ, MINIO_ROOT_USER=self.access_key, MINIO_ROOT_PASSWORD=self.secret_key,
-                   MINIO_BROWSER="off", MINIO_UPDATE="off")
+                   MINIO_BROWSER="off", MINIO_UPDATE="off", MINIO_DOMAIN=DOMAIN)
         self.log_path = self.tmp_path / "minio.log"
         self.log = open(self.log_path, "ab")
         self.proc = popen([binary, "server", data, "--address", f"127.0.0.1:{port}",
@@ -290,6 +291,30 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+
+
+def signed_request(ep: S3Endpoint, method: str, host: str, path: str, body: bytes = b""):
+    """A SigV4-signed request for Host `host`, sent to the endpoint's address
+    (virtual-host style without DNS): (status, headers, body)."""
+    import http.client
+    import urllib.parse
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    port = urllib.parse.urlsplit(ep.endpoint).port
+    req = AWSRequest(method=method, url=f"http://{host}:{port}{path}", data=body)
+    S3SigV4Auth(Credentials(ep.access_key, ep.secret_key), "s3", REGION).add_auth(req)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = dict(req.headers.items())
+        headers["Host"] = f"{host}:{port}"
+        conn.request(method, path, body=body or None, headers=headers)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
 
 
 def xml_code(body: bytes) -> str:

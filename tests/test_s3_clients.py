@@ -15,7 +15,7 @@ import pytest
 
 import helpers
 from conftest import run
-from s3_helpers import expect_error, http, tool
+from s3_helpers import DOMAIN, expect_error, http, signed_request, tool
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -271,6 +271,21 @@ def test_awscli_s3api_versioning_multipart(s3, tmp_path):
     assert api("list-multipart-uploads", "--bucket", "vers").get("Uploads", []) == []
     p = s3.aws("s3api", "head-object", "--bucket", "vers", "--key", "aborted", check=False)
     assert p.returncode != 0 and "404" in p.stderr
+
+
+def test_virtual_host_style(s3):
+    """BUCKET.DOMAIN/KEY reaches the same objects as DOMAIN/BUCKET/KEY."""
+    c = s3.client()
+    c.create_bucket(Bucket="vhost")
+    st, _, _ = signed_request(s3, "PUT", f"vhost.{DOMAIN}", "/dir/key", b"by host")
+    assert st == 200
+    assert c.get_object(Bucket="vhost", Key="dir/key")["Body"].read() == b"by host"
+    st, _, body = signed_request(s3, "GET", f"vhost.{DOMAIN}", "/dir/key")
+    assert (st, body) == (200, b"by host")
+    st, _, body = signed_request(s3, "GET", f"vhost.{DOMAIN}", "/?list-type=2&prefix=dir%2F")
+    assert st == 200 and b"<Key>dir/key</Key>" in body, body
+    st, _, body = signed_request(s3, "GET", DOMAIN, "/vhost/dir/key")  # path style on the domain
+    assert (st, body) == (200, b"by host")
 
 
 # ---------------------------------------------------------------- boto3
