@@ -135,7 +135,7 @@ def test_grants(s3, c):
     s3.require_cistern("users and grants")
     c.create_bucket(Bucket="other")
     c.put_object(Bucket="other", Key="k", Body=b"secret")
-    ak, sk = s3.user_add("reader", "errs=r")
+    ak, sk = s3.user_add("reader", "errs=ro")
     r = s3.client(access_key=ak, secret_key=sk)
     assert r.get_object(Bucket="errs", Key="ten")["Body"].read() == b"0123456789"
     expect_error("AccessDenied", 403, r.put_object, Bucket="errs", Key="ten", Body=b"no")
