@@ -92,77 +92,132 @@ def test_awscli_s3_cp_sync_ls_rm_presign(s3, tmp_path):
     assert "photos" not in s3.aws("s3", "ls").stdout
 
 
-def test_awscli_s3api_objects(s3, tmp_path):
+def test_awscli_s3api(s3, tmp_path):
+    """One awscli `s3api` call per feature (each CLI start costs ~1 s; the
+    semantics behind them are checked with boto3 below)."""
     api = lambda *a: s3.aws_json("s3api", *a)  # noqa: E731
     api("create-bucket", "--bucket", "docs")
+    api("create-bucket", "--bucket", "docs-2")
     api("head-bucket", "--bucket", "docs")
-    loc = api("get-bucket-location", "--bucket", "docs")
-    assert loc.get("LocationConstraint") in (None, "", "us-east-1"), loc
-    assert "docs" in [b["Name"] for b in api("list-buckets")["Buckets"]]
-
-    body = tmp_path / "body"
+    body, out = tmp_path / "body", tmp_path / "out"
     body.write_bytes(b"0123456789" * 100)
     put = api("put-object", "--bucket", "docs", "--key", "a/b.txt", "--body", body,
-              "--content-type", "text/plain", "--content-disposition", "attachment",
-              "--cache-control", "no-cache", "--metadata", "color=blue,Owner=Ann")
+              "--content-type", "text/plain", "--metadata", "color=blue", "--tagging", "project=x1")
     assert put["ETag"].strip('"') == md5(body.read_bytes())
     head = api("head-object", "--bucket", "docs", "--key", "a/b.txt")
-    assert head["ContentLength"] == 1000 and head["ContentType"] == "text/plain"
-    assert head["ContentDisposition"] == "attachment" and head["CacheControl"] == "no-cache"
-    assert head["Metadata"] == {"color": "blue", "owner": "Ann"}, head["Metadata"]
-    assert head["ETag"] == put["ETag"]
-
-    # ranged GET
-    out = tmp_path / "out"
+    assert (head["ContentLength"], head["ContentType"], head["Metadata"]) == (1000, "text/plain", {"color": "blue"})
     g = api("get-object", "--bucket", "docs", "--key", "a/b.txt", "--range", "bytes=995-", out)
     assert out.read_bytes() == b"56789" and g["ContentRange"] == "bytes 995-999/1000"
-
-    # copy within and across buckets; REPLACE changes metadata, COPY keeps it
-    api("create-bucket", "--bucket", "docs-2")
-    api("copy-object", "--bucket", "docs", "--key", "copy.txt", "--copy-source", "docs/a/b.txt")
-    assert api("head-object", "--bucket", "docs", "--key", "copy.txt")["Metadata"] == head["Metadata"]
     api("copy-object", "--bucket", "docs-2", "--key", "x", "--copy-source", "docs/a/b.txt",
-        "--metadata-directive", "REPLACE", "--metadata", "k=v", "--content-type", "application/x-y")
-    h2 = api("head-object", "--bucket", "docs-2", "--key", "x")
-    assert h2["Metadata"] == {"k": "v"} and h2["ContentType"] == "application/x-y" and h2["ETag"] == put["ETag"]
-
-    # tagging
-    api("put-object-tagging", "--bucket", "docs", "--key", "a/b.txt", "--tagging",
-        json.dumps({"TagSet": [{"Key": "project", "Value": "x1"}, {"Key": "tier", "Value": "cold"}]}))
-    tags = api("get-object-tagging", "--bucket", "docs", "--key", "a/b.txt")["TagSet"]
-    assert sorted((t["Key"], t["Value"]) for t in tags) == [("project", "x1"), ("tier", "cold")]
-    api("delete-object-tagging", "--bucket", "docs", "--key", "a/b.txt")
-    assert api("get-object-tagging", "--bucket", "docs", "--key", "a/b.txt")["TagSet"] == []
-    api("put-object", "--bucket", "docs", "--key", "tagged", "--body", body, "--tagging", "a=1&b=2")
-    assert len(api("get-object-tagging", "--bucket", "docs", "--key", "tagged")["TagSet"]) == 2
-
-    # conditional requests
-    etag = put["ETag"]
-    api("get-object", "--bucket", "docs", "--key", "a/b.txt", "--if-match", etag, out)
-    p = s3.aws("s3api", "get-object", "--bucket", "docs", "--key", "a/b.txt", "--if-match", '"0000"', out,
-               check=False)
-    assert p.returncode != 0 and "PreconditionFailed" in p.stderr, p.stderr
-    p = s3.aws("s3api", "get-object", "--bucket", "docs", "--key", "a/b.txt", "--if-none-match", etag, out,
+        "--metadata-directive", "REPLACE", "--metadata", "k=v")
+    api("put-object-tagging", "--bucket", "docs-2", "--key", "x", "--tagging",
+        json.dumps({"TagSet": [{"Key": "tier", "Value": "cold"}]}))
+    assert api("get-object-tagging", "--bucket", "docs-2", "--key", "x")["TagSet"] == [{"Key": "tier", "Value": "cold"}]
+    # conditional: a GET that matches the ETag is 304, a create over an existing key 412
+    p = s3.aws("s3api", "get-object", "--bucket", "docs", "--key", "a/b.txt", "--if-none-match", put["ETag"], out,
                check=False)
     assert p.returncode != 0 and "304" in p.stderr, p.stderr
     p = s3.aws("s3api", "put-object", "--bucket", "docs", "--key", "a/b.txt", "--body", body,
                "--if-none-match", "*", check=False)
     assert p.returncode != 0 and "PreconditionFailed" in p.stderr, p.stderr
-    api("put-object", "--bucket", "docs", "--key", "fresh", "--body", body, "--if-none-match", "*")
 
-    # DeleteObjects, with a key that does not exist (S3 reports it deleted)
-    d = api("delete-objects", "--bucket", "docs", "--delete",
-            json.dumps({"Objects": [{"Key": "copy.txt"}, {"Key": "tagged"}, {"Key": "never-was"}]}))
-    assert sorted(x["Key"] for x in d["Deleted"]) == ["copy.txt", "never-was", "tagged"], d
-    keys = [o["Key"] for o in api("list-objects-v2", "--bucket", "docs").get("Contents", [])]
-    assert keys == ["a/b.txt", "fresh"]
+    # versioning
+    api("put-bucket-versioning", "--bucket", "docs", "--versioning-configuration", "Status=Enabled")
+    body.write_bytes(b"second")
+    v2 = api("put-object", "--bucket", "docs", "--key", "a/b.txt", "--body", body)["VersionId"]
+    dm = api("delete-object", "--bucket", "docs", "--key", "a/b.txt")
+    assert dm["DeleteMarker"] is True
+    lv = api("list-object-versions", "--bucket", "docs", "--prefix", "a/")
+    assert [(v["VersionId"], v["IsLatest"]) for v in lv["Versions"]] == [(v2, False), ("null", False)]
+    assert [(m["VersionId"], m["IsLatest"]) for m in lv["DeleteMarkers"]] == [(dm["VersionId"], True)]
+    api("get-object", "--bucket", "docs", "--key", "a/b.txt", "--version-id", "null", out)
+    assert out.read_bytes() == b"0123456789" * 100
+
+    # multipart: a 5 MiB part, an UploadPartCopy part, list, complete
+    part1 = helpers.pattern("p1", 5 * MiB)
+    body.write_bytes(part1)
+    up = api("create-multipart-upload", "--bucket", "docs-2", "--key", "mp")["UploadId"]
+    e1 = api("upload-part", "--bucket", "docs-2", "--key", "mp", "--upload-id", up, "--part-number", "1",
+             "--body", body)["ETag"]
+    e2 = api("upload-part-copy", "--bucket", "docs-2", "--key", "mp", "--upload-id", up, "--part-number", "2",
+             "--copy-source", "docs-2/x", "--copy-source-range", "bytes=0-99")["CopyPartResult"]["ETag"]
+    parts = api("list-parts", "--bucket", "docs-2", "--key", "mp", "--upload-id", up)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, 5 * MiB), (2, 100)]
+    done = api("complete-multipart-upload", "--bucket", "docs-2", "--key", "mp", "--upload-id", up,
+               "--multipart-upload", json.dumps({"Parts": [{"PartNumber": 1, "ETag": e1},
+                                                           {"PartNumber": 2, "ETag": e2}]}))
+    want = hashlib.md5(bytes.fromhex(e1.strip('"')) + bytes.fromhex(e2.strip('"'))).hexdigest() + "-2"
+    assert done["ETag"].strip('"') == want
+    api("get-object", "--bucket", "docs-2", "--key", "mp", out)
+    assert out.read_bytes() == part1 + b"0123456789" * 10
+    d = api("delete-objects", "--bucket", "docs-2", "--delete",
+            json.dumps({"Objects": [{"Key": "mp"}, {"Key": "x"}, {"Key": "never-was"}]}))
+    assert sorted(x["Key"] for x in d["Deleted"]) == ["mp", "never-was", "x"], d
+    assert api("list-objects-v2", "--bucket", "docs-2").get("Contents", []) == []
 
 
-def test_awscli_s3api_listing(s3, tmp_path):
+def test_boto3_objects(s3):
+    """Metadata, content headers, copies, tagging, conditional writes, DeleteObjects."""
+    c = s3.client()
+    c.create_bucket(Bucket="docs")
+    c.create_bucket(Bucket="docs-2")
+    assert c.get_bucket_location(Bucket="docs").get("LocationConstraint") in (None, "", "us-east-1")
+    assert {"docs", "docs-2"} <= {b["Name"] for b in c.list_buckets()["Buckets"]}
+    data = b"0123456789" * 100
+    put = c.put_object(Bucket="docs", Key="a/b.txt", Body=data, ContentType="text/plain",
+                       ContentDisposition="attachment", CacheControl="no-cache", ContentEncoding="identity",
+                       ContentLanguage="en", Metadata={"color": "blue", "Owner": "Ann"})
+    assert put["ETag"].strip('"') == md5(data)
+    h = c.head_object(Bucket="docs", Key="a/b.txt")
+    assert h["ContentLength"] == 1000 and h["ContentType"] == "text/plain" and h["ETag"] == put["ETag"]
+    assert (h["ContentDisposition"], h["CacheControl"], h["ContentLanguage"]) == ("attachment", "no-cache", "en")
+    assert h["Metadata"] == {"color": "blue", "owner": "Ann"}, h["Metadata"]
+
+    # copies: COPY keeps metadata, REPLACE changes it; across buckets; onto itself with REPLACE
+    c.copy_object(Bucket="docs", Key="copy.txt", CopySource={"Bucket": "docs", "Key": "a/b.txt"})
+    hc = c.head_object(Bucket="docs", Key="copy.txt")
+    assert hc["Metadata"] == h["Metadata"] and hc["ContentType"] == "text/plain"
+    c.copy_object(Bucket="docs-2", Key="x", CopySource={"Bucket": "docs", "Key": "a/b.txt"},
+                  MetadataDirective="REPLACE", Metadata={"k": "v"}, ContentType="application/x-y")
+    h2 = c.head_object(Bucket="docs-2", Key="x")
+    assert h2["Metadata"] == {"k": "v"} and h2["ContentType"] == "application/x-y" and h2["ETag"] == put["ETag"]
+    assert c.get_object(Bucket="docs-2", Key="x")["Body"].read() == data
+    c.copy_object(Bucket="docs", Key="copy.txt", CopySource={"Bucket": "docs", "Key": "copy.txt"},
+                  MetadataDirective="REPLACE", Metadata={"new": "1"})
+    assert c.head_object(Bucket="docs", Key="copy.txt")["Metadata"] == {"new": "1"}
+    assert c.get_object(Bucket="docs", Key="copy.txt")["Body"].read() == data
+
+    # tagging
+    c.put_object_tagging(Bucket="docs", Key="a/b.txt", Tagging={"TagSet": [
+        {"Key": "project", "Value": "x1"}, {"Key": "tier", "Value": "cold"}]})
+    tags = c.get_object_tagging(Bucket="docs", Key="a/b.txt")["TagSet"]
+    assert sorted((t["Key"], t["Value"]) for t in tags) == [("project", "x1"), ("tier", "cold")]
+    assert c.head_object(Bucket="docs", Key="a/b.txt").get("ResponseMetadata", {}).get(
+        "HTTPHeaders", {}).get("x-amz-tagging-count") in (None, "2")
+    c.delete_object_tagging(Bucket="docs", Key="a/b.txt")
+    assert c.get_object_tagging(Bucket="docs", Key="a/b.txt")["TagSet"] == []
+    c.put_object(Bucket="docs", Key="tagged", Body=b"t", Tagging="a=1&b=2")
+    assert len(c.get_object_tagging(Bucket="docs", Key="tagged")["TagSet"]) == 2
+
+    # conditional create: only the first of two creates wins
+    c.put_object(Bucket="docs", Key="fresh", Body=b"first", IfNoneMatch="*")
+    expect_error("PreconditionFailed", 412, c.put_object, Bucket="docs", Key="fresh", Body=b"second", IfNoneMatch="*")
+    assert c.get_object(Bucket="docs", Key="fresh")["Body"].read() == b"first"
+
+    # DeleteObjects, with a key that does not exist (S3 reports it deleted), quiet mode
+    d = c.delete_objects(Bucket="docs", Delete={"Objects": [{"Key": "copy.txt"}, {"Key": "never-was"}]})
+    assert sorted(x["Key"] for x in d["Deleted"]) == ["copy.txt", "never-was"] and not d.get("Errors")
+    d = c.delete_objects(Bucket="docs", Delete={"Objects": [{"Key": "tagged"}], "Quiet": True})
+    assert not d.get("Deleted") and not d.get("Errors")
+    assert [o["Key"] for o in c.list_objects_v2(Bucket="docs")["Contents"]] == ["a/b.txt", "fresh"]
+
+
+def test_listing(s3, tmp_path):
+    """ListObjects v1 and v2: prefix, delimiter, pagination, start-after, encoding-type=url."""
     api = lambda *a: s3.aws_json("s3api", *a)  # noqa: E731
-    api("create-bucket", "--bucket", "listing")
     keys = sorted([f"dir{i}/file{j:02}" for i in range(3) for j in range(5)] + ["top", "a+b c", "ä/é"])
     c = s3.client()
+    c.create_bucket(Bucket="listing")
     for k in keys:
         c.put_object(Bucket="listing", Key=k, Body=k.encode())
 
@@ -199,78 +254,72 @@ def test_awscli_s3api_listing(s3, tmp_path):
     assert [urllib.parse.unquote_plus(o["Key"]) for o in r["Contents"]] == ["ä/é"]
 
 
-def test_awscli_s3api_versioning_multipart(s3, tmp_path):
-    api = lambda *a: s3.aws_json("s3api", *a)  # noqa: E731
-    api("create-bucket", "--bucket", "vers")
-    f = tmp_path / "f"
+def test_boto3_versioning_multipart(s3):
+    """Versions, delete markers, suspended versioning; multipart list, abort."""
+    c = s3.client()
+    c.create_bucket(Bucket="vers")
     # an unversioned bucket answers with null versions
-    f.write_bytes(b"unversioned")
-    api("put-object", "--bucket", "vers", "--key", "k", "--body", f)
-    vs = api("list-object-versions", "--bucket", "vers")["Versions"]
+    c.put_object(Bucket="vers", Key="k", Body=b"unversioned")
+    vs = c.list_object_versions(Bucket="vers")["Versions"]
     assert [(v["Key"], v["VersionId"]) for v in vs] == [("k", "null")]
+    assert c.get_bucket_versioning(Bucket="vers").get("Status") is None
 
-    api("put-bucket-versioning", "--bucket", "vers", "--versioning-configuration", "Status=Enabled")
-    assert api("get-bucket-versioning", "--bucket", "vers")["Status"] == "Enabled"
-    ids = []
-    for i in range(3):
-        f.write_bytes(f"version {i}".encode())
-        ids.append(api("put-object", "--bucket", "vers", "--key", "k", "--body", f)["VersionId"])
+    c.put_bucket_versioning(Bucket="vers", VersioningConfiguration={"Status": "Enabled"})
+    assert c.get_bucket_versioning(Bucket="vers")["Status"] == "Enabled"
+    ids = [c.put_object(Bucket="vers", Key="k", Body=f"version {i}".encode())["VersionId"] for i in range(3)]
     assert len(set(ids)) == 3 and "null" not in ids
-    out = tmp_path / "o"
-    api("get-object", "--bucket", "vers", "--key", "k", "--version-id", ids[0], out)
-    assert out.read_bytes() == b"version 0"
-    api("get-object", "--bucket", "vers", "--key", "k", "--version-id", "null", out)
-    assert out.read_bytes() == b"unversioned"
-    dm = api("delete-object", "--bucket", "vers", "--key", "k")
+    assert c.get_object(Bucket="vers", Key="k", VersionId=ids[0])["Body"].read() == b"version 0"
+    assert c.get_object(Bucket="vers", Key="k", VersionId="null")["Body"].read() == b"unversioned"
+    assert c.head_object(Bucket="vers", Key="k", VersionId=ids[1])["VersionId"] == ids[1]
+    dm = c.delete_object(Bucket="vers", Key="k")
     assert dm["DeleteMarker"] is True
-    p = s3.aws("s3api", "head-object", "--bucket", "vers", "--key", "k", check=False)
-    assert p.returncode != 0 and "404" in p.stderr
-    lv = api("list-object-versions", "--bucket", "vers")
-    assert len(lv["Versions"]) == 4 and len(lv["DeleteMarkers"]) == 1
+    expect_error("404", 404, c.head_object, Bucket="vers", Key="k")
+    lv = c.list_object_versions(Bucket="vers")
+    assert [v["VersionId"] for v in lv["Versions"]] == [ids[2], ids[1], ids[0], "null"]  # newest first
+    assert len(lv["DeleteMarkers"]) == 1
     assert lv["DeleteMarkers"][0]["IsLatest"] and lv["DeleteMarkers"][0]["VersionId"] == dm["VersionId"]
+    assert "k" not in [o["Key"] for o in c.list_objects_v2(Bucket="vers").get("Contents", [])]
+    # paging through versions
+    p1 = c.list_object_versions(Bucket="vers", MaxKeys=2)
+    assert p1["IsTruncated"] and len(p1.get("Versions", [])) + len(p1.get("DeleteMarkers", [])) == 2
+    p2 = c.list_object_versions(Bucket="vers", KeyMarker=p1["NextKeyMarker"],
+                                VersionIdMarker=p1["NextVersionIdMarker"])
+    assert len(p2.get("Versions", [])) + len(p2.get("DeleteMarkers", [])) == 3
     # deleting the marker brings the newest version back; deleting a version removes it
-    api("delete-object", "--bucket", "vers", "--key", "k", "--version-id", dm["VersionId"])
-    api("get-object", "--bucket", "vers", "--key", "k", out)
-    assert out.read_bytes() == b"version 2"
-    api("delete-object", "--bucket", "vers", "--key", "k", "--version-id", ids[1])
-    left = [v["VersionId"] for v in api("list-object-versions", "--bucket", "vers")["Versions"]]
-    assert sorted(left) == sorted([ids[0], ids[2], "null"])
-    api("put-bucket-versioning", "--bucket", "vers", "--versioning-configuration", "Status=Suspended")
-    f.write_bytes(b"suspended")
-    assert api("put-object", "--bucket", "vers", "--key", "k", "--body", f).get("VersionId", "null") == "null"
+    c.delete_object(Bucket="vers", Key="k", VersionId=dm["VersionId"])
+    assert c.get_object(Bucket="vers", Key="k")["Body"].read() == b"version 2"
+    c.delete_object(Bucket="vers", Key="k", VersionId=ids[1])
+    left = [v["VersionId"] for v in c.list_object_versions(Bucket="vers")["Versions"]]
+    assert left == [ids[2], ids[0], "null"]
+    # a copy of an old version
+    c.copy_object(Bucket="vers", Key="old", CopySource={"Bucket": "vers", "Key": "k", "VersionId": ids[0]})
+    assert c.get_object(Bucket="vers", Key="old")["Body"].read() == b"version 0"
+    # suspended: new writes replace the null version, old versions stay
+    c.put_bucket_versioning(Bucket="vers", VersioningConfiguration={"Status": "Suspended"})
+    r = c.put_object(Bucket="vers", Key="k", Body=b"suspended")
+    assert r.get("VersionId", "null") == "null"
+    assert c.get_object(Bucket="vers", Key="k", VersionId="null")["Body"].read() == b"suspended"
+    assert c.get_object(Bucket="vers", Key="k", VersionId=ids[2])["Body"].read() == b"version 2"
 
-    # multipart by hand: two parts, list parts and uploads, UploadPartCopy, complete
-    part1 = helpers.pattern("p1", 5 * MiB)
-    part2 = helpers.pattern("p2", 1234)
-    f.write_bytes(part1)
-    up = api("create-multipart-upload", "--bucket", "vers", "--key", "mp", "--content-type", "x/y")["UploadId"]
-    e1 = api("upload-part", "--bucket", "vers", "--key", "mp", "--upload-id", up, "--part-number", "1",
-             "--body", f)["ETag"]
-    f.write_bytes(part2)
-    api("put-object", "--bucket", "vers", "--key", "src", "--body", f)
-    e2 = api("upload-part-copy", "--bucket", "vers", "--key", "mp", "--upload-id", up, "--part-number", "2",
-             "--copy-source", "vers/src")["CopyPartResult"]["ETag"]
-    ups = api("list-multipart-uploads", "--bucket", "vers")["Uploads"]
-    assert [(u["Key"], u["UploadId"]) for u in ups] == [("mp", up)]
-    parts = api("list-parts", "--bucket", "vers", "--key", "mp", "--upload-id", up)["Parts"]
-    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, 5 * MiB), (2, 1234)]
-    done = api("complete-multipart-upload", "--bucket", "vers", "--key", "mp", "--upload-id", up,
-               "--multipart-upload", json.dumps({"Parts": [{"PartNumber": 1, "ETag": e1},
-                                                           {"PartNumber": 2, "ETag": e2}]}))
-    want = hashlib.md5(bytes.fromhex(e1.strip('"')) + bytes.fromhex(e2.strip('"'))).hexdigest() + "-2"
-    assert done["ETag"].strip('"') == want
-    api("get-object", "--bucket", "vers", "--key", "mp", out)
-    assert out.read_bytes() == part1 + part2
-    assert api("head-object", "--bucket", "vers", "--key", "mp")["ContentType"] == "x/y"
-    assert api("list-multipart-uploads", "--bucket", "vers").get("Uploads", []) == []
-    # abort: the upload and its parts are gone, no object appears
-    up = api("create-multipart-upload", "--bucket", "vers", "--key", "aborted")["UploadId"]
-    api("upload-part", "--bucket", "vers", "--key", "aborted", "--upload-id", up, "--part-number", "1",
-        "--body", f)
-    api("abort-multipart-upload", "--bucket", "vers", "--key", "aborted", "--upload-id", up)
-    assert api("list-multipart-uploads", "--bucket", "vers").get("Uploads", []) == []
-    p = s3.aws("s3api", "head-object", "--bucket", "vers", "--key", "aborted", check=False)
-    assert p.returncode != 0 and "404" in p.stderr
+    # multipart: list uploads and parts, abort leaves nothing
+    part = helpers.pattern("p1", 5 * MiB)
+    up = c.create_multipart_upload(Bucket="vers", Key="mp", ContentType="x/y", Metadata={"m": "1"})["UploadId"]
+    c.upload_part(Bucket="vers", Key="mp", UploadId=up, PartNumber=1, Body=part)
+    up2 = c.create_multipart_upload(Bucket="vers", Key="aborted")["UploadId"]
+    c.upload_part(Bucket="vers", Key="aborted", UploadId=up2, PartNumber=1, Body=b"x")
+    ups = c.list_multipart_uploads(Bucket="vers")["Uploads"]
+    assert sorted((u["Key"], u["UploadId"]) for u in ups) == sorted([("mp", up), ("aborted", up2)])
+    c.abort_multipart_upload(Bucket="vers", Key="aborted", UploadId=up2)
+    assert [u["Key"] for u in c.list_multipart_uploads(Bucket="vers")["Uploads"]] == ["mp"]
+    e2 = c.upload_part(Bucket="vers", Key="mp", UploadId=up, PartNumber=2, Body=b"tail")["ETag"]
+    e1 = c.list_parts(Bucket="vers", Key="mp", UploadId=up)["Parts"][0]["ETag"]
+    c.complete_multipart_upload(Bucket="vers", Key="mp", UploadId=up, MultipartUpload={"Parts": [
+        {"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    h = c.head_object(Bucket="vers", Key="mp")
+    assert (h["ContentType"], h["Metadata"], h["ContentLength"]) == ("x/y", {"m": "1"}, 5 * MiB + 4)
+    assert h["ETag"].strip('"').endswith("-2")
+    assert c.list_multipart_uploads(Bucket="vers").get("Uploads", []) == []
+    expect_error("404", 404, c.head_object, Bucket="vers", Key="aborted")
 
 
 def test_virtual_host_style(s3):
