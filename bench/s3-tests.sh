@@ -175,22 +175,11 @@ start_cistern() {
     wait_port "$port" 60
     "$CISTERN_BIN" pool create -s 20G tank mirror "$WORK/disks/d0" "$WORK/disks/d1" >/dev/null
     local main alt
-    main=$("$CISTERN_BIN" user add main --grant '*=rw')
-    alt=$("$CISTERN_BIN" user add alt --grant '*=rw')
-    write_conf "$WORK/cistern.conf" "$port" $(keys "$main") $(keys "$alt")
-}
-
-# keys "OUTPUT OF user add" -> "ACCESS SECRET"
-keys() {
-    python3 - "$1" <<'EOF'
-import re, sys
-out = sys.argv[1]
-a = re.search(r"access[ _-]?key(?:[ _-]?id)?\s*[:=]\s*(\S+)", out, re.I)
-s = re.search(r"secret(?:[ _-]?(?:access)?[ _-]?key)?\s*[:=]\s*(\S+)", out, re.I)
-if not (a and s):
-    sys.exit(f"cannot find the keys in `cistern user add` output:\n{out}")
-print(a.group(1), s.group(1))
-EOF
+    # -H: NAME<TAB>ACCESS_KEY<TAB>SECRET
+    main=$("$CISTERN_BIN" user add -H main --grant '*=rw' | cut -f2,3)
+    alt=$("$CISTERN_BIN" user add -H alt --grant '*=rw' | cut -f2,3)
+    # shellcheck disable=SC2086
+    write_conf "$WORK/cistern.conf" "$port" $main $alt
 }
 
 start_minio() {

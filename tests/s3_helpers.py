@@ -163,12 +163,14 @@ class CisternS3(S3Endpoint):
         return self.daemon.cli(*args, **kw)
 
     def user_add(self, name: str, *grants: str) -> tuple[str, str]:
-        """`cistern user add NAME --grant BUCKET=rw ...` -> (access key, secret key)."""
-        args = ["user", "add", name]
+        """`cistern user add -H NAME --grant BUCKET=rw ...` -> (access key, secret key)."""
+        args = ["user", "add", "-H", name]
         for g in grants:
             args += ["--grant", g]
         out = self.cli(*args).stdout
-        return parse_keys(out)
+        f = out.strip().split("\t")
+        assert len(f) == 3 and f[0] == name, f"`cistern user add -H` printed {out!r}, not NAME<TAB>KEY<TAB>SECRET"
+        return f[1], f[2]
 
     def dataset(self, bucket: str) -> str:
         return f"{PARENT}/{bucket}"
@@ -243,20 +245,6 @@ def _env_without_ca_bundle() -> dict:
     e = dict(os.environ)
     e.pop("AWS_CA_BUNDLE", None)
     return e
-
-
-_KEY_RE = {
-    "access": re.compile(r"access[ _-]?key(?:[ _-]?id)?\s*[:=]\s*(\S+)", re.I),
-    "secret": re.compile(r"secret(?:[ _-]?(?:access)?[ _-]?key)?\s*[:=]\s*(\S+)", re.I),
-}
-
-
-def parse_keys(out: str) -> tuple[str, str]:
-    """The access key and secret `cistern user add` prints."""
-    a = _KEY_RE["access"].search(out)
-    s = _KEY_RE["secret"].search(out)
-    assert a and s, f"`cistern user add` printed no access key and secret:\n{out}"
-    return a.group(1), s.group(1)
 
 
 def error_code(exc) -> tuple[str, int]:
