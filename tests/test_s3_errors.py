@@ -209,11 +209,42 @@ def test_quota_exceeded(s3, c):
     assert c.get_object(Bucket="errs", Key="c")["Body"].read() == data
 
 
-def _put_ok(c, key, data) -> bool:
+def _put_ok(c, key, data, bucket="errs") -> bool:
     from botocore.exceptions import ClientError
 
     try:
-        c.put_object(Bucket="errs", Key=key, Body=data)
+        c.put_object(Bucket=bucket, Key=key, Body=data)
         return True
     except ClientError:
         return False
+
+
+def test_pool_full(make_s3):
+    """A full pool refuses PUTs with a storage-full error (507, as MinIO's
+    XMinioStorageFull), keeps every acknowledged object, and takes writes again
+    after a DELETE frees space (slop space keeps deletes possible)."""
+    s3 = make_s3(pool_size="128M")
+    s3.require_cistern("a small pool")
+    c = s3.client()
+    c.create_bucket(Bucket="fill")
+    from botocore.exceptions import ClientError
+
+    stored, err = [], None
+    for i in range(64):  # 128M cannot take 64 x 4 MiB
+        data = helpers.pattern(f"fill{i}", 4 * MiB)
+        try:
+            c.put_object(Bucket="fill", Key=f"k{i}", Body=data)
+            stored.append(i)
+        except ClientError as e:
+            err = e
+            break
+    assert err is not None, "128M pool took 256 MiB"
+    assert error_code(err) == ("XCisternStorageFull", 507), err.response
+    assert stored, "not one PUT fitted"
+    expect_error("NoSuchKey", 404, c.get_object, Bucket="fill", Key=f"k{len(stored)}")
+    for i in stored:
+        assert c.get_object(Bucket="fill", Key=f"k{i}")["Body"].read() == helpers.pattern(f"fill{i}", 4 * MiB)
+    for i in stored[:4]:
+        c.delete_object(Bucket="fill", Key=f"k{i}")
+    helpers.wait_until(lambda: _put_ok(c, "again", b"x" * 1000, bucket="fill"), 30,
+                       what="a PUT after deletes freed space")
