@@ -124,6 +124,7 @@ def test_kill9_during_puts(s3c):
 
         run_writers(s3c, 4, put, kill_after=0.8 + rng.random())
         s3c.start()
+        c = s3c.client()  # no pooled connection to the killed daemon
         verify_bucket(c, "crash", acked, inflight)
         # what survived counts as acknowledged from here on
         for k in listing(c, "crash"):
@@ -152,6 +153,7 @@ def test_kill9_during_copies(s3c):
 
         run_writers(s3c, 3, copy, kill_after=0.5 + rng.random())
         s3c.start()
+        c = s3c.client()  # no pooled connection to the killed daemon
         for bucket in ("src", "dst"):
             for k in listing(c, bucket):
                 data = c.get_object(Bucket=bucket, Key=k)["Body"].read()
@@ -195,6 +197,7 @@ def test_kill9_during_complete_multipart(s3c):
 
         run_writers(s3c, 3, complete, kill_after=0.02 + rng.random() * 0.15, max_ops=3)
         s3c.start()
+        c = s3c.client()  # no pooled connection to the killed daemon
         visible = set(listing(c, "mpu"))
         for key in visible:
             data = c.get_object(Bucket="mpu", Key=key)["Body"].read()
@@ -244,6 +247,7 @@ def test_interrupted_uploads_are_not_objects(s3c):
     s3c.kill9()
     conn.close()
     s3c.start()
+    c = s3c.client()
     assert listing(c, "cut") == ["kept"]
     expect_error("NoSuchKey", 404, c.get_object, Bucket="cut", Key="during-kill")
     expect_error("NoSuchKey", 404, c.get_object, Bucket="cut", Key="mp")

@@ -53,6 +53,7 @@ def test_bucket_snapshot_reads_that_moment(s3c):
     # and the pool says the same after a restart
     s3c.daemon.restart()
     s3c.wait_ready()
+    c = s3c.client()
     assert objects(c, "photos") == before | {"after-rollback": b"ok"}
     assert objects(c, snap) == before
 
