@@ -352,7 +352,9 @@ def make_s3(make_daemon, tmp_path):
 
     def make(name: str = "d", env: dict | None = None, pool_size: str = "2G"):
         ref = os.environ.get("CISTERN_S3_REFERENCE")
-        if ref:
+        if os.environ.get("CISTERN_S3_EXTERNAL"):
+            ep = s3_helpers.ExternalS3(os.environ["CISTERN_S3_EXTERNAL"], tmp_path / f"{name}-ext")
+        elif ref:
             ep = s3_helpers.MinioS3(ref, tmp_path / f"{name}-minio")
         else:
             disks = tmp_path / f"{name}-disks"

@@ -2,7 +2,8 @@
 checking what real clients and a reference server do) MinIO.
 
 `CISTERN_S3_REFERENCE=/path/to/minio` runs the S3 client tests against a MinIO
-started per test instead of Cistern; tests of Cistern-only features (users and
+started per test instead of Cistern (`CISTERN_S3_EXTERNAL=URL,KEY,SECRET`:
+against a server already running); tests of Cistern-only features (users and
 grants, bucket snapshots, rollback, quotas, kill -9) skip there. MinIO's answers
 are the reference for what awscli, boto3, rclone and restic expect.
 """
@@ -193,6 +194,33 @@ class CisternS3(S3Endpoint):
 
     def stop(self):
         self.daemon.stop()
+
+
+class ExternalS3(S3Endpoint):
+    """A server someone else runs: CISTERN_S3_EXTERNAL=URL,ACCESS_KEY,SECRET
+    (buckets are left behind: point it at a scratch server)."""
+
+    kind = "external"
+
+    def __init__(self, spec: str, tmp_path: Path):
+        super().__init__(tmp_path)
+        self.endpoint, self.access_key, self.secret_key = spec.split(",", 2)
+
+    def stop(self):
+        """Empties and removes every bucket, so the next test starts clean."""
+        c = self.client()
+        for b in c.list_buckets().get("Buckets", []):
+            name = b["Name"]
+            for u in c.list_multipart_uploads(Bucket=name).get("Uploads", []):
+                c.abort_multipart_upload(Bucket=name, Key=u["Key"], UploadId=u["UploadId"])
+            for _ in range(1000):
+                r = c.list_object_versions(Bucket=name)
+                vs = r.get("Versions", []) + r.get("DeleteMarkers", [])
+                if not vs:
+                    break
+                for v in vs:
+                    c.delete_object(Bucket=name, Key=v["Key"], VersionId=v["VersionId"])
+            c.delete_bucket(Bucket=name)
 
 
 class MinioS3(S3Endpoint):
