@@ -58,6 +58,7 @@ class S3Endpoint:
         import boto3
         from botocore.config import Config
 
+        os.environ["BOTO_EXPERIMENTAL__NO_EMPTY_CONTINUE"] = "true"  # see aws_env()
         kw = dict(
             s3={"addressing_style": "path"},
             retries={"max_attempts": 1, "mode": "standard"},
