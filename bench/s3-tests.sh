@@ -14,6 +14,8 @@
 #   CISTERN_S3TESTS_K      the -k selection (default: the groups issue 11 names)
 #   CISTERN_S3TESTS_PATHS  what pytest runs (default s3tests/functional/test_s3.py)
 #   CISTERN_S3TESTS_ONLY   "minio" skips Cistern (to get MinIO's baseline alone)
+#   CISTERN_S3TESTS_ENDPOINT=HOST:PORT,KEY,SECRET  test a server already running
+#                          instead of starting Cistern (one key: alt is main)
 #   CISTERN_BIN            the cistern binary (default target/release/cistern)
 set -euo pipefail
 
@@ -196,7 +198,11 @@ start_minio() {
     write_conf "$WORK/minio.conf" "$port" s3testsmain s3testsmain-secret s3testsmain s3testsmain-secret
 }
 
-if [[ "$ONLY" != minio ]]; then
+if [[ -n "${CISTERN_S3TESTS_ENDPOINT:-}" ]]; then
+    IFS=, read -r ep key secret <<<"$CISTERN_S3TESTS_ENDPOINT"
+    write_conf "$WORK/external.conf" "${ep##*:}" "$key" "$secret" "$key" "$secret"
+    run_suite cistern "$WORK/external.conf"
+elif [[ "$ONLY" != minio ]]; then
     [[ -x "$CISTERN_BIN" ]] || { echo "error: $CISTERN_BIN is not built (cargo build --release)" >&2; exit 1; }
     start_cistern
     run_suite cistern "$WORK/cistern.conf"
