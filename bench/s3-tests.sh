@@ -178,8 +178,8 @@ start_cistern() {
     "$CISTERN_BIN" pool create -s 20G tank mirror "$WORK/disks/d0" "$WORK/disks/d1" >/dev/null
     local main alt
     # -H: NAME<TAB>ACCESS_KEY<TAB>SECRET
-    main=$("$CISTERN_BIN" user add -H main --grant '*=rw' | cut -f2,3)
-    alt=$("$CISTERN_BIN" user add -H alt --grant '*=rw' | cut -f2,3)
+    main=$("$CISTERN_BIN" user add -H main --grant '*=rw' 2>/dev/null | cut -f2,3)
+    alt=$("$CISTERN_BIN" user add -H alt --grant '*=rw' 2>/dev/null | cut -f2,3)
     # shellcheck disable=SC2086
     write_conf "$WORK/cistern.conf" "$port" $main $alt
 }
