@@ -52,6 +52,8 @@ pub struct Checksums {
     pub sha1: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc64nvme: Option<String>,
     /// "COMPOSITE" for a multipart object's checksum of part checksums.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,

@@ -191,6 +191,7 @@ impl Wanted {
             ("CRC32C", &c.crc32c),
             ("SHA1", &c.sha1),
             ("SHA256", &c.sha256),
+            ("CRC64NVME", &c.crc64nvme),
         ] {
             if v.is_some() {
                 w.add(name)?;
@@ -205,6 +206,7 @@ impl Wanted {
             "CRC32C" => "CRC32C",
             "SHA1" => "SHA1",
             "SHA256" => "SHA256",
+            "CRC64NVME" => "CRC64NVME",
             other => {
                 return Err(s3_error!(
                     InvalidRequest,
@@ -225,6 +227,7 @@ impl Wanted {
                 "CRC32" => h.crc32 = Some(Default::default()),
                 "CRC32C" => h.crc32c = Some(Default::default()),
                 "SHA1" => h.sha1 = Some(Default::default()),
+                "CRC64NVME" => h.crc64nvme = Some(Default::default()),
                 _ => h.sha256 = Some(Default::default()),
             }
         }
@@ -242,6 +245,7 @@ impl Wanted {
             ("x-amz-checksum-crc32c", &mut self.claimed.crc32c),
             ("x-amz-checksum-sha1", &mut self.claimed.sha1),
             ("x-amz-checksum-sha256", &mut self.claimed.sha256),
+            ("x-amz-checksum-crc64nvme", &mut self.claimed.crc64nvme),
         ] {
             if let Some(v) = get(n) {
                 *slot = Some(v);
@@ -257,6 +261,7 @@ impl Wanted {
             ("CRC32C", &c.crc32c, &got.crc32c),
             ("SHA1", &c.sha1, &got.sha1),
             ("SHA256", &c.sha256, &got.sha256),
+            ("CRC64NVME", &c.crc64nvme, &got.crc64nvme),
         ] {
             if let Some(want) = claimed {
                 if Some(want) != got.as_ref() {
@@ -277,6 +282,7 @@ fn to_checksums(c: s3s::dto::Checksum) -> Checksums {
         crc32c: c.checksum_crc32c,
         sha1: c.checksum_sha1,
         sha256: c.checksum_sha256,
+        crc64nvme: c.checksum_crc64nvme,
         kind: None,
     }
 }
@@ -1220,6 +1226,7 @@ impl S3 for Cistern {
             crc32c: i.checksum_crc32c,
             sha1: i.checksum_sha1,
             sha256: i.checksum_sha256,
+            crc64nvme: i.checksum_crc64nvme,
             kind: None,
         };
         let mut want = Wanted::new(i.checksum_algorithm.as_ref(), claimed)?;
@@ -1267,14 +1274,15 @@ impl S3 for Cistern {
                 return Err(e);
             }
         };
-        let versioned = self.versioned(&b).await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&rec.etag)),
-            version_id: Cistern::version_out(versioned, &rec),
+            version_id: rec.version_id.clone(),
             checksum_crc32: w.sums.crc32,
             checksum_crc32c: w.sums.crc32c,
             checksum_sha1: w.sums.sha1,
             checksum_sha256: w.sums.sha256,
+
+            checksum_crc64nvme: w.sums.crc64nvme,
             ..Default::default()
         }))
     }
@@ -1308,15 +1316,16 @@ impl S3 for Cistern {
         } else {
             f.attrs.size
         };
-        let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
+        let (start, end, ranged, part_sums) =
+            self.select(&b, &f, size, i.range, i.part_number).await?;
         let (os, f2) = (b.os.clone(), f.clone());
         let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
         let body = self.stream(b.os.clone(), plan);
         let whole = !ranged;
-        let sums = if whole && i.checksum_mode.is_some() {
-            f.rec.checksums.clone()
-        } else {
-            Checksums::default()
+        let sums = match part_sums {
+            Some(p) => p,
+            None if whole && i.checksum_mode.is_some() => f.rec.checksums.clone(),
+            None => Checksums::default(),
         };
         let r = &f.rec;
         Ok(S3Response::new(GetObjectOutput {
@@ -1337,6 +1346,8 @@ impl S3 for Cistern {
             checksum_crc32c: sums.crc32c,
             checksum_sha1: sums.sha1,
             checksum_sha256: sums.sha256,
+
+            checksum_crc64nvme: sums.crc64nvme,
             checksum_type: sums.kind.map(ChecksumType::from),
             version_id: Cistern::version_out(st.versioning.is_some(), r),
             tag_count: (!r.tags.is_empty()).then_some(r.tags.len() as i32),
@@ -1375,16 +1386,17 @@ impl S3 for Cistern {
         } else {
             f.attrs.size
         };
-        let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
+        let (start, end, ranged, part_sums) =
+            self.select(&b, &f, size, i.range, i.part_number).await?;
         let r = &f.rec;
         let mut headers = http::HeaderMap::new();
         if !r.tags.is_empty() {
             headers.insert("x-amz-tagging-count", http::HeaderValue::from(r.tags.len()));
         }
-        let sums = if !ranged && i.checksum_mode.is_some() {
-            r.checksums.clone()
-        } else {
-            Checksums::default()
+        let sums = match part_sums {
+            Some(p) => p,
+            None if !ranged && i.checksum_mode.is_some() => r.checksums.clone(),
+            None => Checksums::default(),
         };
         Ok(S3Response::with_headers(
             HeadObjectOutput {
@@ -1404,6 +1416,8 @@ impl S3 for Cistern {
                 checksum_crc32c: sums.crc32c,
                 checksum_sha1: sums.sha1,
                 checksum_sha256: sums.sha256,
+
+                checksum_crc64nvme: sums.crc64nvme,
                 checksum_type: sums.kind.map(ChecksumType::from),
                 version_id: Cistern::version_out(st.versioning.is_some(), r),
                 parts_count: (i.part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
@@ -1411,6 +1425,86 @@ impl S3 for Cistern {
             },
             headers,
         ))
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let cred = creds(&req);
+        let i = req.input;
+        let b = self
+            .bucket(&i.bucket, cred.as_deref(), Access::Read)
+            .await?;
+        // The header may arrive as one comma-separated value.
+        let want = |a: &str| {
+            i.object_attributes
+                .iter()
+                .any(|x| x.as_str().split(',').any(|y| y.trim() == a))
+        };
+        let (os, key, vid) = (b.os.clone(), i.key.clone(), i.version_id.clone());
+        let (f, st) = self
+            .run(move |_| Ok((find_version(&os, &key, vid.as_deref())?, settings(&os)?)))
+            .await?;
+        if f.rec.delete_marker {
+            return Err(delete_marker_error(i.version_id.as_deref(), &f.rec));
+        }
+        let r = &f.rec;
+        let parts = if want(ObjectAttributes::OBJECT_PARTS) && f.attrs.kind == ObjectKind::Dir {
+            let max = i.max_parts.map_or(1000, |m| m.clamp(0, 1000) as usize);
+            let marker = i.part_number_marker.filter(|m| *m > 0);
+            let (os, dir) = (b.os.clone(), f.obj);
+            let mut ps = self
+                .run(move |s| s.parts(&os, dir, marker, max + 1))
+                .await?;
+            let truncated = ps.len() > max;
+            ps.truncate(max);
+            Some(GetObjectAttributesParts {
+                is_truncated: Some(truncated),
+                max_parts: Some(max as i32),
+                next_part_number_marker: ps.last().map(|p| p.0),
+                part_number_marker: i.part_number_marker,
+                total_parts_count: Some(r.parts as i32),
+                parts: Some(
+                    ps.into_iter()
+                        .map(|(n, _, pr)| ObjectPart {
+                            part_number: Some(n),
+                            size: Some(pr.size as i64),
+                            checksum_crc32: pr.checksums.crc32,
+                            checksum_crc32c: pr.checksums.crc32c,
+                            checksum_sha1: pr.checksums.sha1,
+                            checksum_sha256: pr.checksums.sha256,
+                            checksum_crc64nvme: pr.checksums.crc64nvme,
+                        })
+                        .collect(),
+                ),
+            })
+        } else {
+            None
+        };
+        let c = &r.checksums;
+        let checksum =
+            (want(ObjectAttributes::CHECKSUM) && !c.is_empty()).then(|| s3s::dto::Checksum {
+                checksum_crc32: c.crc32.clone(),
+                checksum_crc32c: c.crc32c.clone(),
+                checksum_sha1: c.sha1.clone(),
+                checksum_sha256: c.sha256.clone(),
+                checksum_crc64nvme: c.crc64nvme.clone(),
+                checksum_type: Some(ChecksumType::from(
+                    c.kind.clone().unwrap_or_else(|| "FULL_OBJECT".into()),
+                )),
+            });
+        Ok(S3Response::new(GetObjectAttributesOutput {
+            checksum,
+            e_tag: want(ObjectAttributes::ETAG).then(|| etag(&r.etag)),
+            last_modified: Some(ts(r.mtime_ns)),
+            object_parts: parts,
+            object_size: want(ObjectAttributes::OBJECT_SIZE).then_some(r.size as i64),
+            storage_class: want(ObjectAttributes::STORAGE_CLASS)
+                .then(|| StorageClass::from_static(StorageClass::STANDARD)),
+            version_id: Cistern::version_out(st.versioning.is_some(), r),
+            ..Default::default()
+        }))
     }
 
     async fn delete_object(
@@ -1586,6 +1680,7 @@ impl S3 for Cistern {
                 ("CRC32C", &c.crc32c),
                 ("SHA1", &c.sha1),
                 ("SHA256", &c.sha256),
+                ("CRC64NVME", &c.crc64nvme),
             ] {
                 if v.is_some() {
                     want.add(n)?;
@@ -1618,7 +1713,6 @@ impl S3 for Cistern {
             }
         };
         let src_versioned = self.versioned(&sb).await?;
-        let versioned = self.versioned(&db).await?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&rec.etag)),
@@ -1627,9 +1721,11 @@ impl S3 for Cistern {
                 checksum_crc32c: w.sums.crc32c,
                 checksum_sha1: w.sums.sha1,
                 checksum_sha256: w.sums.sha256,
+
+                checksum_crc64nvme: w.sums.crc64nvme,
                 ..Default::default()
             }),
-            version_id: Cistern::version_out(versioned, &rec),
+            version_id: rec.version_id.clone(),
             copy_source_version_id: Cistern::version_out(src_versioned, &f.rec),
             ..Default::default()
         }))
@@ -1974,6 +2070,7 @@ impl S3 for Cistern {
             crc32c: i.checksum_crc32c,
             sha1: i.checksum_sha1,
             sha256: i.checksum_sha256,
+            crc64nvme: i.checksum_crc64nvme,
             kind: None,
         };
         let mut want = Wanted::new(i.checksum_algorithm.as_ref(), claimed)?;
@@ -2009,6 +2106,8 @@ impl S3 for Cistern {
             checksum_crc32c: w.sums.crc32c,
             checksum_sha1: w.sums.sha1,
             checksum_sha256: w.sums.sha256,
+
+            checksum_crc64nvme: w.sums.crc64nvme,
             ..Default::default()
         }))
     }
@@ -2077,7 +2176,8 @@ impl S3 for Cistern {
                 checksum_crc32c: w.sums.crc32c,
                 checksum_sha1: w.sums.sha1,
                 checksum_sha256: w.sums.sha256,
-                ..Default::default()
+
+                checksum_crc64nvme: w.sums.crc64nvme,
             }),
             copy_source_version_id: Cistern::version_out(src_versioned, &f.rec),
             ..Default::default()
@@ -2112,24 +2212,26 @@ impl S3 for Cistern {
             crc32c: i.checksum_crc32c,
             sha1: i.checksum_sha1,
             sha256: i.checksum_sha256,
+            crc64nvme: i.checksum_crc64nvme,
             kind: None,
         };
         let (b2, key, id) = (b.clone(), i.key.clone(), i.upload_id);
         let rec = self
             .run(move |s| s.complete(&b2, &key, &id, &parts, &cond, &claimed))
             .await?;
-        let versioned = self.versioned(&b).await?;
         let c = &rec.checksums;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(i.bucket.clone()),
             key: Some(i.key.clone()),
             location: Some(format!("/{}/{}", i.bucket, i.key)),
             e_tag: Some(etag(&rec.etag)),
-            version_id: Cistern::version_out(versioned, &rec),
+            version_id: rec.version_id.clone(),
             checksum_crc32: c.crc32.clone(),
             checksum_crc32c: c.crc32c.clone(),
             checksum_sha1: c.sha1.clone(),
             checksum_sha256: c.sha256.clone(),
+
+            checksum_crc64nvme: c.crc64nvme.clone(),
             checksum_type: c.kind.clone().map(ChecksumType::from),
             ..Default::default()
         }))
@@ -2203,7 +2305,8 @@ impl S3 for Cistern {
                         checksum_crc32c: r.checksums.crc32c,
                         checksum_sha1: r.checksums.sha1,
                         checksum_sha256: r.checksums.sha256,
-                        ..Default::default()
+
+                        checksum_crc64nvme: r.checksums.crc64nvme,
                     })
                     .collect(),
             ),
@@ -2305,19 +2408,19 @@ impl Cistern {
         size: u64,
         range: Option<Range>,
         part: Option<i32>,
-    ) -> S3Result<(u64, u64, bool)> {
+    ) -> S3Result<(u64, u64, bool, Option<Checksums>)> {
         if let Some(r) = range {
             let r = r
                 .check(size)
                 .map_err(|_| s3_error!(InvalidRange, "The requested range is not satisfiable"))?;
-            return Ok((r.start, r.end, r.start != 0 || r.end != size));
+            return Ok((r.start, r.end, r.start != 0 || r.end != size, None));
         }
         let Some(n) = part else {
-            return Ok((0, size, false));
+            return Ok((0, size, false, None));
         };
         if f.attrs.kind != ObjectKind::Dir {
             if n == 1 {
-                return Ok((0, size, false));
+                return Ok((0, size, false, None));
             }
             return Err(bad_part_number());
         }
@@ -2328,7 +2431,10 @@ impl Cistern {
         let mut pos = 0;
         for (pn, _, r) in parts {
             if pn == n {
-                return Ok((pos, pos + r.size, true));
+                // A part answers with its own checksums (the object's are composite).
+                let mut c = r.checksums;
+                c.kind = f.rec.checksums.kind.clone();
+                return Ok((pos, pos + r.size, true, Some(c).filter(|c| !c.is_empty())));
             }
             pos += r.size;
         }

@@ -633,12 +633,25 @@ impl Store {
         b: &Bucket,
         key: &str,
         new: u64,
+        rec: ObjectRecord,
+        cond: &WriteCond,
+        done: Option<&str>,
+    ) -> R<ObjectRecord> {
+        let _g = self.lock(b, key);
+        self.install_locked(b, key, new, rec, cond, done)
+    }
+
+    /// [`Store::install`] with the key's lock held by the caller.
+    fn install_locked(
+        &self,
+        b: &Bucket,
+        key: &str,
+        new: u64,
         mut rec: ObjectRecord,
         cond: &WriteCond,
         done: Option<&str>,
     ) -> R<ObjectRecord> {
         let os = &b.os;
-        let _g = self.lock(b, key);
         let st = settings(os)?;
         let cur = current(os, key)?;
         check_write_cond(cond, cur.as_ref())?;
@@ -1042,6 +1055,8 @@ impl Store {
     ) -> R<ObjectRecord> {
         self.writable(b)?;
         let os = &b.os;
+        // One writer of the key: parts cannot change under the check.
+        let _g = self.lock(b, key);
         let up = match self.upload(b, key, id) {
             Ok(u) => u,
             Err(e) => {
@@ -1130,7 +1145,7 @@ impl Store {
             upload_id: Some(id.to_string()),
             ..up.rec.clone()
         };
-        self.install(b, key, up.dir, rec, cond, Some(&up.name))
+        self.install_locked(b, key, up.dir, rec, cond, Some(&up.name))
     }
 
     pub fn abort(&self, b: &Bucket, key: &str, id: &str) -> R<()> {

@@ -622,3 +622,45 @@ def test_s3_tests_compat_details(s3):
     b2 = new_bucket(s3)
     s3.put_bucket_versioning(Bucket=b2, VersioningConfiguration={"Status": "Suspended"})
     assert s3.get_bucket_versioning(Bucket=b2)["Status"] == "Suspended"
+
+
+def test_get_object_attributes(s3):
+    b = new_bucket(s3)
+    data = b"A" * 1024
+    s3.put_object(Bucket=b, Key="o", Body=data, ChecksumAlgorithm="SHA256")
+    r = s3.get_object_attributes(Bucket=b, Key="o", ObjectAttributes=["ETag", "Checksum", "ObjectSize", "StorageClass"])
+    assert r["ObjectSize"] == 1024
+    assert r["ETag"].strip('"') == hashlib.md5(data).hexdigest()
+    assert r["Checksum"]["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    uid = s3.create_multipart_upload(Bucket=b, Key="m")["UploadId"]
+    e1 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=1, Body=b"x" * (5 * MiB))["ETag"]
+    e2 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=2, Body=b"y")["ETag"]
+    s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    r = s3.get_object_attributes(Bucket=b, Key="m", ObjectAttributes=["ObjectParts", "ObjectSize"])
+    assert r["ObjectSize"] == 5 * MiB + 1
+    assert r["ObjectParts"]["TotalPartsCount"] == 2
+    assert [p["Size"] for p in r["ObjectParts"]["Parts"]] == [5 * MiB, 1]
+
+
+def test_multipart_composite_checksums(s3):
+    b = new_bucket(s3)
+    p1, p2 = os.urandom(5 * MiB), os.urandom(100)
+    sha = lambda d: hashlib.sha256(d).digest()
+    uid = s3.create_multipart_upload(Bucket=b, Key="m", ChecksumAlgorithm="SHA256")["UploadId"]
+    r1 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=1, Body=p1, ChecksumAlgorithm="SHA256")
+    r2 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=2, Body=p2, ChecksumAlgorithm="SHA256")
+    assert r1["ChecksumSHA256"] == base64.b64encode(sha(p1)).decode()
+    parts = [{"PartNumber": 1, "ETag": r1["ETag"], "ChecksumSHA256": r1["ChecksumSHA256"]},
+             {"PartNumber": 2, "ETag": r2["ETag"], "ChecksumSHA256": r2["ChecksumSHA256"]}]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, ChecksumSHA256="bad",
+                                     MultipartUpload={"Parts": parts})
+    assert code(e) == "BadDigest"
+    r = s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload={"Parts": parts})
+    want = base64.b64encode(sha(sha(p1) + sha(p2))).decode() + "-2"
+    assert r["ChecksumSHA256"] == want
+    h = s3.head_object(Bucket=b, Key="m", ChecksumMode="ENABLED")
+    assert h["ChecksumSHA256"] == want and h["ChecksumType"] == "COMPOSITE"
+    g = s3.get_object(Bucket=b, Key="m", PartNumber=2)
+    assert g["ChecksumSHA256"] == r2["ChecksumSHA256"] and g["Body"].read() == p2
