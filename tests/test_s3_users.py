@@ -166,18 +166,39 @@ def test_s3_signatures_keys_and_clock(s3d, monkeypatch):
     # Signature Version 2 is refused even with the right secret.
     v2 = client(s3d, key, secret, signature_version="s3")
     assert code_of(lambda: v2.list_buckets()) == ("InvalidRequest", 400)
-    # A clock 20 minutes off (S3 allows 15).
-    skewed = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) - datetime.timedelta(minutes=20)
-    c = client(s3d, key, secret)
-    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: skewed)
-    assert code_of(lambda: c.list_buckets()) == ("RequestTimeTooSkewed", 403)
-    monkeypatch.undo()
-    # Presigned URLs: good until they expire (AccessDenied after).
+    # A clock 20 minutes off (S3 allows 15), signed by botocore's own SigV4.
     import urllib.error
     import urllib.request
 
-    url = client(s3d, key, secret).generate_presigned_url("list_buckets", ExpiresIn=1)
-    bad = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    def signed_get(minutes_off):
+        when = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) + datetime.timedelta(minutes=minutes_off)
+        monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: when)
+        req = AWSRequest(method="GET", url=s3d.s3_url + "/")
+        botocore.auth.S3SigV4Auth(Credentials(key, secret), "s3", "us-east-1").add_auth(req)
+        monkeypatch.undo()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(req.url, headers=dict(req.headers)), timeout=10) as r:
+                return r.status, b""
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    assert signed_get(-1)[0] == 200
+    status, body = signed_get(-20)
+    assert status == 403 and b"<Code>RequestTimeTooSkewed</Code>" in body, body
+    status, body = signed_get(20)
+    assert status == 403 and b"<Code>RequestTimeTooSkewed</Code>" in body, body
+    # Presigned URLs: good until they expire (AccessDenied after).
+
+    v2url = client(s3d, key, secret, signature_version="s3").generate_presigned_url("list_buckets", ExpiresIn=300)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(v2url, timeout=10)
+    assert e.value.code == 400 and b"AWS4-HMAC-SHA256" in e.value.read()
+    url = client(s3d, key, secret, signature_version="s3v4").generate_presigned_url("list_buckets", ExpiresIn=1)
+    bad = re.sub(r"(X-Amz-Signature=[0-9a-f]{63})([0-9a-f])", lambda m: m[1] + ("0" if m[2] != "0" else "1"), url)
+    assert bad != url
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(bad, timeout=10)
     assert e.value.code == 403 and b"SignatureDoesNotMatch" in e.value.read()
@@ -186,7 +207,7 @@ def test_s3_signatures_keys_and_clock(s3d, monkeypatch):
         urllib.request.urlopen(url, timeout=10)
     body = e.value.read()
     assert e.value.code == 403 and b"<Code>AccessDenied</Code>" in body and b"expired" in body, body
-    url = client(s3d, key, secret).generate_presigned_url("list_buckets", ExpiresIn=300)
+    url = client(s3d, key, secret, signature_version="s3v4").generate_presigned_url("list_buckets", ExpiresIn=300)
     assert urllib.request.urlopen(url, timeout=10).status == 200
     # A removed user's key stops working at once.
     s3d.cli("user", "remove", "alice")

@@ -2,8 +2,8 @@
 
 use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
-    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, RenameRequest, ReplaceRequest,
-    RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
+    RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use dataset::{
     Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,

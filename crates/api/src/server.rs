@@ -3,8 +3,9 @@
 
 use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
-    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, PolicyRunRequest, RenameRequest,
-    ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
+    PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
+    SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};

@@ -256,10 +256,9 @@ pub fn resolve(
                     bail!("the S3 and {what} addresses are both {}", listen.addr);
                 }
             }
-            let anonymous = s3::access::parse_anonymous(
-                section.anonymous.as_deref().unwrap_or("off"),
-            )
-            .context("bad [s3] anonymous")?;
+            let anonymous =
+                s3::access::parse_anonymous(section.anonymous.as_deref().unwrap_or("off"))
+                    .context("bad [s3] anonymous")?;
             Some(S3Resolved {
                 listen,
                 service: section.service,
@@ -555,7 +554,10 @@ mod tests {
             state_dir: state(),
             ..Overrides::default()
         };
-        assert!(resolve(Config::default(), flags, None).unwrap().s3.is_none());
+        assert!(resolve(Config::default(), flags, None)
+            .unwrap()
+            .s3
+            .is_none());
         let flags = Overrides {
             state_dir: state(),
             s3_by_default: true,
@@ -577,10 +579,7 @@ mod tests {
         let s3 = resolve(cfg.clone(), flags, None).unwrap().s3.unwrap();
         assert_eq!(s3.service.parent, "tank/s3");
         assert_eq!(s3.service.multipart_expiry, 3600);
-        assert_eq!(
-            s3.anonymous.get("public"),
-            Some(&s3::access::Access::Read)
-        );
+        assert_eq!(s3.anonymous.get("public"), Some(&s3::access::Access::Read));
         assert_eq!(s3.listen.addr, DEFAULT_S3_ADDR.parse().unwrap());
         // --s3 wins over listen = ...
         let cfg2 = Config::parse("[s3]\nlisten = \"127.0.0.1:7000\"\n").unwrap();

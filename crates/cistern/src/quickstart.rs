@@ -9,8 +9,8 @@ use crate::serve::{self, Endpoints};
 use anyhow::{Context, Result};
 use clap::Args;
 use dataset::{Engine, GroupKind, GroupSpec, PoolSpec};
-use std::path::{Path, PathBuf};
 use s3::access::{Access, Grant, NewUser, Users};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub const POOL: &str = "tank";

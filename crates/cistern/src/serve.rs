@@ -181,7 +181,10 @@ async fn serve(
     tracing::info!(state_dir = %state_dir.display(), "opening engine");
     let engine = open_engine(&state_dir, r.engine.clone()).await?;
     // Kept whether or not S3 is served, so keys can be made before it is.
-    let anonymous = r.s3.as_ref().map(|s| s.anonymous.clone()).unwrap_or_default();
+    let anonymous =
+        r.s3.as_ref()
+            .map(|s| s.anonymous.clone())
+            .unwrap_or_default();
     let users = match Users::open(&state_dir) {
         Ok(u) => Arc::new(u.with_anonymous(anonymous)),
         Err(e) => {

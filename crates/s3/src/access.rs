@@ -250,7 +250,9 @@ fn check_bucket(b: &str) -> Result<(), Error> {
 pub fn check_bucket_name(b: &str) -> Result<(), Error> {
     let bad = |why: &str| Err(Error::Invalid(format!("'{b}' is not a bucket name: {why}")));
     if b.contains('/') || b.contains('@') {
-        return bad("give the S3 name (the dataset's last component, e.g. 'bucket0' for tank/bucket0)");
+        return bad(
+            "give the S3 name (the dataset's last component, e.g. 'bucket0' for tank/bucket0)",
+        );
     }
     if !(3..=63).contains(&b.len()) {
         return bad("it must be 3 to 63 characters long");
@@ -330,7 +332,8 @@ struct UsersFile {
 /// Access keys, their (encrypted) secrets and grants; shared by the S3
 /// endpoint and the management API. Changes are saved before they apply.
 pub struct Users {
-    path: PathBuf,
+    /// None: kept in memory only ([`Users::single`]).
+    path: Option<PathBuf>,
     cipher: ChaCha20Poly1305,
     /// By user name.
     table: RwLock<BTreeMap<String, StoredUser>>,
@@ -469,7 +472,7 @@ impl Users {
         };
         let key = load_or_make_key(state_dir, text.is_some())?;
         let users = Users {
-            path: path.clone(),
+            path: Some(path.clone()),
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
             table: RwLock::new(BTreeMap::new()),
             anonymous: Grants::new(),
@@ -490,11 +493,20 @@ impl Users {
         }
         let mut table = BTreeMap::new();
         for u in file.users {
-            users
-                .decrypt(&u)
-                .map_err(|_| corrupt(format!("the secret of user '{}' does not decrypt with {KEY_FILE}", u.name)))?;
-            if table.values().any(|o: &StoredUser| o.access_key == u.access_key) {
-                return Err(corrupt(format!("access key {} appears twice", u.access_key)));
+            users.decrypt(&u).map_err(|_| {
+                corrupt(format!(
+                    "the secret of user '{}' does not decrypt with {KEY_FILE}",
+                    u.name
+                ))
+            })?;
+            if table
+                .values()
+                .any(|o: &StoredUser| o.access_key == u.access_key)
+            {
+                return Err(corrupt(format!(
+                    "access key {} appears twice",
+                    u.access_key
+                )));
             }
             if table.insert(u.name.clone(), u.clone()).is_some() {
                 return Err(corrupt(format!("user '{}' appears twice", u.name)));
@@ -502,6 +514,41 @@ impl Users {
         }
         *users.table.write() = table;
         Ok(users)
+    }
+
+    /// One key that may read and write every bucket, kept in memory only
+    /// (tests, embedding; changes are not saved anywhere).
+    pub fn single(access_key: &str, secret_key: &str) -> Users {
+        // A fresh key per table: nothing encrypted with it outlives it.
+        let key = random_bytes::<KEY_LEN>().unwrap_or_else(|_| {
+            let mut k = [0u8; KEY_LEN];
+            rand::Rng::fill(&mut rand::rng(), &mut k[..]);
+            k
+        });
+        let users = Users {
+            path: None,
+            cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+            table: RwLock::new(BTreeMap::new()),
+            anonymous: Grants::new(),
+        };
+        let name = "admin";
+        // Encryption with a valid key and nonce cannot fail.
+        let secret = users
+            .encrypt(name, access_key, secret_key)
+            .unwrap_or_default();
+        let mut grants = Grants::new();
+        grants.insert("*".into(), Access::Write);
+        users.table.write().insert(
+            name.into(),
+            StoredUser {
+                name: name.into(),
+                access_key: access_key.into(),
+                secret,
+                created: now_secs(),
+                grants,
+            },
+        );
+        users
     }
 
     /// What unsigned requests may do (from the config; see [`parse_anonymous`]).
@@ -558,15 +605,19 @@ impl Users {
         let mut table = self.table.write();
         let mut next = table.clone();
         let out = f(&mut next)?;
+        let Some(path) = &self.path else {
+            *table = next;
+            return Ok(out);
+        };
         let file = UsersFile {
             format: FORMAT,
             users: next.values().cloned().collect(),
         };
         let bytes = serde_json::to_vec_pretty(&file).map_err(|e| Error::Corrupt {
-            path: self.path.clone(),
+            path: path.clone(),
             msg: e.to_string(),
         })?;
-        write_atomic(&self.path, &bytes)?;
+        write_atomic(path, &bytes)?;
         *table = next;
         Ok(out)
     }
@@ -715,7 +766,10 @@ impl Users {
             Ok(s) => Ok(SecretKey::from(s)),
             Err(()) => {
                 tracing::error!(user = %u.name, "S3 secret does not decrypt");
-                Err(s3_error!(InternalError, "cannot read the secret of this key"))
+                Err(s3_error!(
+                    InternalError,
+                    "cannot read the secret of this key"
+                ))
             }
         }
     }
@@ -783,13 +837,19 @@ mod tests {
         assert!(text.contains(&nu.access_key));
         assert!(!text.contains(&nu.secret_key), "secret stored in the clear");
         for f in [USERS_FILE, KEY_FILE] {
-            let mode = std::fs::metadata(dir.path().join(f)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
         drop(users);
         // Reopened: the same secret comes back for s3s.
         let users = Users::open(dir.path()).unwrap();
-        assert_eq!(users.secret_of(&nu.access_key).unwrap().expose(), nu.secret_key);
+        assert_eq!(
+            users.secret_of(&nu.access_key).unwrap().expose(),
+            nu.secret_key
+        );
         let e = users.secret_of("CISTNOSUCHKEY0000000").unwrap_err();
         assert_eq!(*e.code(), s3s::S3ErrorCode::InvalidAccessKeyId);
         // Two users never share a key or a secret.
@@ -824,7 +884,8 @@ mod tests {
         users.add("alice", &[]).unwrap();
         users.add("bob", &[]).unwrap();
         let path = dir.path().join(USERS_FILE);
-        let mut f: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut f: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let s0 = f["users"][0]["secret"].clone();
         f["users"][1]["secret"] = s0;
         std::fs::write(&path, serde_json::to_vec(&f).unwrap()).unwrap();
@@ -848,7 +909,10 @@ mod tests {
         std::fs::remove_file(&tmp).unwrap();
         std::fs::create_dir(&tmp).unwrap();
         assert!(matches!(users.add("bob", &[]), Err(Error::Io { .. })));
-        assert!(matches!(users.grant("alice", "zzz", Access::Write), Err(Error::Io { .. })));
+        assert!(matches!(
+            users.grant("alice", "zzz", Access::Write),
+            Err(Error::Io { .. })
+        ));
         assert_eq!(users.list().len(), 1);
         assert_eq!(users.get("alice").unwrap().grants, vec![g("a1b=ro")]);
         assert_eq!(std::fs::read(dir.path().join(USERS_FILE)).unwrap(), before);
@@ -857,7 +921,10 @@ mod tests {
         std::fs::write(&tmp, b"").unwrap();
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
         users.add("bob", &[]).unwrap();
-        let mode = std::fs::metadata(dir.path().join(USERS_FILE)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join(USERS_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(Users::open(dir.path()).unwrap().list().len(), 2);
     }
@@ -866,8 +933,14 @@ mod tests {
     fn grants_decide_check_and_visible() {
         let dir = tempfile::tempdir().unwrap();
         let users = Users::open(dir.path()).unwrap();
-        let a = users.add("alice", &[g("photos=rw"), g("logs=ro")]).unwrap().access_key;
-        let b = users.add("bob", &[g("*=rw"), g("logs=ro")]).unwrap().access_key;
+        let a = users
+            .add("alice", &[g("photos=rw"), g("logs=ro")])
+            .unwrap()
+            .access_key;
+        let b = users
+            .add("bob", &[g("*=rw"), g("logs=ro")])
+            .unwrap()
+            .access_key;
         fn k(s: &str) -> Option<&str> {
             Some(s)
         }
@@ -884,7 +957,9 @@ mod tests {
         assert!(users.check(k(&b), "other", Access::Write).is_ok());
         denied(users.check(k(&b), "logs", Access::Write));
         // Snapshot buckets: readable with a grant on their bucket, never writable.
-        assert!(users.check(k(&a), "photos--snap--daily", Access::Read).is_ok());
+        assert!(users
+            .check(k(&a), "photos--snap--daily", Access::Read)
+            .is_ok());
         denied(users.check(k(&a), "photos--snap--daily", Access::Write));
         denied(users.check(k(&a), "other--snap--daily", Access::Read));
         assert!(users.visible(k(&a), "photos") && users.visible(k(&a), "logs"));
@@ -900,8 +975,14 @@ mod tests {
         denied(users.check(k(&a), "photos", Access::Read));
         let reopened = Users::open(dir.path()).unwrap();
         assert_eq!(reopened.get("alice").unwrap(), users.get("alice").unwrap());
-        assert!(matches!(users.revoke("alice", "photos"), Err(Error::NoSuchGrant { .. })));
-        assert!(matches!(users.grant("carol", "x1x", Access::Read), Err(Error::NoSuchUser(_))));
+        assert!(matches!(
+            users.revoke("alice", "photos"),
+            Err(Error::NoSuchGrant { .. })
+        ));
+        assert!(matches!(
+            users.grant("carol", "x1x", Access::Read),
+            Err(Error::NoSuchUser(_))
+        ));
         // A removed user's key stops working at once.
         users.remove("alice").unwrap();
         denied(users.check(k(&a), "logs", Access::Read));
@@ -909,6 +990,16 @@ mod tests {
         assert!(users.secret_of(&a).is_err());
         assert!(matches!(users.remove("alice"), Err(Error::NoSuchUser(_))));
         assert!(matches!(users.add("bob", &[]), Err(Error::UserExists(_))));
+    }
+
+    #[test]
+    fn a_single_key_table_may_do_everything_and_saves_nothing() {
+        let users = Users::single("AKEXAMPLE", "secret1");
+        assert_eq!(users.secret_of("AKEXAMPLE").unwrap().expose(), "secret1");
+        assert!(users.check(Some("AKEXAMPLE"), "any", Access::Write).is_ok());
+        assert!(users.check(None, "any", Access::Read).is_err());
+        users.add("bob", &[]).unwrap();
+        assert_eq!(users.list().len(), 2);
     }
 
     #[test]
@@ -959,7 +1050,16 @@ mod tests {
             let e = grant.parse::<Grant>().unwrap_err().to_string();
             assert!(e.contains(why), "{grant}: {e}");
         }
-        assert!(matches!(users.add("ok", &[Grant { bucket: "A".into(), access: Access::Read }]), Err(Error::Invalid(_))));
+        assert!(matches!(
+            users.add(
+                "ok",
+                &[Grant {
+                    bucket: "A".into(),
+                    access: Access::Read
+                }]
+            ),
+            Err(Error::Invalid(_))
+        ));
         assert!(users.list().is_empty());
         assert_eq!(g("*=ro").bucket, "*");
     }
@@ -969,25 +1069,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         Users::open(dir.path()).unwrap().add("alice", &[]).unwrap();
         let path = dir.path().join(USERS_FILE);
-        let text = std::fs::read_to_string(&path).unwrap().replace("\"format\": 1", "\"format\": 2");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"format\": 1", "\"format\": 2");
         std::fs::write(&path, text).unwrap();
         let e = Users::open(dir.path()).unwrap_err().to_string();
         assert!(e.contains("format 2"), "{e}");
         std::fs::write(&path, "not json").unwrap();
-        assert!(matches!(Users::open(dir.path()), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            Users::open(dir.path()),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]
     fn sig_v2_is_refused() {
         let mut h = http::HeaderMap::new();
         assert!(!SigV4Only::is_v2(&h, Some("list-type=2&prefix=a")));
-        assert!(SigV4Only::is_v2(&h, Some("AWSAccessKeyId=K&Expires=1&Signature=x")));
-        assert!(!SigV4Only::is_v2(&h, Some("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=x")));
+        assert!(SigV4Only::is_v2(
+            &h,
+            Some("AWSAccessKeyId=K&Expires=1&Signature=x")
+        ));
+        assert!(!SigV4Only::is_v2(
+            &h,
+            Some("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=x")
+        ));
         h.insert(http::header::AUTHORIZATION, "AWS K:sig".parse().unwrap());
         assert!(SigV4Only::is_v2(&h, None));
         h.insert(
             http::header::AUTHORIZATION,
-            "AWS4-HMAC-SHA256 Credential=K/20260101/us-east-1/s3/aws4_request".parse().unwrap(),
+            "AWS4-HMAC-SHA256 Credential=K/20260101/us-east-1/s3/aws4_request"
+                .parse()
+                .unwrap(),
         );
         assert!(!SigV4Only::is_v2(&h, None));
     }

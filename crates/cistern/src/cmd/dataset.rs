@@ -178,10 +178,15 @@ pub struct DestroyArgs {
 }
 
 pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
-    let bucket = match (a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(), a.volsize) {
+    let bucket = match (
+        a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
+        a.volsize,
+    ) {
         (None | Some("volume" | "vol"), Some(_)) => false,
         (None | Some("volume" | "vol"), None) => {
-            bail!("missing the volume size: cistern create -V SIZE POOL/VOL (or -t bucket POOL/NAME)")
+            bail!(
+                "missing the volume size: cistern create -V SIZE POOL/VOL (or -t bucket POOL/NAME)"
+            )
         }
         (Some("bucket"), None) => true,
         (Some("bucket"), Some(_)) => bail!("-V is for volumes, not buckets"),

@@ -107,14 +107,19 @@ fn add(client: &api::Client, a: AddArgs) -> Result<()> {
         return json(&nu);
     }
     if a.scripted {
-        outln(&format!("{}\t{}\t{}", nu.name, nu.access_key, nu.secret_key));
+        outln(&format!(
+            "{}\t{}\t{}",
+            nu.name, nu.access_key, nu.secret_key
+        ));
     } else {
         outln(&format!("user               {}", nu.name));
         outln(&format!("access key id      {}", nu.access_key));
         outln(&format!("secret access key  {}", nu.secret_key));
         outln(&format!("grants             {}", grants_cell(&nu.grants)));
     }
-    eprintln!("The secret is shown this once; the daemon keeps it encrypted and never prints it again.");
+    eprintln!(
+        "The secret is shown this once; the daemon keeps it encrypted and never prints it again."
+    );
     Ok(())
 }
 
@@ -147,10 +152,7 @@ fn list(client: &api::Client, a: ListArgs) -> Result<()> {
                 .collect();
             for c in &cols {
                 if !COLUMNS.contains(&c.as_str()) {
-                    bail!(
-                        "invalid column '{c}' (valid: {})",
-                        COLUMNS.join(", ")
-                    );
+                    bail!("invalid column '{c}' (valid: {})", COLUMNS.join(", "));
                 }
             }
             if cols.is_empty() {
