@@ -21,7 +21,8 @@ cd "$ROOT"
 log() { printf '\n==> %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- apt packages
-APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv lz4 zstd)
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv lz4 zstd
+    rclone restic)  # S3 clients (tests/test_s3_clients.py)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
@@ -61,7 +62,8 @@ if ! "$VENV/bin/python" -c 'import nbd' 2>/dev/null; then
     "$VENV/bin/python" -c 'import nbd'
     exit 1
 fi
-PY_PACKAGES=(pytest boto3)
+# boto3 and awscli drive the S3 tests; awscrt gives botocore CRC32C checksums.
+PY_PACKAGES=(pytest boto3 awscli awscrt)
 pip_missing=()
 for m in "${PY_PACKAGES[@]}"; do
     "$VENV/bin/python" -c "import $m" 2>/dev/null || pip_missing+=("$m")

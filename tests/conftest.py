@@ -120,6 +120,7 @@ class Daemon:
         self.starts = 0
         self.exit_codes: list[int] = []
         self.ignore_panics = False  # set by tests that make the daemon abort on purpose
+        self.s3_addr: str | None = None  # `--s3 ADDR` when set (tests/s3_helpers.py)
         _ALL_DAEMONS.append(self)
 
     # -- addresses
@@ -158,6 +159,8 @@ class Daemon:
         cmd = [cistern_bin(), "serve", "--state-dir", self.state_dir, "--nbd", self.nbd_addr, "--api", self.api_url.removeprefix("http://")]
         if self.config_path is not None:
             cmd += ["--config", self.config_path]
+        if self.s3_addr is not None:
+            cmd += ["--s3", self.s3_addr]
         e = self.env()
         e.update(self.extra_env)
         if env:
@@ -336,6 +339,39 @@ def make_volume(daemon, pool):
 @pytest.fixture
 def volume(make_volume) -> helpers.Volume:
     return make_volume()
+
+
+@pytest.fixture
+def make_s3(make_daemon, tmp_path):
+    """Factory: make_s3(name="d", env=None) -> an S3 endpoint with a key pair
+    (tests/s3_helpers.py): Cistern's `serve --s3`, or MinIO when
+    CISTERN_S3_REFERENCE names its binary."""
+    import s3_helpers
+
+    made = []
+
+    def make(name: str = "d", env: dict | None = None, pool_size: str = "2G"):
+        ref = os.environ.get("CISTERN_S3_REFERENCE")
+        if os.environ.get("CISTERN_S3_EXTERNAL"):
+            ep = s3_helpers.ExternalS3(os.environ["CISTERN_S3_EXTERNAL"], tmp_path / f"{name}-ext")
+        elif ref:
+            ep = s3_helpers.MinioS3(ref, tmp_path / f"{name}-minio")
+        else:
+            disks = tmp_path / f"{name}-disks"
+            disks.mkdir(exist_ok=True)
+            ep = s3_helpers.CisternS3(make_daemon, disks, tmp_path, name=name, env=env, pool_size=pool_size)
+        made.append(ep)
+        return ep
+
+    yield make
+    for ep in made:
+        if ep.kind != "cistern":  # make_daemon stops Cistern's daemons
+            ep.stop()
+
+
+@pytest.fixture
+def s3(make_s3):
+    return make_s3()
 
 
 # ------------------------------------------------------------------ reporting
