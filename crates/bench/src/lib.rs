@@ -19,6 +19,8 @@ pub mod measure;
 pub mod nbd_client;
 pub mod plan;
 pub mod provision;
+pub mod s3_client;
+pub mod sigv4;
 pub mod stats;
 pub mod svg;
 pub mod target;
