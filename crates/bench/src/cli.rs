@@ -148,6 +148,9 @@ pub struct LatencyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// s3:// only: create the bucket if it does not exist.
+    #[arg(long)]
+    pub create_bucket: bool,
     #[command(flatten)]
     pub s3: S3Options,
 }
@@ -513,6 +516,7 @@ fn run_list(a: ListArgs) -> anyhow::Result<()> {
 
 fn run_latency(a: LatencyArgs) -> anyhow::Result<()> {
     let spec = TargetSpec::parse_with(&a.target, &a.s3)?;
+    create_bucket(&spec, a.create_bucket)?;
     let cfg = LatencyConfig {
         requests: a.requests,
         warmup: a.warmup,
