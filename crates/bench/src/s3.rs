@@ -51,7 +51,7 @@ impl S3Target {
         } else {
             format!("{prefix}/")
         };
-        let config = opts.resolve().with_context(|| format!("{s}"))?;
+        let config = opts.resolve().with_context(|| s.to_string())?;
         Ok(Self {
             bucket: bucket.to_string(),
             prefix,
