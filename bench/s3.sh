@@ -7,10 +7,10 @@
 #   RUNTIME=5 LIST_OBJECTS=10000 TARGETS="minio cistern" bash bench/s3.sh
 #
 # Tests (each target a fresh server with its data under BENCH_DIR):
-#   put-4k    CLIENTS clients PUT 4 KiB objects (random keys of OBJECTS_4K), RUNTIME s
-#   get-4k    CLIENTS clients GET those objects (missing keys are put first)
-#   put-1m    the same with 1 MiB objects (OBJECTS_1M keys)
-#   get-1m
+#   put-4k    CLIENTS clients PUT new 4 KiB objects for RUNTIME s (keys 0, 1, 2, ...)
+#   get-4k    CLIENTS clients GET random ones of the first OBJECTS_4K keys (put first if missing)
+#   put-1m    the same with 1 MiB objects
+#   get-1m    (random ones of the first OBJECTS_1M keys)
 #   head      HEAD round trips on one connection (bench latency)
 #   list      full ListObjectsV2 listings (1000 keys a page) of a bucket of
 #             LIST_OBJECTS objects of LIST_OBJECT_SIZE, put first by CLIENTS clients
@@ -21,8 +21,8 @@
 # Environment:
 #   RUNTIME=15            seconds per timed test
 #   CLIENTS=16            concurrent clients (connections) of put/get and of populating
-#   OBJECTS_4K=20000      distinct keys of the 4 KiB tests
-#   OBJECTS_1M=500        distinct keys of the 1 MiB tests
+#   OBJECTS_4K=20000      keys the 4 KiB GETs pick from
+#   OBJECTS_1M=500        keys the 1 MiB GETs pick from
 #   LIST_OBJECTS=100000   objects of the listed bucket
 #   LIST_OBJECT_SIZE=1K   their size
 #   LIST_REPEAT=3         measured listings (after one unmeasured)
@@ -30,7 +30,7 @@
 #   TARGETS="minio cistern"
 #   BENCH_DIR=bench/out/s3-<time>   data, logs and JSON results (the disk measured)
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
-#   POOL_SIZE=8G          size of Cistern's file-backed pool device (sparse)
+#   POOL_SIZE=32G         size of Cistern's file-backed pool device (sparse)
 #   COMPRESSION=off       compression of Cistern's buckets
 #   MINIO_BIN=/work/cache/minio/bin/minio  (built with `go install` into its
 #                         directory's parent if missing: ~15 min, once)
@@ -52,7 +52,7 @@ TESTS="${TESTS:-put-4k get-4k put-1m get-1m head list}"
 TARGETS="${TARGETS:-minio cistern}"
 BENCH_DIR="${BENCH_DIR:-$ROOT/bench/out/s3-$(date +%Y%m%d-%H%M%S)}"
 CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"
-POOL_SIZE="${POOL_SIZE:-8G}"
+POOL_SIZE="${POOL_SIZE:-32G}"
 COMPRESSION="${COMPRESSION:-off}"
 MINIO_BIN="${MINIO_BIN:-/work/cache/minio/bin/minio}"
 KEEP_FILES="${KEEP_FILES:-0}"

@@ -40,7 +40,7 @@ pub enum BenchCommand {
 pub struct IopsArgs {
     /// A file (created and removed if missing), a block device,
     /// nbd://host[:port]/export, nbd+unix:///export?socket=PATH, or
-    /// s3://bucket[/prefix] (a block is an object: a write a PUT, a read a GET).
+    /// s3://bucket[/prefix] (a write PUTs a new object, a read GETs one of --objects).
     pub target: String,
     /// Worker threads, each with its own file descriptor or connection.
     #[arg(short, long, default_value_t = 8)]
@@ -61,8 +61,8 @@ pub struct IopsArgs {
     /// the size of a file the bench creates].
     #[arg(long, value_parser = util::parse_size, conflicts_with = "objects")]
     pub size: Option<u64>,
-    /// s3:// only: distinct keys the run writes or reads [default: 1000]
-    /// (read runs put the missing ones first).
+    /// s3:// only: keys reads pick from [default: 1000] (read runs put the
+    /// missing ones first); writes PUT new keys from 0 up.
     #[arg(long)]
     pub objects: Option<u64>,
     /// s3:// only: create the bucket if it does not exist.

@@ -1,11 +1,13 @@
-//! The `s3://bucket[/prefix]` target: a block of the run is an object
-//! (`PREFIX` + its index, ten digits), a write is a PUT of it, a read a
-//! GET, the latency probe a HEAD. Each worker has its own client and
-//! keep-alive connection. Objects stay in the bucket after a run (a read
-//! run after a write run finds them).
+//! The `s3://bucket[/prefix]` target: objects are named `PREFIX` + an
+//! index (ten digits). A write PUTs the run's next new key (0, 1, 2, ...
+//! shared by all workers: S3 PUT benchmarks create objects, and a faster
+//! server must not be doing more overwrites than a slower one), a read GETs
+//! a random key of the region (block i = key i), the latency probe is a
+//! HEAD. Each worker has its own client and keep-alive connection. Objects
+//! stay in the bucket after a run (a read run after a write run finds them).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -21,13 +23,23 @@ pub const PROBE_KEY: &str = "cistern-bench-latency";
 pub const POPULATE_WORKERS: usize = 16;
 
 /// A bucket, a key prefix and how to reach them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct S3Target {
     pub bucket: String,
     /// Empty, or ending with `/`.
     pub prefix: String,
     pub config: Arc<S3Config>,
+    /// The index of the next key written (shared by the workers' handles).
+    next_write: Arc<AtomicU64>,
 }
+
+impl PartialEq for S3Target {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.bucket, &self.prefix, &self.config) == (&o.bucket, &o.prefix, &o.config)
+    }
+}
+
+impl Eq for S3Target {}
 
 impl S3Target {
     /// `s3://bucket[/prefix]` with the connection settings of `opts`.
@@ -56,6 +68,7 @@ impl S3Target {
             bucket: bucket.to_string(),
             prefix,
             config: Arc::new(config),
+            next_write: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -240,14 +253,14 @@ struct S3Worker {
 }
 
 impl S3Worker {
-    fn key(&self, offset: u64, len: usize) -> String {
+    fn read_key(&self, offset: u64, len: usize) -> String {
         self.target.key(offset / (len.max(1) as u64))
     }
 }
 
 impl Target for S3Worker {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> anyhow::Result<()> {
-        let key = self.key(offset, buf.len());
+        let key = self.read_key(offset, buf.len());
         let n = self.client.get_object(&self.bucket, &key, buf)?;
         if n != buf.len() {
             bail!(
@@ -259,9 +272,13 @@ impl Target for S3Worker {
         Ok(())
     }
 
-    /// S3 acknowledges a PUT once it is stored: every write is synchronous.
-    fn write_sync(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
-        let key = self.key(offset, data.len());
+    /// A PUT of the run's next new key (`offset` is not used; see the
+    /// module doc). S3 acknowledges a PUT once it is stored: every write is
+    /// synchronous.
+    fn write_sync(&mut self, _offset: u64, data: &[u8]) -> anyhow::Result<()> {
+        let key = self
+            .target
+            .key(self.target.next_write.fetch_add(1, Ordering::Relaxed));
         Ok(self.client.put_object(&self.bucket, &key, data)?)
     }
 
