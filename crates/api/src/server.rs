@@ -104,7 +104,7 @@ pub fn status_for(err: &dataset::Error) -> StatusCode {
     match err {
         E::NotFound(_) => StatusCode::NOT_FOUND,
         E::AlreadyExists(_) | E::Busy(_) | E::ReadOnly(_) => StatusCode::CONFLICT,
-        E::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        E::InvalidArgument(_) | E::NeedsUpgrade(_) => StatusCode::BAD_REQUEST,
         E::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
         E::Corrupt(_) | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -122,6 +122,7 @@ pub fn kind_for(err: &dataset::Error) -> &'static str {
         E::ReadOnly(_) => "ReadOnly",
         E::Corrupt(_) => "Corrupt",
         E::Io(_) => "Io",
+        E::NeedsUpgrade(_) => "NeedsUpgrade",
     }
 }
 

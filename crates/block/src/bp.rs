@@ -6,6 +6,9 @@
 //! per DVA: u32 group | u64 offset | u32 asize
 //! [u8; 32] checksum of the stored (physical) bytes
 //! ```
+//! An embedded pointer (decision 0017, as ZFS's BP_EMBEDDED) has no DVA
+//! (count 0) and carries its `psize` stored bytes after the checksum: tiny
+//! blocks and object attributes live in the metadata row, no data block.
 
 use crate::checksum::{Checksum, ChecksumAlgo};
 use crate::compress::CompressionAlgo;
@@ -27,6 +30,8 @@ pub struct BlockPointer {
     pub checksum: Checksum,
     /// The txg in which this block was written; snapshots compare against it.
     pub birth: u64,
+    /// The stored bytes of an embedded block (no DVAs): in the metadata, not on the data region.
+    pub embedded: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -43,8 +48,13 @@ impl BlockPointer {
         self.dvas.iter().map(|d| d.asize as u64).sum()
     }
 
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        assert!(!self.dvas.is_empty() && self.dvas.len() <= MAX_DVAS);
+        assert!(self.dvas.len() <= MAX_DVAS);
+        assert_eq!(self.dvas.is_empty(), self.embedded.is_some());
         let mut out = Vec::with_capacity(20 + 16 * self.dvas.len() + 32);
         out.extend_from_slice(&[
             BP_VERSION,
@@ -61,6 +71,9 @@ impl BlockPointer {
             out.extend_from_slice(&d.asize.to_le_bytes());
         }
         out.extend_from_slice(&self.checksum);
+        if let Some(e) = &self.embedded {
+            out.extend_from_slice(e);
+        }
         out
     }
 
@@ -75,7 +88,7 @@ impl BlockPointer {
         let checksum_algo = ChecksumAlgo::from_code(header[2])
             .ok_or(BpDecodeError::Malformed("checksum algorithm"))?;
         let ndva = header[3] as usize;
-        if ndva == 0 || ndva > MAX_DVAS {
+        if ndva > MAX_DVAS {
             return Err(BpDecodeError::Malformed("DVA count"));
         }
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
@@ -84,7 +97,10 @@ impl BlockPointer {
             a.copy_from_slice(&b[o..o + 8]);
             u64::from_le_bytes(a)
         };
-        if b.len() != 20 + 16 * ndva + 32 {
+        let psize = u32_at(8) as usize;
+        let embedded = ndva == 0;
+        let expect = 20 + 16 * ndva + 32 + if embedded { psize } else { 0 };
+        if b.len() != expect {
             return Err(short);
         }
         let dvas = (0..ndva)
@@ -98,7 +114,7 @@ impl BlockPointer {
             })
             .collect();
         let mut checksum = [0u8; 32];
-        checksum.copy_from_slice(&b[20 + 16 * ndva..]);
+        checksum.copy_from_slice(&b[20 + 16 * ndva..20 + 16 * ndva + 32]);
         Ok(BlockPointer {
             dvas,
             lsize: u32_at(4),
@@ -107,6 +123,7 @@ impl BlockPointer {
             checksum_algo,
             checksum,
             birth: u64_at(12),
+            embedded: embedded.then(|| b[52..].to_vec()),
         })
     }
 }

@@ -1,5 +1,5 @@
 //! A bounded cache of decompressed, verified blocks, keyed by
-//! (dataset, block, birth txg): a block version never changes, so an entry
+//! (dataset, object, block, birth txg): a block version never changes, so an entry
 //! can never be stale. Eviction is first-in first-out.
 
 use parking_lot::Mutex;
@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub type Key = (u64, u64, u64);
+pub type Key = (u64, u64, u64, u64);
 
 pub struct BlockCache {
     limit: usize,
@@ -86,10 +86,10 @@ mod tests {
     fn stays_within_its_bound() {
         let c = BlockCache::new(10_000);
         for i in 0..100 {
-            c.insert((1, i, 1), Arc::new(vec![0; 4096]));
+            c.insert((1, 1, i, 1), Arc::new(vec![0; 4096]));
         }
         assert!(c.inner.lock().bytes <= 10_000);
-        assert!(c.get(&(1, 99, 1)).is_some());
-        assert!(c.get(&(1, 0, 1)).is_none());
+        assert!(c.get(&(1, 1, 99, 1)).is_some());
+        assert!(c.get(&(1, 1, 0, 1)).is_none());
     }
 }

@@ -48,6 +48,9 @@ pub struct EngineInner {
     /// This daemon in labels and MMP stamps (decision 0010).
     pub(crate) owner: pool::Owner,
     lock: Mutex<Option<crate::owner::StateLock>>,
+    /// Pools of the cache file or an import that are in an older format:
+    /// kept in the cache file until `pool upgrade` converts and imports them.
+    awaiting_upgrade: Mutex<Vec<CachedPool>>,
 }
 
 fn io(context: &str, e: impl std::fmt::Display) -> Error {
@@ -107,14 +110,19 @@ impl Engine {
                 autosnap: Default::default(),
                 owner,
                 lock: Mutex::new(Some(lock)),
+                awaiting_upgrade: Mutex::default(),
             },
         };
         let cache = engine.read_cache()?;
         for cached in cache.pools {
-            match engine.import_devices(&cached.devices, Some(cached.guid), false) {
+            match engine.import_devices(&cached.devices, Some(cached.guid), false, None) {
                 Ok(p) => {
                     tracing::info!(pool = %p.pool.name, "imported from cache file");
                     engine.inner.pools.write().insert(p.pool.name.clone(), p);
+                }
+                Err(e @ Error::NeedsUpgrade(_)) => {
+                    tracing::error!(pool = %cached.name, "not imported: {e}");
+                    engine.inner.awaiting_upgrade.lock().push(cached);
                 }
                 Err(e) => {
                     tracing::error!(pool = %cached.name, error = %e, "cannot import pool from cache file")
@@ -168,6 +176,7 @@ impl Engine {
     /// Rewrites the cache file from the imported pools (atomically: temp file, fsync, rename).
     fn write_cache(&self) -> Result<()> {
         let pools = self.inner.pools.read();
+        let awaiting = self.inner.awaiting_upgrade.lock();
         let cache = CacheFile {
             version: CACHE_VERSION,
             pools: pools
@@ -177,6 +186,7 @@ impl Engine {
                     guid: p.pool.guid,
                     devices: p.pool.device_paths(),
                 })
+                .chain(awaiting.iter().cloned())
                 .collect(),
         };
         let path = self.inner.state_dir.join(CACHE_FILE);
@@ -380,6 +390,7 @@ impl Engine {
         paths: &[PathBuf],
         guid: Option<u64>,
         force: bool,
+        upgrade: Option<&mut Vec<String>>,
     ) -> Result<Arc<ImportedPool>> {
         let mut devs = Vec::new();
         for path in paths {
@@ -427,7 +438,7 @@ impl Engine {
                 e => Error::Busy(e.to_string()),
             });
         }
-        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone()).and_then(|p| {
+        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone(), upgrade).and_then(|p| {
             // The labels now name this daemon as the owner of an ACTIVE pool.
             p.pool
                 .set_exported(false)
@@ -945,7 +956,20 @@ impl Engine {
                 )))
             }
         };
-        let p = self.import_devices(&devices, Some(label.pool_guid), force)?;
+        let p = match self.import_devices(&devices, Some(label.pool_guid), force, None) {
+            Err(e @ Error::NeedsUpgrade(_)) => {
+                // Remembered, so `pool upgrade` finds its devices.
+                let mut awaiting = self.inner.awaiting_upgrade.lock();
+                awaiting.retain(|c| c.guid != label.pool_guid);
+                awaiting.push(CachedPool {
+                    name: label.pool_name.clone(),
+                    guid: label.pool_guid,
+                    devices: devices.clone(),
+                });
+                return Err(e);
+            }
+            r => r?,
+        };
         let name = p.pool.name.clone();
         self.inner.pools.write().insert(name.clone(), p.clone());
         self.write_cache()?;
@@ -1795,6 +1819,20 @@ impl Engine {
     /// this build reads, it also writes in place). This is where a future
     /// format change adds its conversion step.
     pub fn upgrade_pool(&self, pool: &str, apply: bool) -> Result<PoolVersions> {
+        let mut upgraded: Vec<String> = Vec::new();
+        let awaiting = {
+            let list = self.inner.awaiting_upgrade.lock();
+            list.iter().find(|c| c.name == pool).cloned()
+        };
+        if let (Some(cached), true) = (awaiting, apply) {
+            let _admin = self.inner.admin.lock();
+            let p = self.import_devices(&cached.devices, Some(cached.guid), false, Some(&mut upgraded))?;
+            self.inner.awaiting_upgrade.lock().retain(|c| c.guid != cached.guid);
+            self.inner.pools.write().insert(p.pool.name.clone(), p.clone());
+            self.write_cache()?;
+            history::log_internal(&p, "upgrade");
+            tracing::info!(pool, "pool upgraded and imported");
+        }
         let p = self.pool(pool)?;
         let meta_format = {
             let tx = p.db().begin_read().map_err(crate::txg::meta_err)?;
@@ -1813,10 +1851,6 @@ impl Engine {
             .map(|l| l.version)
             .max()
             .unwrap_or(0);
-        // Each conversion, when one exists, runs here when `apply` and says
-        // what it did in `upgraded`; none exists yet.
-        let upgraded: Vec<String> = Vec::new();
-        let _ = apply;
         Ok(PoolVersions {
             pool: pool.to_string(),
             meta_format,

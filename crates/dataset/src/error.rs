@@ -22,6 +22,9 @@ pub enum Error {
     Corrupt(String),
     #[error("I/O error: {0}")]
     Io(String),
+    /// A pool in an older format; the message names `pool upgrade`.
+    #[error("{0}")]
+    NeedsUpgrade(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

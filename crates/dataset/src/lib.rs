@@ -26,6 +26,7 @@ mod snapshot;
 mod snapshot_admin;
 pub mod space;
 mod txg;
+mod upgrade;
 mod volume;
 
 pub use api_types::*;

@@ -15,8 +15,15 @@
 //! birth txg. Snapshots, clones, rollback, diff and space work the same for
 //! every kind.
 
-use crate::{Error, Result};
+use crate::blockmap::{self, block_addr, name_addr, Chain};
+use crate::space::Class;
+use crate::txg::{Dirty, ImportedPool, OpenTxg};
+use crate::volume::{self, Op};
+use crate::{DatasetKind, Error, ReadSegment, Result};
+use intent_log::RecordKind;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A volume's data is this object of its dataset.
 pub const VOLUME_OBJECT: u64 = 1;
@@ -48,7 +55,7 @@ pub enum ObjectKind {
 }
 
 /// Versioned attributes of one object (ZFS: the dnode and its bonus buffer).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectAttrs {
     pub kind: ObjectKind,
     /// Bytes; reads past it are short.
@@ -67,17 +74,18 @@ pub struct ObjectAttrs {
     pub crtime_ns: u64,
     /// The layer above's own data (S3: content headers, ETag, user metadata;
     /// POSIX: mode, owner, xattrs), at most [`MAX_PAYLOAD`] bytes.
-    #[serde(with = "serde_bytes_compat")]
     pub payload: Vec<u8>,
 }
 
 /// One change to a dataset's objects: what is logged and replayed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ObjectOp {
     Create {
         obj: u64,
         kind: ObjectKind,
         blksz: u32,
+        /// The txg it is created in (filled in when first applied).
+        generation: u64,
         time_ns: u64,
         payload: Vec<u8>,
     },
@@ -119,131 +127,1224 @@ pub enum ObjectOp {
     Remove { obj: u64 },
 }
 
-mod serde_bytes_compat {
-    use serde::{Deserialize, Deserializer, Serializer};
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
+
+/// Largest stored (compressed) block kept in its metadata row instead of a
+/// data block (decision 0017 has the measurement).
+pub const EMBED_MAX: usize = 2048;
+
+/// Length of `data` without its trailing zeros, rounded up to 512 bytes.
+pub(crate) fn trimmed_len(data: &[u8]) -> usize {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    end.div_ceil(512).saturating_mul(512).min(data.len())
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The name an object has in the unlinked set: sorts by id.
+fn unlinked_name(obj: u64) -> String {
+    format!("{obj:016x}")
+}
+
+// ------------------------------------------------------------ encodings
+
+/// A little-endian writer for the attribute and op encodings.
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        Vec::<u8>::deserialize(d)
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
     }
 }
 
+struct Dec<'a>(&'a [u8], &'static str);
+
+impl<'a> Dec<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(Error::Corrupt(format!("{}: truncated", self.1)));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String> {
+        String::from_utf8(self.bytes()?.to_vec())
+            .map_err(|_| Error::Corrupt(format!("{}: name is not UTF-8", self.1)))
+    }
+}
+
+const ATTRS_VERSION: u8 = 1;
+
+impl ObjectKind {
+    fn code(self) -> u8 {
+        match self {
+            ObjectKind::File => 1,
+            ObjectKind::Dir => 2,
+            ObjectKind::Special => 3,
+        }
+    }
+    fn from_code(c: u8) -> Result<ObjectKind> {
+        Ok(match c {
+            1 => ObjectKind::File,
+            2 => ObjectKind::Dir,
+            3 => ObjectKind::Special,
+            _ => return Err(Error::Corrupt(format!("object kind {c}"))),
+        })
+    }
+}
+
+impl ObjectAttrs {
+    /// `u8 version (1) | u8 kind | u64 size | u32 blksz | u64 generation |
+    /// u32 nlink | u64 mtime | u64 ctime | u64 crtime | u32 len | payload`, LE.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(57 + self.payload.len()));
+        e.u8(ATTRS_VERSION)
+            .u8(self.kind.code())
+            .u64(self.size)
+            .u32(self.blksz)
+            .u64(self.generation)
+            .u32(self.nlink)
+            .u64(self.mtime_ns)
+            .u64(self.ctime_ns)
+            .u64(self.crtime_ns)
+            .bytes(&self.payload);
+        e.0
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<ObjectAttrs> {
+        let mut d = Dec(b, "object attributes");
+        let v = d.u8()?;
+        if v != ATTRS_VERSION {
+            return Err(Error::Corrupt(format!(
+                "object attributes version {v} is not understood by this build"
+            )));
+        }
+        Ok(ObjectAttrs {
+            kind: ObjectKind::from_code(d.u8()?)?,
+            size: d.u64()?,
+            blksz: d.u32()?,
+            generation: d.u64()?,
+            nlink: d.u32()?,
+            mtime_ns: d.u64()?,
+            ctime_ns: d.u64()?,
+            crtime_ns: d.u64()?,
+            payload: d.bytes()?.to_vec(),
+        })
+    }
+}
+
+impl ObjectOp {
+    /// The log payload: `u8 op | fields` (LE; byte strings length-prefixed).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::new());
+        match self {
+            ObjectOp::Create {
+                obj,
+                kind,
+                blksz,
+                generation,
+                time_ns,
+                payload,
+            } => e
+                .u8(1)
+                .u64(*obj)
+                .u8(kind.code())
+                .u32(*blksz)
+                .u64(*generation)
+                .u64(*time_ns)
+                .bytes(payload),
+            ObjectOp::Write {
+                obj,
+                offset,
+                data,
+                time_ns,
+            } => e.u8(2).u64(*obj).u64(*offset).u64(*time_ns).bytes(data),
+            ObjectOp::Truncate { obj, size, time_ns } => e.u8(3).u64(*obj).u64(*size).u64(*time_ns),
+            ObjectOp::SetPayload {
+                obj,
+                payload,
+                time_ns,
+            } => e.u8(4).u64(*obj).u64(*time_ns).bytes(payload),
+            ObjectOp::SetTimes {
+                obj,
+                mtime_ns,
+                crtime_ns,
+                time_ns,
+            } => e
+                .u8(5)
+                .u64(*obj)
+                .u64(mtime_ns.unwrap_or(u64::MAX))
+                .u64(crtime_ns.unwrap_or(u64::MAX))
+                .u64(*time_ns),
+            ObjectOp::Link {
+                dir,
+                name,
+                obj,
+                time_ns,
+            } => e.u8(6).u64(*dir).bytes(name.as_bytes()).u64(*obj).u64(*time_ns),
+            ObjectOp::Unlink { dir, name, time_ns } => {
+                e.u8(7).u64(*dir).bytes(name.as_bytes()).u64(*time_ns)
+            }
+            ObjectOp::Remove { obj } => e.u8(8).u64(*obj),
+        };
+        e.0
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<ObjectOp> {
+        let mut d = Dec(b, "object op log record");
+        let opt = |v: u64| (v != u64::MAX).then_some(v);
+        Ok(match d.u8()? {
+            1 => ObjectOp::Create {
+                obj: d.u64()?,
+                kind: ObjectKind::from_code(d.u8()?)?,
+                blksz: d.u32()?,
+                generation: d.u64()?,
+                time_ns: d.u64()?,
+                payload: d.bytes()?.to_vec(),
+            },
+            2 => ObjectOp::Write {
+                obj: d.u64()?,
+                offset: d.u64()?,
+                time_ns: d.u64()?,
+                data: d.bytes()?.to_vec(),
+            },
+            3 => ObjectOp::Truncate {
+                obj: d.u64()?,
+                size: d.u64()?,
+                time_ns: d.u64()?,
+            },
+            4 => ObjectOp::SetPayload {
+                obj: d.u64()?,
+                time_ns: d.u64()?,
+                payload: d.bytes()?.to_vec(),
+            },
+            5 => ObjectOp::SetTimes {
+                obj: d.u64()?,
+                mtime_ns: opt(d.u64()?),
+                crtime_ns: opt(d.u64()?),
+                time_ns: d.u64()?,
+            },
+            6 => ObjectOp::Link {
+                dir: d.u64()?,
+                name: d.string()?,
+                obj: d.u64()?,
+                time_ns: d.u64()?,
+            },
+            7 => ObjectOp::Unlink {
+                dir: d.u64()?,
+                name: d.string()?,
+                time_ns: d.u64()?,
+            },
+            8 => ObjectOp::Remove { obj: d.u64()? },
+            k => return Err(Error::Corrupt(format!("object op {k}"))),
+        })
+    }
+}
+
+// ------------------------------------------------------------ reading
+
+/// What one request sees of a dataset.
+struct State {
+    chain: Chain,
+    /// A snapshot's txg: reads stop there and skip uncommitted changes.
+    snapshot: Option<u64>,
+    readonly: bool,
+    recordsize: u32,
+    /// Txg and time the dataset was created (the fixed directories' attributes).
+    created: (u64, u64),
+}
+
+impl State {
+    fn ds(&self) -> u64 {
+        self.chain.data_id()
+    }
+    fn head(&self) -> bool {
+        self.snapshot.is_none()
+    }
+}
+
+/// Attributes of a fixed directory that was never changed: it exists from
+/// the dataset's creation.
+fn implicit_dir(obj: u64, created: (u64, u64)) -> Option<ObjectAttrs> {
+    (obj == ROOT_DIR || obj == UNLINKED_SET).then(|| ObjectAttrs {
+        kind: ObjectKind::Dir,
+        size: 0,
+        blksz: 0,
+        generation: created.0,
+        nlink: 1,
+        mtime_ns: created.1 * 1_000_000_000,
+        ctime_ns: created.1 * 1_000_000_000,
+        crtime_ns: created.1 * 1_000_000_000,
+        payload: Vec::new(),
+    })
+}
+
+/// An object's attributes outside the open txg: the syncing txg (heads), then committed.
+fn attrs_outside_open(p: &ImportedPool, st: &State, obj: u64) -> Result<Option<ObjectAttrs>> {
+    let view = p.view()?;
+    if st.head() {
+        if let Some(d) = view
+            .syncing
+            .as_ref()
+            .and_then(|s| s.blocks.get(&(st.ds(), obj, ATTR_BLOCK)))
+        {
+            return decode_dirty_attrs(d);
+        }
+    }
+    match blockmap::resolve(&view.blocks, &st.chain, &block_addr(obj, ATTR_BLOCK))? {
+        None => Ok(implicit_dir(obj, st.created)),
+        Some(v) => {
+            let bp = block::BlockPointer::decode(&v)
+                .map_err(|e| Error::Corrupt(format!("object {obj} attributes: {e}")))?;
+            let bytes = block::read_block(&p.pool, &bp)
+                .map_err(|e| Error::Corrupt(format!("object {obj} attributes: {e}")))?;
+            ObjectAttrs::decode(&bytes).map(Some)
+        }
+    }
+}
+
+fn decode_dirty_attrs(d: &Dirty) -> Result<Option<ObjectAttrs>> {
+    match d {
+        Dirty::Data(b) => ObjectAttrs::decode(b).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The attributes as the open txg has them, if it changed them.
+fn open_attrs(open: &OpenTxg, ds: u64, obj: u64) -> Option<Result<Option<ObjectAttrs>>> {
+    open.dirty
+        .get(&(ds, obj, ATTR_BLOCK))
+        .map(decode_dirty_attrs)
+}
+
+/// A name's target outside the open txg.
+fn lookup_outside_open(p: &ImportedPool, st: &State, dir: u64, name: &str) -> Result<Option<u64>> {
+    let view = p.view()?;
+    if st.head() {
+        if let Some(t) = view
+            .syncing
+            .as_ref()
+            .and_then(|s| s.names.get(&(st.ds(), dir, name.to_string())))
+        {
+            return Ok(*t);
+        }
+    }
+    blockmap::resolve(&view.blocks, &st.chain, &name_addr(dir, name))?
+        .map(|v| target_of(&v))
+        .transpose()
+}
+
+fn target_of(v: &[u8]) -> Result<u64> {
+    v.try_into()
+        .map(u64::from_le_bytes)
+        .map_err(|_| Error::Corrupt(format!("name row value {v:02x?}")))
+}
+
+// ------------------------------------------------------------ applying
+
+/// What an op needs to know before it takes the open txg's lock.
+struct Prepared {
+    /// (object, attributes outside the open txg) of the objects it changes.
+    attrs: Vec<(u64, Option<ObjectAttrs>)>,
+    /// A name's target outside the open txg (link, unlink).
+    target: Option<u64>,
+}
+
+impl Prepared {
+    /// The attributes to change, newest first: the open txg's, else the prepared ones.
+    fn current(&self, open: &OpenTxg, ds: u64, obj: u64) -> Result<Option<ObjectAttrs>> {
+        if let Some(a) = open_attrs(open, ds, obj) {
+            return a;
+        }
+        Ok(self
+            .attrs
+            .iter()
+            .find(|(o, _)| *o == obj)
+            .and_then(|(_, a)| a.clone()))
+    }
+}
+
+fn put_attrs(open: &mut OpenTxg, ds: u64, obj: u64, a: &ObjectAttrs) {
+    open.dirty
+        .insert((ds, obj, ATTR_BLOCK), Dirty::Data(Arc::new(a.encode())));
+}
+
+/// nlink + `delta` on `obj`, moving it into or out of the unlinked set at 0.
+fn relink(open: &mut OpenTxg, ds: u64, obj: u64, mut a: ObjectAttrs, delta: i32, t: u64) {
+    let before = a.nlink;
+    a.nlink = (a.nlink as i64 + delta as i64).max(0) as u32;
+    a.ctime_ns = t;
+    let key = (ds, UNLINKED_SET, unlinked_name(obj));
+    if before == 0 && a.nlink > 0 {
+        open.names.insert(key, None);
+    } else if before > 0 && a.nlink == 0 {
+        open.names.insert(key, Some(obj));
+    }
+    put_attrs(open, ds, obj, &a);
+}
+
+/// Applies `op` to dataset `ds` (a head): its block changes, attributes
+/// and names under one hold of the open txg, then logs it (`log`) in the
+/// same hold. Returns the log sequence number (0 unlogged). `class` admits
+/// its new bytes against the space budget; `None` for replay.
+fn apply_op(
+    p: &ImportedPool,
+    ds: u64,
+    chain_st: &State,
+    op: &ObjectOp,
+    log: bool,
+    class: Option<Class>,
+) -> Result<u64> {
+    let st = chain_st;
+    // Objects whose attributes it changes, and the name it looks at.
+    let (objs, name): (Vec<u64>, Option<(u64, &str)>) = match op {
+        ObjectOp::Create { .. } => (vec![], None),
+        ObjectOp::Write { obj, .. }
+        | ObjectOp::Truncate { obj, .. }
+        | ObjectOp::SetPayload { obj, .. }
+        | ObjectOp::SetTimes { obj, .. }
+        | ObjectOp::Remove { obj } => (vec![*obj], None),
+        ObjectOp::Link { dir, name, obj, .. } => (vec![*obj, *dir], Some((*dir, name.as_str()))),
+        ObjectOp::Unlink { dir, name, .. } => (vec![*dir], Some((*dir, name.as_str()))),
+    };
+    let target = match name {
+        Some((dir, n)) => {
+            let open = p.open.lock().names.get(&(ds, dir, n.to_string())).copied();
+            match open {
+                Some(t) => t,
+                None => lookup_outside_open(p, st, dir, n)?,
+            }
+        }
+        None => None,
+    };
+    let mut attrs = Vec::new();
+    for &o in objs.iter().chain(target.iter()) {
+        let open = p.open.lock().dirty.get(&(ds, o, ATTR_BLOCK)).cloned();
+        let a = match open {
+            Some(d) => decode_dirty_attrs(&d)?,
+            None => attrs_outside_open(p, st, o)?,
+        };
+        attrs.push((o, a));
+    }
+    let prep = Prepared { attrs, target };
+    let missing = |o: u64| Error::NotFound(format!("object {o}"));
+    let get = |o: u64| prep.attrs.iter().find(|(x, _)| *x == o).and_then(|(_, a)| a.clone());
+    // The block part of the op, checked against the prepared attributes.
+    let (bs, offset, block_op) = match op {
+        ObjectOp::Write {
+            obj, offset, data, ..
+        } => {
+            let a = get(*obj).ok_or_else(|| missing(*obj))?;
+            if a.kind != ObjectKind::File {
+                return Err(Error::InvalidArgument(format!("object {obj} is not a file")));
+            }
+            (a.blksz, *offset, Some(Op::Write(data)))
+        }
+        ObjectOp::Truncate { obj, size, .. } => {
+            let a = get(*obj).ok_or_else(|| missing(*obj))?;
+            let bsz = a.blksz.max(1) as u64;
+            let end = a.size.div_ceil(bsz) * bsz;
+            let zero = (*size < a.size).then(|| Op::Zero {
+                len: end - size,
+                allocate: false,
+            });
+            (a.blksz, *size, zero)
+        }
+        ObjectOp::Remove { obj } => {
+            let a = get(*obj).ok_or_else(|| missing(*obj))?;
+            if a.nlink > 0 {
+                return Err(Error::Busy(format!(
+                    "object {obj} still has {} name(s)",
+                    a.nlink
+                )));
+            }
+            let bsz = a.blksz.max(1) as u64;
+            let len = a.size.div_ceil(bsz) * bsz;
+            let zero = (len > 0).then_some(Op::Zero {
+                len,
+                allocate: false,
+            });
+            (a.blksz, 0, zero)
+        }
+        ObjectOp::Link { obj, dir, .. } => {
+            get(*obj).ok_or_else(|| missing(*obj))?;
+            match get(*dir) {
+                Some(d) if d.kind == ObjectKind::Dir => {}
+                Some(_) => return Err(Error::InvalidArgument(format!("object {dir} is not a directory"))),
+                None => return Err(missing(*dir)),
+            }
+            (0, 0, None)
+        }
+        ObjectOp::SetPayload { obj, payload, .. } => {
+            get(*obj).ok_or_else(|| missing(*obj))?;
+            if payload.len() > MAX_PAYLOAD {
+                return Err(Error::InvalidArgument(format!(
+                    "object payload of {} bytes (at most {MAX_PAYLOAD})",
+                    payload.len()
+                )));
+            }
+            (0, 0, None)
+        }
+        ObjectOp::SetTimes { obj, .. } => {
+            get(*obj).ok_or_else(|| missing(*obj))?;
+            (0, 0, None)
+        }
+        ObjectOp::Create { .. } | ObjectOp::Unlink { .. } => (0, 0, None),
+    };
+    let obj_of_blocks = objs.first().copied().unwrap_or(0);
+    let block_op = block_op.unwrap_or(Op::Zero {
+        len: 0,
+        allocate: false,
+    });
+    let mut outcome: Result<()> = Ok(());
+    let seq = volume::apply(
+        p,
+        ds,
+        obj_of_blocks,
+        bs.max(1),
+        offset,
+        block_op,
+        true,
+        class,
+        |open| match change_metadata(open, ds, &prep, op) {
+            Ok(generation) if log => {
+                // A create is logged with the generation it got, so replay gives it the same.
+                let record = match (op, generation) {
+                    (ObjectOp::Create { .. }, Some(g)) => {
+                        let mut c = op.clone();
+                        if let ObjectOp::Create { generation, .. } = &mut c {
+                            *generation = g;
+                        }
+                        c.encode()
+                    }
+                    _ => op.encode(),
+                };
+                p.log.append(RecordKind::ObjectOp, ds, 0, 0, &record)
+            }
+            Ok(_) => 0,
+            Err(e) => {
+                outcome = Err(e);
+                0
+            }
+        },
+    )?;
+    outcome.map(|()| seq)
+}
+
+/// The attribute and name part of `op`, under the open txg's lock. Returns
+/// the generation a created object got.
+fn change_metadata(open: &mut OpenTxg, ds: u64, prep: &Prepared, op: &ObjectOp) -> Result<Option<u64>> {
+    let cur = |open: &OpenTxg, o: u64| -> Result<ObjectAttrs> {
+        prep.current(open, ds, o)?
+            .ok_or_else(|| Error::NotFound(format!("object {o}")))
+    };
+    let txg = open.txg;
+    match op {
+        ObjectOp::Create {
+            obj,
+            kind,
+            blksz,
+            generation,
+            time_ns,
+            payload,
+        } => {
+            let generation = if *generation == 0 { txg } else { *generation };
+            let a = ObjectAttrs {
+                kind: *kind,
+                size: 0,
+                blksz: *blksz,
+                generation,
+                nlink: 0,
+                mtime_ns: *time_ns,
+                ctime_ns: *time_ns,
+                crtime_ns: *time_ns,
+                payload: payload.clone(),
+            };
+            put_attrs(open, ds, *obj, &a);
+            if *obj >= FIRST_DYNAMIC_OBJECT {
+                let next = open.next_object.entry(ds).or_insert(FIRST_DYNAMIC_OBJECT);
+                *next = (*next).max(*obj + 1);
+            }
+            // New objects start in the unlinked set, except fixed ones (named by their id).
+            if *obj >= FIRST_DYNAMIC_OBJECT {
+                open.names
+                    .insert((ds, UNLINKED_SET, unlinked_name(*obj)), Some(*obj));
+            }
+            return Ok(Some(generation));
+        }
+        ObjectOp::Write {
+            obj,
+            offset,
+            data,
+            time_ns,
+        } => {
+            let mut a = cur(open, *obj)?;
+            a.size = a.size.max(*offset + data.len() as u64);
+            a.mtime_ns = *time_ns;
+            a.ctime_ns = *time_ns;
+            put_attrs(open, ds, *obj, &a);
+        }
+        ObjectOp::Truncate { obj, size, time_ns } => {
+            let mut a = cur(open, *obj)?;
+            a.size = *size;
+            a.mtime_ns = *time_ns;
+            a.ctime_ns = *time_ns;
+            put_attrs(open, ds, *obj, &a);
+        }
+        ObjectOp::SetPayload {
+            obj,
+            payload,
+            time_ns,
+        } => {
+            let mut a = cur(open, *obj)?;
+            a.payload.clone_from(payload);
+            a.ctime_ns = *time_ns;
+            put_attrs(open, ds, *obj, &a);
+        }
+        ObjectOp::SetTimes {
+            obj,
+            mtime_ns,
+            crtime_ns,
+            time_ns,
+        } => {
+            let mut a = cur(open, *obj)?;
+            if let Some(m) = mtime_ns {
+                a.mtime_ns = *m;
+            }
+            if let Some(c) = crtime_ns {
+                a.crtime_ns = *c;
+            }
+            a.ctime_ns = *time_ns;
+            put_attrs(open, ds, *obj, &a);
+        }
+        ObjectOp::Link {
+            dir,
+            name,
+            obj,
+            time_ns,
+        } => {
+            let key = (ds, *dir, name.clone());
+            let before = match open.names.get(&key) {
+                Some(t) => *t,
+                None => prep.target,
+            };
+            if before == Some(*obj) {
+                return Ok(None);
+            }
+            let a = cur(open, *obj)?;
+            relink(open, ds, *obj, a, 1, *time_ns);
+            if let Some(old) = before {
+                if let Ok(a) = cur(open, old) {
+                    relink(open, ds, old, a, -1, *time_ns);
+                }
+            }
+            open.names.insert(key, Some(*obj));
+            touch_dir(open, ds, prep, *dir, *time_ns);
+        }
+        ObjectOp::Unlink { dir, name, time_ns } => {
+            let key = (ds, *dir, name.clone());
+            let before = match open.names.get(&key) {
+                Some(t) => *t,
+                None => prep.target,
+            };
+            let Some(old) = before else {
+                return Err(Error::NotFound(format!("name '{name}' in directory {dir}")));
+            };
+            if let Ok(a) = cur(open, old) {
+                relink(open, ds, old, a, -1, *time_ns);
+            }
+            open.names.insert(key, None);
+            touch_dir(open, ds, prep, *dir, *time_ns);
+        }
+        ObjectOp::Remove { obj } => {
+            open.dirty.insert((ds, *obj, ATTR_BLOCK), Dirty::Hole);
+            open.names
+                .insert((ds, UNLINKED_SET, unlinked_name(*obj)), None);
+        }
+    }
+    Ok(None)
+}
+
+/// A directory's mtime follows its entries (only when it is changed anyway
+/// or was read: the fixed directories stay implicit until then).
+fn touch_dir(open: &mut OpenTxg, ds: u64, prep: &Prepared, dir: u64, t: u64) {
+    if let Ok(Some(mut a)) = prep.current(open, ds, dir) {
+        a.mtime_ns = t;
+        a.ctime_ns = t;
+        put_attrs(open, ds, dir, &a);
+    }
+}
+
+/// Redoes an op from the intent log after a crash (already admitted).
+pub(crate) fn replay(p: &ImportedPool, ds: u64, payload: &[u8]) -> Result<()> {
+    let op = ObjectOp::decode(payload)?;
+    let st = {
+        let datasets = p.datasets.read();
+        let Some(rec) = datasets.values().find(|r| r.id == ds) else {
+            tracing::warn!(dataset = ds, "log record for a dataset that no longer exists; skipped");
+            return Ok(());
+        };
+        state_of(&datasets, rec)
+    };
+    match apply_op(p, ds, &st, &op, false, None) {
+        // An op that no longer applies (its object went in a later
+        // committed txg) changes nothing; a real inconsistency is an error.
+        Err(Error::NotFound(what)) => {
+            tracing::debug!(dataset = ds, %what, "replayed object op found nothing to change");
+            Ok(())
+        }
+        r => r.map(|_| ()),
+    }
+}
+
+/// Removes the objects left in the unlinked set of every bucket and
+/// filesystem (uploads interrupted by a crash, files unlinked while open),
+/// as ZFS drains its unlinked set at mount. Runs at import, before anyone
+/// opens the pool. Returns how many were removed.
+pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
+    let sets: Vec<(u64, State)> = {
+        let datasets = p.datasets.read();
+        datasets
+            .values()
+            .filter(|r| matches!(r.kind, DatasetKind::Bucket | DatasetKind::Filesystem) && r.next_object > 0)
+            .map(|r| (r.id, state_of(&datasets, r)))
+            .collect()
+    };
+    let mut removed = 0;
+    for (ds, st) in sets {
+        loop {
+            let batch = list_names(p, &st, UNLINKED_SET, "", None, 1024)?;
+            if batch.is_empty() {
+                break;
+            }
+            for (_, obj) in batch {
+                match apply_op(p, ds, &st, &ObjectOp::Remove { obj }, false, None) {
+                    Ok(_) => removed += 1,
+                    Err(e) => {
+                        // Unremovable (linked after all): leave the set, keep the object.
+                        tracing::warn!(dataset = ds, obj, error = %e, "unlinked object not removed");
+                        let mut open = p.open.lock();
+                        open.names.insert((ds, UNLINKED_SET, unlinked_name(obj)), None);
+                    }
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
+fn state_of(
+    datasets: &BTreeMap<String, crate::props::DatasetRecord>,
+    rec: &crate::props::DatasetRecord,
+) -> State {
+    let lineage = crate::txg::lineage(datasets, rec);
+    let head = if rec.is_snapshot() {
+        datasets.values().find(|r| r.id == rec.data_id()).unwrap_or(rec)
+    } else {
+        rec
+    };
+    State {
+        chain: Chain::of(rec, datasets.values()),
+        snapshot: rec.is_snapshot().then_some(rec.created_txg),
+        readonly: rec.is_snapshot() || lineage.readonly(),
+        recordsize: lineage.recordsize(),
+        created: (head.created_txg, head.creation),
+    }
+}
+
+/// Names of `dir` starting with `prefix`, after `after`, at most `limit`, in
+/// byte order: the committed rows merged with the syncing and open txgs'.
+fn list_names(
+    p: &ImportedPool,
+    st: &State,
+    dir: u64,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, u64)>> {
+    let ds = st.ds();
+    // Start at the prefix, or just after `after` when that is further on.
+    let start = match after {
+        Some(a) if a >= prefix => format!("{a}\0"),
+        _ => prefix.to_string(),
+    };
+    let in_range = |n: &str| n >= start.as_str() && n.starts_with(prefix);
+    // Uncommitted names: the syncing txg's, then the open txg's over them.
+    let mut overlay: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let view = p.view()?;
+    if st.head() {
+        let lo = (ds, dir, start.clone());
+        let hi = (ds, dir.saturating_add(1), String::new());
+        if let Some(s) = view.syncing.as_ref() {
+            for ((_, _, n), t) in s.names.range(lo.clone()..hi.clone()) {
+                if !n.starts_with(prefix) {
+                    break;
+                }
+                overlay.insert(n.clone(), *t);
+            }
+        }
+        let open = p.open.lock();
+        for ((_, _, n), t) in open.names.range(lo..hi) {
+            if !n.starts_with(prefix) {
+                break;
+            }
+            overlay.insert(n.clone(), *t);
+        }
+    }
+    let lo = name_addr(dir, &start);
+    let hi = blockmap::prefix_end(name_addr(dir, prefix)).unwrap_or_else(|| vec![0xff]);
+    let mut out = Vec::new();
+    let mut over = overlay.into_iter().peekable();
+    let emit = |out: &mut Vec<(String, u64)>, n: String, t: Option<u64>| {
+        if let Some(t) = t {
+            if in_range(&n) {
+                out.push((n, t));
+            }
+        }
+    };
+    let mut committed = blockmap::NameScan::new(&view.blocks, &st.chain, &lo, &hi)?;
+    while out.len() < limit {
+        let next = committed.peek()?;
+        match (next, over.peek()) {
+            (None, None) => break,
+            (Some((n, _)), Some((o, _))) if o.as_str() <= n.as_str() => {
+                let same = o == n;
+                let (o, t) = over.next().unwrap_or_default();
+                if same {
+                    committed.next()?;
+                }
+                emit(&mut out, o, t);
+            }
+            (Some(_), _) => {
+                if let Some((n, v)) = committed.next()? {
+                    emit(&mut out, n, Some(target_of(&v)?));
+                }
+            }
+            (None, Some(_)) => {
+                let (o, t) = over.next().unwrap_or_default();
+                emit(&mut out, o, t);
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------ the API
+
 /// An open bucket or filesystem (or a snapshot of one, read-only): what the
 /// S3 and POSIX layers use. Follows renames, as [`crate::Volume`] does.
-#[allow(dead_code)] // the skeleton: filled in by the object layer commit
 pub struct ObjectSet {
-    pub(crate) pool: std::sync::Arc<crate::txg::ImportedPool>,
-    pub(crate) id: u64,
-    pub(crate) name: parking_lot::Mutex<String>,
+    pool: Arc<ImportedPool>,
+    id: u64,
+    name: parking_lot::Mutex<String>,
 }
 
 impl ObjectSet {
     /// The dataset's name now (`pool/bucket`, `pool/bucket@snap`).
     pub fn name(&self) -> String {
+        // Refreshed first: a renamed dataset answers with its new name.
+        let _ = volume::record_by_id(&self.pool.datasets.read(), self.id, &self.name);
         self.name.lock().clone()
+    }
+}
+
+impl ObjectSet {
+    fn state(&self) -> Result<State> {
+        if self.pool.is_closed() {
+            return Err(Error::NotFound(self.name()));
+        }
+        let datasets = self.pool.datasets.read();
+        let rec = volume::record_by_id(&datasets, self.id, &self.name)?;
+        Ok(state_of(&datasets, rec))
+    }
+
+    /// Applies a change made through this handle (a head, writable).
+    fn change(&self, op: ObjectOp, class: Class) -> Result<u64> {
+        let st = self.state()?;
+        if st.readonly {
+            return Err(Error::ReadOnly(self.name()));
+        }
+        let ds = st.ds();
+        self.pool.admit_change(&self.name(), class, || {
+            apply_op(&self.pool, ds, &st, &op, true, Some(class))
+        })
     }
 
     /// A snapshot, or `readonly=on`.
     pub fn is_readonly(&self) -> Result<bool> {
-        Err(Error::Io("object layer: not yet".into()))
+        Ok(self.state()?.readonly)
     }
 
     /// Block size new objects get (the `recordsize` property).
     pub fn recordsize(&self) -> Result<u32> {
-        Err(Error::Io("object layer: not yet".into()))
+        Ok(self.state()?.recordsize)
     }
 
     /// A new object (nlink 0, in the unlinked set until linked); its id.
-    pub fn create(&self, _kind: ObjectKind, _payload: &[u8]) -> Result<u64> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn create(&self, kind: ObjectKind, payload: &[u8]) -> Result<u64> {
+        let st = self.state()?;
+        let ds = st.ds();
+        // The id is taken under the open txg's lock: concurrent creates never share one.
+        let obj = {
+            let datasets = self.pool.datasets.read();
+            let persisted = datasets
+                .values()
+                .find(|r| r.id == ds)
+                .map_or(0, |r| r.next_object);
+            let mut open = self.pool.open.lock();
+            let next = open
+                .next_object
+                .entry(ds)
+                .or_insert(persisted.max(FIRST_DYNAMIC_OBJECT));
+            let id = *next;
+            *next += 1;
+            id
+        };
+        self.create_at(obj, kind, st.recordsize, payload)?;
+        Ok(obj)
+    }
+
+    fn create_at(&self, obj: u64, kind: ObjectKind, blksz: u32, payload: &[u8]) -> Result<()> {
+        if payload.len() > MAX_PAYLOAD {
+            return Err(Error::InvalidArgument(format!(
+                "object payload of {} bytes (at most {MAX_PAYLOAD})",
+                payload.len()
+            )));
+        }
+        self.change(
+            ObjectOp::Create {
+                obj,
+                kind,
+                blksz,
+                generation: 0,
+                time_ns: now_ns(),
+                payload: payload.to_vec(),
+            },
+            Class::Write,
+        )
+        .map(|_| ())
     }
 
     /// Creates a fixed object of the layer above (`FIRST_LAYER_OBJECT..`)
     /// if it does not exist yet; ROOT_DIR exists from the dataset's creation.
-    pub fn create_fixed(&self, _obj: u64, _kind: ObjectKind) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn create_fixed(&self, obj: u64, kind: ObjectKind) -> Result<()> {
+        if !(FIRST_LAYER_OBJECT..FIRST_DYNAMIC_OBJECT).contains(&obj) {
+            return Err(Error::InvalidArgument(format!(
+                "object {obj} is not one of the fixed ids {FIRST_LAYER_OBJECT}..{FIRST_DYNAMIC_OBJECT}"
+            )));
+        }
+        if self.attrs(obj)?.is_some() {
+            return Ok(());
+        }
+        let blksz = self.state()?.recordsize;
+        self.create_at(obj, kind, blksz, &[])?;
+        // Fixed objects are their own name: they never join the unlinked set.
+        let t = now_ns();
+        let st = self.state()?;
+        let mut open = self.pool.open.lock();
+        if let Some(Ok(Some(mut a))) = open_attrs(&open, st.ds(), obj) {
+            a.nlink = 1;
+            a.ctime_ns = t;
+            put_attrs(&mut open, st.ds(), obj, &a);
+        }
+        drop(open);
+        // Logged as a payload change so replay keeps nlink 1 too.
+        self.change(
+            ObjectOp::SetTimes {
+                obj,
+                mtime_ns: None,
+                crtime_ns: None,
+                time_ns: t,
+            },
+            Class::Write,
+        )
+        .map(|_| ())
     }
 
     /// Attributes of an object, `None` if there is none by that id.
-    pub fn attrs(&self, _obj: u64) -> Result<Option<ObjectAttrs>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn attrs(&self, obj: u64) -> Result<Option<ObjectAttrs>> {
+        let st = self.state()?;
+        if st.head() {
+            if let Some(a) = open_attrs(&self.pool.open.lock(), st.ds(), obj) {
+                return a;
+            }
+        }
+        attrs_outside_open(&self.pool, &st, obj)
     }
 
     /// Up to `len` bytes from `offset`; short at the end of the object.
-    pub fn read(&self, _obj: u64, _offset: u64, _len: u64) -> Result<Vec<u8>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn read(&self, obj: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let st = self.state()?;
+        let a = self
+            .attrs(obj)?
+            .ok_or_else(|| Error::NotFound(format!("object {obj}")))?;
+        let len = len.min(a.size.saturating_sub(offset));
+        let mut out = Vec::with_capacity(len as usize);
+        for seg in volume::read_range(
+            &self.pool,
+            &st.chain,
+            obj,
+            a.blksz.max(1),
+            !st.head(),
+            offset,
+            len,
+        )? {
+            match seg {
+                ReadSegment::Data(d) => out.extend_from_slice(&d),
+                ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+            }
+        }
+        Ok(out)
     }
 
     /// Writes (extending the size if it ends past it); sets mtime.
-    pub fn write(&self, _obj: u64, _offset: u64, _data: &[u8]) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn write(&self, obj: u64, offset: u64, data: &[u8]) -> Result<()> {
+        offset
+            .checked_add(data.len() as u64)
+            .filter(|end| *end <= MAX_OBJECT_SIZE)
+            .ok_or_else(|| Error::InvalidArgument(format!("write at {offset}: beyond the largest object")))?;
+        // Large writes go in pieces: each is one logged op, at most one record.
+        for (i, chunk) in data.chunks(WRITE_PIECE).enumerate() {
+            self.change(
+                ObjectOp::Write {
+                    obj,
+                    offset: offset + (i * WRITE_PIECE) as u64,
+                    data: chunk.to_vec(),
+                    time_ns: now_ns(),
+                },
+                Class::Write,
+            )?;
+        }
+        Ok(())
     }
 
-    pub fn truncate(&self, _obj: u64, _size: u64) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn truncate(&self, obj: u64, size: u64) -> Result<()> {
+        if size > MAX_OBJECT_SIZE {
+            return Err(Error::InvalidArgument(format!("size {size}: beyond the largest object")));
+        }
+        self.change(
+            ObjectOp::Truncate {
+                obj,
+                size,
+                time_ns: now_ns(),
+            },
+            Class::Free,
+        )
+        .map(|_| ())
     }
 
-    pub fn set_payload(&self, _obj: u64, _payload: &[u8]) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn set_payload(&self, obj: u64, payload: &[u8]) -> Result<()> {
+        self.change(
+            ObjectOp::SetPayload {
+                obj,
+                payload: payload.to_vec(),
+                time_ns: now_ns(),
+            },
+            Class::Write,
+        )
+        .map(|_| ())
     }
 
-    pub fn set_times(&self, _obj: u64, _mtime_ns: Option<u64>, _crtime_ns: Option<u64>) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn set_times(&self, obj: u64, mtime_ns: Option<u64>, crtime_ns: Option<u64>) -> Result<()> {
+        self.change(
+            ObjectOp::SetTimes {
+                obj,
+                mtime_ns,
+                crtime_ns,
+                time_ns: now_ns(),
+            },
+            Class::Write,
+        )
+        .map(|_| ())
     }
 
     /// Frees an object no name points at, with its blocks.
-    pub fn remove(&self, _obj: u64) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn remove(&self, obj: u64) -> Result<()> {
+        self.change(ObjectOp::Remove { obj }, Class::Free).map(|_| ())
     }
 
     /// The object `dir/name` points at.
-    pub fn lookup(&self, _dir: u64, _name: &str) -> Result<Option<u64>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn lookup(&self, dir: u64, name: &str) -> Result<Option<u64>> {
+        let st = self.state()?;
+        if st.head() {
+            let open = self.pool.open.lock().names.get(&(st.ds(), dir, name.to_string())).copied();
+            if let Some(t) = open {
+                return Ok(t);
+            }
+        }
+        lookup_outside_open(&self.pool, &st, dir, name)
+    }
+
+    fn check_name(name: &str) -> Result<()> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(Error::InvalidArgument(format!(
+                "name of {} bytes (1 to {MAX_NAME})",
+                name.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Points `dir/name` at `obj` (nlink + 1); returns what it pointed at
     /// before (its nlink - 1: at 0 it joins the unlinked set).
-    pub fn link(&self, _dir: u64, _name: &str, _obj: u64) -> Result<Option<u64>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn link(&self, dir: u64, name: &str, obj: u64) -> Result<Option<u64>> {
+        Self::check_name(name)?;
+        let before = self.lookup(dir, name)?;
+        self.change(
+            ObjectOp::Link {
+                dir,
+                name: name.to_string(),
+                obj,
+                time_ns: now_ns(),
+            },
+            Class::Write,
+        )?;
+        Ok(before.filter(|b| *b != obj))
     }
 
     /// Removes `dir/name`; returns what it pointed at (nlink - 1).
-    pub fn unlink(&self, _dir: u64, _name: &str) -> Result<Option<u64>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn unlink(&self, dir: u64, name: &str) -> Result<Option<u64>> {
+        let Some(before) = self.lookup(dir, name)? else {
+            return Ok(None);
+        };
+        self.change(
+            ObjectOp::Unlink {
+                dir,
+                name: name.to_string(),
+                time_ns: now_ns(),
+            },
+            Class::Free,
+        )?;
+        Ok(Some(before))
     }
 
     /// Names of `dir` in byte order, those greater than `after` and starting
     /// with `prefix`, at most `limit`.
     pub fn list(
         &self,
-        _dir: u64,
-        _prefix: &str,
-        _after: Option<&str>,
-        _limit: usize,
+        dir: u64,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<(String, u64)>> {
-        Err(Error::Io("object layer: not yet".into()))
+        let st = self.state()?;
+        list_names(&self.pool, &st, dir, prefix, after, limit)
     }
 
     /// Makes every op applied so far durable (intent log, group commit).
     pub fn commit(&self) -> Result<()> {
-        Err(Error::Io("object layer: not yet".into()))
+        self.state()?;
+        self.pool.commit_log(self.pool.log.last_seq())
     }
 }
+
+/// The largest object: 2^40 blocks would do, but offsets must stay far from u64 overflow.
+pub const MAX_OBJECT_SIZE: u64 = 1 << 50;
+/// Writes are logged in pieces of at most this many bytes.
+const WRITE_PIECE: usize = 1 << 20;
 
 impl crate::Engine {
     /// Creates a bucket or a filesystem (`create -t bucket`, `create`).
     pub fn create_dataset(
         &self,
-        _name: &str,
-        _kind: crate::DatasetKind,
-        _props: &[(String, String)],
+        name: &str,
+        kind: DatasetKind,
+        props_in: &[(String, String)],
     ) -> Result<crate::DatasetInfo> {
-        Err(Error::Io("object layer: not yet".into()))
+        if !matches!(kind, DatasetKind::Bucket | DatasetKind::Filesystem) {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}': create_dataset makes buckets and filesystems; volumes take a size (-V)"
+            )));
+        }
+        let (pool_name, Some(_)) = crate::names::split_dataset(name)? else {
+            return Err(Error::InvalidArgument(format!(
+                "'{name}': a dataset is named POOL/NAME"
+            )));
+        };
+        let p = self.pool(pool_name)?;
+        crate::engine::check_new_dataset(&p.datasets.read(), name)?;
+        let mut local = BTreeMap::new();
+        for (k, v) in props_in {
+            if matches!(k.as_str(), "volsize" | "volblocksize" | "refreservation") && kind != DatasetKind::Volume {
+                return Err(Error::InvalidArgument(format!(
+                    "property '{k}' is for volumes only"
+                )));
+            }
+            local.insert(k.clone(), crate::props::normalize(k, v)?);
+        }
+        local.retain(|_, v| v != "none");
+        p.check_new(&p.datasets.read(), name, &local)?;
+        let id = p.next_dataset_id()?;
+        let rec = crate::props::DatasetRecord {
+            id,
+            name: name.to_string(),
+            kind,
+            local,
+            created_txg: p.open.lock().txg,
+            creation: crate::txg::now_secs(),
+            next_object: FIRST_DYNAMIC_OBJECT,
+            ..Default::default()
+        };
+        p.store_dataset(&rec)?;
+        tracing::info!(dataset = name, ?kind, "dataset created");
+        self.dataset(name)
     }
 
     /// Opens a bucket or filesystem, or a snapshot of one (read-only).
-    pub fn open_objects(&self, _name: &str) -> Result<std::sync::Arc<ObjectSet>> {
-        Err(Error::Io("object layer: not yet".into()))
+    pub fn open_objects(&self, name: &str) -> Result<Arc<ObjectSet>> {
+        let (pool_name, _) = crate::names::split_dataset(name)?;
+        let p = self.pool(pool_name)?;
+        let id = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+            let head = datasets.values().find(|r| r.id == rec.data_id());
+            match head.map(|h| h.kind) {
+                Some(DatasetKind::Bucket | DatasetKind::Filesystem) if rec.data_id() != 0 => rec.id,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "'{name}' holds no objects (not a bucket or filesystem)"
+                    )))
+                }
+            }
+        };
+        Ok(Arc::new(ObjectSet {
+            pool: p,
+            id,
+            name: parking_lot::Mutex::new(name.to_string()),
+        }))
     }
 }

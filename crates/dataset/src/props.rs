@@ -19,7 +19,7 @@ pub const SETTABLE: &[&str] = &[
 /// Space limits (crate::space): a size, or `none` (refreservation also `auto`: the volume's size).
 pub const LIMITS: &[&str] = &["quota", "refquota", "reservation", "refreservation"];
 /// Properties children inherit from their parent when not set locally.
-pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly"];
+pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly", "recordsize"];
 /// Snapshot automation (`autosnap.rs`): a named policy, or a schedule with
 /// the default retention grid. Engine properties until user properties
 /// (`module:name`) exist; `autosnap::policy_props` is the one reader.
@@ -68,6 +68,14 @@ pub struct DatasetRecord {
     /// Snapshots: user holds (`cistern hold TAG SNAP`); a held snapshot cannot be destroyed.
     #[serde(default)]
     pub holds: std::collections::BTreeSet<String>,
+    /// Buckets and filesystems: the next object id to hand out (0: none
+    /// handed out yet). Clones and snapshots carry their origin's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_object: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where a clone's blocks come from until it overwrites them.
@@ -114,6 +122,7 @@ fn default_of(prop: &str) -> &'static str {
         "compression" => "lz4",
         "checksum" => "blake3",
         "readonly" => "off",
+        "recordsize" => "128K",
         _ => "-",
     }
 }
@@ -142,6 +151,10 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             "on" | "off" => Ok(value.to_string()),
             _ => Err(bad("expected on or off".into())),
         },
+        "recordsize" => {
+            let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
+            validate_recordsize(n).map(|n| format_size(n as u64))
+        }
         p if LIMITS.contains(&p) && (value == "none" || value == "0") => Ok("none".into()),
         "refreservation" if value == "auto" => Ok("auto".into()),
         "volsize" | "volblocksize" | "quota" | "refquota" | "reservation" | "refreservation" => {
@@ -174,6 +187,16 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             "unknown or read-only property '{prop}'"
         ))),
     }
+}
+
+/// ZFS's range: a power of two from 512 bytes to 1M.
+pub fn validate_recordsize(n: u64) -> Result<u32> {
+    if !(512..=1 << 20).contains(&n) || !n.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!(
+            "recordsize {n} must be a power of two from 512 to 1M"
+        )));
+    }
+    Ok(n as u32)
 }
 
 pub fn validate_volblocksize(n: u64) -> Result<u32> {
@@ -370,6 +393,14 @@ impl Lineage<'_> {
     pub fn readonly(&self) -> bool {
         self.resolve("readonly").0 == "on"
     }
+
+    /// Block size of new objects (buckets, filesystems).
+    pub fn recordsize(&self) -> u32 {
+        parse_size(&self.resolve("recordsize").0)
+            .ok()
+            .and_then(|n| validate_recordsize(n).ok())
+            .unwrap_or(128 << 10)
+    }
 }
 
 impl Lineage<'_> {
@@ -495,6 +526,11 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
         });
     }
     for prop in INHERITABLE {
+        // A volume's block size is volblocksize (zfs shows no recordsize there).
+        let volume = rec.volblocksize != 0;
+        if *prop == "recordsize" && volume {
+            continue;
+        }
         let (value, source) = match *prop {
             "readonly" if rec.is_snapshot() => ("on".to_string(), "-".to_string()),
             _ => lineage.resolve(prop),

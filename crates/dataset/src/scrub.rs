@@ -22,6 +22,7 @@
 //! Rows with an empty value are tombstones (snapshots): skipped. Older
 //! versions of a block kept for snapshots are verified like live ones.
 
+use crate::blockmap::{block_addr, block_of};
 use crate::txg::ImportedPool;
 use crate::{DataError, DatasetKind, Error, Result, ScanFunction, ScanState, ScanStatus};
 use block::BlockPointer;
@@ -46,7 +47,8 @@ const RUN_BYTES: u64 = 2 << 20;
 /// Unrepairable blocks listed (persisted and in status); more are only counted.
 pub(crate) const MAX_LISTED_ERRORS: usize = 256;
 
-type Key = (u64, u64, u64);
+/// A block version: (dataset, object, block, birth).
+type Key = (u64, u64, u64, u64);
 
 use crate::txg::meta_err;
 
@@ -167,6 +169,7 @@ fn load_record(p: &ImportedPool) -> Result<(Option<ScanRecord>, Vec<Key>)> {
     let pos = if g(RECORD_SCAN_POS_VALID)? == 1 {
         Some((
             g(RECORD_SCAN_POS_DATASET)?,
+            g(RECORD_SCAN_POS_OBJECT)?,
             g(RECORD_SCAN_POS_BLOCK)?,
             g(RECORD_SCAN_POS_BIRTH)?,
         ))
@@ -208,14 +211,15 @@ fn error_prefix_end() -> &'static str {
     "scan_error0" // '0' follows '/'
 }
 
-fn error_key(ds: u64, blk: u64) -> String {
-    format!("{RECORD_SCAN_ERROR_PREFIX}{ds}/{blk}")
+fn error_key(ds: u64, obj: u64, blk: u64) -> String {
+    format!("{RECORD_SCAN_ERROR_PREFIX}{ds}/{obj}/{blk}")
 }
 
 fn parse_error_key(k: &str, birth: u64) -> Option<Key> {
     let rest = k.strip_prefix(RECORD_SCAN_ERROR_PREFIX)?;
-    let (ds, blk) = rest.split_once('/')?;
-    Some((ds.parse().ok()?, blk.parse().ok()?, birth))
+    let mut parts = rest.split('/').map(|x| x.parse::<u64>().ok());
+    let (ds, obj, blk) = (parts.next()??, parts.next()??, parts.next()??);
+    Some((ds, obj, blk, birth))
 }
 
 /// Writes the record (and, with `clear_errors`, drops the listed errors
@@ -240,8 +244,8 @@ fn store_locked(
                 t.remove(k.as_str()).map_err(meta_err)?;
             }
         }
-        for &(ds, blk, birth) in new_errors {
-            t.insert(error_key(ds, blk).as_str(), birth)
+        for &(ds, obj, blk, birth) in new_errors {
+            t.insert(error_key(ds, obj, blk).as_str(), birth)
                 .map_err(meta_err)?;
         }
         let func = match rec.func {
@@ -256,7 +260,7 @@ fn store_locked(
         };
         let (valid, pos) = match rec.pos {
             Some(k) => (1, k),
-            None => (0, (0, 0, 0)),
+            None => (0, (0, 0, 0, 0)),
         };
         for (k, v) in [
             (RECORD_SCAN_FUNC, func),
@@ -266,8 +270,9 @@ fn store_locked(
             (RECORD_SCAN_META_DONE, rec.meta_done as u64),
             (RECORD_SCAN_POS_VALID, valid),
             (RECORD_SCAN_POS_DATASET, pos.0),
-            (RECORD_SCAN_POS_BLOCK, pos.1),
-            (RECORD_SCAN_POS_BIRTH, pos.2),
+            (RECORD_SCAN_POS_OBJECT, pos.1),
+            (RECORD_SCAN_POS_BLOCK, pos.2),
+            (RECORD_SCAN_POS_BIRTH, pos.3),
             (RECORD_SCAN_EXAMINED, rec.examined),
             (RECORD_SCAN_TOTAL, rec.total),
             (RECORD_SCAN_REPAIRED, rec.repaired),
@@ -666,7 +671,7 @@ pub(crate) fn status(p: &ImportedPool) -> (Option<ScanStatus>, Vec<DataError>) {
 fn listed_errors(p: &ImportedPool, keys: &[Key]) -> Vec<DataError> {
     let datasets = p.datasets.read();
     keys.iter()
-        .map(|&(ds, blk, _)| {
+        .map(|&(ds, obj, blk, _)| {
             if ds == METADATA_ID {
                 // A metadata page with no good copy: offset is the page number.
                 return DataError {
@@ -680,6 +685,12 @@ fn listed_errors(p: &ImportedPool, keys: &[Key]) -> Vec<DataError> {
                     dataset: d.name.clone(),
                     offset: blk * d.volblocksize as u64,
                     length: d.volblocksize as u64,
+                },
+                // An object's block: named by object and block index.
+                Some(d) => DataError {
+                    dataset: format!("{} object {obj}", d.name),
+                    offset: blk,
+                    length: 0,
                 },
                 _ => DataError {
                     dataset: format!("<dataset {ds}>"),
@@ -706,7 +717,9 @@ fn device_path(p: &ImportedPool, guid: u64) -> Option<std::path::PathBuf> {
 
 // ------------------------------------------------------------ the walk
 
-/// One row of `BLOCKS`: its key and pointer (None: tombstone / undecodable).
+/// One block row of the block map: its key and pointer (None: tombstone /
+/// undecodable). Names are skipped; they and embedded blocks live in the
+/// metadata, which the metadata pass verifies.
 struct Row {
     key: Key,
     bp: Option<std::result::Result<BlockPointer, String>>,
@@ -715,28 +728,35 @@ struct Row {
 /// Reads up to `BATCH_ROWS` rows after `pos`.
 fn read_batch(p: &ImportedPool, pos: Option<Key>, max_bytes: u64) -> Result<Vec<Row>> {
     let tx = p.db().begin_read().map_err(meta_err)?;
-    let t = tx.open_table(BLOCKS).map_err(meta_err)?;
-    let lower = match pos {
-        Some(k) => Bound::Excluded(k),
+    let t = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
+    let pos_addr = pos.map(|(ds, obj, blk, birth)| (ds, block_addr(obj, blk), birth));
+    let lower = match &pos_addr {
+        Some((ds, a, birth)) => Bound::Excluded((*ds, &a[..], *birth)),
         None => Bound::Unbounded,
     };
     let mut out = Vec::new();
     let mut bytes = 0u64;
     for row in t
-        .range::<Key>((lower, Bound::Unbounded))
+        .range::<(u64, &[u8], u64)>((lower, Bound::Unbounded))
         .map_err(meta_err)?
     {
         let (k, v) = row.map_err(meta_err)?;
+        let (ds, addr, birth) = k.value();
         let v = v.value();
-        let bp = if v.is_empty() {
-            None
-        } else {
-            Some(BlockPointer::decode(v).map_err(|e| e.to_string()))
-        };
-        if let Some(Ok(bp)) = &bp {
-            bytes += bp.asize();
+        if let Some((obj, blk)) = block_of(addr) {
+            let bp = if v.is_empty() {
+                None
+            } else {
+                Some(BlockPointer::decode(v).map_err(|e| e.to_string()))
+            };
+            if let Some(Ok(bp)) = &bp {
+                bytes += bp.asize();
+            }
+            out.push(Row {
+                key: (ds, obj, blk, birth),
+                bp,
+            });
         }
-        out.push(Row { key: k.value(), bp });
         if out.len() >= BATCH_ROWS || bytes >= max_bytes {
             break;
         }
@@ -909,6 +929,7 @@ fn verify_batch(p: &ImportedPool, rec: &ScanRecord, rows: &[Row]) -> (u64, u64, 
     for row in rows {
         match &row.bp {
             None => {}
+            Some(Ok(bp)) if bp.is_embedded() => {}
             Some(Ok(bp)) => work.push((row.key, bp)),
             Some(Err(e)) => {
                 tracing::error!(pool = %p.pool.name, key = ?row.key, error = %e, "scan: undecodable block pointer");
@@ -1117,7 +1138,7 @@ fn step(p: &ImportedPool, rec: &mut ScanRecord, pending_errors: &mut Vec<Key>) -
         rec.meta_done = true;
         let mut c = p.scan.ctl.lock();
         for page in lost {
-            let k = (METADATA_ID, page, 0);
+            let k = (METADATA_ID, 0, page, 0);
             if c.errors.len() < MAX_LISTED_ERRORS && !c.errors.contains(&k) {
                 c.errors.push(k);
                 pending_errors.push(k);
@@ -1257,9 +1278,9 @@ mod tests {
         {
             let _meta = p.meta_lock.lock();
             let tx = p.db().begin_write().unwrap();
-            tx.open_table(meta::schema::BLOCKS)
+            tx.open_table(meta::schema::BLOCK_MAP)
                 .unwrap()
-                .insert((1, 1 << 40, 5), [].as_slice())
+                .insert((1, &block_addr(1, 1 << 40)[..], 5), [].as_slice())
                 .unwrap();
             tx.commit().unwrap();
         }
@@ -1281,9 +1302,9 @@ mod tests {
         {
             let _meta = p.meta_lock.lock();
             let tx = p.db().begin_write().unwrap();
-            tx.open_table(meta::schema::BLOCKS)
+            tx.open_table(meta::schema::BLOCK_MAP)
                 .unwrap()
-                .remove((1, 1 << 40, 5))
+                .remove((1, &block_addr(1, 1 << 40)[..], 5))
                 .unwrap();
             tx.commit().unwrap();
         }
@@ -1308,12 +1329,14 @@ mod tests {
         // As if a scrub had been killed after verifying everything but the last block.
         let last = {
             let tx = p.db().begin_read().unwrap();
-            let t = tx.open_table(meta::schema::BLOCKS).unwrap();
+            let t = tx.open_table(meta::schema::BLOCK_MAP).unwrap();
             let mut it = t.iter().unwrap();
             let (k, _) = it.next_back().unwrap().unwrap();
             let (k2, _) = it.next_back().unwrap().unwrap();
             assert!(k2.value() < k.value());
-            k2.value()
+            let (ds, addr, birth) = k2.value();
+            let (obj, blk) = block_of(addr).unwrap();
+            (ds, obj, blk, birth)
         };
         let mut rec = super::ScanRecord::new(ScanFunction::Scrub, 4 << 20, 0, 0);
         rec.meta_done = true;

@@ -9,17 +9,21 @@
 //! txg it died in. Destroying snapshot S (previous P, next N or the head)
 //! frees exactly the dead rows with death in (S, N] and birth > P.
 
-use crate::blockmap::{self, Chain, Key};
+use crate::blockmap::{self, Chain, Key, KeyType};
 use crate::props::{DatasetRecord, Origin};
 use crate::txg::ImportedPool;
 use crate::{DatasetKind, Error, Result};
 use block::BlockPointer;
 use meta::redb::{ReadableDatabase, ReadableTable, Table, WriteTransaction};
-use meta::schema::{BLOCKS, DEADLIST};
+use meta::schema::{BLOCK_MAP, DEAD_LIST};
 use pool::Dva;
 use std::collections::BTreeMap;
 
-type DeadKey = (u64, u64, u64, u64);
+/// A dead-list row: (dataset, death txg, address, birth txg).
+type DeadKey = (u64, u64, Vec<u8>, u64);
+type DeadKeyType = (u64, u64, &'static [u8], u64);
+/// Above every address (block addresses start with 0, names with 1).
+const ADDR_MAX: &[u8] = &[0xff];
 
 use crate::txg::meta_err;
 
@@ -51,69 +55,66 @@ impl SpaceDelta {
     }
 }
 
-fn sizes(bp: &Option<BlockPointer>) -> (i64, i64) {
-    bp.as_ref()
-        .map_or((0, 0), |bp| (bp.asize() as i64, bp.lsize as i64))
-}
-
-/// One block of one dataset gets a new version (data, or a hole) in `txg`.
+/// One row of one dataset (a block or a name) gets a new version in `txg`.
 pub(crate) struct VersionChange<'a> {
     pub ds: u64,
-    pub blk: u64,
+    pub addr: &'a [u8],
     pub txg: u64,
     /// Txg of the dataset's newest snapshot (0 if none).
     pub latest_snapshot: u64,
     /// For clones: the levels below the clone's own block map.
     pub origin: Option<&'a Chain>,
-    /// The new data, or `None` for a hole.
-    pub new: Option<&'a BlockPointer>,
+    /// The new value (an encoded block pointer, a name's target), or
+    /// `None` for a hole / a removed name.
+    pub new: Option<Vec<u8>>,
 }
 
 impl VersionChange<'_> {
-    /// Invariant kept: the newest version of a block in its dataset's map
+    /// Invariant kept: the newest version of a row in its dataset's map
     /// is live (the head's); everything older is on a dead list.
     pub(crate) fn apply(
         &self,
-        blocks: &mut Table<Key, &'static [u8]>,
-        dead: &mut Table<DeadKey, u64>,
+        blocks: &mut Table<KeyType, &'static [u8]>,
+        dead: &mut Table<DeadKeyType, u64>,
         d: &mut SpaceDelta,
         freed: &mut Vec<Dva>,
     ) -> Result<()> {
-        let (ds, blk) = (self.ds, self.blk);
+        let (ds, addr) = (self.ds, self.addr);
         let (old, older_exists) = {
             let mut rows = blocks
-                .range((ds, blk, 0)..=(ds, blk, u64::MAX))
+                .range((ds, addr, 0)..=(ds, addr, u64::MAX))
                 .map_err(meta_err)?
                 .rev();
             let old = match rows.next() {
                 Some(row) => {
                     let (k, v) = row.map_err(meta_err)?;
-                    Some((k.value().2, blockmap::decode(blk, v.value())?))
+                    Some((k.value().2, v.value().to_vec()))
                 }
                 None => None,
             };
             (old, rows.next().is_some())
         };
-        if self.new.is_none() && matches!(old, Some((_, None))) {
+        if self.new.is_none() && old.as_ref().is_some_and(|(_, v)| v.is_empty()) {
             return Ok(()); // a hole over a live tombstone changes nothing
         }
         // Whether some older version stays in the map after `old` is handled.
         let mut shadowed = false;
         match &old {
-            Some((birth, bp)) => {
-                let (phys, logical) = sizes(bp);
+            Some((birth, value)) => {
+                let (phys, logical) = blockmap::sizes(addr, value)?;
+                let (phys, logical) = (phys as i64, logical as i64);
                 d.own -= phys;
                 d.own_logical -= logical;
                 if *birth > self.latest_snapshot {
                     // No snapshot can see it: free now.
-                    blocks.remove((ds, blk, *birth)).map_err(meta_err)?;
-                    if let Some(bp) = bp {
+                    blocks.remove((ds, addr, *birth)).map_err(meta_err)?;
+                    if let Some(bp) = blockmap::decode(addr, value)? {
                         freed.extend(bp.dvas.iter().copied());
                     }
                     d.written -= phys;
                     shadowed = older_exists;
                 } else {
-                    dead.insert((ds, self.txg, blk, *birth), phys as u64)
+                    dead.insert((ds, self.txg, addr, *birth), phys as u64)
                         .map_err(meta_err)?;
                     d.snapshots += phys;
                     shadowed = true;
@@ -121,32 +122,35 @@ impl VersionChange<'_> {
             }
             None => {
                 if let Some(chain) = self.origin {
-                    let (phys, logical) = sizes(&blockmap::resolve(&*blocks, chain, blk)?);
-                    d.inherited -= phys;
-                    d.inherited_logical -= logical;
+                    if let Some(v) = blockmap::resolve(&*blocks, chain, addr)? {
+                        let (phys, logical) = blockmap::sizes(addr, &v)?;
+                        d.inherited -= phys as i64;
+                        d.inherited_logical -= logical as i64;
+                    }
                 }
             }
         }
-        match self.new {
-            Some(bp) => {
+        match &self.new {
+            Some(value) => {
                 blocks
-                    .insert((ds, blk, self.txg), bp.encode().as_slice())
+                    .insert((ds, addr, self.txg), value.as_slice())
                     .map_err(meta_err)?;
-                d.own += bp.asize() as i64;
-                d.own_logical += bp.lsize as i64;
-                d.written += bp.asize() as i64;
+                let (phys, logical) = blockmap::sizes(addr, value)?;
+                d.own += phys as i64;
+                d.own_logical += logical as i64;
+                d.written += phys as i64;
             }
             None => {
                 // A tombstone hides what would otherwise show through: an
                 // older version kept for a snapshot, or the clone's origin.
                 let hides = shadowed
                     || match self.origin {
-                        Some(chain) => blockmap::resolve(&*blocks, chain, blk)?.is_some(),
+                        Some(chain) => blockmap::resolve(&*blocks, chain, addr)?.is_some(),
                         None => false,
                     };
                 if hides {
                     blocks
-                        .insert((ds, blk, self.txg), &[][..])
+                        .insert((ds, addr, self.txg), &[][..])
                         .map_err(meta_err)?;
                 }
             }
@@ -245,7 +249,7 @@ fn neighbours(txgs: &[u64], first: u64, last: u64) -> (u64, u64) {
 }
 
 /// Dead rows of `ds` with death in (after, upto] and birth > born_after.
-fn dead_rows<T: ReadableTable<DeadKey, u64>>(
+fn dead_rows<T: ReadableTable<DeadKeyType, u64>>(
     dead: &T,
     ds: u64,
     after: u64,
@@ -257,12 +261,13 @@ fn dead_rows<T: ReadableTable<DeadKey, u64>>(
     }
     let mut out = Vec::new();
     for row in dead
-        .range((ds, after + 1, 0, 0)..=(ds, upto, u64::MAX, u64::MAX))
+        .range((ds, after + 1, &[][..], 0)..=(ds, upto, ADDR_MAX, u64::MAX))
         .map_err(meta_err)?
     {
         let (k, v) = row.map_err(meta_err)?;
-        if k.value().3 > born_after {
-            out.push((k.value(), v.value()));
+        let (ds, death, addr, birth) = k.value();
+        if birth > born_after {
+            out.push(((ds, death, addr.to_vec(), birth), v.value()));
         }
     }
     Ok(out)
@@ -276,18 +281,23 @@ fn remove_rows(
     doomed: impl Fn(u64) -> bool,
     freed: &mut Vec<Dva>,
 ) -> Result<u64> {
-    let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+    let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
     let rows: Vec<(Key, Vec<u8>)> = blocks
-        .range((ds, 0, 0)..=(ds, u64::MAX, u64::MAX))
+        .range((ds, &[][..], 0)..=(ds, ADDR_MAX, u64::MAX))
         .map_err(meta_err)?
         .filter(|r| r.as_ref().map_or(true, |(k, _)| doomed(k.value().2)))
-        .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+        .map(|r| {
+            r.map(|(k, v)| {
+                let (ds, addr, birth) = k.value();
+                ((ds, addr.to_vec(), birth), v.value().to_vec())
+            })
+        })
         .collect::<std::result::Result<_, _>>()
         .map_err(meta_err)?;
     let mut bytes = 0;
     for (k, v) in rows {
-        blocks.remove(k).map_err(meta_err)?;
-        if let Some(bp) = blockmap::decode(k.1, &v)? {
+        blocks.remove((k.0, k.1.as_slice(), k.2)).map_err(meta_err)?;
+        if let Some(bp) = blockmap::decode(&k.1, &v)? {
             bytes += bp.asize();
             freed.extend(bp.dvas);
         }
@@ -349,6 +359,7 @@ impl ImportedPool {
                         origin: None,
                         snapshot_of: Some(s.dataset),
                         holds: Default::default(),
+                        next_object: head.next_object,
                     };
                     head.written = 0;
                     recs.insert(snap.id, snap);
@@ -381,13 +392,13 @@ impl ImportedPool {
                 // Versions born after the snapshot: only the head has them.
                 outcome.freed += remove_rows(tx, dataset, |birth| birth > at, freed)?;
                 // Versions that died after the snapshot are the head's again.
-                let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+                let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
                 let revived = dead_rows(&dead, dataset, at, u64::MAX, 0)?;
                 let head = recs
                     .get_mut(&dataset)
                     .ok_or_else(|| Error::NotFound(format!("dataset {dataset}")))?;
                 for (k, asize) in revived {
-                    dead.remove(k).map_err(meta_err)?;
+                    dead.remove((k.0, k.1, k.2.as_slice(), k.3)).map_err(meta_err)?;
                     add(&mut head.snapshot_used, -(asize as i64));
                 }
                 head.physical_used = snap.physical_used;
@@ -407,6 +418,8 @@ impl ImportedPool {
                     .get(&snapshot)
                     .ok_or_else(|| Error::NotFound(format!("snapshot {snapshot}")))?;
                 let mut rec = rec;
+                // Its objects keep their ids: new ones start past the origin's.
+                rec.next_object = snap.next_object;
                 rec.inherited = snap.physical_used + snap.inherited;
                 rec.inherited_logical = snap.logical_used + snap.inherited_logical;
                 recs.insert(rec.id, rec);
@@ -441,9 +454,9 @@ impl ImportedPool {
                     )));
                 }
                 outcome.freed += remove_rows(tx, id, |_| true, freed)?;
-                let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+                let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
                 for (k, _) in dead_rows(&dead, id, 0, u64::MAX, 0)? {
-                    dead.remove(k).map_err(meta_err)?;
+                    dead.remove((k.0, k.1, k.2.as_slice(), k.3)).map_err(meta_err)?;
                 }
                 recs.retain(|_, r| r.id != id && r.snapshot_of != Some(id));
             }
@@ -490,51 +503,60 @@ impl ImportedPool {
                 )));
             }
         }
-        let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-        let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
+        let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
         // History rows of O (born <= S) move to C.
         let history: Vec<(Key, Vec<u8>)> = blocks
-            .range((o_id, 0, 0)..=(o_id, u64::MAX, u64::MAX))
+            .range((o_id, &[][..], 0)..=(o_id, ADDR_MAX, u64::MAX))
             .map_err(meta_err)?
             .filter(|r| r.as_ref().map_or(true, |(k, _)| k.value().2 <= s_txg))
-            .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+            .map(|r| {
+                r.map(|(k, v)| {
+                    let (ds, addr, birth) = k.value();
+                    ((ds, addr.to_vec(), birth), v.value().to_vec())
+                })
+            })
             .collect::<std::result::Result<_, _>>()
             .map_err(meta_err)?;
-        // Versions visible at S, per block: C's rows above them decide whether they die in C.
-        let mut visible_at_s: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-        for ((_, blk, birth), v) in &history {
-            let asize = blockmap::decode(*blk, v)?.map_or(0, |bp| bp.asize());
-            visible_at_s.insert(*blk, (*birth, asize));
-            blocks.remove((o_id, *blk, *birth)).map_err(meta_err)?;
+        // Versions visible at S, per row: C's rows above them decide whether they die in C.
+        let mut visible_at_s: BTreeMap<Vec<u8>, (u64, u64)> = BTreeMap::new();
+        for ((_, addr, birth), v) in &history {
+            let asize = blockmap::sizes(addr, v)?.0;
+            visible_at_s.insert(addr.clone(), (*birth, asize));
             blocks
-                .insert((clone, *blk, *birth), v.as_slice())
+                .remove((o_id, addr.as_slice(), *birth))
+                .map_err(meta_err)?;
+            blocks
+                .insert((clone, addr.as_slice(), *birth), v.as_slice())
                 .map_err(meta_err)?;
         }
         // Dead rows of O: deaths up to S are history (held by the moving
         // snapshots) and move; later deaths of history versions were O's
         // overwrites and are redone against C's rows below.
         for (k, asize) in dead_rows(&dead, o_id, 0, u64::MAX, 0)? {
-            let (_, death, blk, birth) = k;
+            let (_, death, addr, birth) = k;
             if birth > s_txg {
                 continue; // O's own post-S versions stay O's
             }
-            dead.remove(k).map_err(meta_err)?;
+            dead.remove((o_id, death, addr.as_slice(), birth))
+                .map_err(meta_err)?;
             if death <= s_txg {
-                dead.insert((clone, death, blk, birth), asize)
+                dead.insert((clone, death, addr.as_slice(), birth), asize)
                     .map_err(meta_err)?;
             }
         }
-        for (&blk, &(birth, asize)) in &visible_at_s {
+        for (addr, &(birth, asize)) in &visible_at_s {
+            let addr = addr.as_slice();
             // C's oldest own row of this block (born after S) is where the history version died for C.
             let first_own = blocks
-                .range((clone, blk, s_txg + 1)..=(clone, blk, u64::MAX))
+                .range((clone, addr, s_txg + 1)..=(clone, addr, u64::MAX))
                 .map_err(meta_err)?
                 .next()
                 .transpose()
                 .map_err(meta_err)?
                 .map(|(k, _)| k.value().2);
             if let Some(death) = first_own {
-                dead.insert((clone, death, blk, birth), asize)
+                dead.insert((clone, death, addr, birth), asize)
                     .map_err(meta_err)?;
             }
         }
@@ -578,8 +600,8 @@ impl ImportedPool {
         recs: &mut BTreeMap<u64, DatasetRecord>,
         ds: u64,
     ) -> Result<()> {
-        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-        let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
+        let dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
         let mut snaps: Vec<(u64, u64)> = recs
             .values()
             .filter(|r| r.is_snapshot() && r.data_id() == ds)
@@ -590,8 +612,8 @@ impl ImportedPool {
         // Own bytes visible at each snapshot and at the head.
         let mut at_snap: Vec<(u64, u64)> = vec![(0, 0); snaps.len()];
         let (mut live, mut live_logical, mut written) = (0u64, 0u64, 0u64);
-        let mut rows: Vec<(u64, u64, Option<BlockPointer>)> = Vec::new();
-        let mut flush = |rows: &mut Vec<(u64, u64, Option<BlockPointer>)>| {
+        let mut rows: Vec<(Vec<u8>, u64, Option<BlockPointer>)> = Vec::new();
+        let mut flush = |rows: &mut Vec<(Vec<u8>, u64, Option<BlockPointer>)>| {
             for (i, (t, _)) in snaps.iter().enumerate() {
                 if let Some((_, _, Some(bp))) = rows.iter().rev().find(|r| r.1 <= *t) {
                     at_snap[i].0 += bp.asize();
@@ -608,15 +630,15 @@ impl ImportedPool {
             rows.clear();
         };
         for row in blocks
-            .range((ds, 0, 0)..=(ds, u64::MAX, u64::MAX))
+            .range((ds, &[][..], 0)..=(ds, ADDR_MAX, u64::MAX))
             .map_err(meta_err)?
         {
             let (k, v) = row.map_err(meta_err)?;
-            let (_, blk, birth) = k.value();
-            if rows.first().is_some_and(|r| r.0 != blk) {
+            let (_, addr, birth) = k.value();
+            if rows.first().is_some_and(|r| r.0 != addr) {
                 flush(&mut rows);
             }
-            rows.push((blk, birth, blockmap::decode(blk, v.value())?));
+            rows.push((addr.to_vec(), birth, blockmap::decode(addr, v.value())?));
         }
         flush(&mut rows);
         let held: u64 = dead_rows(&dead, ds, 0, u64::MAX, 0)?
@@ -667,14 +689,18 @@ impl ImportedPool {
         let ds = snap.data_id();
         let txgs = snapshot_txgs(recs.values(), ds);
         let (prev, next) = neighbours(&txgs, snap.created_txg, snap.created_txg);
-        let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
-        let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
+        let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
         let mut bytes = 0;
         for (k, asize) in dead_rows(&dead, ds, snap.created_txg, next, prev)? {
-            let (_, _, blk, birth) = k;
-            dead.remove(k).map_err(meta_err)?;
-            if let Some(v) = blocks.remove((ds, blk, birth)).map_err(meta_err)? {
-                if let Some(bp) = blockmap::decode(blk, v.value())? {
+            let (_, death, addr, birth) = k;
+            dead.remove((ds, death, addr.as_slice(), birth))
+                .map_err(meta_err)?;
+            if let Some(v) = blocks
+                .remove((ds, addr.as_slice(), birth))
+                .map_err(meta_err)?
+            {
+                if let Some(bp) = blockmap::decode(&addr, v.value())? {
                     freed.extend(bp.dvas.iter().copied());
                 }
             }
@@ -721,7 +747,7 @@ impl ImportedPool {
                 .push(snap.created_txg);
         }
         let tx = self.db().begin_read().map_err(meta_err)?;
-        let dead = tx.open_table(DEADLIST).map_err(meta_err)?;
+        let dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
         let mut total = 0;
         for (ds, doomed) in by_ds {
             let txgs = snapshot_txgs(datasets.values(), ds);

@@ -651,7 +651,14 @@ impl Engine {
         if upto == u64::MAX {
             p.sync_now()?; // uncommitted writes count
         }
-        let changed = p.view()?.changed(data_id, 0, u64::MAX, after, upto)?;
+        let changed = p.view()?.changed(
+            data_id,
+            crate::objects::VOLUME_OBJECT,
+            0,
+            u64::MAX,
+            after,
+            upto,
+        )?;
         let mut ranges: Vec<ChangedRange> = Vec::new();
         for blk in changed {
             let offset = blk * bs;

@@ -5,7 +5,7 @@
 //! pointers, space figures and the intent-log checkpoint -> free what the
 //! txg replaced -> trim the log.
 
-use crate::blockmap::{self, Chain};
+use crate::blockmap::{self, block_addr, name_addr, Chain, KeyType};
 use crate::cache::BlockCache;
 use crate::props::{DatasetRecord, Lineage};
 use crate::snapshot::{Action, ActionOutcome, SpaceDelta, VersionChange};
@@ -23,37 +23,50 @@ use std::time::{Duration, Instant};
 
 /// See [`ImportedPool::view`].
 pub struct View {
-    pub syncing: Option<Arc<HashMap<BlockKey, Dirty>>>,
-    blocks: meta::redb::ReadOnlyTable<(u64, u64, u64), &'static [u8]>,
+    pub syncing: Option<Arc<TxgChanges>>,
+    pub(crate) blocks: meta::redb::ReadOnlyTable<KeyType, &'static [u8]>,
 }
 
 impl View {
-    /// Data pointers of the committed blocks [first, last] as `chain` sees
-    /// them (holes and tombstones left out).
+    /// Data pointers of the committed blocks [first, last] of object `obj`
+    /// as `chain` sees them (holes and tombstones left out).
     pub fn pointers(
         &self,
         chain: &Chain,
+        obj: u64,
         first: u64,
         last: u64,
     ) -> Result<BTreeMap<u64, BlockPointer>> {
-        blockmap::resolve_range(&self.blocks, chain, first, last)
+        blockmap::resolve_blocks(&self.blocks, chain, obj, first, last)
     }
 
-    /// Blocks of `ds` in [first, last] with a committed version born in (after, upto].
+    /// Blocks of object `obj` of `ds` in [first, last] with a committed
+    /// version born in (after, upto].
     pub fn changed(
         &self,
         ds: u64,
+        obj: u64,
         first: u64,
         last: u64,
         after: u64,
         upto: u64,
     ) -> Result<std::collections::BTreeSet<u64>> {
-        blockmap::changed_blocks(&self.blocks, ds, first, last, after, upto)
+        blockmap::changed_blocks(&self.blocks, ds, obj, first, last, after, upto)
     }
 }
 
-/// Key of one block of one dataset.
-pub type BlockKey = (u64, u64);
+/// Key of one block: (dataset, object, block index).
+pub type BlockKey = (u64, u64, u64);
+/// Key of one name: (dataset, directory object, name).
+pub type NameKey = (u64, u64, String);
+
+/// The changes a txg collects: blocks, and names (`None`: removed).
+#[derive(Debug, Default)]
+pub struct TxgChanges {
+    pub blocks: HashMap<BlockKey, Dirty>,
+    pub names: BTreeMap<NameKey, Option<u64>>,
+}
+
 
 /// A changed block, not yet committed.
 #[derive(Debug, Clone)]
@@ -126,6 +139,10 @@ impl PartialBlock {
 pub struct OpenTxg {
     pub txg: u64,
     pub dirty: HashMap<BlockKey, Dirty>,
+    /// Names changed in this txg (`None`: removed).
+    pub names: BTreeMap<NameKey, Option<u64>>,
+    /// Next object id of each dataset that created objects (persisted in its record at commit).
+    pub next_object: HashMap<u64, u64>,
     pub dirty_bytes: u64,
     /// Space admitted for the changes of this txg, by dataset (crate::space).
     pub charged: HashMap<u64, u64>,
@@ -159,7 +176,7 @@ pub struct ImportedPool {
     pub log: Arc<IntentLog>,
     pub open: Mutex<OpenTxg>,
     /// The txg being committed; readers look here after the open txg.
-    pub syncing: RwLock<Option<Arc<HashMap<BlockKey, Dirty>>>>,
+    pub syncing: RwLock<Option<Arc<TxgChanges>>>,
     /// `OpenTxg::charged` of the txg being committed, until its blocks are
     /// placed and its space figures published.
     pub syncing_charged: Mutex<crate::space::SyncingCharges>,
@@ -236,19 +253,36 @@ impl ImportedPool {
         }
         tx.commit().map_err(meta_err)?;
         drop(db);
-        Self::open(pool, config)
+        Self::open(pool, config, None)
     }
 
     /// Imports: opens the metadata store, rebuilds the space map from the
     /// live block pointers, replays the intent log and commits it in a txg.
-    pub fn open(pool: Arc<Pool>, config: EngineConfig) -> Result<Arc<ImportedPool>> {
+    /// A store in an older format is refused, or converted first when
+    /// `upgrade` is given (the steps taken are pushed to it).
+    pub fn open(
+        pool: Arc<Pool>,
+        config: EngineConfig,
+        upgrade: Option<&mut Vec<String>>,
+    ) -> Result<Arc<ImportedPool>> {
         let db =
             meta::open(pool.meta_region(), config.meta_cache_bytes as usize).map_err(meta_err)?;
+        let found = crate::upgrade::format_of(&db)?;
+        if found < meta::META_FORMAT_VERSION {
+            let Some(done) = upgrade else {
+                return Err(crate::upgrade::needs_upgrade(&pool.name, found));
+            };
+            let steps = crate::upgrade::upgrade(&db)?;
+            for s in &steps {
+                tracing::info!(pool = %pool.name, "upgraded: {s}");
+            }
+            done.extend(steps);
+        }
         {
             // Tables added after format 1 (DEADLIST, HISTORY, VDEV_PATHS, POOL_PROPS)
             // exist from the first import on.
             let tx = db.begin_write().map_err(meta_err)?;
-            tx.open_table(DEADLIST).map_err(meta_err)?;
+            tx.open_table(DEAD_LIST).map_err(meta_err)?;
             tx.open_table(HISTORY).map_err(meta_err)?;
             tx.open_table(VDEV_PATHS).map_err(meta_err)?;
             tx.open_table(POOL_PROPS).map_err(meta_err)?;
@@ -282,6 +316,8 @@ impl ImportedPool {
             open: Mutex::new(OpenTxg {
                 txg: txg + 1,
                 dirty: HashMap::new(),
+                names: BTreeMap::new(),
+                next_object: HashMap::new(),
                 dirty_bytes: 0,
                 charged: HashMap::new(),
                 charged_ever: 0,
@@ -305,6 +341,10 @@ impl ImportedPool {
         let replayed = records.len();
         for rec in records {
             imported.replay(rec)?;
+        }
+        let drained = crate::objects::drain_unlinked(&imported)?;
+        if drained > 0 {
+            tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }
         imported.sync_txg()?;
         if replayed > 0 {
@@ -360,6 +400,9 @@ impl ImportedPool {
     }
 
     fn replay(&self, rec: LogRecord) -> Result<()> {
+        if rec.kind == RecordKind::ObjectOp {
+            return crate::objects::replay(self, rec.dataset, &rec.payload);
+        }
         let Some((id, bs)) = self
             .datasets
             .read()
@@ -383,10 +426,9 @@ impl ImportedPool {
                 len: rec.length,
                 allocate: true,
             },
-            RecordKind::Jump => return Ok(()),
+            RecordKind::Jump | RecordKind::ObjectOp => return Ok(()),
         };
-        crate::volume::apply(self, id, bs, rec.offset, op, false, None)?;
-        Ok(())
+        crate::volume::replay_volume(self, id, bs, rec.offset, op)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -489,20 +531,25 @@ impl ImportedPool {
             .check_owner()
             .map_err(|e| Error::Io(e.to_string()))?;
         let started = Instant::now();
-        let (txg, dirty, cp) = {
+        let (txg, dirty, cp, next_objects) = {
             let mut open = self.open.lock();
-            if open.dirty.is_empty() && action.is_none() {
+            if open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
                 return Ok(ActionOutcome::default());
             }
             if let Some(ds) = action.as_ref().and_then(Action::discards) {
                 open.dirty.retain(|k, _| k.0 != ds);
+                open.names.retain(|k, _| k.0 != ds);
                 open.charged.remove(&ds);
             }
             let cp = self.log.checkpoint();
             let txg = open.txg;
             open.txg += 1;
             open.dirty_bytes = 0;
-            let dirty = Arc::new(std::mem::take(&mut open.dirty));
+            let dirty = Arc::new(TxgChanges {
+                blocks: std::mem::take(&mut open.dirty),
+                names: std::mem::take(&mut open.names),
+            });
+            let next_objects = open.next_object.clone();
             *self.syncing_charged.lock() = crate::space::SyncingCharges {
                 by_ds: std::mem::take(&mut open.charged),
                 placed: false,
@@ -511,9 +558,9 @@ impl ImportedPool {
             // block in the open txg must find it here, never fall through to
             // the older committed version.
             *self.syncing.write() = Some(dirty.clone());
-            (txg, dirty, cp)
+            (txg, dirty, cp, next_objects)
         };
-        match self.write_txg(txg, &dirty, cp, action) {
+        match self.write_txg(txg, &dirty, cp, &next_objects, action) {
             Ok(outcome) => {
                 *self.syncing.write() = None;
                 self.log.applied(cp);
@@ -521,14 +568,17 @@ impl ImportedPool {
                 self.counters
                     .txg_commit_micros
                     .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                tracing::debug!(pool = %self.pool.name, txg, blocks = dirty.len(), ms = started.elapsed().as_millis() as u64, "txg committed");
+                tracing::debug!(pool = %self.pool.name, txg, blocks = dirty.blocks.len(), names = dirty.names.len(), ms = started.elapsed().as_millis() as u64, "txg committed");
                 Ok(outcome)
             }
             Err(e) => {
                 // Keep the changes: put them back under newer ones and retry later.
                 let mut open = self.open.lock();
-                for (k, v) in dirty.iter() {
+                for (k, v) in dirty.blocks.iter() {
                     open.dirty.entry(*k).or_insert_with(|| v.clone());
+                }
+                for (k, v) in dirty.names.iter() {
+                    open.names.entry(k.clone()).or_insert(*v);
                 }
                 for (ds, n) in std::mem::take(&mut *self.syncing_charged.lock()).by_ds {
                     *open.charged.entry(ds).or_default() += n;
@@ -551,10 +601,12 @@ impl ImportedPool {
     fn write_txg(
         &self,
         txg: u64,
-        dirty: &HashMap<BlockKey, Dirty>,
+        changes: &TxgChanges,
         cp: Checkpoint,
+        next_objects: &HashMap<u64, u64>,
         action: Option<Action>,
     ) -> Result<ActionOutcome> {
+        let dirty = &changes.blocks;
         let settings = self.pipeline_settings();
         let mut keys: Vec<BlockKey> = dirty.keys().copied().collect();
         keys.sort_unstable();
@@ -566,14 +618,31 @@ impl ImportedPool {
                 .get(&k.0)
                 .copied()
                 .unwrap_or((Compression::Off, ChecksumAlgo::Blake3));
-            match &dirty[k] {
-                Dirty::Data(d) => Some(block::encode_shared(d, comp, sum)),
-                Dirty::Partial(_) => merged.get(k).map(|d| block::encode_shared(d, comp, sum)),
+            if k.2 == crate::objects::ATTR_BLOCK {
+                // Attributes: always embedded, stored as they are.
+                return match &dirty[k] {
+                    Dirty::Data(d) => Some(block::encode_shared(d, Compression::Off, sum)),
+                    _ => None,
+                };
+            }
+            let data = match &dirty[k] {
+                Dirty::Data(d) => d.clone(),
+                Dirty::Partial(_) => merged.get(k)?.clone(),
                 Dirty::Zero => {
                     let bs = self.block_size_of(k.0)?;
-                    Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum))
+                    return Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum));
                 }
-                Dirty::Hole => None,
+                Dirty::Hole => return None,
+            };
+            if k.1 == crate::objects::VOLUME_OBJECT {
+                return Some(block::encode_shared(&data, comp, sum));
+            }
+            // An object's block is stored only as long as its data: the
+            // tail of a file or a small object takes what it holds, not recordsize.
+            match crate::objects::trimmed_len(&data) {
+                0 => None,
+                n if n == data.len() => Some(block::encode_shared(&data, comp, sum)),
+                n => Some(block::encode(&data[..n], comp, sum)),
             }
         };
         let threads = std::thread::available_parallelism()
@@ -593,17 +662,24 @@ impl ImportedPool {
         });
         assert_eq!(encoded.len(), keys.len(), "an encoder thread panicked");
 
-        // Place: allocate in key order so a volume's neighbours stay neighbours.
+        // Place: allocate in key order so a volume's neighbours stay
+        // neighbours. Attributes and tiny object blocks stay in their row.
         let mut placed: Vec<Option<BlockPointer>> = Vec::with_capacity(keys.len());
         {
             let mut alloc = self.pool.allocator();
-            for e in &encoded {
+            for (k, e) in keys.iter().zip(&encoded) {
+                let embed = |e: &EncodedBlock| {
+                    k.2 == crate::objects::ATTR_BLOCK
+                        || (k.1 != crate::objects::VOLUME_OBJECT
+                            && e.psize() as usize <= crate::objects::EMBED_MAX)
+                };
                 placed.push(match e {
+                    Some(e) if embed(e) => Some(e.embedded(txg)),
                     Some(e) => match alloc.allocate(e.psize() as u64) {
                         Some(dva) => Some(e.pointer(dva, txg)),
                         None => {
-                            for bp in placed.iter().flatten() {
-                                alloc.free(bp.dvas[0]);
+                            for d in placed.iter().flatten().flat_map(|bp| &bp.dvas) {
+                                alloc.free(*d);
                             }
                             return Err(Error::NoSpace(format!(
                                 "out of space in pool {}",
@@ -617,8 +693,8 @@ impl ImportedPool {
         }
         // Allocated now: the space budget stops counting these charges as unplaced.
         self.syncing_charged.lock().placed = true;
-        let new_dvas: Vec<Dva> = placed.iter().flatten().map(|bp| bp.dvas[0]).collect();
-        let result = self.write_placed(txg, &keys, &encoded, &placed, cp, action);
+        let new_dvas: Vec<Dva> = placed.iter().flatten().flat_map(|bp| bp.dvas.clone()).collect();
+        let result = self.write_placed(txg, &keys, changes, &encoded, &placed, cp, next_objects, action);
         if result.is_ok() {
             // Just-written blocks are the likeliest to be read (or partly
             // rewritten) next: keep them in the cache under their new version.
@@ -629,7 +705,7 @@ impl ImportedPool {
                     _ => None,
                 };
                 if let (Some(_), Some(d)) = (&placed[i], data) {
-                    self.cache.insert((k.0, k.1, txg), d.clone());
+                    self.cache.insert((k.0, k.1, k.2, txg), d.clone());
                 }
             }
         }
@@ -642,18 +718,23 @@ impl ImportedPool {
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_placed(
         &self,
         txg: u64,
         keys: &[BlockKey],
+        changes: &TxgChanges,
         encoded: &[Option<EncodedBlock>],
         placed: &[Option<BlockPointer>],
         cp: Checkpoint,
+        next_objects: &HashMap<u64, u64>,
         action: Option<Action>,
     ) -> Result<ActionOutcome> {
         // Write: blocks adjacent on disk go out together, up to 8 MiB per vectored write.
         static PAD: [u8; pool::SECTOR as usize] = [0; pool::SECTOR as usize];
-        let mut order: Vec<usize> = (0..keys.len()).filter(|&i| placed[i].is_some()).collect();
+        let mut order: Vec<usize> = (0..keys.len())
+            .filter(|&i| placed[i].as_ref().is_some_and(|bp| !bp.is_embedded()))
+            .collect();
         order.sort_unstable_by_key(|&i| {
             placed[i]
                 .as_ref()
@@ -732,27 +813,41 @@ impl ImportedPool {
         let mut has_action = false;
         let tx = self.db().begin_write().map_err(meta_err)?;
         {
-            let mut blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
-            let mut dead = tx.open_table(DEADLIST).map_err(meta_err)?;
-            for (i, &(ds, blk)) in keys.iter().enumerate() {
-                if !recs.contains_key(&ds) {
-                    orphaned.extend(placed[i].iter().map(|bp| bp.dvas[0]));
-                    continue;
-                }
-                let change = VersionChange {
+            let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
+            let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
+            let mut change = |ds: u64, addr: &[u8], new: Option<Vec<u8>>| -> Result<()> {
+                VersionChange {
                     ds,
-                    blk,
+                    addr,
                     txg,
                     latest_snapshot: latest_snapshot.get(&ds).copied().unwrap_or(0),
                     origin: origins.get(&ds),
-                    new: placed[i].as_ref(),
-                };
-                change.apply(
+                    new,
+                }
+                .apply(
                     &mut blocks,
                     &mut dead,
                     space.entry(ds).or_default(),
                     &mut freed,
-                )?;
+                )
+            };
+            for (i, &(ds, obj, blk)) in keys.iter().enumerate() {
+                if !recs.contains_key(&ds) {
+                    orphaned.extend(placed[i].iter().flat_map(|bp| bp.dvas.clone()));
+                    continue;
+                }
+                change(ds, &block_addr(obj, blk), placed[i].as_ref().map(|bp| bp.encode()))?;
+            }
+            for ((ds, dir, name), target) in &changes.names {
+                if recs.contains_key(ds) {
+                    let value = target.map(|o| o.to_le_bytes().to_vec());
+                    change(*ds, &name_addr(*dir, name), value)?;
+                }
+            }
+        }
+        for (ds, next) in next_objects {
+            if let Some(rec) = recs.get_mut(ds) {
+                rec.next_object = rec.next_object.max(*next);
             }
         }
         {
@@ -821,6 +916,7 @@ impl ImportedPool {
         Some(Chain::of(rec, datasets.values()))
     }
 
+    /// A volume's block size (the one object whose blocks have a fixed size).
     fn block_size_of(&self, id: u64) -> Option<u32> {
         self.datasets
             .read()
@@ -837,7 +933,7 @@ impl ImportedPool {
     pub fn view(&self) -> Result<View> {
         let syncing = self.syncing.read().clone();
         let tx = self.db().begin_read().map_err(meta_err)?;
-        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
         Ok(View { syncing, blocks })
     }
 
@@ -845,7 +941,7 @@ impl ImportedPool {
     /// partial blocks are merged over it).
     fn committed_view(&self) -> Result<View> {
         let tx = self.db().begin_read().map_err(meta_err)?;
-        let blocks = tx.open_table(BLOCKS).map_err(meta_err)?;
+        let blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
         Ok(View {
             syncing: None,
             blocks,
@@ -858,29 +954,34 @@ impl ImportedPool {
         &self,
         dirty: &HashMap<BlockKey, Dirty>,
     ) -> Result<HashMap<BlockKey, Arc<Vec<u8>>>> {
-        let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        // By object, with the object's block size (every partial block holds a whole one).
+        let mut by_obj: BTreeMap<(u64, u64), (u32, Vec<u64>)> = BTreeMap::new();
         for (k, d) in dirty {
-            if matches!(d, Dirty::Partial(_)) {
-                by_ds.entry(k.0).or_default().push(k.1);
+            if let Dirty::Partial(p) = d {
+                let e = by_obj
+                    .entry((k.0, k.1))
+                    .or_insert_with(|| (p.data.len() as u32, Vec::new()));
+                e.1.push(k.2);
             }
         }
         let mut out = HashMap::new();
-        if by_ds.is_empty() {
+        if by_obj.is_empty() {
             return Ok(out);
         }
         let view = self.committed_view()?;
-        for (ds, mut blocks) in by_ds {
+        for ((ds, obj), (bs, mut blocks)) in by_obj {
             // A dataset destroyed meanwhile: its blocks are dropped at placement.
-            let (Some(chain), Some(bs)) = (self.chain_of(ds), self.block_size_of(ds)) else {
+            let Some(chain) = self.chain_of(ds) else {
                 continue;
             };
             blocks.sort_unstable();
-            let bases = crate::volume::read_outside_open(self, &view, &chain, false, bs, &blocks)?;
+            let bases =
+                crate::volume::read_outside_open(self, &view, &chain, obj, false, bs, &blocks)?;
             for b in blocks {
-                if let Some(Dirty::Partial(p)) = dirty.get(&(ds, b)) {
+                if let Some(Dirty::Partial(p)) = dirty.get(&(ds, obj, b)) {
                     let base = bases.get(&b).cloned().flatten();
                     out.insert(
-                        (ds, b),
+                        (ds, obj, b),
                         Arc::new(p.over(base.as_deref().map(|v| v.as_slice()))),
                     );
                 }
@@ -1114,7 +1215,7 @@ fn load_committed(
     }
     let mut alloc = pool.empty_allocator();
     for row in tx
-        .open_table(BLOCKS)
+        .open_table(BLOCK_MAP)
         .map_err(meta_err)?
         .iter()
         .map_err(meta_err)?

@@ -1,9 +1,12 @@
-//! Volume I/O: byte ranges mapped onto volblocksize blocks in the open txg,
-//! the txg being committed, and the committed block map, in that order.
+//! Block I/O of one object: byte ranges mapped onto its blocks in the open
+//! txg, the txg being committed, and the committed block map, in that
+//! order. A volume is object `VOLUME_OBJECT` with volblocksize blocks; the
+//! object layer (`objects.rs`) uses the same paths for every object.
 
 use crate::blockmap::Chain;
 use crate::space::Class;
-use crate::txg::{BlockKey, Dirty, ImportedPool, PartialBlock, View};
+use crate::objects::VOLUME_OBJECT;
+use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
 use intent_log::RecordKind;
@@ -43,6 +46,7 @@ pub(crate) fn read_outside_open(
     p: &ImportedPool,
     view: &View,
     chain: &Chain,
+    obj: u64,
     head: bool,
     bs: u32,
     blocks: &[u64],
@@ -54,7 +58,7 @@ pub(crate) fn read_outside_open(
     // Partial blocks of the syncing txg lie over the committed version.
     let mut partial: Vec<(u64, Arc<PartialBlock>)> = Vec::new();
     for &b in blocks {
-        match syncing.and_then(|s| s.get(&(ds, b))) {
+        match syncing.and_then(|s| s.blocks.get(&(ds, obj, b))) {
             Some(Dirty::Partial(p)) => {
                 partial.push((b, p.clone()));
                 committed.push(b);
@@ -65,7 +69,7 @@ pub(crate) fn read_outside_open(
             None => committed.push(b),
         }
     }
-    read_committed(p, view, chain, bs, &committed, &mut out)?;
+    read_committed(p, view, chain, obj, bs, &committed, &mut out)?;
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
         out.insert(
@@ -81,6 +85,7 @@ fn read_committed(
     p: &ImportedPool,
     view: &View,
     chain: &Chain,
+    obj: u64,
     bs: u32,
     committed: &[u64],
     out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
@@ -92,13 +97,20 @@ fn read_committed(
     // One range scan when the blocks are dense (a read), point lookups when
     // they are far apart (the head and tail of a large write).
     let pointers = if hi - lo < 4 * committed.len() as u64 {
-        view.pointers(chain, lo, hi)?
+        view.pointers(chain, obj, lo, hi)?
     } else {
         let mut m = std::collections::BTreeMap::new();
         for &b in committed {
-            m.extend(view.pointers(chain, b, b)?);
+            m.extend(view.pointers(chain, obj, b, b)?);
         }
         m
+    };
+    let lost = |b: u64, bp: &BlockPointer, e: &dyn std::fmt::Display| {
+        crate::scrub::note_lost_block(p, (ds, obj, b, bp.birth));
+        Error::Corrupt(format!(
+            "dataset {ds} object {obj} block {b} (byte offset {}): {e}",
+            b * bs as u64
+        ))
     };
     let mut fetch: Vec<(u64, &BlockPointer)> = Vec::new();
     for &b in committed {
@@ -106,7 +118,12 @@ fn read_committed(
             None => {
                 out.insert(b, None);
             }
-            Some(bp) => match p.cache.get(&(ds, b, bp.birth)) {
+            // In the metadata row: no I/O.
+            Some(bp) if bp.is_embedded() => {
+                let data = block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?;
+                out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
+            }
+            Some(bp) => match p.cache.get(&(ds, obj, b, bp.birth)) {
                 Some(hit) => {
                     out.insert(b, Some(hit));
                 }
@@ -148,32 +165,34 @@ fn read_committed(
             let data = match quick {
                 Some(d) => d,
                 // Slow path: try every copy, heal the bad ones, count the errors.
-                None => block::read_block(&p.pool, bp).map_err(|e| {
-                    crate::scrub::note_lost_block(p, (ds, b, bp.birth));
-                    Error::Corrupt(format!(
-                        "dataset {ds} block {b} (byte offset {}): {e}",
-                        b * bs as u64
-                    ))
-                })?,
+                None => block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?,
             };
-            if data.len() != bs as usize {
-                return Err(Error::Corrupt(format!(
-                    "dataset {ds} block {b}: {} bytes, volblocksize is {bs}",
-                    data.len()
-                )));
-            }
+            let data = full_block(data, bs, ds, obj, b)?;
             p.counters
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
             let data = Arc::new(data);
             if keep_in_cache {
-                p.cache.insert((ds, b, bp.birth), data.clone());
+                p.cache.insert((ds, obj, b, bp.birth), data.clone());
             }
             out.insert(b, Some(data));
         }
         i = j;
     }
     Ok(())
+}
+
+/// A stored block as a whole block: an object's last block is stored only
+/// as long as its data (the rest reads as zeros); never longer than `bs`.
+fn full_block(mut data: Vec<u8>, bs: u32, ds: u64, obj: u64, b: u64) -> Result<Vec<u8>> {
+    if data.len() > bs as usize || (obj == VOLUME_OBJECT && data.len() != bs as usize) {
+        return Err(Error::Corrupt(format!(
+            "dataset {ds} object {obj} block {b}: {} bytes, block size is {bs}",
+            data.len()
+        )));
+    }
+    data.resize(bs as usize, 0);
+    Ok(data)
 }
 
 /// Contents of a dirty block that needs nothing below it (not `Partial`).
@@ -186,24 +205,26 @@ fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
     }
 }
 
-/// Applies a write or zeroing to the open txg. A front end's change
-/// (`class` given) is admitted against the space budget of that class and
-/// appended to the intent log under the same lock (log order = apply
-/// order); a replayed one (`None`) was admitted before the crash.
-/// Returns the sequence number of the last log record.
+/// Applies a write or zeroing of object `obj` to the open txg. A front
+/// end's change (`class` given) is admitted against the space budget of
+/// that class; a replayed one (`None`) was admitted before the crash.
+/// `then` runs under the same lock once the blocks are changed: it logs
+/// the change (log order = apply order) and returns the log sequence number.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     p: &ImportedPool,
     ds: u64,
+    obj: u64,
     bs: u32,
     offset: u64,
     op: Op<'_>,
     zero_to_hole: bool,
     class: Option<Class>,
+    mut then: impl FnMut(&mut OpenTxg) -> u64,
 ) -> Result<u64> {
-    let log = class.is_some();
     let len = op.len();
     if len == 0 {
-        return Ok(0);
+        return Ok(then(&mut p.open.lock()));
     }
     let bsz = bs as u64;
     let first = offset / bsz;
@@ -235,12 +256,13 @@ pub(crate) fn apply(
             Some(chain) => {
                 let view = p.view()?;
                 let mut set: HashSet<u64> =
-                    view.pointers(chain, first, last)?.into_keys().collect();
+                    view.pointers(chain, obj, first, last)?.into_keys().collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
-                        s.keys()
-                            .filter(|k| k.0 == ds && (first..=last).contains(&k.1))
-                            .map(|k| k.1),
+                        s.blocks
+                            .keys()
+                            .filter(|k| k.0 == ds && k.1 == obj && (first..=last).contains(&k.2))
+                            .map(|k| k.2),
                     );
                 }
                 set
@@ -268,7 +290,7 @@ pub(crate) fn apply(
             let lo = offset.max(start);
             let hi = (offset + len).min(start + bsz);
             let (in_lo, in_hi) = ((lo - start) as usize, (hi - start) as usize);
-            let key = (ds, b);
+            let key: BlockKey = (ds, obj, b);
             let new = if !is_partial(b) {
                 match op {
                     Op::Write(data) => {
@@ -343,32 +365,209 @@ pub(crate) fn apply(
                 open.dirty_bytes += bsz;
             }
         }
-        let mut seq = 0;
-        if log {
-            match op {
-                Op::Write(data) => {
-                    for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
-                        let at = offset + (i * MAX_LOG_RECORD) as u64;
-                        seq = p
-                            .log
-                            .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
-                    }
-                }
-                Op::Zero { len, allocate } => {
-                    let kind = if allocate {
-                        RecordKind::ZeroAllocated
-                    } else {
-                        RecordKind::Trim
-                    };
-                    seq = p.log.append(kind, ds, offset, len, &[]);
-                }
-            }
-        }
-        return Ok(seq);
+        return Ok(then(&mut open));
     }
     Err(Error::Busy(format!(
         "dataset {ds}: txgs turned over faster than a write could apply"
     )))
+}
+
+/// Appends a volume's change to the intent log (volume record kinds).
+fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 {
+    match op {
+        Op::Write(data) => {
+            let mut seq = 0;
+            for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
+                let at = offset + (i * MAX_LOG_RECORD) as u64;
+                seq = p
+                    .log
+                    .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
+            }
+            seq
+        }
+        Op::Zero { len, allocate } => {
+            let kind = if allocate {
+                RecordKind::ZeroAllocated
+            } else {
+                RecordKind::Trim
+            };
+            p.log.append(kind, ds, offset, len, &[])
+        }
+    }
+}
+
+/// A volume change replayed from the intent log (admitted before the crash).
+pub(crate) fn replay_volume(p: &ImportedPool, ds: u64, bs: u32, offset: u64, op: Op<'_>) -> Result<()> {
+    apply(p, ds, VOLUME_OBJECT, bs, offset, op, false, None, |_| 0).map(|_| ())
+}
+
+/// The record with id `id`, last known as `name` (updated when it was renamed).
+pub(crate) fn record_by_id<'a>(
+    datasets: &'a std::collections::BTreeMap<String, crate::props::DatasetRecord>,
+    id: u64,
+    name: &parking_lot::Mutex<String>,
+) -> Result<&'a crate::props::DatasetRecord> {
+    let mut name = name.lock();
+    match datasets.get(&*name).filter(|r| r.id == id) {
+        Some(r) => Ok(r),
+        None => {
+            let r = datasets
+                .values()
+                .find(|r| r.id == id)
+                .ok_or_else(|| Error::NotFound(name.clone()))?;
+            name.clone_from(&r.name);
+            Ok(r)
+        }
+    }
+}
+
+/// Bytes [offset, offset+len) of object `obj` (block size `bs`) as `chain`
+/// sees them: the open txg and the syncing one first for a head
+/// (`snapshot` false), then the committed block map.
+pub(crate) fn read_range(
+    p: &ImportedPool,
+    chain: &Chain,
+    obj: u64,
+    bs: u32,
+    snapshot: bool,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<ReadSegment>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let bsz = bs as u64;
+    let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
+    let in_open = open_changes(p, chain.data_id(), obj, snapshot, first, last);
+    // Blocks not in the open txg, or only partly (they need what lies below).
+    let outside: Vec<u64> = (first..=last)
+        .filter(|b| {
+            matches!(
+                in_open[(b - first) as usize],
+                None | Some(Dirty::Partial(_))
+            )
+        })
+        .collect();
+    let mut fetched = if outside.is_empty() {
+        HashMap::new()
+    } else {
+        let view = p.view()?;
+        read_outside_open(p, &view, chain, obj, !snapshot, bs, &outside)?
+    };
+    let mut out: Vec<ReadSegment> = Vec::new();
+    for (i, b) in (first..=last).enumerate() {
+        let data = match &in_open[i] {
+            Some(Dirty::Partial(part)) => {
+                let base = fetched.remove(&b).flatten();
+                Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
+            }
+            Some(d) => materialized(d, bs),
+            None => fetched.remove(&b).flatten(),
+        };
+        let start = b * bsz;
+        let lo = (offset.max(start) - start) as usize;
+        let hi = ((offset + len).min(start + bsz) - start) as usize;
+        match (data, out.last_mut()) {
+            (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
+            (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
+            (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
+            (Some(d), _) => {
+                let mut v = Vec::with_capacity(len as usize);
+                v.extend_from_slice(&d[lo..hi]);
+                out.push(ReadSegment::Data(v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Uncommitted changes of blocks [first, last] of one object (none for a snapshot).
+fn open_changes(
+    p: &ImportedPool,
+    ds: u64,
+    obj: u64,
+    snapshot: bool,
+    first: u64,
+    last: u64,
+) -> Vec<Option<Dirty>> {
+    if snapshot {
+        return vec![None; (last - first + 1) as usize];
+    }
+    let open = p.open.lock();
+    (first..=last)
+        .map(|b| open.dirty.get(&(ds, obj, b)).cloned())
+        .collect()
+}
+
+impl ImportedPool {
+    /// Runs `apply` (a front end's change to the open txg) the way every
+    /// change is admitted: refused on a pool another daemon took over,
+    /// waiting while suspended, throttled past dirty_max, retried once
+    /// after a commit when out of space (what is in flight may free some),
+    /// ENOSPC logged once until writes succeed again. Returns its log sequence.
+    pub(crate) fn admit_change(
+        &self,
+        what: &str,
+        class: Class,
+        apply: impl Fn() -> Result<u64>,
+    ) -> Result<u64> {
+        if self.pool.is_fenced() {
+            return Err(Error::Io(format!(
+                "pool '{}' is owned by another daemon now; writes refused",
+                self.pool.name
+            )));
+        }
+        self.wait_unsuspended()?;
+        self.throttle();
+        let mut applied = apply();
+        if matches!(applied, Err(Error::NoSpace(_))) && !self.pending().by_ds.is_empty() {
+            // What is in flight may free space (overwrites) or be charged
+            // more than it will take (compression): commit it and look again.
+            self.sync_now()?;
+            applied = apply();
+        }
+        let seq = match applied {
+            Err(Error::NoSpace(why)) => {
+                // Once, not per request: a full guest retries a lot.
+                if !self.nospace_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(pool = %self.pool.name, dataset = what, "{why}: writes fail with ENOSPC until space is freed");
+                }
+                return Err(Error::NoSpace(why));
+            }
+            r => r?,
+        };
+        if class == Class::Write
+            && self.nospace_logged.load(Ordering::Relaxed)
+            && self.nospace_logged.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(pool = %self.pool.name, dataset = what, "writes succeed again");
+        }
+        Ok(seq)
+    }
+
+    /// Waits until the log record `seq` (and all before it) is durable. A
+    /// failed log write suspends the pool; with failmode=wait the commit
+    /// waits for `pool clear` and is retried, it is never acknowledged first.
+    pub(crate) fn commit_log(&self, seq: u64) -> Result<()> {
+        loop {
+            self.wait_unsuspended()?;
+            match self.log.commit(seq) {
+                Ok(()) => return Ok(()),
+                Err(e @ (intent_log::LogError::TooLarge(_) | intent_log::LogError::Closed)) => {
+                    return Err(Error::Io(e.to_string()))
+                }
+                Err(e) if self.is_closed() || self.is_suspended() => {
+                    if self.health.failmode() == crate::health::FailMode::Continue
+                        || self.is_closed()
+                        || self.pool.is_fenced()
+                    {
+                        return Err(Error::Io(e.to_string()));
+                    }
+                }
+                Err(e) => self.suspend(&format!("intent log write failed: {e}")),
+            }
+        }
+    }
 }
 
 /// A volume's (or snapshot's) settings as of one request.
@@ -396,21 +595,7 @@ impl Volume {
             return Err(Error::NotFound(self.name()));
         }
         let datasets = self.pool.datasets.read();
-        let rec = {
-            let mut name = self.name.lock();
-            match datasets.get(&*name).filter(|r| r.id == self.id) {
-                Some(r) => r,
-                // Renamed: the same record under its new name.
-                None => {
-                    let r = datasets
-                        .values()
-                        .find(|r| r.id == self.id)
-                        .ok_or_else(|| Error::NotFound(name.clone()))?;
-                    name.clone_from(&r.name);
-                    r
-                }
-            }
-        };
+        let rec = record_by_id(&datasets, self.id, &self.name)?;
         let lineage = crate::txg::lineage(&datasets, rec);
         Ok(State {
             size: rec.volsize,
@@ -448,85 +633,21 @@ impl Volume {
         self.current().map(|c| c.readonly).unwrap_or(true)
     }
 
-    /// Uncommitted changes of blocks [first, last] (none for a snapshot).
-    fn open_changes(&self, st: &State, first: u64, last: u64) -> Vec<Option<Dirty>> {
-        if st.snapshot.is_some() {
-            return vec![None; (last - first + 1) as usize];
-        }
-        let ds = st.chain.data_id();
-        let open = self.pool.open.lock();
-        (first..=last)
-            .map(|b| open.dirty.get(&(ds, b)).cloned())
-            .collect()
-    }
-
     pub fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadSegment>> {
         let st = self.current()?;
         self.check_range(offset, len, st.size)?;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let bs = st.bs;
-        let bsz = bs as u64;
-        let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
-        let in_open = self.open_changes(&st, first, last);
-        // Blocks not in the open txg, or only partly (they need what lies below).
-        let outside: Vec<u64> = (first..=last)
-            .filter(|b| {
-                matches!(
-                    in_open[(b - first) as usize],
-                    None | Some(Dirty::Partial(_))
-                )
-            })
-            .collect();
-        let mut fetched = if outside.is_empty() {
-            HashMap::new()
-        } else {
-            let view = self.pool.view()?;
-            read_outside_open(
-                &self.pool,
-                &view,
-                &st.chain,
-                st.snapshot.is_none(),
-                bs,
-                &outside,
-            )?
-        };
-        let mut out: Vec<ReadSegment> = Vec::new();
-        for (i, b) in (first..=last).enumerate() {
-            let data = match &in_open[i] {
-                Some(Dirty::Partial(part)) => {
-                    let base = fetched.remove(&b).flatten();
-                    Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
-                }
-                Some(d) => materialized(d, bs),
-                None => fetched.remove(&b).flatten(),
-            };
-            let start = b * bsz;
-            let lo = (offset.max(start) - start) as usize;
-            let hi = ((offset + len).min(start + bsz) - start) as usize;
-            match (data, out.last_mut()) {
-                (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
-                (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
-                (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
-                (Some(d), _) => {
-                    let mut v = Vec::with_capacity(len as usize);
-                    v.extend_from_slice(&d[lo..hi]);
-                    out.push(ReadSegment::Data(v));
-                }
-            }
-        }
-        Ok(out)
+        read_range(
+            &self.pool,
+            &st.chain,
+            VOLUME_OBJECT,
+            st.bs,
+            st.snapshot.is_some(),
+            offset,
+            len,
+        )
     }
 
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {
-        // A pool taken over by another daemon takes no write, not even into memory.
-        if self.pool.pool.is_fenced() {
-            return Err(Error::Io(format!(
-                "pool '{}' is owned by another daemon now; writes refused",
-                self.pool.pool.name
-            )));
-        }
         let st = self.current()?;
         if st.readonly {
             return Err(Error::ReadOnly(self.name()));
@@ -539,61 +660,24 @@ impl Volume {
                 allocate: false, ..
             } => Class::Free,
         };
-        self.pool.wait_unsuspended()?;
-        self.pool.throttle();
         let p = &self.pool;
-        let attempt = || apply(p, self.id, st.bs, offset, op, st.compressing, Some(class));
-        let mut applied = attempt();
-        if matches!(applied, Err(Error::NoSpace(_))) && !p.pending().by_ds.is_empty() {
-            // What is in flight may free space (overwrites) or be charged
-            // more than it will take (compression): commit it and look again.
-            p.sync_now()?;
-            applied = attempt();
-        }
-        let seq = match applied {
-            Err(Error::NoSpace(why)) => {
-                // Once, not per request: a full guest retries a lot.
-                if !p.nospace_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(pool = %p.pool.name, volume = %self.name(), "{why}: writes fail with ENOSPC until space is freed");
-                }
-                return Err(Error::NoSpace(why));
-            }
-            r => r?,
-        };
-        if class == Class::Write
-            && p.nospace_logged.load(Ordering::Relaxed)
-            && p.nospace_logged.swap(false, Ordering::Relaxed)
-        {
-            tracing::info!(pool = %p.pool.name, volume = %self.name(), "writes succeed again");
-        }
+        let seq = p.admit_change(&self.name(), class, || {
+            apply(
+                p,
+                self.id,
+                VOLUME_OBJECT,
+                st.bs,
+                offset,
+                op,
+                st.compressing,
+                Some(class),
+                |_| log_volume_change(p, self.id, offset, op),
+            )
+        })?;
         if fua {
-            self.commit_log(seq)?;
+            self.pool.commit_log(seq)?;
         }
         Ok(())
-    }
-
-    /// Waits until the log record `seq` (and all before it) is durable. A
-    /// failed log write suspends the pool; with failmode=wait the commit
-    /// waits for `pool clear` and is retried, it is never acknowledged first.
-    fn commit_log(&self, seq: u64) -> Result<()> {
-        loop {
-            self.pool.wait_unsuspended()?;
-            match self.pool.log.commit(seq) {
-                Ok(()) => return Ok(()),
-                Err(e @ (intent_log::LogError::TooLarge(_) | intent_log::LogError::Closed)) => {
-                    return Err(Error::Io(e.to_string()))
-                }
-                Err(e) if self.pool.is_closed() || self.pool.is_suspended() => {
-                    if self.pool.health.failmode() == crate::health::FailMode::Continue
-                        || self.pool.is_closed()
-                        || self.pool.pool.is_fenced()
-                    {
-                        return Err(Error::Io(e.to_string()));
-                    }
-                }
-                Err(e) => self.pool.suspend(&format!("intent log write failed: {e}")),
-            }
-        }
     }
 
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -602,7 +686,7 @@ impl Volume {
 
     pub fn flush(&self) -> Result<()> {
         self.current()?;
-        self.commit_log(self.pool.log.last_seq())
+        self.pool.commit_log(self.pool.log.last_seq())
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
@@ -631,15 +715,22 @@ impl Volume {
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
         let ds = st.chain.data_id();
         // The open txg first, then the view (see ImportedPool::view for why).
-        let in_open = self.open_changes(&st, first, last);
+        let in_open = open_changes(
+            &self.pool,
+            st.chain.data_id(),
+            VOLUME_OBJECT,
+            st.snapshot.is_some(),
+            first,
+            last,
+        );
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
-        let committed = view.pointers(&st.chain, first, last)?;
+        let committed = view.pointers(&st.chain, VOLUME_OBJECT, first, last)?;
         let mut out: Vec<Extent> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let dirty = in_open[i]
                 .as_ref()
-                .or_else(|| syncing.and_then(|s| s.get(&(ds, b))));
+                .or_else(|| syncing.and_then(|s| s.blocks.get(&(ds, VOLUME_OBJECT, b))));
             let (hole, zero) = match dirty {
                 Some(Dirty::Data(_) | Dirty::Partial(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
@@ -699,14 +790,21 @@ impl Volume {
         let bsz = st.bs as u64;
         let first = offset / bsz;
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
-        let in_open = self.open_changes(&st, first, last);
+        let in_open = open_changes(
+            &self.pool,
+            st.chain.data_id(),
+            VOLUME_OBJECT,
+            st.snapshot.is_some(),
+            first,
+            last,
+        );
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
-        let committed = view.changed(ds, first, last, after, upto)?;
+        let committed = view.changed(ds, VOLUME_OBJECT, first, last, after, upto)?;
         let mut out: Vec<(u64, bool)> = Vec::new();
         for (i, b) in (first..=last).enumerate() {
             let changed = in_open[i].is_some()
-                || syncing.is_some_and(|s| s.contains_key(&(ds, b)))
+                || syncing.is_some_and(|s| s.blocks.contains_key(&(ds, VOLUME_OBJECT, b)))
                 || committed.contains(&b);
             let start = b * bsz;
             let n = (offset + len).min(start + bsz) - offset.max(start);

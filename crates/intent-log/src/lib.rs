@@ -41,6 +41,9 @@ pub enum RecordKind {
     /// `length` bytes at `offset` zeroed but kept allocated.
     ZeroAllocated = 3,
     Jump = 4,
+    /// One change to a dataset's objects (`dataset::objects::ObjectOp`,
+    /// encoded by that crate in `payload`; `offset` and `length` unused).
+    ObjectOp = 5,
 }
 
 impl RecordKind {
@@ -50,6 +53,7 @@ impl RecordKind {
             2 => RecordKind::Trim,
             3 => RecordKind::ZeroAllocated,
             4 => RecordKind::Jump,
+            5 => RecordKind::ObjectOp,
             _ => return None,
         })
     }

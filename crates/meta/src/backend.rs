@@ -717,7 +717,7 @@ mod tests {
     fn fill(db: &redb::Database, n: u64) {
         let tx = db.begin_write().unwrap();
         {
-            let mut t = tx.open_table(schema::BLOCKS).unwrap();
+            let mut t = tx.open_table(schema::BLOCKS_V2).unwrap();
             for i in 0..n {
                 t.insert((1, i, 3), vec![i as u8; 300].as_slice()).unwrap();
             }
@@ -727,7 +727,7 @@ mod tests {
 
     fn check(db: &redb::Database, n: u64) {
         let tx = db.begin_read().unwrap();
-        let t = tx.open_table(schema::BLOCKS).unwrap();
+        let t = tx.open_table(schema::BLOCKS_V2).unwrap();
         assert_eq!(t.iter().unwrap().count() as u64, n);
         for i in 0..n {
             assert_eq!(
@@ -756,7 +756,7 @@ mod tests {
         let (pool, paths) = mirror(dir.path(), 2, LayoutKind::Mirror);
         let db = crate::create(pool.meta_region(), 1 << 20).unwrap();
         let tx = db.begin_write().unwrap();
-        tx.open_table(schema::BLOCKS)
+        tx.open_table(schema::BLOCKS_V2)
             .unwrap()
             .insert((1, 2, 3), b"bp".as_slice())
             .unwrap();
@@ -769,7 +769,7 @@ mod tests {
         let pool = Arc::new(Pool::open(vec![(v, l)]).unwrap());
         let db = crate::open(pool.meta_region(), 1 << 20).unwrap();
         let tx = db.begin_read().unwrap();
-        let t = tx.open_table(schema::BLOCKS).unwrap();
+        let t = tx.open_table(schema::BLOCKS_V2).unwrap();
         assert_eq!(t.get((1, 2, 3)).unwrap().unwrap().value(), b"bp");
         assert_eq!(t.iter().unwrap().count(), 1);
     }

@@ -13,7 +13,10 @@ use redb::{Database, ReadableDatabase};
 /// in POOL_RECORDS) and the region layout of `backend.rs` (stored in its
 /// header slots). 2: per-page checksums (decision 0007). Format 1 is
 /// refused by name ([`MetaError::Older`]).
-pub const META_FORMAT_VERSION: u64 = 2;
+pub const META_FORMAT_VERSION: u64 = 3;
+/// The oldest format `open` accepts: older ones are converted by
+/// `dataset` (`pool upgrade`, decision 0017) before anything else reads them.
+pub const META_FORMAT_UPGRADABLE: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -54,7 +57,8 @@ pub fn create(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Me
         t.insert(schema::RECORD_TXG, 0)?;
         t.insert(schema::RECORD_NEXT_DATASET, 1)?;
         tx.open_table(schema::DATASETS)?;
-        tx.open_table(schema::BLOCKS)?;
+        tx.open_table(schema::BLOCK_MAP)?;
+        tx.open_table(schema::DEAD_LIST)?;
     }
     tx.commit()?;
     Ok(db)
@@ -84,7 +88,7 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         v
     };
     match found {
-        Some(v) if v == META_FORMAT_VERSION => Ok(db),
+        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_VERSION).contains(&v) => Ok(db),
         Some(v) if v < META_FORMAT_VERSION => Err(MetaError::Older {
             found: v,
             what: "older table layout",

@@ -32,8 +32,10 @@ pub const RECORD_SCAN_END: &str = "scan_end";
 pub const RECORD_SCAN_META_DONE: &str = "scan_meta_done";
 /// Whether `RECORD_SCAN_POS_*` holds a position (0: start from the first key).
 pub const RECORD_SCAN_POS_VALID: &str = "scan_pos_valid";
-/// The last `BLOCKS` key (dataset, block, birth) fully verified: resume after it.
+/// The last block-map key (dataset, object, block, birth) fully verified:
+/// resume after it. (Format 2 had no object: the upgrade sets it to 1.)
 pub const RECORD_SCAN_POS_DATASET: &str = "scan_pos_dataset";
+pub const RECORD_SCAN_POS_OBJECT: &str = "scan_pos_object";
 pub const RECORD_SCAN_POS_BLOCK: &str = "scan_pos_block";
 pub const RECORD_SCAN_POS_BIRTH: &str = "scan_pos_birth";
 /// Bytes examined so far / to examine (allocated bytes at the start).
@@ -47,7 +49,8 @@ pub const RECORD_SCAN_ERRORS: &str = "scan_errors";
 pub const RECORD_SCAN_TARGET_GUID: &str = "scan_target_guid";
 pub const RECORD_SCAN_OLD_GUID: &str = "scan_old_guid";
 /// Prefix of the records listing blocks a scan could not repair:
-/// `scan_error/<dataset id>/<block index>` -> birth txg (a bounded list).
+/// `scan_error/<dataset id>/<object>/<block index>` -> birth txg (a bounded
+/// list; format 2 had no `<object>/`).
 pub const RECORD_SCAN_ERROR_PREFIX: &str = "scan_error/";
 
 /// `offline.<device guid>`: the device was taken offline (`pool offline`)
@@ -57,19 +60,31 @@ pub const RECORD_OFFLINE_PREFIX: &str = "offline.";
 /// Dataset id -> JSON-encoded dataset record (name, kind, properties, space).
 pub const DATASETS: TableDefinition<u64, &[u8]> = TableDefinition::new("datasets");
 
-/// (dataset id, block index, birth txg) -> encoded block pointer. The birth
-/// in the key keeps older versions addressable for snapshots: the live
-/// version of a block is the entry with the greatest birth.
-pub const BLOCKS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("blocks");
+/// The block map (format 3, decision 0017): every versioned row of every
+/// dataset, `(dataset id, address, birth txg) -> value`. An address is a
+/// block of an object (`0x00 | object u64 BE | block u64 BE`; the value an
+/// encoded block pointer, embedded or not) or a name in a directory object
+/// (`0x01 | directory u64 BE | name bytes`; the value the object id, u64
+/// LE). An empty value is a tombstone. The birth in the key keeps older
+/// versions addressable for snapshots: the live version of a row is the one
+/// with the greatest birth.
+pub const BLOCK_MAP: TableDefinition<(u64, &[u8], u64), &[u8]> = TableDefinition::new("block_map");
 
 /// Dead lists of all snapshots of a dataset, in one ordered table:
-/// (dataset id, death txg, block index, birth txg) -> allocated bytes. A
-/// row names a version of a block (its BLOCKS key is (dataset, block,
-/// birth)) that the dataset's head stopped referencing at `death` while a
-/// snapshot taken before still does. The rows with death in (S, N] are
-/// the dead list of the snapshot or head N that follows snapshot S, so
-/// destroying a snapshot needs no merge: removing S joins two ranges.
-pub const DEADLIST: TableDefinition<(u64, u64, u64, u64), u64> = TableDefinition::new("deadlist");
+/// (dataset id, death txg, address, birth txg) -> allocated bytes. A row
+/// names a version of a row of BLOCK_MAP (dataset, address, birth) that the
+/// dataset's head stopped referencing at `death` while a snapshot taken
+/// before still does. The rows with death in (S, N] are the dead list of
+/// the snapshot or head N that follows snapshot S, so destroying a
+/// snapshot needs no merge: removing S joins two ranges.
+pub const DEAD_LIST: TableDefinition<(u64, u64, &[u8], u64), u64> =
+    TableDefinition::new("dead_list");
+
+/// Format 2's block map and dead lists (volumes only: the block index was
+/// the volume's), read once by `pool upgrade` and then removed.
+pub const BLOCKS_V2: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("blocks");
+pub const DEADLIST_V2: TableDefinition<(u64, u64, u64, u64), u64> =
+    TableDefinition::new("deadlist");
 
 /// `pool history`: sequence number -> JSON record (time, command line,
 /// user, host, internal event with its txg). A ring bounded in bytes
