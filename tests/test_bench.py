@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cistern_bin, run
+from conftest import cistern_bin, free_ports, run
 from helpers import MiB, connected, sha256
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -222,6 +222,36 @@ def test_latency_over_nbd(volume):
     assert 0 < lat["min_ns"] <= lat["p50_ns"] <= lat["p99_ns"] <= lat["max_ns"], lat
     p = bench("latency", volume.uri, "-n", "200", "--warmup", "10")
     assert re.search(r"200 in [\d.]+ s: \d+ requests/s", p.stdout), p.stdout
+
+
+# ------------------------------------------------------------------ s3
+
+
+def _s3_env(**kw) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(kw)
+    return env
+
+
+def test_s3_target_settings_are_checked(tmp_path):
+    """s3:// without an endpoint or keys, with https, a bad bucket name or
+    nothing listening: a clear error naming the problem, no panic."""
+    closed = free_ports(1)[0]
+    keys = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    cases = [
+        (["iops", "s3://bench", "-d", "1s"], {}, r"AWS_ENDPOINT_URL"),
+        (["latency", "s3://bench"], {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}"}, r"AWS_ACCESS_KEY_ID"),
+        (["list", "s3://bench"], {"AWS_ENDPOINT_URL": "https://127.0.0.1:1", **keys}, r"TLS"),
+        (["list", "s3://Bad_Name"], {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", **keys}, r"not a valid bucket name"),
+        (["iops", "s3://bench/p", "-d", "1s", "--no-progress", "--out", tmp_path],
+         {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}", **keys}, r"s3://bench"),
+        (["list", "/tmp/file"], {}, r"needs an s3://"),
+    ]
+    for args, env, pat in cases:
+        p = run([*bench_cmd(), *args], check=False, timeout=60, env=_s3_env(**env))
+        no_panic(p)
+        assert p.returncode != 0 and re.search(pat, p.stderr), (args, p.stderr)
+    assert not list(tmp_path.iterdir()), "no results written for a failed run"
 
 
 # ------------------------------------------------------------------ compress
