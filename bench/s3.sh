@@ -205,13 +205,17 @@ bench_minio() {
 }
 
 bench_cistern() {
-    local dir="$BENCH_DIR/cistern" s3_port api_port pid
+    local dir="$BENCH_DIR/cistern" s3_port api_port nbd_port pid
     mkdir -p "$dir/disks"
     s3_port=$(free_port)
     api_port=$(free_port)
+    nbd_port=$(free_port)
     while [[ "$api_port" == "$s3_port" ]]; do api_port=$(free_port); done
-    "$CISTERN_BIN" serve --state-dir "$dir/state" --api "127.0.0.1:$api_port" --s3 "127.0.0.1:$s3_port" \
-        >"$dir/daemon.log" 2>&1 &
+    while [[ "$nbd_port" == "$s3_port" || "$nbd_port" == "$api_port" ]]; do nbd_port=$(free_port); done
+    # S3 bucket NAME is the dataset bench/NAME.
+    printf '[s3]\nparent = "bench"\n' >"$dir/cistern.toml"
+    "$CISTERN_BIN" serve --config "$dir/cistern.toml" --state-dir "$dir/state" --api "127.0.0.1:$api_port" \
+        --nbd "127.0.0.1:$nbd_port" --s3 "127.0.0.1:$s3_port" >"$dir/daemon.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     wait_port "$api_port" 60
@@ -223,7 +227,10 @@ bench_cistern() {
     for b in "$BUCKET" "$LIST_BUCKET"; do
         "$CISTERN_BIN" create -t bucket -o "compression=$COMPRESSION" "bench/$b" >/dev/null
     done
-    cistern_user "$dir"
+    # A user with a key and read-write grants on both buckets.
+    read -r _ AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY < <("$CISTERN_BIN" user add -H \
+        -g "$BUCKET=rw" -g "$LIST_BUCKET=rw" bench)
+    export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
     export AWS_ENDPOINT_URL="http://127.0.0.1:$s3_port" AWS_REGION=us-east-1
     run_tests cistern "$dir" "$pid"
     printf 'rss\tcistern\t%s\n' "$(rss "$pid")" >>"$RESULTS"
@@ -234,18 +241,6 @@ bench_cistern() {
     if grep -q "panicked at" "$dir/daemon.log"; then
         echo "warning: the daemon panicked, see $dir/daemon.log" >&2
     fi
-}
-
-# A user with a key and read-write grants on both buckets: exports AWS_ACCESS_KEY_ID/SECRET.
-cistern_user() {
-    "$CISTERN_BIN" user add --json bench >"$1/user.json"
-    read -r AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY < <(python3 -c '
-import json, sys
-u = json.load(open(sys.argv[1]))
-print(u["access_key_id"], u["secret_access_key"])' "$1/user.json")
-    export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
-    "$CISTERN_BIN" user grant bench "bench/$BUCKET" rw >/dev/null
-    "$CISTERN_BIN" user grant bench "bench/$LIST_BUCKET" rw >/dev/null
 }
 
 echo "==> bench/s3.sh: RUNTIME=${RUNTIME}s CLIENTS=$CLIENTS OBJECTS_4K=$OBJECTS_4K OBJECTS_1M=$OBJECTS_1M LIST_OBJECTS=$LIST_OBJECTS" >&2
