@@ -61,7 +61,7 @@ if ! "$VENV/bin/python" -c 'import nbd' 2>/dev/null; then
     "$VENV/bin/python" -c 'import nbd'
     exit 1
 fi
-PY_PACKAGES=(pytest)
+PY_PACKAGES=(pytest boto3)
 pip_missing=()
 for m in "${PY_PACKAGES[@]}"; do
     "$VENV/bin/python" -c "import $m" 2>/dev/null || pip_missing+=("$m")

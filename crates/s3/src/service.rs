@@ -1198,9 +1198,11 @@ impl S3 for Cistern {
         let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
         let body = self.stream(b.os.clone(), plan);
         let whole = !ranged;
-        let sums = (whole && i.checksum_mode.is_some())
-            .then(|| f.rec.checksums.clone())
-            .unwrap_or_default();
+        let sums = if whole && i.checksum_mode.is_some() {
+            f.rec.checksums.clone()
+        } else {
+            Checksums::default()
+        };
         let r = &f.rec;
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
@@ -1260,9 +1262,11 @@ impl S3 for Cistern {
         };
         let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
         let r = &f.rec;
-        let sums = (!ranged && i.checksum_mode.is_some())
-            .then(|| r.checksums.clone())
-            .unwrap_or_default();
+        let sums = if !ranged && i.checksum_mode.is_some() {
+            r.checksums.clone()
+        } else {
+            Checksums::default()
+        };
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some((end - start) as i64),
             content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),

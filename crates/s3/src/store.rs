@@ -68,6 +68,9 @@ pub fn ds_err(e: dataset::Error) -> S3Error {
             S3Error::with_message(S3ErrorCode::InternalError, format!("data error: {m}"))
         }
         E::Io(m) => S3Error::with_message(S3ErrorCode::InternalError, format!("I/O error: {m}")),
+        e @ E::NeedsUpgrade(_) => {
+            S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string())
+        }
     }
 }
 
@@ -468,12 +471,18 @@ impl Store {
     /// a snapshot of one), creating the S3 layer's fixed directories.
     pub fn open(&self, bucket: &str) -> R<Bucket> {
         let no_bucket = || s3_error!(NoSuchBucket, "The specified bucket does not exist");
-        if let Some(os) = self.sets.lock().get(bucket).cloned() {
-            return Ok(Bucket {
-                name: bucket.to_string(),
-                snapshot: bucket.contains(SNAP_SEP),
-                os,
-            });
+        let cached = self.sets.lock().get(bucket).cloned();
+        if let Some(os) = cached {
+            // Still there, under the same name (not destroyed, not renamed)?
+            let snapshot = bucket.contains(SNAP_SEP);
+            if os.is_readonly().is_ok() && (snapshot || os.name() == self.dataset_of(bucket)) {
+                return Ok(Bucket {
+                    name: bucket.to_string(),
+                    snapshot,
+                    os,
+                });
+            }
+            self.forget(bucket);
         }
         let (ds, snapshot) = match bucket.split_once(SNAP_SEP) {
             Some((base, snap)) => {
