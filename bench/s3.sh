@@ -168,6 +168,7 @@ EOF
             ;;
         *) echo "unknown test $t" >&2; return 2 ;;
         esac
+        printf 'rss-after\t%s\t%s\t%s\n' "$target" "$t" "$(rss "$pid")" >>"$RESULTS"
     done
 }
 
@@ -256,11 +257,13 @@ done
 # ---------------------------------------------------------------- report
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
-rows, rss = [], {}
+rows, rss, after = [], {}, {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if f[0] == "rss":
         rss[f[1]] = f[2]
+    elif f[0] == "rss-after":
+        after.setdefault(f[1], []).append(f"{f[2]} {f[3].split()[0]}")
     else:
         rows.append(f)
 base = {r[0]: r for r in rows if r[1] == "minio"}
@@ -284,7 +287,7 @@ print()
 print("peak RSS (VmHWM) / RSS at the end, MiB:")
 for t, v in rss.items():
     h, r = v.split()
-    print(f"  {t:<9} {h:>6} / {r}")
+    print(f"  {t:<9} {h:>6} / {r}   peak after each test: {', '.join(after.get(t, []))}")
 print()
 print("ops/s: PUT/GET per second (head: HEAD round trips on one connection); ratio = Cistern / MinIO")
 EOF
