@@ -268,7 +268,7 @@ for line in open(sys.argv[1]):
         rows.append(f)
 base = {r[0]: r for r in rows if r[1] == "minio"}
 target = {"put-4k": 1.5, "get-4k": 1.5, "put-1m": 1.0, "get-1m": 1.0, "list": 1.0}
-print(f"{'test':<8} {'target':<9} {'ops/s':>9} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'vs MinIO':>9} {'goal':>5}")
+print(f"{'test':<8} {'target':<16} {'ops/s':>9} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'vs MinIO':>9} {'goal':>5}")
 for test in ("put-4k", "get-4k", "put-1m", "get-1m", "head", "list"):
     for r in (r for r in rows if r[0] == test):
         ops, mbs, p99, p50 = r[2], r[3], r[4], r[5]
@@ -276,7 +276,7 @@ for test in ("put-4k", "get-4k", "put-1m", "get-1m", "head", "list"):
         if test in base and r[1] != "minio" and float(base[test][2]) > 0:
             ratio = f"{float(ops) / float(base[test][2]):.2f}x"
         goal = f"{target[test]:.1f}x" if test in target and ratio else ""
-        print(f"{test:<8} {r[1]:<9} {ops:>9} {mbs:>8} {p50:>8} {p99:>8} {ratio:>9} {goal:>5}")
+        print(f"{test:<8} {r[1]:<16} {ops:>9} {mbs:>8} {p50:>8} {p99:>8} {ratio:>9} {goal:>5}")
 lists = [r for r in rows if r[0] == "list"]
 if lists:
     print()
