@@ -166,6 +166,8 @@ impl S3Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(S3_TIMEOUT))
             .http_status_as_error(false)
+            // Straight to the endpoint: a proxy from the environment would be measured too.
+            .proxy(None)
             .max_idle_connections(1)
             .max_idle_connections_per_host(1)
             .build()
