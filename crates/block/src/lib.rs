@@ -241,7 +241,10 @@ mod tests {
         if let Some(e) = bad.embedded.as_mut() {
             e[0] ^= 1;
         }
-        assert!(matches!(read_block(&pool, &bad), Err(BlockError::EmbeddedChecksum)));
+        assert!(matches!(
+            read_block(&pool, &bad),
+            Err(BlockError::EmbeddedChecksum)
+        ));
         // Truncated embedded payloads are malformed.
         assert!(BlockPointer::decode(&bytes[..bytes.len() - 1]).is_err());
     }

@@ -108,9 +108,8 @@ impl Addr {
 
     pub fn parse(a: &[u8]) -> Result<Addr> {
         let bad = || Error::Corrupt(format!("block map address {a:02x?}"));
-        let id = |b: &[u8]| -> Result<u64> {
-            Ok(u64::from_be_bytes(b.try_into().map_err(|_| bad())?))
-        };
+        let id =
+            |b: &[u8]| -> Result<u64> { Ok(u64::from_be_bytes(b.try_into().map_err(|_| bad())?)) };
         match a.first() {
             Some(&BLOCK_TAG) if a.len() == 17 => Ok(Addr::Block {
                 obj: id(&a[1..9])?,
@@ -200,7 +199,10 @@ where
     for &(ds, bound) in &chain.0 {
         // Versions of one row come oldest first: the last one at or below the bound wins.
         let mut level: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for row in t.range((ds, lo, 0)..=(ds, hi, u64::MAX)).map_err(meta_err)? {
+        for row in t
+            .range((ds, lo, 0)..=(ds, hi, u64::MAX))
+            .map_err(meta_err)?
+        {
             let (k, v) = row.map_err(meta_err)?;
             let (_, addr, birth) = k.value();
             if birth > bound || decided.contains(addr) {

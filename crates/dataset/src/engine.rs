@@ -438,13 +438,14 @@ impl Engine {
                 e => Error::Busy(e.to_string()),
             });
         }
-        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone(), upgrade).and_then(|p| {
-            // The labels now name this daemon as the owner of an ACTIVE pool.
-            p.pool
-                .set_exported(false)
-                .map_err(|e| Error::Io(e.to_string()))?;
-            Ok(p)
-        });
+        let imported = ImportedPool::open(pool.clone(), self.inner.config.clone(), upgrade)
+            .and_then(|p| {
+                // The labels now name this daemon as the owner of an ACTIVE pool.
+                p.pool
+                    .set_exported(false)
+                    .map_err(|e| Error::Io(e.to_string()))?;
+                Ok(p)
+            });
         if imported.is_err() {
             pool.release();
         }
@@ -1826,9 +1827,20 @@ impl Engine {
         };
         if let (Some(cached), true) = (awaiting, apply) {
             let _admin = self.inner.admin.lock();
-            let p = self.import_devices(&cached.devices, Some(cached.guid), false, Some(&mut upgraded))?;
-            self.inner.awaiting_upgrade.lock().retain(|c| c.guid != cached.guid);
-            self.inner.pools.write().insert(p.pool.name.clone(), p.clone());
+            let p = self.import_devices(
+                &cached.devices,
+                Some(cached.guid),
+                false,
+                Some(&mut upgraded),
+            )?;
+            self.inner
+                .awaiting_upgrade
+                .lock()
+                .retain(|c| c.guid != cached.guid);
+            self.inner
+                .pools
+                .write()
+                .insert(p.pool.name.clone(), p.clone());
             self.write_cache()?;
             history::log_internal(&p, "upgrade");
             tracing::info!(pool, "pool upgraded and imported");

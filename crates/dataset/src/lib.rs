@@ -76,6 +76,11 @@ pub struct EngineConfig {
     /// watches five, an owner writes at most three past its last heartbeat
     /// (decision 0010).
     pub multihost_interval_ms: u64,
+    /// Largest stored (compressed) object block kept in its metadata row
+    /// instead of a data block, bytes; 0 embeds nothing. Embedding stops
+    /// while the metadata region is more than half full (decision 0017).
+    #[serde(deserialize_with = "props::de_size")]
+    pub embed_max_bytes: u64,
 }
 
 impl EngineConfig {
@@ -97,6 +102,7 @@ impl Default for EngineConfig {
             scan_rate_bytes: 0,
             policy_tick_secs: 10.0,
             multihost_interval_ms: pool::DEFAULT_MMP_INTERVAL.as_millis() as u64,
+            embed_max_bytes: objects::EMBED_MAX as u64,
         }
     }
 }

@@ -124,13 +124,17 @@ pub enum ObjectOp {
         time_ns: u64,
     },
     /// Frees an object with no names (nlink 0) and all its blocks.
-    Remove { obj: u64 },
+    Remove {
+        obj: u64,
+    },
 }
 
-
-/// Largest stored (compressed) block kept in its metadata row instead of a
-/// data block (decision 0017 has the measurement).
+/// Default of `[engine] embed_max`: the largest stored (compressed) block
+/// kept in its metadata row instead of a data block (decision 0017 has the
+/// measurement).
 pub const EMBED_MAX: usize = 2048;
+/// Embedding never goes beyond this, whatever the config says.
+pub const EMBED_LIMIT: usize = 16 << 10;
 
 /// Length of `data` without its trailing zeros, rounded up to 512 bytes.
 pub(crate) fn trimmed_len(data: &[u8]) -> usize {
@@ -190,10 +194,14 @@ impl<'a> Dec<'a> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().unwrap_or_default(),
+        ))
     }
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().unwrap_or_default(),
+        ))
     }
     fn bytes(&mut self) -> Result<&'a [u8]> {
         let n = self.u32()? as usize;
@@ -313,7 +321,12 @@ impl ObjectOp {
                 name,
                 obj,
                 time_ns,
-            } => e.u8(6).u64(*dir).bytes(name.as_bytes()).u64(*obj).u64(*time_ns),
+            } => e
+                .u8(6)
+                .u64(*dir)
+                .bytes(name.as_bytes())
+                .u64(*obj)
+                .u64(*time_ns),
             ObjectOp::Unlink { dir, name, time_ns } => {
                 e.u8(7).u64(*dir).bytes(name.as_bytes()).u64(*time_ns)
             }
@@ -560,7 +573,12 @@ fn apply_op(
     }
     let prep = Prepared { attrs, target };
     let missing = |o: u64| Error::NotFound(format!("object {o}"));
-    let get = |o: u64| prep.attrs.iter().find(|(x, _)| *x == o).and_then(|(_, a)| a.clone());
+    let get = |o: u64| {
+        prep.attrs
+            .iter()
+            .find(|(x, _)| *x == o)
+            .and_then(|(_, a)| a.clone())
+    };
     // The block part of the op, checked against the prepared attributes.
     let (bs, offset, block_op) = match op {
         ObjectOp::Write {
@@ -568,7 +586,9 @@ fn apply_op(
         } => {
             let a = get(*obj).ok_or_else(|| missing(*obj))?;
             if a.kind != ObjectKind::File {
-                return Err(Error::InvalidArgument(format!("object {obj} is not a file")));
+                return Err(Error::InvalidArgument(format!(
+                    "object {obj} is not a file"
+                )));
             }
             (a.blksz, *offset, Some(Op::Write(data)))
         }
@@ -602,7 +622,11 @@ fn apply_op(
             get(*obj).ok_or_else(|| missing(*obj))?;
             match get(*dir) {
                 Some(d) if d.kind == ObjectKind::Dir => {}
-                Some(_) => return Err(Error::InvalidArgument(format!("object {dir} is not a directory"))),
+                Some(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "object {dir} is not a directory"
+                    )))
+                }
                 None => return Err(missing(*dir)),
             }
             (0, 0, None)
@@ -665,7 +689,12 @@ fn apply_op(
 
 /// The attribute and name part of `op`, under the open txg's lock. Returns
 /// the generation a created object got.
-fn change_metadata(open: &mut OpenTxg, ds: u64, prep: &Prepared, op: &ObjectOp) -> Result<Option<u64>> {
+fn change_metadata(
+    open: &mut OpenTxg,
+    ds: u64,
+    prep: &Prepared,
+    op: &ObjectOp,
+) -> Result<Option<u64>> {
     let cur = |open: &OpenTxg, o: u64| -> Result<ObjectAttrs> {
         prep.current(open, ds, o)?
             .ok_or_else(|| Error::NotFound(format!("object {o}")))
@@ -813,7 +842,10 @@ pub(crate) fn replay(p: &ImportedPool, ds: u64, payload: &[u8]) -> Result<()> {
     let st = {
         let datasets = p.datasets.read();
         let Some(rec) = datasets.values().find(|r| r.id == ds) else {
-            tracing::warn!(dataset = ds, "log record for a dataset that no longer exists; skipped");
+            tracing::warn!(
+                dataset = ds,
+                "log record for a dataset that no longer exists; skipped"
+            );
             return Ok(());
         };
         state_of(&datasets, rec)
@@ -838,7 +870,9 @@ pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
         let datasets = p.datasets.read();
         datasets
             .values()
-            .filter(|r| matches!(r.kind, DatasetKind::Bucket | DatasetKind::Filesystem) && r.next_object > 0)
+            .filter(|r| {
+                matches!(r.kind, DatasetKind::Bucket | DatasetKind::Filesystem) && r.next_object > 0
+            })
             .map(|r| (r.id, state_of(&datasets, r)))
             .collect()
     };
@@ -856,7 +890,8 @@ pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
                         // Unremovable (linked after all): leave the set, keep the object.
                         tracing::warn!(dataset = ds, obj, error = %e, "unlinked object not removed");
                         let mut open = p.open.lock();
-                        open.names.insert((ds, UNLINKED_SET, unlinked_name(obj)), None);
+                        open.names
+                            .insert((ds, UNLINKED_SET, unlinked_name(obj)), None);
                     }
                 }
             }
@@ -871,7 +906,10 @@ fn state_of(
 ) -> State {
     let lineage = crate::txg::lineage(datasets, rec);
     let head = if rec.is_snapshot() {
-        datasets.values().find(|r| r.id == rec.data_id()).unwrap_or(rec)
+        datasets
+            .values()
+            .find(|r| r.id == rec.data_id())
+            .unwrap_or(rec)
     } else {
         rec
     };
@@ -1134,7 +1172,9 @@ impl ObjectSet {
         offset
             .checked_add(data.len() as u64)
             .filter(|end| *end <= MAX_OBJECT_SIZE)
-            .ok_or_else(|| Error::InvalidArgument(format!("write at {offset}: beyond the largest object")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("write at {offset}: beyond the largest object"))
+            })?;
         // Large writes go in pieces: each is one logged op, at most one record.
         for (i, chunk) in data.chunks(WRITE_PIECE).enumerate() {
             self.change(
@@ -1152,7 +1192,9 @@ impl ObjectSet {
 
     pub fn truncate(&self, obj: u64, size: u64) -> Result<()> {
         if size > MAX_OBJECT_SIZE {
-            return Err(Error::InvalidArgument(format!("size {size}: beyond the largest object")));
+            return Err(Error::InvalidArgument(format!(
+                "size {size}: beyond the largest object"
+            )));
         }
         self.change(
             ObjectOp::Truncate {
@@ -1192,14 +1234,21 @@ impl ObjectSet {
 
     /// Frees an object no name points at, with its blocks.
     pub fn remove(&self, obj: u64) -> Result<()> {
-        self.change(ObjectOp::Remove { obj }, Class::Free).map(|_| ())
+        self.change(ObjectOp::Remove { obj }, Class::Free)
+            .map(|_| ())
     }
 
     /// The object `dir/name` points at.
     pub fn lookup(&self, dir: u64, name: &str) -> Result<Option<u64>> {
         let st = self.state()?;
         if st.head() {
-            let open = self.pool.open.lock().names.get(&(st.ds(), dir, name.to_string())).copied();
+            let open = self
+                .pool
+                .open
+                .lock()
+                .names
+                .get(&(st.ds(), dir, name.to_string()))
+                .copied();
             if let Some(t) = open {
                 return Ok(t);
             }
@@ -1297,7 +1346,9 @@ impl crate::Engine {
         crate::engine::check_new_dataset(&p.datasets.read(), name)?;
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
-            if matches!(k.as_str(), "volsize" | "volblocksize" | "refreservation") && kind != DatasetKind::Volume {
+            if matches!(k.as_str(), "volsize" | "volblocksize" | "refreservation")
+                && kind != DatasetKind::Volume
+            {
                 return Err(Error::InvalidArgument(format!(
                     "property '{k}' is for volumes only"
                 )));

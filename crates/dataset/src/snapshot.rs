@@ -296,7 +296,9 @@ fn remove_rows(
         .map_err(meta_err)?;
     let mut bytes = 0;
     for (k, v) in rows {
-        blocks.remove((k.0, k.1.as_slice(), k.2)).map_err(meta_err)?;
+        blocks
+            .remove((k.0, k.1.as_slice(), k.2))
+            .map_err(meta_err)?;
         if let Some(bp) = blockmap::decode(&k.1, &v)? {
             bytes += bp.asize();
             freed.extend(bp.dvas);
@@ -398,7 +400,8 @@ impl ImportedPool {
                     .get_mut(&dataset)
                     .ok_or_else(|| Error::NotFound(format!("dataset {dataset}")))?;
                 for (k, asize) in revived {
-                    dead.remove((k.0, k.1, k.2.as_slice(), k.3)).map_err(meta_err)?;
+                    dead.remove((k.0, k.1, k.2.as_slice(), k.3))
+                        .map_err(meta_err)?;
                     add(&mut head.snapshot_used, -(asize as i64));
                 }
                 head.physical_used = snap.physical_used;
@@ -456,7 +459,8 @@ impl ImportedPool {
                 outcome.freed += remove_rows(tx, id, |_| true, freed)?;
                 let mut dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
                 for (k, _) in dead_rows(&dead, id, 0, u64::MAX, 0)? {
-                    dead.remove((k.0, k.1, k.2.as_slice(), k.3)).map_err(meta_err)?;
+                    dead.remove((k.0, k.1, k.2.as_slice(), k.3))
+                        .map_err(meta_err)?;
                 }
                 recs.retain(|_, r| r.id != id && r.snapshot_of != Some(id));
             }

@@ -67,7 +67,6 @@ pub struct TxgChanges {
     pub names: BTreeMap<NameKey, Option<u64>>,
 }
 
-
 /// A changed block, not yet committed.
 #[derive(Debug, Clone)]
 pub enum Dirty {
@@ -663,15 +662,21 @@ impl ImportedPool {
         assert_eq!(encoded.len(), keys.len(), "an encoder thread panicked");
 
         // Place: allocate in key order so a volume's neighbours stay
-        // neighbours. Attributes and tiny object blocks stay in their row.
+        // neighbours. Attributes and tiny object blocks stay in their row
+        // (tiny blocks only while the metadata region is under half full).
+        let embed_max = match meta::usage(&self.pool.meta_region()) {
+            Some((used, capacity)) if used < capacity / 2 => {
+                (self.config.embed_max_bytes as usize).min(crate::objects::EMBED_LIMIT)
+            }
+            _ => 0,
+        };
         let mut placed: Vec<Option<BlockPointer>> = Vec::with_capacity(keys.len());
         {
             let mut alloc = self.pool.allocator();
             for (k, e) in keys.iter().zip(&encoded) {
                 let embed = |e: &EncodedBlock| {
                     k.2 == crate::objects::ATTR_BLOCK
-                        || (k.1 != crate::objects::VOLUME_OBJECT
-                            && e.psize() as usize <= crate::objects::EMBED_MAX)
+                        || (k.1 != crate::objects::VOLUME_OBJECT && e.psize() as usize <= embed_max)
                 };
                 placed.push(match e {
                     Some(e) if embed(e) => Some(e.embedded(txg)),
@@ -693,8 +698,21 @@ impl ImportedPool {
         }
         // Allocated now: the space budget stops counting these charges as unplaced.
         self.syncing_charged.lock().placed = true;
-        let new_dvas: Vec<Dva> = placed.iter().flatten().flat_map(|bp| bp.dvas.clone()).collect();
-        let result = self.write_placed(txg, &keys, changes, &encoded, &placed, cp, next_objects, action);
+        let new_dvas: Vec<Dva> = placed
+            .iter()
+            .flatten()
+            .flat_map(|bp| bp.dvas.clone())
+            .collect();
+        let result = self.write_placed(
+            txg,
+            &keys,
+            changes,
+            &encoded,
+            &placed,
+            cp,
+            next_objects,
+            action,
+        );
         if result.is_ok() {
             // Just-written blocks are the likeliest to be read (or partly
             // rewritten) next: keep them in the cache under their new version.
@@ -836,7 +854,11 @@ impl ImportedPool {
                     orphaned.extend(placed[i].iter().flat_map(|bp| bp.dvas.clone()));
                     continue;
                 }
-                change(ds, &block_addr(obj, blk), placed[i].as_ref().map(|bp| bp.encode()))?;
+                change(
+                    ds,
+                    &block_addr(obj, blk),
+                    placed[i].as_ref().map(|bp| bp.encode()),
+                )?;
             }
             for ((ds, dir, name), target) in &changes.names {
                 if recs.contains_key(ds) {

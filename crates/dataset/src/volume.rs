@@ -4,8 +4,8 @@
 //! object layer (`objects.rs`) uses the same paths for every object.
 
 use crate::blockmap::Chain;
-use crate::space::Class;
 use crate::objects::VOLUME_OBJECT;
+use crate::space::Class;
 use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
 use crate::{Error, Extent, ReadSegment, Result, Volume};
 use block::BlockPointer;
@@ -255,8 +255,10 @@ pub(crate) fn apply(
         let existing: HashSet<u64> = match &chain {
             Some(chain) => {
                 let view = p.view()?;
-                let mut set: HashSet<u64> =
-                    view.pointers(chain, obj, first, last)?.into_keys().collect();
+                let mut set: HashSet<u64> = view
+                    .pointers(chain, obj, first, last)?
+                    .into_keys()
+                    .collect();
                 if let Some(s) = view.syncing.as_ref() {
                     set.extend(
                         s.blocks
@@ -397,7 +399,13 @@ fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 
 }
 
 /// A volume change replayed from the intent log (admitted before the crash).
-pub(crate) fn replay_volume(p: &ImportedPool, ds: u64, bs: u32, offset: u64, op: Op<'_>) -> Result<()> {
+pub(crate) fn replay_volume(
+    p: &ImportedPool,
+    ds: u64,
+    bs: u32,
+    offset: u64,
+    op: Op<'_>,
+) -> Result<()> {
     apply(p, ds, VOLUME_OBJECT, bs, offset, op, false, None, |_| 0).map(|_| ())
 }
 

@@ -121,7 +121,10 @@ fn objects_names_and_data_survive_restart_and_kill() {
     assert_eq!(get(&set, "b").unwrap(), pattern(200_000, 2));
     assert_eq!(set.list(ROOT_DIR, "", None, 100).unwrap().len(), 4);
     // Nothing is left unlinked: the replaced object was removed.
-    assert!(set.list(dataset::objects::UNLINKED_SET, "", None, 10).unwrap().is_empty());
+    assert!(set
+        .list(dataset::objects::UNLINKED_SET, "", None, 10)
+        .unwrap()
+        .is_empty());
     drop(set);
     engine.shutdown().unwrap();
 }
@@ -140,7 +143,10 @@ fn an_interrupted_upload_is_removed_at_import() {
     Engine::forget_as_if_killed(engine);
     let engine = reopen(dir.path());
     let set = engine.open_objects("tank/b").unwrap();
-    assert!(set.attrs(obj).unwrap().is_none(), "never linked: removed at import");
+    assert!(
+        set.attrs(obj).unwrap().is_none(),
+        "never linked: removed at import"
+    );
     engine.sync_all().unwrap();
     assert_eq!(used(&engine, "tank/b"), empty);
     drop(set);
@@ -158,15 +164,25 @@ fn tiny_objects_live_in_their_row_and_tails_take_what_they_hold() {
     }
     engine.sync_all().unwrap();
     // 50 objects of 1.5 KiB: embedded, no data block each.
-    assert_eq!(used(&engine, "tank/b"), before, "embedded objects take no data blocks");
+    assert_eq!(
+        used(&engine, "tank/b"),
+        before,
+        "embedded objects take no data blocks"
+    );
     // A 4 KiB + 1 byte object in a 128K-recordsize bucket costs ~8K, not 128K.
     put(&set, "small", &pattern(4097, 7));
     engine.sync_all().unwrap();
     let cost = used(&engine, "tank/b") - before;
-    assert!(cost <= 8192 * 2, "a small object costs {cost} bytes (2 copies)");
+    assert!(
+        cost <= 8192 * 2,
+        "a small object costs {cost} bytes (2 copies)"
+    );
     assert_eq!(get(&set, "small").unwrap(), pattern(4097, 7));
     for i in 0..50 {
-        assert_eq!(get(&set, &format!("tiny{i}")).unwrap(), pattern(1500, i as u8));
+        assert_eq!(
+            get(&set, &format!("tiny{i}")).unwrap(),
+            pattern(1500, i as u8)
+        );
     }
     drop(set);
     engine.shutdown().unwrap();
@@ -189,7 +205,10 @@ fn bucket_snapshots_clones_and_rollback_see_their_moment() {
     assert_eq!(get(&snap, "keep").unwrap(), b"v1");
     assert_eq!(get(&snap, "change").unwrap(), pattern(300_000, 1));
     assert!(get(&snap, "new").is_none());
-    assert!(snap.create(ObjectKind::File, b"").is_err(), "snapshots are read-only");
+    assert!(
+        snap.create(ObjectKind::File, b"").is_err(),
+        "snapshots are read-only"
+    );
     assert_eq!(get(&set, "change").unwrap(), pattern(300_000, 2));
     assert!(get(&set, "keep").is_none());
     // A clone starts as the snapshot and diverges on its own.
@@ -239,13 +258,19 @@ fn truncate_and_sparse_writes_read_zeros_where_nothing_was_written() {
     set.truncate(obj, 60_000).unwrap();
     let data = set.read(obj, 0, 60_000).unwrap();
     assert_eq!(&data[..20_000], &pattern(50_000, 4)[..20_000]);
-    assert!(data[20_000..].iter().all(|&b| b == 0), "truncated bytes read as zeros");
+    assert!(
+        data[20_000..].iter().all(|&b| b == 0),
+        "truncated bytes read as zeros"
+    );
     engine.sync_all().unwrap();
     assert_eq!(set.read(obj, 0, 60_000).unwrap(), data);
     assert!(engine
         .create_dataset("tank/b/x", DatasetKind::Volume, &[])
         .is_err());
-    assert!(engine.open_objects("tank").is_err(), "the pool root holds no objects");
+    assert!(
+        engine.open_objects("tank").is_err(),
+        "the pool root holds no objects"
+    );
     drop(set);
     engine.shutdown().unwrap();
 }

@@ -52,7 +52,10 @@ fn a_format_2_pool_is_refused_by_name_then_upgraded_whole() {
         msg.contains("metadata format 2") && msg.contains("cistern pool upgrade old"),
         "{msg}"
     );
-    assert!(engine.list_pools().is_empty(), "nothing imported, nothing written");
+    assert!(
+        engine.list_pools().is_empty(),
+        "nothing imported, nothing written"
+    );
 
     let v = engine.upgrade_pool("old", true).unwrap();
     assert_eq!(v.meta_format, 3);
@@ -70,9 +73,19 @@ fn a_format_2_pool_is_refused_by_name_then_upgraded_whole() {
     assert_eq!(read_all(&snap, 0, 1 << 20), pattern);
     // The converted block map keeps the snapshot's space exact.
     let used = |name: &str| {
-        engine.dataset(name).unwrap().property("used").unwrap().parsable.parse::<u64>().unwrap()
+        engine
+            .dataset(name)
+            .unwrap()
+            .property("used")
+            .unwrap()
+            .parsable
+            .parse::<u64>()
+            .unwrap()
     };
-    assert!(used("old/vol@before") >= 65536, "the overwritten 64K is the snapshot's");
+    assert!(
+        used("old/vol@before") >= 65536,
+        "the overwritten 64K is the snapshot's"
+    );
     // A scrub walks the converted map and finds nothing wrong.
     engine.scrub_pool("old", ScrubAction::Start).unwrap();
     for _ in 0..200 {

@@ -587,6 +587,19 @@ impl MetaScrubReport {
     }
 }
 
+/// (bytes of the database, bytes the region holds at most) of the open
+/// store on `region`: how full the metadata is.
+pub fn usage(region: &MirroredRegion) -> Option<(u64, u64)> {
+    let key = (region.pool().guid, region.offset());
+    let live = LIVE
+        .lock()
+        .iter()
+        .filter(|(g, o, _)| (*g, *o) == key)
+        .find_map(|(_, _, w)| w.upgrade())?;
+    let used = live.state.lock().1;
+    Some((used, live.capacity()))
+}
+
 /// Verifies every copy of every metadata page on every device (header
 /// slots, checksum table, database pages up to the database length) and
 /// rewrites each wrong or unreadable copy from a good one, raising CKSUM on

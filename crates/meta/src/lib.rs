@@ -3,7 +3,7 @@
 mod backend;
 pub mod schema;
 
-pub use backend::{verify_all, MetaScrubReport, RegionBackend, REGION_FORMAT};
+pub use backend::{usage, verify_all, MetaScrubReport, RegionBackend, REGION_FORMAT};
 pub use redb;
 
 use pool::MirroredRegion;

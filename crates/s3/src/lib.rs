@@ -190,6 +190,11 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Headers and a streamed body go out in separate writes: without
+        // NODELAY, Nagle and delayed ACKs add ~40 ms to every small GET.
+        if let Err(e) = sock.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let svc = svc.clone();
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()

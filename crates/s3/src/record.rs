@@ -111,6 +111,10 @@ pub struct ObjectRecord {
     /// An upload not completed yet.
     #[serde(default)]
     pub upload: bool,
+    /// The upload a multipart object was completed from (a repeated
+    /// CompleteMultipartUpload answers as the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
 }
 
 impl ObjectRecord {

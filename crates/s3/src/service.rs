@@ -146,6 +146,7 @@ fn parse_tagging_header(s: &str) -> S3Result<Vec<(String, String)>> {
         out.push((dec(k)?, dec(v)?));
     }
     validate_tags(&out)?;
+    out.sort();
     Ok(out)
 }
 
@@ -159,11 +160,12 @@ fn tagset(tags: &[(String, String)]) -> TagSet {
 }
 
 fn from_tagset(t: TagSet) -> S3Result<Vec<(String, String)>> {
-    let tags: Vec<(String, String)> = t
+    let mut tags: Vec<(String, String)> = t
         .into_iter()
         .map(|t| (t.key.unwrap_or_default(), t.value.unwrap_or_default()))
         .collect();
     validate_tags(&tags)?;
+    tags.sort();
     Ok(tags)
 }
 
@@ -728,6 +730,50 @@ fn owner_of() -> Owner {
     }
 }
 
+/// ACLs are not stored: access is `cistern user grant` (access.rs). The
+/// owner has full control; setting anything but that is refused, never
+/// silently ignored.
+fn owner_grants() -> Grants {
+    vec![Grant {
+        grantee: Some(Grantee {
+            display_name: Some("cistern".into()),
+            id: Some("cistern".into()),
+            type_: Type::from_static(Type::CANONICAL_USER),
+            email_address: None,
+            uri: None,
+        }),
+        permission: Some(Permission::from_static(Permission::FULL_CONTROL)),
+    }]
+}
+
+fn only_private(
+    canned: Option<&str>,
+    policy: Option<&AccessControlPolicy>,
+    grants: [&Option<String>; 3],
+) -> S3Result<()> {
+    let refuse = || {
+        s3_error!(
+            NotImplemented,
+            "ACLs other than private are not supported: grant access with `cistern user grant`"
+        )
+    };
+    if canned.is_some_and(|c| c != "private") || grants.iter().any(|g| g.is_some()) {
+        return Err(refuse());
+    }
+    if let Some(p) = policy {
+        let only_owner = p.grants.iter().flatten().all(|g| {
+            g.permission
+                .as_ref()
+                .is_some_and(|p| p.as_str() == Permission::FULL_CONTROL)
+                && g.grantee.as_ref().is_some_and(|g| g.uri.is_none())
+        });
+        if !only_owner {
+            return Err(refuse());
+        }
+    }
+    Ok(())
+}
+
 fn max_keys(m: Option<i32>) -> S3Result<usize> {
     match m {
         None => Ok(1000),
@@ -908,10 +954,7 @@ impl S3 for Cistern {
         };
         self.run(move |s| {
             s.put_settings(&b, |st| {
-                // Never-versioned buckets stay unversioned when "suspended".
-                if status == "Enabled" || st.versioning.is_some() {
-                    st.versioning = Some(status.to_string());
-                }
+                st.versioning = Some(status.to_string());
                 Ok(())
             })
         })
@@ -1076,6 +1119,78 @@ impl S3 for Cistern {
         })
         .await?;
         Ok(S3Response::new(DeleteBucketLifecycleOutput {}))
+    }
+
+    async fn get_bucket_acl(
+        &self,
+        req: S3Request<GetBucketAclInput>,
+    ) -> S3Result<S3Response<GetBucketAclOutput>> {
+        let cred = creds(&req);
+        self.bucket(&req.input.bucket, cred.as_deref(), Access::Read)
+            .await?;
+        Ok(S3Response::new(GetBucketAclOutput {
+            grants: Some(owner_grants()),
+            owner: Some(owner_of()),
+        }))
+    }
+
+    async fn put_bucket_acl(
+        &self,
+        req: S3Request<PutBucketAclInput>,
+    ) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let cred = creds(&req);
+        let i = req.input;
+        self.bucket(&i.bucket, cred.as_deref(), Access::Write)
+            .await?;
+        only_private(
+            i.acl.as_ref().map(|a| a.as_str()),
+            i.access_control_policy.as_ref(),
+            [&i.grant_read, &i.grant_write, &i.grant_full_control],
+        )?;
+        Ok(S3Response::new(PutBucketAclOutput {}))
+    }
+
+    async fn get_object_acl(
+        &self,
+        req: S3Request<GetObjectAclInput>,
+    ) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let cred = creds(&req);
+        let i = req.input;
+        let b = self
+            .bucket(&i.bucket, cred.as_deref(), Access::Read)
+            .await?;
+        let (os, key, vid) = (b.os.clone(), i.key, i.version_id.clone());
+        let f = self
+            .run(move |_| find_version(&os, &key, vid.as_deref()))
+            .await?;
+        if f.rec.delete_marker {
+            return Err(delete_marker_error(i.version_id.as_deref(), &f.rec));
+        }
+        Ok(S3Response::new(GetObjectAclOutput {
+            grants: Some(owner_grants()),
+            owner: Some(owner_of()),
+            ..Default::default()
+        }))
+    }
+
+    async fn put_object_acl(
+        &self,
+        req: S3Request<PutObjectAclInput>,
+    ) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let cred = creds(&req);
+        let i = req.input;
+        let b = self
+            .bucket(&i.bucket, cred.as_deref(), Access::Write)
+            .await?;
+        let (os, key, vid) = (b.os.clone(), i.key.clone(), i.version_id.clone());
+        self.run(move |_| find_version(&os, &key, vid.as_deref()))
+            .await?;
+        only_private(
+            i.acl.as_ref().map(|a| a.as_str()),
+            i.access_control_policy.as_ref(),
+            [&i.grant_read, &i.grant_write, &i.grant_full_control],
+        )?;
+        Ok(S3Response::new(PutObjectAclOutput::default()))
     }
 
     async fn put_object(
@@ -1262,33 +1377,40 @@ impl S3 for Cistern {
         };
         let (start, end, ranged) = self.select(&b, &f, size, i.range, i.part_number).await?;
         let r = &f.rec;
+        let mut headers = http::HeaderMap::new();
+        if !r.tags.is_empty() {
+            headers.insert("x-amz-tagging-count", http::HeaderValue::from(r.tags.len()));
+        }
         let sums = if !ranged && i.checksum_mode.is_some() {
             r.checksums.clone()
         } else {
             Checksums::default()
         };
-        Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some((end - start) as i64),
-            content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),
-            accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&r.etag)),
-            last_modified: Some(ts(r.mtime_ns)),
-            metadata: (!r.meta.is_empty()).then(|| r.meta.clone().into_iter().collect()),
-            content_type: r.headers.content_type.clone(),
-            content_encoding: r.headers.content_encoding.clone(),
-            content_disposition: r.headers.content_disposition.clone(),
-            content_language: r.headers.content_language.clone(),
-            cache_control: r.headers.cache_control.clone(),
-            expires: obj_headers(&r.headers)?,
-            checksum_crc32: sums.crc32,
-            checksum_crc32c: sums.crc32c,
-            checksum_sha1: sums.sha1,
-            checksum_sha256: sums.sha256,
-            checksum_type: sums.kind.map(ChecksumType::from),
-            version_id: Cistern::version_out(st.versioning.is_some(), r),
-            parts_count: (i.part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
-            ..Default::default()
-        }))
+        Ok(S3Response::with_headers(
+            HeadObjectOutput {
+                content_length: Some((end - start) as i64),
+                content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),
+                accept_ranges: Some("bytes".into()),
+                e_tag: Some(etag(&r.etag)),
+                last_modified: Some(ts(r.mtime_ns)),
+                metadata: (!r.meta.is_empty()).then(|| r.meta.clone().into_iter().collect()),
+                content_type: r.headers.content_type.clone(),
+                content_encoding: r.headers.content_encoding.clone(),
+                content_disposition: r.headers.content_disposition.clone(),
+                content_language: r.headers.content_language.clone(),
+                cache_control: r.headers.cache_control.clone(),
+                expires: obj_headers(&r.headers)?,
+                checksum_crc32: sums.crc32,
+                checksum_crc32c: sums.crc32c,
+                checksum_sha1: sums.sha1,
+                checksum_sha256: sums.sha256,
+                checksum_type: sums.kind.map(ChecksumType::from),
+                version_id: Cistern::version_out(st.versioning.is_some(), r),
+                parts_count: (i.part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
+                ..Default::default()
+            },
+            headers,
+        ))
     }
 
     async fn delete_object(
@@ -1539,8 +1661,9 @@ impl S3 for Cistern {
             .flatten();
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(i.bucket),
-            prefix: Some(if enc { url_encode(&prefix) } else { prefix }),
-            marker: enc_opt(i.marker, enc),
+            // v1 answers the prefix as given (clients decode only the rest).
+            prefix: Some(prefix),
+            marker: enc_opt(Some(i.marker.unwrap_or_default()), enc),
             next_marker: enc_opt(next_marker, enc),
             max_keys: Some(max as i32),
             is_truncated: Some(l.truncated),
@@ -1550,15 +1673,15 @@ impl S3 for Cistern {
                     .map(|(k, r)| Cistern::object_entry(k, &r, enc, true))
                     .collect(),
             ),
-            common_prefixes: Some(
+            common_prefixes: (!l.prefixes.is_empty()).then(|| {
                 l.prefixes
                     .into_iter()
                     .map(|p| CommonPrefix {
                         prefix: enc_opt(Some(p), enc),
                     })
-                    .collect(),
-            ),
-            delimiter: enc_opt(i.delimiter, enc),
+                    .collect()
+            }),
+            delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             ..Default::default()
         }))
@@ -1607,15 +1730,15 @@ impl S3 for Cistern {
                     .map(|(k, r)| Cistern::object_entry(k, &r, enc, owner))
                     .collect(),
             ),
-            common_prefixes: Some(
+            common_prefixes: (!l.prefixes.is_empty()).then(|| {
                 l.prefixes
                     .into_iter()
                     .map(|p| CommonPrefix {
                         prefix: enc_opt(Some(p), enc),
                     })
-                    .collect(),
-            ),
-            delimiter: enc_opt(i.delimiter, enc),
+                    .collect()
+            }),
+            delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             start_after: enc_opt(i.start_after, enc),
             ..Default::default()
@@ -1697,7 +1820,7 @@ impl S3 for Cistern {
                     })
                     .collect()
             }),
-            delimiter: enc_opt(i.delimiter, enc),
+            delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             ..Default::default()
         }))
@@ -1984,9 +2107,16 @@ impl S3 for Cistern {
             if_match: i.if_match,
             if_none_match: i.if_none_match,
         };
+        let claimed = Checksums {
+            crc32: i.checksum_crc32,
+            crc32c: i.checksum_crc32c,
+            sha1: i.checksum_sha1,
+            sha256: i.checksum_sha256,
+            kind: None,
+        };
         let (b2, key, id) = (b.clone(), i.key.clone(), i.upload_id);
         let rec = self
-            .run(move |s| s.complete(&b2, &key, &id, &parts, &cond))
+            .run(move |s| s.complete(&b2, &key, &id, &parts, &cond, &claimed))
             .await?;
         let versioned = self.versioned(&b).await?;
         let c = &rec.checksums;

@@ -591,11 +591,12 @@ impl Store {
         self.open(bucket).map(|_| ())
     }
 
-    /// BucketNotEmpty while any key, version or upload remains.
+    /// BucketNotEmpty while any key or version remains; uploads in
+    /// progress go with the bucket (as in S3).
     pub fn delete_bucket(&self, b: &Bucket) -> R<()> {
         self.writable(b)?;
         let os = &b.os;
-        for d in [ROOT_DIR, VERSIONS_DIR, UPLOADS_DIR] {
+        for d in [ROOT_DIR, VERSIONS_DIR] {
             if !os.list(d, "", None, 1).s3()?.is_empty() {
                 return Err(s3_error!(
                     BucketNotEmpty,
@@ -1037,10 +1038,22 @@ impl Store {
         id: &str,
         list: &[CompletePart],
         cond: &WriteCond,
+        claimed: &Checksums,
     ) -> R<ObjectRecord> {
         self.writable(b)?;
         let os = &b.os;
-        let up = self.upload(b, key, id)?;
+        let up = match self.upload(b, key, id) {
+            Ok(u) => u,
+            Err(e) => {
+                // Completing again answers as the first time (as S3 does).
+                if let Some(c) = current(os, key)? {
+                    if c.rec.upload_id.as_deref() == Some(id) {
+                        return Ok(c.rec);
+                    }
+                }
+                return Err(e);
+            }
+        };
         if list.is_empty() {
             return Err(s3_error!(
                 MalformedXML,
@@ -1086,6 +1099,21 @@ impl Store {
             list.len()
         );
         let checksums = composite_checksums(up.rec.checksum_algorithm.as_deref(), &sums);
+        for (name, want, got) in [
+            ("CRC32", &claimed.crc32, &checksums.crc32),
+            ("CRC32C", &claimed.crc32c, &checksums.crc32c),
+            ("SHA1", &claimed.sha1, &checksums.sha1),
+            ("SHA256", &claimed.sha256, &checksums.sha256),
+        ] {
+            let Some(want) = want else { continue };
+            let got = got.as_deref().unwrap_or_default();
+            if want != got && got.split_once('-').map(|(g, _)| g) != Some(want.as_str()) {
+                return Err(s3_error!(
+                    BadDigest,
+                    "The {name} you specified did not match the calculated checksum."
+                ));
+            }
+        }
         // Parts the list does not name go before the object is visible.
         let keep: std::collections::HashSet<i32> = list.iter().map(|p| p.number).collect();
         for (n, (obj, _)) in &have {
@@ -1099,6 +1127,7 @@ impl Store {
             size,
             parts: list.len() as u32,
             checksums,
+            upload_id: Some(id.to_string()),
             ..up.rec.clone()
         };
         self.install(b, key, up.dir, rec, cond, Some(&up.name))

@@ -224,3 +224,25 @@ fn abandoned_uploads_expire_and_free_their_parts() {
     assert!(b.os.attrs(part).unwrap().is_none(), "the part is freed");
     engine.shutdown().unwrap();
 }
+
+/// Not a test: a server for trying clients by hand (awscli, rclone, bench)
+/// for `S3_SERVE_SECS` seconds (default 60); prints its address and keys.
+/// `cargo test --release -p s3 --test boto serve_for_manual_use -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn serve_for_manual_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_with_pool(dir.path());
+    let server = Server::start(engine.clone(), cfg());
+    let secs: u64 = std::env::var("S3_SERVE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    println!(
+        "S3_ENDPOINT=http://{} S3_KEY={KEY} S3_SECRET={SECRET}",
+        server.addr
+    );
+    std::thread::sleep(std::time::Duration::from_secs(secs));
+    drop(server);
+    engine.shutdown().unwrap();
+}

@@ -592,3 +592,33 @@ def test_snap_check():
     with pytest.raises(ClientError) as e:
         s3.head_bucket(Bucket=f"{SNAP_BUCKET}--snap--nosuch")
     assert status(e) == 404
+
+
+def test_s3_tests_compat_details(s3):
+    b = new_bucket(s3)
+    # A bucket with an upload in progress (and no objects) can go.
+    s3.create_multipart_upload(Bucket=b, Key="pending")
+    s3.delete_bucket(Bucket=b)
+    b = new_bucket(s3)
+    # ACLs: the owner's full control is answered; anything else refused.
+    s3.put_object(Bucket=b, Key="k", Body=b"x", Tagging="z=1&a=2")
+    grants = s3.get_object_acl(Bucket=b, Key="k")["Grants"]
+    assert [g["Permission"] for g in grants] == ["FULL_CONTROL"]
+    s3.put_bucket_acl(Bucket=b, ACL="private")
+    with pytest.raises(ClientError) as e:
+        s3.put_bucket_acl(Bucket=b, ACL="public-read")
+    assert code(e) == "NotImplemented"
+    h = s3.head_object(Bucket=b, Key="k")
+    assert h["ResponseMetadata"]["HTTPHeaders"]["x-amz-tagging-count"] == "2"
+    assert [t["Key"] for t in s3.get_object_tagging(Bucket=b, Key="k")["TagSet"]] == ["a", "z"]
+    # Completing twice answers as the first time.
+    uid = s3.create_multipart_upload(Bucket=b, Key="m")["UploadId"]
+    e1 = s3.upload_part(Bucket=b, Key="m", UploadId=uid, PartNumber=1, Body=b"p")["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": e1}]}
+    r1 = s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload=parts)
+    r2 = s3.complete_multipart_upload(Bucket=b, Key="m", UploadId=uid, MultipartUpload=parts)
+    assert r1["ETag"] == r2["ETag"]
+    # Suspending a never-versioned bucket is remembered.
+    b2 = new_bucket(s3)
+    s3.put_bucket_versioning(Bucket=b2, VersioningConfiguration={"Status": "Suspended"})
+    assert s3.get_bucket_versioning(Bucket=b2)["Status"] == "Suspended"

@@ -219,7 +219,7 @@ impl TypeFilter {
 
     /// Only snapshots/bookmarks: `list -t snapshot DS` lists DS's snapshots.
     fn only_snapshots(&self) -> bool {
-        !self.volume && !self.filesystem
+        !self.volume && !self.filesystem && !self.bucket
     }
 
     const ALL: TypeFilter = TypeFilter {
@@ -801,25 +801,36 @@ mod tests {
 
     #[test]
     fn types() {
-        let f = |volume, filesystem, snapshot, bookmark| TypeFilter {
+        let f = |volume, filesystem, snapshot, bookmark, bucket| TypeFilter {
             volume,
             filesystem,
             snapshot,
             bookmark,
+            bucket,
         };
         let parse = |s| parse_types(s, LIST_DEFAULT_TYPES);
-        assert_eq!(parse(None).unwrap(), f(true, true, false, false));
-        assert_eq!(parse(Some("volume")).unwrap(), f(true, false, false, false));
-        assert_eq!(parse(Some("fs")).unwrap(), f(false, true, false, false));
+        assert_eq!(parse(None).unwrap(), f(true, true, false, false, true));
+        assert_eq!(
+            parse(Some("volume")).unwrap(),
+            f(true, false, false, false, false)
+        );
+        assert_eq!(
+            parse(Some("fs")).unwrap(),
+            f(false, true, false, false, false)
+        );
         assert_eq!(
             parse(Some("snapshot")).unwrap(),
-            f(false, false, true, false)
+            f(false, false, true, false, false)
+        );
+        assert_eq!(
+            parse(Some("bucket")).unwrap(),
+            f(false, false, false, false, true)
         );
         assert!(parse(Some("snapshot")).unwrap().only_snapshots());
         assert_eq!(parse(Some("all")).unwrap(), TypeFilter::ALL);
         assert_eq!(
             parse(Some("bookmark,volume")).unwrap(),
-            f(true, false, false, true)
+            f(true, false, false, true, false)
         );
         assert!(parse(Some("bogus")).is_err());
         assert_eq!(depth_of("tank"), 0);
