@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -255,14 +256,15 @@ def test_destroy_pool_with_volumes_and_open_connection(daemon, pool, disks):
 
 
 def test_quickstart_creates_pool_and_volume(tmp_path):
-    nbd_port, api_port = free_ports(2)
+    nbd_port, api_port, s3_port = free_ports(3)
     from conftest import Daemon, popen
     import subprocess
     import time
     state = tmp_path / "qs"
     log = open(tmp_path / "qs.log", "wb")
     p = popen([cistern_bin(), "quickstart", "--state-dir", state, "--nbd", f"127.0.0.1:{nbd_port}",
-               "--api", f"127.0.0.1:{api_port}"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}"], stdout=log, stderr=subprocess.STDOUT,
+              stdin=subprocess.DEVNULL)
     env = dict(os.environ, CISTERN_API=f"http://127.0.0.1:{api_port}")
     try:
         deadline = time.monotonic() + 60
@@ -286,6 +288,14 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         st = run([cistern_bin(), "pool", "status", "tank"], env=env).stdout
         assert "mirror" in st
         assert (state / "disks").is_dir()
+        # S3: the endpoint, and a key for bucket0 printed this once.
+        assert f"http://127.0.0.1:{s3_port}/bucket0" in out, out
+        key = re.search(r"^S3 access key id: +(CIST\w+)$", out, re.M)
+        secret = re.search(r"^S3 secret access key: +(\w{40}) ", out, re.M)
+        assert key and secret, out
+        users = json.loads(run([cistern_bin(), "user", "list", "--json"], env=env).stdout)
+        assert users[0]["name"] == "quickstart" and users[0]["access_key"] == key.group(1)
+        assert users[0]["grants"] == [{"bucket": "bucket0", "access": "rw"}]
     finally:
         p.terminate()
         try:
@@ -296,7 +306,8 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         log.close()
     # A second quickstart on the same state dir reuses the pool (no error, no re-create).
     p = popen([cistern_bin(), "quickstart", "--state-dir", state, "--nbd", f"127.0.0.1:{nbd_port}",
-               "--api", f"127.0.0.1:{api_port}"], stdout=open(tmp_path / "qs2.log", "wb"), stderr=subprocess.STDOUT,
+               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}"], stdout=open(tmp_path / "qs2.log", "wb"),
+              stderr=subprocess.STDOUT,
               stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -314,3 +325,7 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    # The second start names the endpoint again but never the secret.
+    out2 = (tmp_path / "qs2.log").read_text()
+    assert f"http://127.0.0.1:{s3_port}/bucket0" in out2 and "printed at the first start" in out2, out2
+    assert secret.group(1) not in out2

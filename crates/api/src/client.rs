@@ -1,9 +1,9 @@
 //! Blocking client for the management API (what the CLI uses).
 
 use crate::{
-    AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health,
-    HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, RenameRequest, ReplaceRequest,
-    RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
+    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
+    RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
 };
 use dataset::{
     Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,
@@ -443,8 +443,85 @@ impl Client {
             name: name.to_string(),
             volsize,
             properties: properties.to_vec(),
+            kind: None,
         };
         self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
+    }
+
+    /// `POST /v1/datasets` for a dataset that is not a volume (a bucket).
+    pub fn create_dataset(
+        &self,
+        name: &str,
+        kind: dataset::DatasetKind,
+        properties: &[(String, String)],
+    ) -> Result<DatasetInfo> {
+        let body = CreateVolume {
+            name: name.to_string(),
+            volsize: 0,
+            properties: properties.to_vec(),
+            kind: Some(kind),
+        };
+        self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
+    }
+
+    /// `GET /v1/users`.
+    pub fn users(&self) -> Result<Vec<s3::access::UserInfo>> {
+        self.decode(self.agent.get(self.url("/v1/users")).call())
+    }
+
+    /// `POST /v1/users`: the answer holds the secret, shown this once.
+    pub fn add_user(
+        &self,
+        name: &str,
+        grants: &[s3::access::Grant],
+    ) -> Result<s3::access::NewUser> {
+        let body = AddUser {
+            name: name.to_string(),
+            grants: grants.to_vec(),
+        };
+        self.decode(self.agent.post(self.url("/v1/users")).send_json(&body))
+    }
+
+    /// `DELETE /v1/users/{user}`.
+    pub fn remove_user(&self, name: &str) -> Result<()> {
+        self.expect_empty(self.agent.delete(self.user_url(name, "")).call())
+    }
+
+    /// `POST /v1/users/{user}/grants`.
+    pub fn grant(
+        &self,
+        name: &str,
+        bucket: &str,
+        access: s3::access::Access,
+    ) -> Result<s3::access::UserInfo> {
+        let body = GrantRequest {
+            bucket: bucket.to_string(),
+            access,
+        };
+        self.decode(
+            self.agent
+                .post(self.user_url(name, "/grants"))
+                .send_json(&body),
+        )
+    }
+
+    /// `DELETE /v1/users/{user}/grants?bucket=`.
+    pub fn revoke(&self, name: &str, bucket: &str) -> Result<s3::access::UserInfo> {
+        self.decode(
+            self.agent
+                .delete(self.user_url(name, "/grants"))
+                .query("bucket", bucket)
+                .call(),
+        )
+    }
+
+    fn user_url(&self, name: &str, suffix: &str) -> String {
+        format!(
+            "{}/v1/users/{}{}",
+            self.base,
+            percent_encode_segment(name),
+            suffix
+        )
     }
 
     pub fn dataset(&self, name: &str) -> Result<DatasetInfo> {

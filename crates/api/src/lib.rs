@@ -35,6 +35,11 @@
 //! | GET | /v1/events?after=N&wait_ms=M&pool=P | | `[Event]` (waits up to M ms for one) |
 //! | DELETE | /v1/events?pool=P | | `{"cleared": N}` |
 //! | POST | /v1/labelclear | [`LabelclearRequest`] | 204 |
+//! | GET | /v1/users | | `[UserInfo]` (never secrets) |
+//! | POST | /v1/users | [`AddUser`] | `NewUser` (201; the only answer with the secret) |
+//! | DELETE | /v1/users/{user} | | 204 |
+//! | POST | /v1/users/{user}/grants | [`GrantRequest`] | `UserInfo` |
+//! | DELETE | /v1/users/{user}/grants?bucket=B | | `UserInfo` |
 //! | GET | /metrics | | Prometheus text |
 //!
 //! Every request that changes a pool is recorded in its history (`pool
@@ -100,7 +105,8 @@ pub struct ImportRequest {
     pub force: bool,
 }
 
-/// `POST /v1/datasets`: `cistern create -V SIZE -o k=v NAME`.
+/// `POST /v1/datasets`: `cistern create -V SIZE -o k=v NAME`, or
+/// `cistern create -t bucket NAME` (`kind` bucket, `volsize` 0).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
@@ -108,6 +114,27 @@ pub struct CreateVolume {
     pub volsize: u64,
     #[serde(default)]
     pub properties: Vec<(String, String)>,
+    /// Absent: a volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<dataset::DatasetKind>,
+}
+
+/// `POST /v1/users`: `cistern user add NAME [--grant BUCKET=ro|rw]...`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddUser {
+    pub name: String,
+    #[serde(default)]
+    pub grants: Vec<s3::access::Grant>,
+}
+
+/// `POST /v1/users/{user}/grants`: `cistern user grant NAME BUCKET ro|rw`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    /// A bucket name or `*`.
+    pub bucket: String,
+    pub access: s3::access::Access,
 }
 
 /// `POST /v1/snapshots`.

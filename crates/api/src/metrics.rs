@@ -172,6 +172,18 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             "Usable size of the pool.",
             |s| s.size as f64,
         ),
+        (
+            "cistern_pool_metadata_used_bytes",
+            "gauge",
+            "Bytes of the metadata store (block map, names, embedded blocks).",
+            |s| s.metadata_used as f64,
+        ),
+        (
+            "cistern_pool_metadata_size_bytes",
+            "gauge",
+            "Bytes the metadata region holds at most.",
+            |s| s.metadata_size as f64,
+        ),
     ];
     let mut w = MetricsWriter::new();
     w.family("cistern_pools", "gauge", "Imported pools.");

@@ -2,9 +2,10 @@
 //! `spawn_blocking`; handlers only translate HTTP <-> engine types.
 
 use crate::{
-    AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody, Health,
-    HoldRequest, ImportRequest, InheritRequest, LabelclearRequest, PolicyRunRequest, RenameRequest,
-    ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
+    GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
+    PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
+    SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -28,6 +29,8 @@ pub struct ApiState {
     pub engine: Arc<Engine>,
     /// Further metric families, rendered on every scrape.
     pub extra_metrics: Vec<MetricsSource>,
+    /// The S3 endpoint's access keys (`/v1/users`); None: not kept here.
+    pub users: Option<Arc<s3::access::Users>>,
 }
 
 impl ApiState {
@@ -35,7 +38,13 @@ impl ApiState {
         Self {
             engine,
             extra_metrics: Vec::new(),
+            users: None,
         }
+    }
+
+    pub fn with_users(mut self, users: Arc<s3::access::Users>) -> Self {
+        self.users = Some(users);
+        self
     }
 
     pub fn with_metrics(mut self, source: MetricsSource) -> Self {
@@ -89,6 +98,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/policy", get(policy_show))
         .route("/v1/policy/run", post(policy_run))
         .route("/v1/policy/history", get(policy_history))
+        .route("/v1/users", get(list_users).post(add_user))
+        .route("/v1/users/{user}", axum::routing::delete(remove_user))
+        .route(
+            "/v1/users/{user}/grants",
+            post(grant_user).delete(revoke_user),
+        )
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
@@ -162,6 +177,25 @@ impl From<dataset::Error> for ApiError {
             body: ErrorBody {
                 error: err.to_string(),
                 kind: kind_for(&err).into(),
+            },
+        }
+    }
+}
+
+impl From<s3::access::Error> for ApiError {
+    fn from(err: s3::access::Error) -> Self {
+        let kind = err.kind();
+        let status = match kind {
+            "NotFound" => StatusCode::NOT_FOUND,
+            "AlreadyExists" => StatusCode::CONFLICT,
+            "InvalidArgument" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self {
+            status,
+            body: ErrorBody {
+                error: err.to_string(),
+                kind: kind.into(),
             },
         }
     }
@@ -596,12 +630,99 @@ async fn create_volume(
     State(st): State<ApiState>,
     Json(req): Json<CreateVolume>,
 ) -> ApiResult<Response> {
-    tracing::info!(name = %req.name, volsize = req.volsize, "creating volume");
-    blocking(&st, move |e| {
-        e.create_volume(&req.name, req.volsize, &req.properties)
+    match req.kind {
+        None | Some(dataset::DatasetKind::Volume) => {
+            tracing::info!(name = %req.name, volsize = req.volsize, "creating volume");
+            blocking(&st, move |e| {
+                e.create_volume(&req.name, req.volsize, &req.properties)
+            })
+            .await
+            .map(created)
+        }
+        Some(kind) => {
+            if req.volsize != 0 {
+                return Err(ApiError::bad_request(format!(
+                    "volsize is only for volumes, not a {kind:?}"
+                )));
+            }
+            tracing::info!(name = %req.name, ?kind, "creating dataset");
+            blocking(&st, move |e| {
+                e.create_dataset(&req.name, kind, &req.properties)
+            })
+            .await
+            .map(created)
+        }
+    }
+}
+
+/// The S3 users table, or 503 when this daemon keeps none.
+fn users_of(st: &ApiState) -> ApiResult<Arc<s3::access::Users>> {
+    st.users.clone().ok_or_else(|| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        body: ErrorBody {
+            error: "this daemon keeps no S3 users".into(),
+            kind: "Unavailable".into(),
+        },
     })
-    .await
-    .map(created)
+}
+
+/// Runs a users-table call (it fsyncs) on the blocking pool.
+async fn users_call<T, F>(st: &ApiState, f: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&s3::access::Users) -> Result<T, s3::access::Error> + Send + 'static,
+{
+    let users = users_of(st)?;
+    match tokio::task::spawn_blocking(move || f(&users)).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(join) => Err(ApiError::internal(format!("users call failed: {join}"))),
+    }
+}
+
+async fn list_users(State(st): State<ApiState>) -> ApiResult<Response> {
+    Ok(json(users_of(&st)?.list()))
+}
+
+async fn add_user(State(st): State<ApiState>, Json(req): Json<AddUser>) -> ApiResult<Response> {
+    tracing::info!(user = %req.name, grants = req.grants.len(), "adding S3 user");
+    users_call(&st, move |u| u.add(&req.name, &req.grants))
+        .await
+        .map(created)
+}
+
+async fn remove_user(State(st): State<ApiState>, Path(user): Path<String>) -> ApiResult<Response> {
+    tracing::info!(%user, "removing S3 user");
+    users_call(&st, move |u| u.remove(&user))
+        .await
+        .map(|()| no_content())
+}
+
+async fn grant_user(
+    State(st): State<ApiState>,
+    Path(user): Path<String>,
+    Json(req): Json<GrantRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(%user, bucket = %req.bucket, access = %req.access, "S3 grant");
+    users_call(&st, move |u| u.grant(&user, &req.bucket, req.access))
+        .await
+        .map(json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketQuery {
+    bucket: String,
+}
+
+async fn revoke_user(
+    State(st): State<ApiState>,
+    Path(user): Path<String>,
+    Q(q): Q<BucketQuery>,
+) -> ApiResult<Response> {
+    tracing::info!(%user, bucket = %q.bucket, "S3 revoke");
+    users_call(&st, move |u| u.revoke(&user, &q.bucket))
+        .await
+        .map(json)
 }
 
 #[derive(Deserialize)]

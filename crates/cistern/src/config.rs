@@ -19,6 +19,11 @@
 //! [policy.vm]         # policy::PolicyConfig, assigned with snapshot:policy=vm
 //! schedule = "hourly"
 //! keep = "hourly=24 daily=7"
+//!
+//! [s3]                # present: serve S3 (s3::S3Config, plus `anonymous`)
+//! listen = "127.0.0.1:10811"
+//! parent = "tank"
+//! anonymous = "off"   # or "ro", "rw", "public=ro,drop=rw"
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -27,6 +32,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_NBD_ADDR: &str = "127.0.0.1:10809";
+/// The S3 endpoint's address when `[s3]` or quickstart turns it on without one.
+pub const DEFAULT_S3_ADDR: &str = "127.0.0.1:10811";
 pub const DEFAULT_LOG: &str = "info";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -37,6 +44,40 @@ pub struct Config {
     pub nbd: NbdSection,
     /// `[policy.NAME]`: named snapshot policies (`dataset::policy::PolicyConfig`).
     pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
+    /// `[s3]`: the S3 endpoint, served when this section (or `--s3`) is there.
+    pub s3: Option<S3Section>,
+}
+
+/// `[s3]`: the S3 layer's own settings plus who may skip signing.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct S3Section {
+    /// Unsigned requests: "off" (default), "ro"/"rw" (every bucket) or
+    /// grants "public=ro,drop=rw" (`s3::access::parse_anonymous`).
+    pub anonymous: Option<String>,
+    #[serde(flatten)]
+    pub service: s3::S3Config,
+}
+
+/// By hand, not `flatten`: serde's flatten would let misspelt keys through
+/// (`S3Config` refuses unknown keys only when it reads the table itself).
+impl<'de> Deserialize<'de> for S3Section {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut table = toml::Table::deserialize(d)?;
+        let anonymous = match table.remove("anonymous") {
+            None => None,
+            Some(toml::Value::String(s)) => Some(s),
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "anonymous = {other}: expected a string such as \"off\" or \"public=ro\""
+                )))
+            }
+        };
+        let service = toml::Value::Table(table)
+            .try_into::<s3::S3Config>()
+            .map_err(D::Error::custom)?;
+        Ok(S3Section { anonymous, service })
+    }
 }
 
 /// A byte size that may be absent: `max_in_flight_bytes = "64M"` or an integer.
@@ -143,6 +184,10 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     pub nbd: Option<String>,
     pub api: Option<String>,
+    /// `--s3 ADDR`: serve S3 there.
+    pub s3: Option<String>,
+    /// Serve S3 (at DEFAULT_S3_ADDR) even without `--s3` or `[s3]` (quickstart).
+    pub s3_by_default: bool,
 }
 
 /// A listen address and whether the user asked for it (flag or config).
@@ -163,6 +208,16 @@ pub struct Resolved {
     pub nbd_server: nbd::ServerConfig,
     /// The config's snapshot policies plus the built-in ones.
     pub policies: dataset::policy::Policies,
+    /// The S3 endpoint, when it is on.
+    pub s3: Option<S3Resolved>,
+}
+
+/// The S3 endpoint's settings, resolved.
+#[derive(Debug, Clone)]
+pub struct S3Resolved {
+    pub listen: Listen,
+    pub service: s3::S3Config,
+    pub anonymous: s3::access::Grants,
 }
 
 /// Flags override the config; then the defaults. `default_state_dir` is used
@@ -187,6 +242,30 @@ pub fn resolve(
     if nbd.addr == api.addr && nbd.addr.port() != 0 {
         bail!("the NBD and API addresses are both {}", nbd.addr);
     }
+    let s3 = match (flags.s3, cfg.s3, flags.s3_by_default) {
+        (None, None, false) => None,
+        (flag, section, _) => {
+            let section = section.unwrap_or_default();
+            let listen = listen(
+                flag.or(section.service.listen.clone()),
+                DEFAULT_S3_ADDR,
+                "S3",
+            )?;
+            for (what, other) in [("NBD", nbd), ("API", api)] {
+                if listen.addr == other.addr && listen.addr.port() != 0 {
+                    bail!("the S3 and {what} addresses are both {}", listen.addr);
+                }
+            }
+            let anonymous =
+                s3::access::parse_anonymous(section.anonymous.as_deref().unwrap_or("off"))
+                    .context("bad [s3] anonymous")?;
+            Some(S3Resolved {
+                listen,
+                service: section.service,
+                anonymous,
+            })
+        }
+    };
     let mut engine = cfg.engine;
     // Tests shorten the multihost interval without a config file.
     if let Ok(v) = std::env::var("CISTERN_MMP_INTERVAL_MS") {
@@ -202,6 +281,7 @@ pub fn resolve(
         nbd_server: cfg.nbd.server_config()?,
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine,
+        s3,
     })
 }
 
@@ -404,6 +484,7 @@ mod tests {
             state_dir: Some("/flag".into()),
             nbd: None,
             api: Some("127.0.0.1:3333".into()),
+            ..Overrides::default()
         };
         let r = resolve(cfg, flags, None).unwrap();
         assert_eq!(r.state_dir, PathBuf::from("/flag"));
@@ -452,8 +533,74 @@ mod tests {
             state_dir: Some("/s".into()),
             nbd: Some("127.0.0.1:5".into()),
             api: Some("127.0.0.1:5".into()),
+            ..Overrides::default()
         };
         assert!(resolve(Config::default(), flags, None).is_err());
+        let flags = Overrides {
+            state_dir: Some("/s".into()),
+            api: Some("127.0.0.1:5".into()),
+            s3: Some("127.0.0.1:5".into()),
+            ..Overrides::default()
+        };
+        let e = resolve(Config::default(), flags, None).unwrap_err();
+        assert!(e.to_string().contains("S3 and API"), "{e}");
+    }
+
+    #[test]
+    fn s3_is_served_when_asked_for() {
+        let state = || Some(PathBuf::from("/s"));
+        // Neither flag nor section: off (quickstart turns it on).
+        let flags = Overrides {
+            state_dir: state(),
+            ..Overrides::default()
+        };
+        assert!(resolve(Config::default(), flags, None)
+            .unwrap()
+            .s3
+            .is_none());
+        let flags = Overrides {
+            state_dir: state(),
+            s3_by_default: true,
+            ..Overrides::default()
+        };
+        let s3 = resolve(Config::default(), flags, None).unwrap().s3.unwrap();
+        assert_eq!(s3.listen.addr, DEFAULT_S3_ADDR.parse().unwrap());
+        assert!(!s3.listen.explicit && s3.anonymous.is_empty());
+        assert_eq!(s3.service.parent, "tank");
+        // An [s3] section: on, with its keys (the S3 layer's and ours).
+        let cfg = Config::parse(
+            "[s3]\nparent = \"tank/s3\"\nanonymous = \"public=ro\"\nmultipart_expiry = 3600\n",
+        )
+        .unwrap();
+        let flags = Overrides {
+            state_dir: state(),
+            ..Overrides::default()
+        };
+        let s3 = resolve(cfg.clone(), flags, None).unwrap().s3.unwrap();
+        assert_eq!(s3.service.parent, "tank/s3");
+        assert_eq!(s3.service.multipart_expiry, 3600);
+        assert_eq!(s3.anonymous.get("public"), Some(&s3::access::Access::Read));
+        assert_eq!(s3.listen.addr, DEFAULT_S3_ADDR.parse().unwrap());
+        // --s3 wins over listen = ...
+        let cfg2 = Config::parse("[s3]\nlisten = \"127.0.0.1:7000\"\n").unwrap();
+        let flags = Overrides {
+            state_dir: state(),
+            s3: Some("127.0.0.1:7001".into()),
+            ..Overrides::default()
+        };
+        let s3 = resolve(cfg2, flags, None).unwrap().s3.unwrap();
+        assert_eq!(s3.listen.addr, "127.0.0.1:7001".parse().unwrap());
+        assert!(s3.listen.explicit);
+        // Misspelt keys and bad values are refused by name.
+        let e = Config::parse("[s3]\nparnet = \"tank\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("parnet"), "{e:#}");
+        let bad = Config::parse("[s3]\nanonymous = \"yes\"\n").unwrap();
+        let flags = Overrides {
+            state_dir: state(),
+            ..Overrides::default()
+        };
+        let e = resolve(bad, flags, None).unwrap_err();
+        assert!(format!("{e:#}").contains("anonymous"), "{e:#}");
     }
 
     #[test]

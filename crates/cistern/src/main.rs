@@ -46,7 +46,8 @@ pub enum Command {
     /// Manage pools (create, list, status, destroy, export, import).
     #[command(subcommand)]
     Pool(cmd::pool::PoolCommand),
-    /// Create a volume: `cistern create -V 10G [-o prop=value]... POOL/VOL`.
+    /// Create a volume (`cistern create -V 10G [-o prop=value]... POOL/VOL`) or a
+    /// bucket (`cistern create -t bucket POOL/NAME`).
     Create(cmd::dataset::CreateArgs),
     /// List datasets and their space.
     List(cmd::dataset::ListArgs),
@@ -78,6 +79,9 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// S3 access keys and their grants: add, list, remove, grant, revoke.
+    #[command(subcommand)]
+    User(cmd::user::UserCommand),
     /// Snapshot policies: list, show, run [-n], history.
     #[command(subcommand)]
     Policy(cmd::policy::PolicyCommand),
@@ -169,7 +173,7 @@ mod tests {
         .unwrap();
         match m.command {
             Command::Create(a) => {
-                assert_eq!(a.volsize, 3 << 29);
+                assert_eq!(a.volsize, Some(3 << 29));
                 assert_eq!(a.props.len(), 2);
             }
             other => panic!("{other:?}"),

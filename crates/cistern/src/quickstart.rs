@@ -1,17 +1,25 @@
-//! `cistern quickstart`: the README's first command. Serves like `serve`, and
-//! on first start makes a file-backed pool `tank` (a mirror of two sparse 8G
-//! files under STATE_DIR/disks) with a 4G lz4-compressed volume `tank/vol0`.
+//! `cistern quickstart`: the README's first command. Serves like `serve`
+//! (S3 included), and on first start makes a file-backed pool `tank` (a
+//! mirror of two sparse 8G files under STATE_DIR/disks) with a 4G
+//! lz4-compressed volume `tank/vol0`, a bucket `tank/bucket0` and an S3 user
+//! `quickstart` that may read and write it (its secret printed this once).
 
 use crate::config::{self, Config, Overrides};
 use crate::serve::{self, Endpoints};
 use anyhow::{Context, Result};
 use clap::Args;
 use dataset::{Engine, GroupKind, GroupSpec, PoolSpec};
+use s3::access::{Access, Grant, NewUser, Users};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub const POOL: &str = "tank";
 pub const VOLUME: &str = "tank/vol0";
+/// The bucket's dataset; its S3 name is the last component (the S3 parent is `tank`).
+pub const BUCKET: &str = "tank/bucket0";
+pub const S3_BUCKET: &str = "bucket0";
+/// The S3 user made on first start.
+pub const S3_USER: &str = "quickstart";
 const DISK_SIZE: u64 = 8 << 30;
 const VOLUME_SIZE: u64 = 4 << 30;
 
@@ -23,6 +31,9 @@ pub struct QuickstartArgs {
     /// NBD listen address (default 127.0.0.1:10809).
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,
+    /// S3 listen address (default 127.0.0.1:10811).
+    #[arg(long, value_name = "ADDR")]
+    pub s3: Option<String>,
 }
 
 pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
@@ -34,21 +45,57 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
             state_dir: Some(state_dir.clone()),
             nbd: args.nbd,
             api: api_flag,
+            s3: args.s3,
+            s3_by_default: true,
         },
         None,
     )?;
     let disks = state_dir.join("disks");
+    // The key made at setup, for the announcement (printed once).
+    let made: Arc<Mutex<Option<NewUser>>> = Arc::default();
+    let made2 = made.clone();
     serve::run(
         resolved,
-        Some(Box::new(move |e: &Arc<Engine>| setup(e, &disks))),
-        Some(Box::new(announce)),
+        Some(Box::new(move |e: &Arc<Engine>, u: &Arc<Users>| {
+            let created = setup(e, &disks)?;
+            if created {
+                let user = setup_s3(e, u)?;
+                *made2.lock().unwrap_or_else(|p| p.into_inner()) = Some(user);
+            }
+            Ok(())
+        })),
+        Some(Box::new(move |e: &Arc<Engine>, ep: &Endpoints| {
+            let user = made.lock().unwrap_or_else(|p| p.into_inner()).take();
+            announce(e, ep, user)
+        })),
     )
 }
 
-/// Makes sure pool `tank` is imported, creating it (and `tank/vol0`) the first time.
-pub fn setup(engine: &Engine, disks: &Path) -> Result<()> {
+/// First start: the bucket and a user with rw on it. The bucket needs the
+/// object layer; without it quickstart still serves (and says so), and an S3
+/// CreateBucket by that user makes it later.
+fn setup_s3(engine: &Engine, users: &Users) -> Result<NewUser> {
+    if let Err(e) = engine.create_dataset(
+        BUCKET,
+        dataset::DatasetKind::Bucket,
+        &[("compression".into(), "lz4".into())],
+    ) {
+        tracing::warn!("cannot create bucket {BUCKET}: {e}");
+    }
+    let grant = Grant {
+        bucket: S3_BUCKET.into(),
+        access: Access::Write,
+    };
+    users
+        .add(S3_USER, &[grant])
+        .with_context(|| format!("cannot add S3 user {S3_USER}"))
+}
+
+/// Makes sure pool `tank` is imported, creating it (and `tank/vol0`) the
+/// first time; true when it was created now.
+pub fn setup(engine: &Engine, disks: &Path) -> Result<bool> {
     if engine.list_pools().iter().any(|p| p.name == POOL) {
-        return Ok(());
+        return Ok(false);
     }
     let devices: Vec<PathBuf> = ["d0", "d1"].iter().map(|d| disks.join(d)).collect();
     if devices.iter().any(|d| d.exists()) {
@@ -60,7 +107,7 @@ pub fn setup(engine: &Engine, disks: &Path) -> Result<()> {
             engine
                 .import_pool(POOL, &[disks.to_path_buf()], false)
                 .with_context(|| format!("cannot import pool {POOL}"))?;
-            return Ok(());
+            return Ok(false);
         }
     }
     std::fs::create_dir_all(disks).with_context(|| format!("cannot create {}", disks.display()))?;
@@ -84,10 +131,10 @@ pub fn setup(engine: &Engine, disks: &Path) -> Result<()> {
     engine
         .create_volume(VOLUME, VOLUME_SIZE, &[("compression".into(), "lz4".into())])
         .with_context(|| format!("cannot create volume {VOLUME}"))?;
-    Ok(())
+    Ok(true)
 }
 
-fn announce(engine: &Arc<Engine>, ep: &Endpoints) {
+fn announce(engine: &Arc<Engine>, ep: &Endpoints, user: Option<NewUser>) {
     let mut names = engine.volume_names();
     names.sort();
     if names.is_empty() {
@@ -105,6 +152,23 @@ fn announce(engine: &Arc<Engine>, ep: &Endpoints) {
         format!("CISTERN_API={} ", ep.api_url())
     };
     println!("Manage: {api}{} list", invocation());
+    if let Some(url) = ep.s3_url() {
+        println!("S3 bucket {S3_BUCKET} ({BUCKET}): {url}/{S3_BUCKET}");
+        match user {
+            Some(u) => {
+                println!("S3 access key id:     {}", u.access_key);
+                println!("S3 secret access key: {}  (shown this once)", u.secret_key);
+                println!(
+                    "Try: AWS_ACCESS_KEY_ID={} AWS_SECRET_ACCESS_KEY={} aws --endpoint-url {url} s3 ls s3://{S3_BUCKET}",
+                    u.access_key, u.secret_key
+                );
+            }
+            None => println!(
+                "S3 keys: user '{S3_USER}''s key was printed at the first start; a new one: {api}{} user add NAME --grant {S3_BUCKET}=rw",
+                invocation()
+            ),
+        }
+    }
     println!("Stop with Ctrl-C.");
 }
 

@@ -1,11 +1,12 @@
-//! `cistern serve`: open the engine, serve NBD and the management API until
-//! SIGINT/SIGTERM, then commit and close every pool.
+//! `cistern serve`: open the engine, serve NBD, the management API and (when
+//! asked) S3 until SIGINT/SIGTERM, then commit and close every pool.
 
 use crate::config::{self, Config, Listen, Overrides, Resolved};
 use crate::nbd_adapter::EngineExports;
 use anyhow::{Context, Result};
 use clap::Args;
 use dataset::Engine;
+use s3::access::Users;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +22,10 @@ pub struct ServeArgs {
     /// NBD listen address (default 127.0.0.1:10809).
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,
+    /// Serve S3 at this address (default: only with an [s3] config section,
+    /// at 127.0.0.1:10811).
+    #[arg(long, value_name = "ADDR")]
+    pub s3: Option<String>,
     /// TOML config file ([server] and [engine] sections); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -31,6 +36,8 @@ pub struct ServeArgs {
 pub struct Endpoints {
     pub nbd: SocketAddr,
     pub api: SocketAddr,
+    /// None: S3 is not served.
+    pub s3: Option<SocketAddr>,
 }
 
 impl Endpoints {
@@ -41,10 +48,16 @@ impl Endpoints {
     pub fn api_url(&self) -> String {
         format!("http://{}", self.api)
     }
+
+    /// The S3 endpoint URL (path style), if S3 is served.
+    pub fn s3_url(&self) -> Option<String> {
+        self.s3.map(|a| format!("http://{a}"))
+    }
 }
 
-/// Runs after the engine is open and before serving starts (quickstart's setup).
-pub type Setup = Box<dyn FnOnce(&Arc<Engine>) -> Result<()> + Send>;
+/// Runs after the engine and the S3 users are open and before serving
+/// starts (quickstart's setup).
+pub type Setup = Box<dyn FnOnce(&Arc<Engine>, &Arc<Users>) -> Result<()> + Send>;
 /// Runs once the endpoints are printed (quickstart prints its volumes).
 pub type Announce = Box<dyn FnOnce(&Arc<Engine>, &Endpoints) + Send>;
 
@@ -59,6 +72,8 @@ pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
             state_dir: args.state_dir,
             nbd: args.nbd,
             api: api_flag,
+            s3: args.s3,
+            s3_by_default: false,
         },
         None,
     )?;
@@ -82,15 +97,12 @@ pub fn init_logging(filter: &str) -> Result<()> {
 
 fn warn_if_public(what: &str, l: &Listen) {
     if !l.addr.ip().is_loopback() {
-        tracing::warn!(
-            "{what} listens on {}, beyond loopback: anyone who can reach it can {}",
-            l.addr,
-            if what == "NBD" {
-                "read and write every volume"
-            } else {
-                "manage (and destroy) every pool"
-            }
-        );
+        let risk = match what {
+            "NBD" => "anyone who can reach it can read and write every volume",
+            "S3" => "requests are signed but not encrypted (no TLS): put a TLS proxy in front",
+            _ => "anyone who can reach it can manage (and destroy) every pool",
+        };
+        tracing::warn!("{what} listens on {}, beyond loopback: {risk}", l.addr);
     }
 }
 
@@ -150,16 +162,39 @@ async fn serve(
     if r.api.explicit {
         warn_if_public("API", &r.api);
     }
+    let s3_listener = match &r.s3 {
+        Some(s3) => {
+            let l = bind("S3", &s3.listen).await?;
+            if s3.listen.explicit {
+                warn_if_public("S3", &s3.listen);
+            }
+            Some(l)
+        }
+        None => None,
+    };
     let endpoints = Endpoints {
         nbd: nbd_listener.local_addr()?,
         api: api_listener.local_addr()?,
+        s3: s3_listener.as_ref().map(|l| l.local_addr()).transpose()?,
     };
 
     tracing::info!(state_dir = %state_dir.display(), "opening engine");
     let engine = open_engine(&state_dir, r.engine.clone()).await?;
+    // Kept whether or not S3 is served, so keys can be made before it is.
+    let anonymous =
+        r.s3.as_ref()
+            .map(|s| s.anonymous.clone())
+            .unwrap_or_default();
+    let users = match Users::open(&state_dir) {
+        Ok(u) => Arc::new(u.with_anonymous(anonymous)),
+        Err(e) => {
+            shutdown_engine(&engine).await;
+            return Err(anyhow::Error::new(e).context("cannot open the S3 users"));
+        }
+    };
     if let Some(setup) = setup {
-        let e = engine.clone();
-        if let Err(err) = spawn_blocking(move || setup(&e)).await {
+        let (e, u) = (engine.clone(), users.clone());
+        if let Err(err) = spawn_blocking(move || setup(&e, &u)).await {
             shutdown_engine(&engine).await;
             return Err(err);
         }
@@ -177,8 +212,9 @@ async fn serve(
         stop_rx.clone(),
         r.nbd_server,
     ));
-    let state =
-        api::ApiState::new(engine.clone()).with_metrics(Arc::new(crate::nbd_metrics::render));
+    let state = api::ApiState::new(engine.clone())
+        .with_metrics(Arc::new(crate::nbd_metrics::render))
+        .with_users(users.clone());
     let mut api_rx = stop_rx.clone();
     let mut api_task = tokio::spawn(async move {
         api::server::serve(api_listener, state, async move {
@@ -194,6 +230,30 @@ async fn serve(
     );
     println!("NBD: {}", endpoints.nbd_uri("<export>"));
     println!("API: {}", endpoints.api_url());
+    let mut s3_task = match (s3_listener, r.s3) {
+        (Some(listener), Some(s3)) => {
+            if let Some(url) = endpoints.s3_url() {
+                println!("S3: {url}");
+            }
+            let mut rx = stop_rx.clone();
+            Some(tokio::spawn(s3::serve(
+                listener,
+                engine.clone(),
+                s3.service,
+                users.clone(),
+                async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                },
+            )))
+        }
+        _ => None,
+    };
+    let s3_done = async {
+        match s3_task.as_mut() {
+            Some(t) => t.await,
+            None => std::future::pending().await,
+        }
+    };
     if let Some(announce) = announce {
         announce(&engine, &endpoints);
     }
@@ -212,6 +272,9 @@ async fn serve(
         }
         res = &mut api_task => {
             failed = Some(task_error("API server", res.map(|r| r.map_err(anyhow::Error::from))));
+        }
+        res = s3_done => {
+            failed = Some(task_error("S3 server", res.map(|r| r.map_err(anyhow::Error::from))));
         }
     }
     let _ = stop_tx.send(true);
@@ -234,6 +297,12 @@ async fn serve(
     if !api_task.is_finished() && tokio::time::timeout(grace, &mut api_task).await.is_err() {
         tracing::warn!("API connections still open after {grace:?}; closing anyway");
         api_task.abort();
+    }
+    if let Some(mut t) = s3_task {
+        if !t.is_finished() && tokio::time::timeout(grace, &mut t).await.is_err() {
+            tracing::warn!("S3 connections still open after {grace:?}; closing anyway");
+            t.abort();
+        }
     }
     tracing::info!("committing and closing pools");
     let shut = {

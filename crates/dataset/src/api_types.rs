@@ -291,6 +291,12 @@ pub struct PoolStats {
     /// 1 while the pool is SUSPENDED.
     #[serde(default)]
     pub suspended: u64,
+    /// Bytes of the metadata store, and the most its region holds
+    /// (embedded blocks live there: decision 0017).
+    #[serde(default)]
+    pub metadata_used: u64,
+    #[serde(default)]
+    pub metadata_size: u64,
 }
 
 /// `cistern destroy` flags.
@@ -335,4 +341,15 @@ pub struct DiffReport {
     pub to: String,
     pub changed_bytes: u64,
     pub ranges: Vec<ChangedRange>,
+    /// Buckets and filesystems: names of the root directory that changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<NameChange>,
+}
+
+/// A name in a `diff` of a bucket or filesystem, as zfs diff says it:
+/// `+` appeared, `-` went, `M` points at another or a changed object.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NameChange {
+    pub change: char,
+    pub name: String,
 }

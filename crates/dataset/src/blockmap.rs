@@ -304,7 +304,7 @@ pub(crate) struct NameScan<'a> {
 enum NameRows<'a> {
     /// A dataset that is not a clone: one range, read as it goes.
     One {
-        range: meta::redb::Range<'a, KeyType, &'static [u8]>,
+        range: Box<meta::redb::Range<'a, KeyType, &'static [u8]>>,
         bound: u64,
         /// A row read ahead: the first version of the next address.
         ahead: Option<(Vec<u8>, u64, Vec<u8>)>,
@@ -321,7 +321,7 @@ impl<'a> NameScan<'a> {
         let rows = if chain.0.len() == 1 {
             let (ds, bound) = chain.0[0];
             NameRows::One {
-                range: t.range((ds, lo, 0)..(ds, hi, 0)).map_err(meta_err)?,
+                range: Box::new(t.range((ds, lo, 0)..(ds, hi, 0)).map_err(meta_err)?),
                 bound,
                 ahead: None,
             }

@@ -88,6 +88,10 @@ pub(crate) fn append(p: &ImportedPool, mut rec: HistoryRecord) -> Result<()> {
 
 /// A user command that changed the pool.
 pub(crate) fn log_command(p: &ImportedPool, caller: &Caller) -> Result<()> {
+    // Read in a statement of its own: a guard taken inside the call below
+    // would live through `append`, which takes meta_lock, while a txg
+    // commit holds meta_lock and waits for `open` (a deadlock).
+    let txg = p.open.lock().txg;
     append(
         p,
         HistoryRecord {
@@ -96,7 +100,7 @@ pub(crate) fn log_command(p: &ImportedPool, caller: &Caller) -> Result<()> {
             user: caller.user.clone(),
             host: caller.host.clone(),
             internal: false,
-            txg: p.open.lock().txg,
+            txg,
         },
     )
 }

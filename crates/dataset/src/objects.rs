@@ -1346,9 +1346,7 @@ impl crate::Engine {
         crate::engine::check_new_dataset(&p.datasets.read(), name)?;
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
-            if matches!(k.as_str(), "volsize" | "volblocksize" | "refreservation")
-                && kind != DatasetKind::Volume
-            {
+            if matches!(k.as_str(), "volsize" | "volblocksize") {
                 return Err(Error::InvalidArgument(format!(
                     "property '{k}' is for volumes only"
                 )));
@@ -1398,4 +1396,80 @@ impl crate::Engine {
             name: parking_lot::Mutex::new(name.to_string()),
         }))
     }
+}
+
+/// `cistern diff` of a bucket or filesystem: the names of the root
+/// directory that appeared (`+`), went (`-`), or point at another object or
+/// one whose data or attributes changed (`M`) between txg `after` (seen
+/// through `from`) and `upto` (seen through `to`). Committed state only.
+pub(crate) fn diff_names(
+    p: &ImportedPool,
+    ds: u64,
+    from: &Chain,
+    to: &Chain,
+    after: u64,
+    upto: u64,
+) -> Result<Vec<crate::NameChange>> {
+    let view = p.view()?;
+    let t = &view.blocks;
+    let born_between = |birth: u64| birth > after && birth <= upto;
+    // Objects with a block or attribute version born in between.
+    let mut changed_objects = std::collections::BTreeSet::new();
+    let (lo, hi) = (block_addr(0, 0), name_addr(0, ""));
+    for row in t
+        .range((ds, &lo[..], 0)..(ds, &hi[..], 0))
+        .map_err(crate::txg::meta_err)?
+    {
+        let (k, _) = row.map_err(crate::txg::meta_err)?;
+        let (_, addr, birth) = k.value();
+        if born_between(birth) {
+            if let Some((obj, _)) = blockmap::block_of(addr) {
+                changed_objects.insert(obj);
+            }
+        }
+    }
+    // Names with a version born in between.
+    let root = name_addr(ROOT_DIR, "");
+    let root_end = blockmap::prefix_end(root.clone()).unwrap_or_else(|| vec![0xff]);
+    let mut touched = std::collections::BTreeSet::new();
+    for row in t
+        .range((ds, &root[..], 0)..(ds, &root_end[..], 0))
+        .map_err(crate::txg::meta_err)?
+    {
+        let (k, _) = row.map_err(crate::txg::meta_err)?;
+        let (_, addr, birth) = k.value();
+        if born_between(birth) {
+            if let blockmap::Addr::Name { name, .. } = blockmap::Addr::parse(addr)? {
+                touched.insert(name);
+            }
+        }
+    }
+    let at = |chain: &Chain, name: &str| -> Result<Option<u64>> {
+        blockmap::resolve(t, chain, &name_addr(ROOT_DIR, name))?
+            .map(|v| target_of(&v))
+            .transpose()
+    };
+    let mut out = BTreeMap::new();
+    for name in touched {
+        let change = match (at(from, &name)?, at(to, &name)?) {
+            (None, Some(_)) => '+',
+            (Some(_), None) => '-',
+            (Some(a), Some(b)) if a != b || changed_objects.contains(&b) => 'M',
+            _ => continue,
+        };
+        out.insert(name, change);
+    }
+    // Names unchanged whose object changed in place (a file written to).
+    if !changed_objects.is_empty() {
+        let mut scan = blockmap::NameScan::new(t, to, &root, &root_end)?;
+        while let Some((name, v)) = scan.next()? {
+            if changed_objects.contains(&target_of(&v)?) {
+                out.entry(name).or_insert('M');
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(name, change)| crate::NameChange { change, name })
+        .collect())
 }

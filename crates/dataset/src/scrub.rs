@@ -1231,6 +1231,7 @@ fn next_resilver_target(p: &ImportedPool) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use crate::blockmap::{block_addr, block_of};
     use crate::*;
     use meta::redb::{ReadableDatabase, ReadableTable};
     use std::time::Duration;

@@ -493,10 +493,11 @@ impl Engine {
             DatasetRecord {
                 id: 0,
                 name: name.to_string(),
-                kind: if snap.volblocksize != 0 {
-                    DatasetKind::Volume
-                } else {
-                    DatasetKind::Filesystem
+                // The kind of its origin: a bucket's clone is a bucket.
+                kind: match datasets.values().find(|r| r.id == snap.data_id()) {
+                    Some(head) => head.kind,
+                    None if snap.volblocksize != 0 => DatasetKind::Volume,
+                    None => DatasetKind::Filesystem,
                 },
                 volsize: snap.volsize,
                 volblocksize: snap.volblocksize,
@@ -612,7 +613,7 @@ impl Engine {
         let (pool, _) = split_dataset(from)?;
         let (ds, _) = split_snapshot(from)?;
         let p = self.pool(pool)?;
-        let (data_id, after, upto, bs, size, to_name) = {
+        let (data_id, after, upto, bs, size, to_name, chains) = {
             let datasets = p.datasets.read();
             let snap = datasets
                 .get(from)
@@ -639,6 +640,15 @@ impl Engine {
                     later.created_txg
                 }
             };
+            // Buckets and filesystems: what changed is names and objects.
+            let objects = snap.volblocksize == 0;
+            let chains = objects.then(|| {
+                let to_rec = datasets.get(&to_name).unwrap_or(snap);
+                (
+                    crate::blockmap::Chain::of(snap, datasets.values()),
+                    crate::blockmap::Chain::of(to_rec, datasets.values()),
+                )
+            });
             (
                 snap.data_id(),
                 snap.created_txg,
@@ -646,10 +656,22 @@ impl Engine {
                 snap.volblocksize.max(1) as u64,
                 snap.volsize,
                 to_name,
+                chains,
             )
         };
         if upto == u64::MAX {
             p.sync_now()?; // uncommitted writes count
+        }
+        if let Some((from_chain, to_chain)) = chains {
+            let names =
+                crate::objects::diff_names(&p, data_id, &from_chain, &to_chain, after, upto)?;
+            return Ok(DiffReport {
+                from: from.to_string(),
+                to: to_name,
+                changed_bytes: 0,
+                ranges: Vec::new(),
+                names,
+            });
         }
         let changed = p.view()?.changed(
             data_id,
@@ -675,6 +697,7 @@ impl Engine {
             to: to_name,
             changed_bytes: ranges.iter().map(|r| r.length).sum(),
             ranges,
+            names: Vec::new(),
         })
     }
 }

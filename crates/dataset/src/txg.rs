@@ -135,6 +135,29 @@ impl PartialBlock {
     }
 }
 
+/// Puts back a change of a commit that failed, under what was changed
+/// since: a partial block written meanwhile lies over it (merged with the
+/// committed version instead, it would lose the change it covers).
+fn restore(dirty: &mut HashMap<BlockKey, Dirty>, k: BlockKey, older: &Dirty) {
+    let merged = match dirty.get(&k) {
+        None => older.clone(),
+        Some(Dirty::Partial(p)) => match older {
+            Dirty::Partial(o) => {
+                let mut m = PartialBlock::clone(o);
+                for &(a, b) in &p.ranges {
+                    let (a, b) = (a as usize, b as usize);
+                    m.put(a, b, Some(&p.data[a..b]));
+                }
+                Dirty::Partial(Arc::new(m))
+            }
+            Dirty::Data(d) => Dirty::Data(Arc::new(p.over(Some(d)))),
+            Dirty::Zero | Dirty::Hole => Dirty::Data(Arc::new(p.over(None))),
+        },
+        Some(_) => return,
+    };
+    dirty.insert(k, merged);
+}
+
 pub struct OpenTxg {
     pub txg: u64,
     pub dirty: HashMap<BlockKey, Dirty>,
@@ -530,16 +553,27 @@ impl ImportedPool {
             .check_owner()
             .map_err(|e| Error::Io(e.to_string()))?;
         let started = Instant::now();
-        let (txg, dirty, cp, next_objects) = {
+        let (txg, dirty, cp, next_objects, discarded) = {
             let mut open = self.open.lock();
             if open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
                 return Ok(ActionOutcome::default());
             }
-            if let Some(ds) = action.as_ref().and_then(Action::discards) {
-                open.dirty.retain(|k, _| k.0 != ds);
-                open.names.retain(|k, _| k.0 != ds);
-                open.charged.remove(&ds);
-            }
+            // Kept aside, not dropped: the action can still be refused
+            // inside the commit (a later snapshot with a clone or a hold),
+            // and then these acknowledged changes go back like the rest.
+            let discarded = action.as_ref().and_then(Action::discards).map(|ds| {
+                let (blocks, kept): (HashMap<_, _>, HashMap<_, _>) =
+                    std::mem::take(&mut open.dirty)
+                        .into_iter()
+                        .partition(|(k, _)| k.0 == ds);
+                open.dirty = kept;
+                let (names, kept): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                    std::mem::take(&mut open.names)
+                        .into_iter()
+                        .partition(|(k, _)| k.0 == ds);
+                open.names = kept;
+                (blocks, names, (ds, open.charged.remove(&ds).unwrap_or(0)))
+            });
             let cp = self.log.checkpoint();
             let txg = open.txg;
             open.txg += 1;
@@ -557,7 +591,7 @@ impl ImportedPool {
             // block in the open txg must find it here, never fall through to
             // the older committed version.
             *self.syncing.write() = Some(dirty.clone());
-            (txg, dirty, cp, next_objects)
+            (txg, dirty, cp, next_objects, discarded)
         };
         match self.write_txg(txg, &dirty, cp, &next_objects, action) {
             Ok(outcome) => {
@@ -574,13 +608,22 @@ impl ImportedPool {
                 // Keep the changes: put them back under newer ones and retry later.
                 let mut open = self.open.lock();
                 for (k, v) in dirty.blocks.iter() {
-                    open.dirty.entry(*k).or_insert_with(|| v.clone());
+                    restore(&mut open.dirty, *k, v);
                 }
                 for (k, v) in dirty.names.iter() {
                     open.names.entry(k.clone()).or_insert(*v);
                 }
                 for (ds, n) in std::mem::take(&mut *self.syncing_charged.lock()).by_ds {
                     *open.charged.entry(ds).or_default() += n;
+                }
+                if let Some((blocks, names, (ds, charged))) = discarded {
+                    for (k, v) in blocks {
+                        restore(&mut open.dirty, k, &v);
+                    }
+                    for (k, v) in names {
+                        open.names.entry(k).or_insert(v);
+                    }
+                    *open.charged.entry(ds).or_default() += charged;
                 }
                 *self.syncing.write() = None;
                 drop(open);
@@ -1125,6 +1168,8 @@ impl ImportedPool {
         let (allocated, size) = (alloc.allocated(), self.pool.size());
         drop(alloc);
         let log = self.log.stats();
+        let (metadata_used, metadata_size) =
+            meta::usage(&self.pool.meta_region()).unwrap_or((0, 0));
         // One guard: a second lock of `open` in the same expression would deadlock.
         let (open_txg, dirty_bytes) = {
             let open = self.open.lock();
@@ -1154,6 +1199,8 @@ impl ImportedPool {
             allocated,
             size,
             suspended: u64::from(self.is_suspended()),
+            metadata_used,
+            metadata_size,
         }
     }
 

@@ -211,6 +211,14 @@ fn bucket_snapshots_clones_and_rollback_see_their_moment() {
     );
     assert_eq!(get(&set, "change").unwrap(), pattern(300_000, 2));
     assert!(get(&set, "keep").is_none());
+    // diff names what changed since the snapshot, as zfs diff does.
+    let d = engine.diff("tank/b@s1", None).unwrap();
+    let got: Vec<(char, &str)> = d
+        .names
+        .iter()
+        .map(|n| (n.change, n.name.as_str()))
+        .collect();
+    assert_eq!(got, [('M', "change"), ('-', "keep"), ('+', "new")]);
     // A clone starts as the snapshot and diverges on its own.
     engine.clone_snapshot("tank/b@s1", "tank/c", &[]).unwrap();
     let clone = engine.open_objects("tank/c").unwrap();

@@ -3,38 +3,17 @@
 //! model, and the pool's allocated space and every space figure equal what
 //! the model predicts (nothing leaked, nothing freed twice).
 
+mod common;
+
+use common::{config, create_pool, prop, History, Tokens};
 use dataset::*;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 const BS: u64 = 4096;
 const BLOCKS: usize = 96;
 const VOLSIZE: u64 = BS * BLOCKS as u64;
-
-fn config() -> EngineConfig {
-    // Commits happen when the test (or an admin command) asks.
-    EngineConfig {
-        txg_timeout_secs: 3600.0,
-        multihost_interval_ms: 50,
-        ..EngineConfig::default()
-    }
-}
-
-fn create_pool(engine: &Engine, dir: &Path) {
-    engine
-        .create_pool(PoolSpec {
-            name: "tank".into(),
-            groups: vec![GroupSpec {
-                kind: GroupKind::Mirror,
-                devices: vec![dir.join("d0"), dir.join("d1")],
-            }],
-            create_size: Some(256 << 20),
-            force: false,
-        })
-        .unwrap();
-}
 
 fn read_all(vol: &Volume) -> Vec<u8> {
     let mut out = Vec::new();
@@ -45,17 +24,6 @@ fn read_all(vol: &Volume) -> Vec<u8> {
         }
     }
     out
-}
-
-fn prop(engine: &Engine, ds: &str, name: &str) -> u64 {
-    engine
-        .dataset(ds)
-        .unwrap()
-        .property(name)
-        .unwrap_or_else(|| panic!("{ds} has no {name}"))
-        .parsable
-        .parse()
-        .unwrap()
 }
 
 /// A block's content and the token of the write that made it (tokens are
@@ -78,70 +46,18 @@ impl Image {
         }
         out
     }
+}
 
+impl Tokens for Image {
     fn tokens(&self) -> BTreeSet<u64> {
         self.blocks.iter().flatten().map(|(t, _)| *t).collect()
-    }
-}
-
-struct Snap {
-    dataset: String,
-    image: Image,
-    clones: BTreeSet<String>,
-    /// Token sequence number when it was taken (for `written`).
-    seq: u64,
-    /// Creation order (several snapshots can share a `seq`).
-    order: u64,
-}
-
-#[derive(Default)]
-struct Model {
-    next: u64,
-    heads: BTreeMap<String, Image>,
-    snaps: BTreeMap<String, Snap>,
-    /// Token -> the dataset whose write made it.
-    owner: BTreeMap<u64, String>,
-    /// Dataset -> origin snapshot (clones).
-    origin: BTreeMap<String, String>,
-    /// Dataset -> token sequence at creation (clones) for `written`.
-    born: BTreeMap<String, u64>,
-    next_order: u64,
-}
-
-impl Model {
-    fn token(&mut self, ds: &str) -> u64 {
-        self.next += 1;
-        self.owner.insert(self.next, ds.to_string());
-        self.next
-    }
-
-    fn referenced(&self) -> BTreeSet<u64> {
-        let mut all = BTreeSet::new();
-        for i in self.heads.values() {
-            all.extend(i.tokens());
-        }
-        for s in self.snaps.values() {
-            all.extend(s.image.tokens());
-        }
-        all
-    }
-
-    fn snaps_of(&self, ds: &str) -> Vec<&String> {
-        let mut v: Vec<(&u64, &String)> = self
-            .snaps
-            .iter()
-            .filter(|(_, s)| s.dataset == ds)
-            .map(|(n, s)| (&s.order, n))
-            .collect();
-        v.sort();
-        v.into_iter().map(|(_, n)| n).collect()
     }
 }
 
 struct Harness {
     dir: tempfile::TempDir,
     engine: Arc<Engine>,
-    model: Model,
+    model: History<Image>,
     rng: rand::rngs::StdRng,
 }
 
@@ -172,7 +88,7 @@ impl Harness {
             let start = blk * BS;
             let lo = offset.max(start);
             let hi = (offset + len).min(start + BS);
-            let token = self.model.token(ds);
+            let token = self.model.token(ds, BS);
             let img = self.model.heads.get_mut(ds).unwrap();
             let mut content = img.blocks[blk as usize]
                 .as_ref()
@@ -193,196 +109,6 @@ impl Harness {
         for b in first..first + n {
             img.blocks[b] = None;
         }
-    }
-
-    fn snapshot(&mut self, ds: &str, name: &str) {
-        let full = format!("{ds}@{name}");
-        self.model.next_order += 1;
-        let created = self
-            .engine
-            .snapshot(std::slice::from_ref(&full), false)
-            .unwrap();
-        assert_eq!(created, vec![full.clone()]);
-        let image = self.model.heads[ds].clone();
-        self.model.snaps.insert(
-            full,
-            Snap {
-                dataset: ds.to_string(),
-                image,
-                clones: BTreeSet::new(),
-                seq: self.model.next,
-                order: self.model.next_order,
-            },
-        );
-    }
-
-    fn clone(&mut self, snap: &str, name: &str) {
-        self.engine.clone_snapshot(snap, name, &[]).unwrap();
-        let image = self.model.snaps[snap].image.clone();
-        self.model.heads.insert(name.to_string(), image);
-        self.model.origin.insert(name.to_string(), snap.to_string());
-        self.model.born.insert(name.to_string(), self.model.next);
-        self.model
-            .snaps
-            .get_mut(snap)
-            .unwrap()
-            .clones
-            .insert(name.to_string());
-    }
-
-    fn rollback(&mut self, snap: &str) {
-        let ds = self.model.snaps[snap].dataset.clone();
-        let order = self.model.snaps_of(&ds);
-        let pos = order.iter().position(|n| *n == snap).unwrap();
-        let later: Vec<String> = order[pos + 1..].iter().map(|s| s.to_string()).collect();
-        let blocked = later.iter().any(|l| !self.model.snaps[l].clones.is_empty());
-        let result = self.engine.rollback(snap, true);
-        if blocked {
-            assert!(
-                matches!(result, Err(Error::Busy(_))),
-                "rollback past a snapshot with clones: {result:?}"
-            );
-            return;
-        }
-        assert_eq!(result.unwrap(), later);
-        for l in later {
-            self.model.snaps.remove(&l);
-        }
-        let image = self.model.snaps[snap].image.clone();
-        self.model.heads.insert(ds, image);
-    }
-
-    fn destroy_snapshot(&mut self, snap: &str) {
-        let has_clones = !self.model.snaps[snap].clones.is_empty();
-        let opts = DestroyOptions::default();
-        if has_clones {
-            assert!(matches!(
-                self.engine.destroy(snap, &opts),
-                Err(Error::Busy(_))
-            ));
-            return;
-        }
-        let estimate = self
-            .engine
-            .destroy(
-                snap,
-                &DestroyOptions {
-                    dry_run: true,
-                    ..opts.clone()
-                },
-            )
-            .unwrap();
-        let predicted = self.unique_bytes(snap);
-        assert_eq!(estimate.freed, predicted, "dry run of destroying {snap}");
-        let report = self.engine.destroy(snap, &opts).unwrap();
-        assert_eq!(report.freed, predicted, "destroying {snap}");
-        self.model.snaps.remove(snap);
-    }
-
-    fn destroy_clone(&mut self, ds: &str) {
-        let snaps: Vec<String> = self.model.snaps_of(ds).into_iter().cloned().collect();
-        let blocked = snaps.iter().any(|s| !self.model.snaps[s].clones.is_empty());
-        let result = self.engine.destroy(
-            ds,
-            &DestroyOptions {
-                recursive: true,
-                ..Default::default()
-            },
-        );
-        if blocked {
-            assert!(matches!(result, Err(Error::Busy(_))), "{result:?}");
-            return;
-        }
-        result.unwrap();
-        for s in snaps {
-            self.model.snaps.remove(&s);
-        }
-        self.model.heads.remove(ds);
-        if let Some(origin) = self.model.origin.remove(ds) {
-            if let Some(s) = self.model.snaps.get_mut(&origin) {
-                s.clones.remove(ds);
-            }
-        }
-    }
-
-    fn promote(&mut self, c: &str) {
-        self.engine.promote(c).unwrap();
-        let m = &mut self.model;
-        let s_name = m.origin[c].clone();
-        let o = m.snaps[&s_name].dataset.clone();
-        let s_seq = m.snaps[&s_name].seq;
-        let s_order = m.snaps[&s_name].order;
-        // O's snapshots up to S become C's (renamed), with the history they hold.
-        let moving: Vec<String> = m
-            .snaps
-            .iter()
-            .filter(|(_, s)| s.dataset == o && s.order <= s_order)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let mut renamed = BTreeMap::new();
-        for n in moving {
-            let mut snap = m.snaps.remove(&n).unwrap();
-            snap.dataset = c.to_string();
-            let new = format!("{c}@{}", n.split_once('@').unwrap().1);
-            renamed.insert(n, new.clone());
-            m.snaps.insert(new, snap);
-        }
-        for (t, owner) in m.owner.iter_mut() {
-            if *owner == o && *t <= s_seq {
-                *owner = c.to_string();
-            }
-        }
-        let new_s = renamed[&s_name].clone();
-        let old_origin = m.origin.remove(c);
-        debug_assert_eq!(old_origin.as_deref(), Some(s_name.as_str()));
-        match m.origin.remove(&o) {
-            Some(x) => {
-                m.origin.insert(c.to_string(), x);
-            }
-            None => {
-                m.born.remove(c);
-            }
-        }
-        m.origin.insert(o.clone(), new_s.clone());
-        m.born.insert(o.clone(), s_seq);
-        for v in m.origin.values_mut() {
-            if let Some(n) = renamed.get(v) {
-                *v = n.clone();
-            }
-        }
-        // Clone sets follow the origins.
-        for s in m.snaps.values_mut() {
-            s.clones.clear();
-        }
-        let pairs: Vec<(String, String)> = m
-            .origin
-            .iter()
-            .map(|(d, s)| (d.clone(), s.clone()))
-            .collect();
-        for (d, s) in pairs {
-            if let Some(snap) = m.snaps.get_mut(&s) {
-                snap.clones.insert(d);
-            }
-        }
-    }
-
-    /// Bytes only snapshot `snap` references (what destroying it frees).
-    fn unique_bytes(&self, snap: &str) -> u64 {
-        let mut others = BTreeSet::new();
-        for i in self.model.heads.values() {
-            others.extend(i.tokens());
-        }
-        for (n, s) in &self.model.snaps {
-            if n != snap {
-                others.extend(s.image.tokens());
-            }
-        }
-        self.model.snaps[snap]
-            .image
-            .tokens()
-            .difference(&others)
-            .count() as u64
-            * BS
     }
 
     fn crash_and_reopen(&mut self) {
@@ -423,27 +149,17 @@ impl Harness {
         }
         // Space, once everything is committed.
         self.engine.sync_all().unwrap();
-        let referenced = self.model.referenced();
+        let m = &self.model;
         let allocated = self.engine.stats()[0].allocated;
         assert_eq!(
             allocated,
-            referenced.len() as u64 * BS,
+            m.asize(m.referenced()),
             "{}",
             ctx("pool allocated")
         );
         let mut reserved = 0;
-        for (name, img) in &self.model.heads {
-            let own = |t: &u64| self.model.owner.get(t) == Some(name);
-            let live_own = img.tokens().iter().filter(|t| own(t)).count() as u64 * BS;
-            let mut snap_tokens = BTreeSet::new();
-            for s in self.model.snaps_of(name) {
-                snap_tokens.extend(self.model.snaps[s].image.tokens());
-            }
-            let held = snap_tokens
-                .iter()
-                .filter(|t| own(t) && !img.tokens().contains(t))
-                .count() as u64
-                * BS;
+        for (name, img) in &m.heads {
+            let held = m.held(name);
             assert_eq!(
                 prop(&self.engine, name, "usedbysnapshots"),
                 held,
@@ -468,33 +184,20 @@ impl Harness {
             );
             assert_eq!(
                 prop(&self.engine, name, "used"),
-                live_own + held + unused,
+                m.own_live(name) + held + unused,
                 "{}",
                 ctx(&format!("{name} used"))
             );
             reserved += unused;
             assert_eq!(
                 prop(&self.engine, name, "referenced"),
-                img.tokens().len() as u64 * BS,
+                m.asize(img.tokens()),
                 "{}",
                 ctx(&format!("{name} referenced"))
             );
-            let since = self
-                .model
-                .snaps_of(name)
-                .last()
-                .map(|s| self.model.snaps[*s].seq)
-                .or_else(|| self.model.born.get(name).copied())
-                .unwrap_or(0);
-            let written = img
-                .tokens()
-                .iter()
-                .filter(|t| own(t) && **t > since)
-                .count() as u64
-                * BS;
             assert_eq!(
-                prop(&self.engine, name, "written"),
                 written,
+                m.written(name, None),
                 "{}",
                 ctx(&format!("{name} written"))
             );
@@ -513,17 +216,17 @@ impl Harness {
             "{}",
             ctx("tank used")
         );
-        for (name, s) in &self.model.snaps {
+        for (name, s) in &m.snaps {
             assert_eq!(
                 prop(&self.engine, name, "referenced"),
-                s.image.tokens().len() as u64 * BS,
+                m.asize(s.image.tokens()),
                 "{}",
                 ctx(&format!("{name} referenced"))
             );
             if s.clones.is_empty() {
                 assert_eq!(
                     prop(&self.engine, name, "used"),
-                    self.unique_bytes(name),
+                    m.unique_bytes(name),
                     "{}",
                     ctx(&format!("{name} used"))
                 );
@@ -549,7 +252,7 @@ fn run_model(seed: u64, steps: usize) {
     let mut h = Harness {
         dir,
         engine,
-        model: Model::default(),
+        model: History::new(),
         rng: rand::rngs::StdRng::seed_from_u64(seed),
     };
     h.model.heads.insert(
@@ -575,31 +278,31 @@ fn run_model(seed: u64, steps: usize) {
             }
             55..=67 if snaps.len() < 12 => {
                 names += 1;
-                h.snapshot(&ds, &format!("s{names}"));
+                h.model.snapshot(&h.engine, &ds, &format!("s{names}"));
                 "snapshot"
             }
             68..=73 if !snaps.is_empty() && heads.len() < 5 => {
                 names += 1;
                 let s = snaps[h.rng.random_range(0..snaps.len())].clone();
-                h.clone(&s, &format!("tank/c{names}"));
+                h.model.clone(&h.engine, &s, &format!("tank/c{names}"), &[]);
                 "clone"
             }
             74..=80 if !snaps.is_empty() => {
                 let s = snaps[h.rng.random_range(0..snaps.len())].clone();
-                h.rollback(&s);
+                h.model.rollback(&h.engine, &s);
                 "rollback"
             }
             81..=91 if !snaps.is_empty() => {
                 let s = snaps[h.rng.random_range(0..snaps.len())].clone();
-                h.destroy_snapshot(&s);
+                h.model.destroy_snapshot(&h.engine, &s, true);
                 "destroy snapshot"
             }
             92..=93 if h.model.origin.contains_key(&ds) => {
-                h.destroy_clone(&ds);
+                h.model.destroy_clone(&h.engine, &ds);
                 "destroy clone"
             }
             94..=95 if h.model.origin.contains_key(&ds) => {
-                h.promote(&ds);
+                h.model.promote(&h.engine, &ds);
                 "promote"
             }
             96..=99 => {
@@ -792,4 +495,87 @@ fn read_all_sized(vol: &Volume, len: u64) -> Vec<u8> {
         }
     }
     out
+}
+
+#[test]
+fn a_refused_rollback_keeps_the_writes_it_would_have_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine.create_volume("tank/v", 1 << 20, &[]).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    engine.snapshot(&["tank/v@b".into()], false).unwrap();
+    engine.clone_snapshot("tank/v@b", "tank/c", &[]).unwrap();
+    // Acknowledged, not yet in a txg when the rollback's commit takes the open txg.
+    vol.write(0, &[5u8; 4096], true).unwrap();
+    // @b has a dependent clone: refused inside the commit.
+    assert!(matches!(
+        engine.rollback("tank/v@a", true),
+        Err(Error::Busy(_))
+    ));
+    let want = vec![ReadSegment::Data(vec![5u8; 4096])];
+    assert!(
+        vol.read(0, 4096).unwrap() == want,
+        "lost by the refused rollback"
+    );
+    engine.sync_all().unwrap();
+    assert!(
+        vol.read(0, 4096).unwrap() == want,
+        "lost at the next commit"
+    );
+    engine.shutdown().unwrap();
+}
+
+#[test]
+fn partial_writes_during_a_refused_rollback_land_on_the_writes_it_kept() {
+    const N: u64 = 32;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_volume("tank/v", N * BS, &[("volblocksize".into(), "4K".into())])
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    engine.snapshot(&["tank/v@b".into()], false).unwrap();
+    engine.clone_snapshot("tank/v@b", "tank/c", &[]).unwrap();
+    // A writer keeps rewriting the first 512 bytes of every block (partial
+    // blocks: merged with what lies below only at the commit).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (vol, stop) = (vol.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for b in 0..N {
+                    vol.write(b * BS, &[1u8; 512], false).unwrap();
+                }
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    for round in 0..40u8 {
+        // Whole blocks: 512 bytes as the writer's, then this round's byte.
+        let mut block = vec![round + 2; BS as usize];
+        block[..512].fill(1);
+        for b in 0..N {
+            vol.write(b * BS, &block, false).unwrap();
+        }
+        // Refused inside its commit (@b has a clone) while the writer writes.
+        assert!(engine.rollback("tank/v@a", true).is_err());
+        let got = read_all_sized(&vol, N * BS);
+        for b in 0..N as usize {
+            let at = b * BS as usize;
+            assert!(
+                got[at..at + BS as usize] == block[..],
+                "round {round} block {b}: the whole-block write under the partial one was lost"
+            );
+        }
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    engine.shutdown().unwrap();
 }

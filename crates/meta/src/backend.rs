@@ -824,7 +824,10 @@ mod tests {
             "{err}"
         );
         let msg = err.to_string();
-        assert!(msg.contains("version 1") && msg.contains("(2)"), "{msg}");
+        assert!(
+            msg.contains("version 1") && msg.contains("(2 and later)"),
+            "{msg}"
+        );
     }
 
     #[test]

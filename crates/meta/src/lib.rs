@@ -24,7 +24,7 @@ pub enum MetaError {
     Store(String),
     #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_VERSION})")]
     Newer { found: u64 },
-    #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_VERSION}); import the pool with the build that created it and copy its data to a new pool")]
+    #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_UPGRADABLE} and later); import the pool with the build that created it and copy its data to a new pool")]
     Older { found: u64, what: &'static str },
     #[error("metadata region: {0}")]
     Region(String),

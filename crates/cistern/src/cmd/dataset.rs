@@ -5,7 +5,7 @@ use crate::cmd::OutputFlags;
 use crate::cmd::{size_arg, split_list};
 use crate::format::Table;
 use crate::output::{json, out, outln};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use dataset::{DatasetInfo, DatasetKind};
 use serde::Serialize;
@@ -14,8 +14,12 @@ use std::cmp::Ordering;
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Volume size (e.g. 10G); creates a volume.
-    #[arg(short = 'V', value_name = "SIZE", value_parser = size_arg, required = true)]
-    pub volsize: u64,
+    #[arg(short = 'V', value_name = "SIZE", value_parser = size_arg)]
+    pub volsize: Option<u64>,
+    /// What to create: volume (needs -V) or bucket (an S3 bucket: the
+    /// last component of POOL/NAME is its S3 name).
+    #[arg(short = 't', value_name = "TYPE")]
+    pub kind: Option<String>,
     /// Sparse volume: no refreservation (space is taken as it is written).
     #[arg(short = 's')]
     pub sparse: bool,
@@ -174,10 +178,27 @@ pub struct DestroyArgs {
 }
 
 pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
+    let bucket = match (
+        a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
+        a.volsize,
+    ) {
+        (None | Some("volume" | "vol"), Some(_)) => false,
+        (None | Some("volume" | "vol"), None) => {
+            bail!(
+                "missing the volume size: cistern create -V SIZE POOL/VOL (or -t bucket POOL/NAME)"
+            )
+        }
+        (Some("bucket"), None) => true,
+        (Some("bucket"), Some(_)) => bail!("-V is for volumes, not buckets"),
+        (Some(other), _) => bail!("cannot create a '{other}' (valid -t: volume, bucket)"),
+    };
+    let what = if bucket { "BUCKET" } else { "VOL" };
     if !a.name.contains('/') {
         bail!(
-            "'{}' is not POOL/VOL (volumes live in a pool: e.g. tank/vol0)",
-            a.name
+            "'{}' is not POOL/{what} ({}s live in a pool: e.g. tank/{}0)",
+            a.name,
+            what.to_ascii_lowercase(),
+            what.to_ascii_lowercase()
         );
     }
     let mut props = a
@@ -185,6 +206,17 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         .iter()
         .map(|p| parse_assignment(p))
         .collect::<Result<Vec<_>>>()?;
+    if bucket {
+        if a.sparse || a.blocksize.is_some() {
+            bail!("-s and -b are for volumes; a bucket takes -o recordsize=SIZE");
+        }
+        let s3_name = a.name.rsplit('/').next().unwrap_or_default();
+        s3::access::check_bucket_name(s3_name)
+            .with_context(|| format!("cannot create '{}'", a.name))?;
+        client.create_dataset(&a.name, DatasetKind::Bucket, &props)?;
+        return Ok(());
+    }
+    let volsize = a.volsize.unwrap_or_default();
     if a.sparse {
         props.push(("refreservation".into(), "none".into()));
     }
@@ -194,7 +226,7 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         }
         props.push(("volblocksize".into(), b.to_string()));
     }
-    client.create_volume(&a.name, a.volsize, &props)?;
+    client.create_volume(&a.name, volsize, &props)?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ pub mod policy;
 pub mod pool;
 pub mod props;
 pub mod snapshot;
+pub mod user;
 
 use crate::Command;
 use anyhow::Result;
@@ -44,6 +45,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Holds(a) => snapshot::holds(client, a),
         Command::Diff(a) => snapshot::diff(client, a),
         Command::Policy(c) => policy::run(client, c),
+        Command::User(c) => user::run(client, c),
         Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
             unreachable!("daemon commands are dispatched in main")
         }

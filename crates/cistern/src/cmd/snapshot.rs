@@ -121,11 +121,21 @@ pub fn holds(client: &api::Client, a: HoldsArgs) -> Result<()> {
     Ok(())
 }
 
-/// `OFFSET LENGTH` per changed range (bytes with -p, human sizes otherwise).
+/// `OFFSET LENGTH` per changed range (bytes with -p, human sizes otherwise);
+/// for a bucket or filesystem, `CHANGE<TAB>NAME` per name as zfs diff prints.
 pub fn diff(client: &api::Client, a: DiffArgs) -> Result<()> {
     let report = client.diff(&a.from, a.to.as_deref())?;
     if a.format.json {
         return json(&report);
+    }
+    if !report.names.is_empty() {
+        let lines: Vec<String> = report
+            .names
+            .iter()
+            .map(|n| format!("{}\t{}\n", n.change, n.name))
+            .collect();
+        out(&lines.concat());
+        return Ok(());
     }
     let size = |n: u64| size_cell(n, a.format.parsable);
     let mut t = Table::new(&["OFFSET".to_string(), "LENGTH".to_string()]);
