@@ -344,8 +344,16 @@ impl S3Client {
     /// Whether the bucket exists and we may use it (HeadBucket); opens the
     /// connection the next requests reuse.
     pub fn head_bucket(&mut self, bucket: &str) -> Result<bool, S3Error> {
-        let resp = self.send("HeadBucket", "HEAD", bucket, None, &[], &[])?;
-        Ok(resp.status().as_u16() != 404)
+        match self.send("HeadBucket", "HEAD", bucket, None, &[], &[]) {
+            Ok(resp) => Ok(resp.status().as_u16() != 404),
+            // A HEAD error has no body to name its cause (a wrong key or
+            // signature, a missing grant): a listing's error document does.
+            Err(S3Error::Status { status: 403, .. }) => {
+                self.list_objects_v2(bucket, "", None, 1)?;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn delete_object(&mut self, bucket: &str, key: &str) -> Result<(), S3Error> {

@@ -236,6 +236,11 @@ fn s3_target_against_minio() {
         }
         r => panic!("{r:?}"),
     }
+    // Also when the first request is a HEAD (no error document of its own).
+    match bad.head_bucket("bench") {
+        Err(S3Error::Status { code, .. }) => assert_eq!(code, "SignatureDoesNotMatch"),
+        r => panic!("{r:?}"),
+    }
     match c.get_object("nosuchbucket", "x", &mut [0u8; 4]) {
         Err(S3Error::Status { code, .. }) => assert_eq!(code, "NoSuchBucket"),
         r => panic!("{r:?}"),
