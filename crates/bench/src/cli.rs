@@ -12,7 +12,9 @@ use clap::Subcommand;
 use crate::compress::{self, CompressConfig, Corpus, ScratchPool};
 use crate::iops::{self, Format, IopsConfig, Rw};
 use crate::latency::{self, LatencyConfig};
+use crate::list::{self, ListConfig};
 use crate::provision::{self, Params};
+use crate::s3_client::S3Options;
 use crate::target::TargetSpec;
 use crate::{interrupt, util};
 
@@ -28,6 +30,8 @@ pub enum BenchCommand {
     Provision(ProvisionArgs),
     /// Request-reply round trips on one connection: requests/s and latency.
     Latency(LatencyArgs),
+    /// Full listings of an S3 bucket of N objects (put first if missing).
+    List(ListArgs),
     /// Which compression setting is worth it on a directory of your data.
     Compress(CompressArgs),
 }
@@ -35,7 +39,8 @@ pub enum BenchCommand {
 #[derive(Debug, clap::Args)]
 pub struct IopsArgs {
     /// A file (created and removed if missing), a block device,
-    /// nbd://host[:port]/export, nbd+unix:///export?socket=PATH, or s3://bucket.
+    /// nbd://host[:port]/export, nbd+unix:///export?socket=PATH, or
+    /// s3://bucket[/prefix] (a write PUTs a new object, a read GETs one of --objects).
     pub target: String,
     /// Worker threads, each with its own file descriptor or connection.
     #[arg(short, long, default_value_t = 8)]
@@ -54,8 +59,17 @@ pub struct IopsArgs {
     pub block_size: u64,
     /// Bytes of the target to use from offset 0 [default: min(target size, 1G);
     /// the size of a file the bench creates].
-    #[arg(long, value_parser = util::parse_size)]
+    #[arg(long, value_parser = util::parse_size, conflicts_with = "objects")]
     pub size: Option<u64>,
+    /// s3:// only: keys reads pick from [default: 1000] (read runs put the
+    /// missing ones first); writes PUT new keys from 0 up.
+    #[arg(long)]
+    pub objects: Option<u64>,
+    /// s3:// only: create the bucket if it does not exist.
+    #[arg(long)]
+    pub create_bucket: bool,
+    #[command(flatten)]
+    pub s3: S3Options,
     /// Directory for the samples and the chart [default: current directory].
     #[arg(short, long)]
     pub out: Option<PathBuf>,
@@ -116,7 +130,8 @@ pub struct ProvisionArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct LatencyArgs {
-    /// A file or block device (read only), nbd://host[:port]/export, or s3://bucket.
+    /// A file or block device (read only), nbd://host[:port]/export, or
+    /// s3://bucket[/prefix] (HEADs of a probe object, put and removed by the run).
     pub target: String,
     /// Measured requests.
     #[arg(short = 'n', long = "requests", default_value_t = 5000)]
@@ -124,7 +139,7 @@ pub struct LatencyArgs {
     /// Requests sent first and not measured.
     #[arg(long, default_value_t = 100)]
     pub warmup: u64,
-    /// Bytes read per request.
+    /// Bytes read per request (s3://: the size of the probe object).
     #[arg(long, default_value = "512", value_parser = util::parse_size)]
     pub size: u64,
     /// Open files and devices with O_DIRECT.
@@ -133,6 +148,40 @@ pub struct LatencyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// s3:// only: create the bucket if it does not exist.
+    #[arg(long)]
+    pub create_bucket: bool,
+    #[command(flatten)]
+    pub s3: S3Options,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// s3://bucket[/prefix]: the objects listed are PREFIX + 0000000000...
+    pub target: String,
+    /// Objects the bucket (prefix) holds; missing ones are put first.
+    #[arg(short = 'n', long, default_value_t = 10_000)]
+    pub objects: u64,
+    /// Size of the objects put.
+    #[arg(long, default_value = "0", value_parser = util::parse_size)]
+    pub object_size: u64,
+    /// Clients putting the missing objects in parallel.
+    #[arg(short, long, default_value_t = 16)]
+    pub workers: usize,
+    /// Measured full listings (after one unmeasured).
+    #[arg(short, long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Keys per ListObjectsV2 page (max-keys).
+    #[arg(long, default_value_t = 1000)]
+    pub page_size: u32,
+    /// Create the bucket if it does not exist.
+    #[arg(long)]
+    pub create_bucket: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub s3: S3Options,
 }
 
 #[derive(Debug, clap::Args)]
@@ -194,6 +243,7 @@ pub fn run(cmd: impl Into<BenchCommand>) -> anyhow::Result<()> {
         BenchCommand::Chart(a) => run_chart(a),
         BenchCommand::Provision(a) => run_provision(a),
         BenchCommand::Latency(a) => run_latency(a),
+        BenchCommand::List(a) => run_list(a),
         BenchCommand::Compress(a) => run_compress(a),
     }
 }
@@ -208,8 +258,24 @@ fn print_paths(paths: &[PathBuf]) {
     }
 }
 
+/// Creates an s3:// target's bucket when asked to.
+fn create_bucket(spec: &TargetSpec, create: bool) -> anyhow::Result<()> {
+    match spec {
+        TargetSpec::S3(t) if create => Ok(t.client().create_bucket(&t.bucket)?),
+        TargetSpec::S3(_) => Ok(()),
+        _ if create => bail!("--create-bucket is for s3:// targets"),
+        _ => Ok(()),
+    }
+}
+
 fn run_iops(a: IopsArgs) -> anyhow::Result<()> {
-    let spec = TargetSpec::parse(&a.target)?;
+    let spec = TargetSpec::parse_with(&a.target, &a.s3)?;
+    create_bucket(&spec, a.create_bucket)?;
+    let region = match (&spec, a.objects) {
+        (TargetSpec::S3(_), Some(n)) => Some(n.saturating_mul(a.block_size)),
+        (_, Some(_)) => bail!("--objects is for s3:// targets (use --size)"),
+        _ => a.size,
+    };
     let dir = util::out_dir(a.out.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| spec.label());
     let cfg = IopsConfig {
@@ -218,7 +284,7 @@ fn run_iops(a: IopsArgs) -> anyhow::Result<()> {
         rw: a.rw,
         read_percent: a.read_percent,
         block_size: a.block_size,
-        region: a.size,
+        region,
         force: a.force,
         direct: a.direct,
         progress: !a.no_progress,
@@ -421,8 +487,36 @@ fn run_provision(a: ProvisionArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn run_list(a: ListArgs) -> anyhow::Result<()> {
+    let TargetSpec::S3(t) = TargetSpec::parse_with(&a.target, &a.s3)? else {
+        bail!(
+            "{}: bench list needs an s3://bucket[/prefix] target",
+            a.target
+        );
+    };
+    if a.create_bucket {
+        t.client().create_bucket(&t.bucket)?;
+    }
+    let cfg = ListConfig {
+        objects: a.objects,
+        object_size: a.object_size,
+        workers: a.workers.clamp(1, 1024),
+        repeat: a.repeat,
+        page_size: a.page_size,
+    };
+    let _sigint = interrupt::Guard::install();
+    let r = list::run(&t, &cfg)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", list::summary_text(&r));
+    }
+    Ok(())
+}
+
 fn run_latency(a: LatencyArgs) -> anyhow::Result<()> {
-    let spec = TargetSpec::parse(&a.target)?;
+    let spec = TargetSpec::parse_with(&a.target, &a.s3)?;
+    create_bucket(&spec, a.create_bucket)?;
     let cfg = LatencyConfig {
         requests: a.requests,
         warmup: a.warmup,

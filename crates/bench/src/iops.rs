@@ -77,6 +77,9 @@ pub struct RunRecord {
     pub duration_s: f64,
     pub started_at: String,
     pub total_ops: u64,
+    /// Bytes moved per second over the run, in MB (10^6 bytes).
+    #[serde(default)]
+    pub mb_per_s: f64,
     /// Operations completed in each whole second of the run.
     pub per_second_iops: Vec<u64>,
     pub iops: SeriesSummary,
@@ -271,6 +274,7 @@ pub fn run(
     let mut all = reads.clone();
     all.merge(&writes);
     let samples: Vec<f64> = per_second.iter().map(|&v| v as f64).collect();
+    let total_ops: u64 = per_second.iter().sum();
     Ok(RunRecord {
         format: RUN_FORMAT.into(),
         name: name.to_string(),
@@ -289,7 +293,8 @@ pub fn run(
         direct: cfg.direct,
         duration_s: seconds as f64,
         started_at,
-        total_ops: per_second.iter().sum(),
+        total_ops,
+        mb_per_s: (total_ops * cfg.block_size) as f64 / seconds as f64 / 1e6,
         iops: SeriesSummary::of(&samples),
         per_second_iops: per_second,
         latency: all.summary(),
@@ -481,7 +486,7 @@ pub fn summary_text(r: &RunRecord) -> String {
     let l = &r.latency;
     let mut t = format!(
         "target     {} ({}, {} workers, {} blocks, region {}{})\n\
-         duration   {} s, {} operations\n\
+         duration   {} s, {} operations, {:.1} MB/s\n\
          IOPS       mean {:.0}  median {:.0}  p1 {:.0}  p5 {:.0}  p95 {:.0}  p99 {:.0}  min {:.0}  max {:.0}\n\
          steadiness stddev {:.0}  coefficient of variation {:.3}\n\
          latency    mean {}  p50 {}  p90 {}  p95 {}  p99 {}  p99.9 {}  max {}\n",
@@ -493,6 +498,7 @@ pub fn summary_text(r: &RunRecord) -> String {
         if r.direct { ", O_DIRECT" } else { "" },
         r.duration_s,
         r.total_ops,
+        r.mb_per_s,
         s.mean,
         s.median,
         s.p1,

@@ -51,26 +51,17 @@ pub fn run(spec: &TargetSpec, cfg: &LatencyConfig) -> anyhow::Result<LatencyResu
         }
         _ => {}
     }
-    // Checks the target is reachable and big enough; reads only, so no --force.
-    let prep = spec.prepare(None, false, false, false, cfg.size as u64)?;
-    if prep.target_size < cfg.size as u64 {
-        bail!("target is smaller than one request");
+    // S3: HEADs of a probe object of `size` bytes, put first if missing and
+    // removed afterwards.
+    let probe = match spec {
+        TargetSpec::S3(s3) => Some((s3, s3.prepare_probe(cfg.size)?)),
+        _ => None,
+    };
+    let r = measure(spec, cfg, probe.is_some());
+    if let Some((s3, (key, true))) = &probe {
+        s3.client().delete_object(&s3.bucket, key)?;
     }
-    let mut t = spec.open(OpenFlags { direct: cfg.direct }, false)?;
-    let mut buf = AlignedBuf::new(cfg.size);
-    for _ in 0..cfg.warmup {
-        t.read_at(0, &mut buf)?;
-    }
-    let mut h = Histogram::new();
-    let start = Instant::now();
-    for _ in 0..cfg.requests {
-        let t0 = Instant::now();
-        t.read_at(0, &mut buf)?;
-        h.record((t0.elapsed().as_nanos()).min(u128::from(u64::MAX)) as u64);
-    }
-    let elapsed = start.elapsed().max(Duration::from_nanos(1));
-    t.close()?;
-    prep.finish()?;
+    let (h, elapsed) = r?;
     Ok(LatencyResult {
         target: spec.describe(),
         requests: cfg.requests,
@@ -81,14 +72,53 @@ pub fn run(spec: &TargetSpec, cfg: &LatencyConfig) -> anyhow::Result<LatencyResu
     })
 }
 
+fn measure(
+    spec: &TargetSpec,
+    cfg: &LatencyConfig,
+    s3: bool,
+) -> anyhow::Result<(Histogram, Duration)> {
+    // Checks the target is reachable and big enough; reads only, so no --force.
+    let prep = if s3 {
+        None
+    } else {
+        let p = spec.prepare(None, false, false, false, cfg.size as u64)?;
+        if p.target_size < cfg.size as u64 {
+            bail!("target is smaller than one request");
+        }
+        Some(p)
+    };
+    let mut t = spec.open(OpenFlags { direct: cfg.direct }, false)?;
+    let mut buf = AlignedBuf::new(cfg.size);
+    for _ in 0..cfg.warmup {
+        t.round_trip(&mut buf)?;
+    }
+    let mut h = Histogram::new();
+    let start = Instant::now();
+    for _ in 0..cfg.requests {
+        let t0 = Instant::now();
+        t.round_trip(&mut buf)?;
+        h.record((t0.elapsed().as_nanos()).min(u128::from(u64::MAX)) as u64);
+    }
+    let elapsed = start.elapsed().max(Duration::from_nanos(1));
+    t.close()?;
+    if let Some(p) = prep {
+        p.finish()?;
+    }
+    Ok((h, elapsed))
+}
+
 pub fn summary_text(r: &LatencyResult) -> String {
     let l = &r.latency;
     format!(
-        "target     {} ({}-byte reads, one connection)\n\
+        "target     {} ({}, one connection)\n\
          requests   {} in {:.3} s: {:.0} requests/s\n\
          latency    min {}  mean {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}\n",
         r.target,
-        r.request_bytes,
+        if r.target.starts_with("s3://") {
+            format!("HEAD of a {}-byte object", r.request_bytes)
+        } else {
+            format!("{}-byte reads", r.request_bytes)
+        },
         r.requests,
         r.elapsed_s,
         r.requests_per_s,

@@ -1,11 +1,7 @@
 //! What a benchmark reads and writes: a file or block device, an NBD export,
-//! or (later) an S3 bucket. A [`TargetSpec`] is parsed from the command
+//! or an S3 bucket (`crate::s3`). A [`TargetSpec`] is parsed from the command
 //! line, checked and prepared once ([`TargetSpec::prepare`]), then each
 //! worker opens its own [`Target`] (its own file descriptor or connection).
-//!
-//! Adding the S3 target: implement [`Target`] for an S3 client (a write is a
-//! PUT of one object per block offset, a read a GET, the latency probe a
-//! HEAD) and fill in the `TargetSpec::S3` arms below.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -16,6 +12,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use crate::nbd_client::{NbdClient, NbdUri};
+use crate::s3::S3Target;
+use crate::s3_client::S3Options;
 
 /// Bytes inspected to decide whether a target holds data.
 pub const PROBE_BYTES: u64 = 1 << 20;
@@ -34,6 +32,11 @@ pub trait Target: Send {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
         self.write_sync(offset, data)
     }
+    /// One request-reply round trip for `bench latency`: a read of
+    /// `buf.len()` bytes at 0 (S3: a HEAD of the probe object).
+    fn round_trip(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
+        self.read_at(0, buf)
+    }
     /// Makes earlier `write_at`s durable (fdatasync, FLUSH).
     fn sync(&mut self) -> anyhow::Result<()> {
         Ok(())
@@ -51,8 +54,8 @@ pub enum TargetSpec {
     File(PathBuf),
     /// `nbd://host[:port]/export` or `nbd+unix:///export?socket=PATH`.
     Nbd(NbdUri),
-    /// `s3://bucket[/prefix]`: not available until the S3 API exists.
-    S3(String),
+    /// `s3://bucket[/prefix]`: objects of a bucket (one per block).
+    S3(S3Target),
 }
 
 /// How worker handles are opened.
@@ -108,14 +111,15 @@ impl Drop for AlignedBuf {
     }
 }
 
-fn s3_unavailable(url: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "{url}: the S3 API is not available yet (a later issue); use a file, a block device or nbd://"
-    )
-}
-
 impl TargetSpec {
+    /// A target; an `s3://` one takes its endpoint and keys from the AWS
+    /// environment variables.
     pub fn parse(s: &str) -> anyhow::Result<Self> {
+        Self::parse_with(s, &S3Options::from_env())
+    }
+
+    /// A target; an `s3://` one with the given connection settings.
+    pub fn parse_with(s: &str, s3: &S3Options) -> anyhow::Result<Self> {
         if s.starts_with("nbd://") || s.starts_with("nbd+unix://") {
             return Ok(Self::Nbd(NbdUri::parse(s)?));
         }
@@ -123,7 +127,7 @@ impl TargetSpec {
             bail!("{s}: NBD over TLS is not supported by the bench client");
         }
         if s.starts_with("s3://") {
-            return Ok(Self::S3(s.to_string()));
+            return Ok(Self::S3(S3Target::parse(s, s3)?));
         }
         if s.contains("://") {
             bail!("{s}: unknown scheme (expected a path, nbd://host:port/export or s3://bucket)");
@@ -143,7 +147,7 @@ impl TargetSpec {
                 .unwrap_or_else(|| "file".into()),
             Self::Nbd(u) if !u.export.is_empty() => format!("nbd-{}", u.export),
             Self::Nbd(_) => "nbd".into(),
-            Self::S3(u) => u.trim_start_matches("s3://").to_string(),
+            Self::S3(t) => t.label(),
         }
     }
 
@@ -151,7 +155,7 @@ impl TargetSpec {
         match self {
             Self::File(p) => p.display().to_string(),
             Self::Nbd(u) => u.to_string(),
-            Self::S3(u) => u.clone(),
+            Self::S3(t) => format!("{} at {}", t.url(), t.config.endpoint),
         }
     }
 
@@ -203,7 +207,20 @@ impl TargetSpec {
                     notes: Vec::new(),
                 })
             }
-            Self::S3(u) => Err(s3_unavailable(u)),
+            Self::S3(t) => {
+                // A block is an object: the region is objects x block size.
+                let objects = want_region.map_or(crate::s3::DEFAULT_OBJECTS, |r| r / block_size);
+                if objects == 0 {
+                    bail!("the region is smaller than one object ({block_size} bytes)");
+                }
+                let notes = t.prepare(objects, write, read, force, block_size)?;
+                Ok(Prepared {
+                    region: objects * block_size,
+                    target_size: objects * block_size,
+                    cleanup: Cleanup::None,
+                    notes,
+                })
+            }
         }
     }
 
@@ -229,7 +246,7 @@ impl TargetSpec {
                     .with_context(|| format!("connecting to {u}"))?;
                 Ok(Box::new(NbdTarget { client }))
             }
-            Self::S3(u) => Err(s3_unavailable(u)),
+            Self::S3(t) => t.open(),
         }
     }
 }
@@ -513,10 +530,19 @@ mod tests {
             TargetSpec::parse("nbd://h/x").unwrap(),
             TargetSpec::Nbd(_)
         ));
-        let s3 = TargetSpec::parse("s3://bucket/p").unwrap();
-        let e = s3.prepare(None, true, false, false, 4096).unwrap_err();
-        assert!(e.to_string().contains("S3 API is not available yet"), "{e}");
-        assert!(s3.open(OpenFlags::default(), true).is_err());
+        let opts = S3Options {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            access_key: Some("k".into()),
+            secret_key: Some("s".into()),
+            ..S3Options::default()
+        };
+        match TargetSpec::parse_with("s3://bucket/p", &opts).unwrap() {
+            TargetSpec::S3(t) => {
+                assert_eq!((t.bucket.as_str(), t.prefix.as_str()), ("bucket", "p/"))
+            }
+            t => panic!("{t:?}"),
+        }
+        assert!(TargetSpec::parse_with("s3://B", &opts).is_err());
         assert!(TargetSpec::parse("ftp://x").is_err());
     }
 

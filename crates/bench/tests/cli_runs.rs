@@ -63,7 +63,32 @@ fn iops_args(target: &Path, out: &Path, secs: u64, format: Format, name: &str) -
         format,
         direct: false,
         no_progress: true,
+        objects: None,
+        create_bucket: false,
+        s3: Default::default(),
     }
+}
+
+#[test]
+fn s3_options_are_for_s3_targets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("scratch.img");
+    let a = IopsArgs {
+        objects: Some(10),
+        ..iops_args(&target, tmp.path(), 1, Format::Json, "x")
+    };
+    let e = cli::run(BenchCommand::Iops(a)).unwrap_err();
+    assert!(e.to_string().contains("--objects is for s3://"), "{e}");
+    let a = IopsArgs {
+        create_bucket: true,
+        ..iops_args(&target, tmp.path(), 1, Format::Json, "x")
+    };
+    let e = cli::run(BenchCommand::Iops(a)).unwrap_err();
+    assert!(
+        e.to_string().contains("--create-bucket is for s3://"),
+        "{e}"
+    );
+    assert!(!target.exists(), "nothing created");
 }
 
 #[test]
