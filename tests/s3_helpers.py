@@ -60,6 +60,8 @@ class S3Endpoint:
 
         os.environ["BOTO_EXPERIMENTAL__NO_EMPTY_CONTINUE"] = "true"  # see aws_env()
         kw = dict(
+            # Cistern speaks SigV4 only (botocore may presign with V2 otherwise).
+            signature_version="s3v4",
             s3={"addressing_style": "path"},
             retries={"max_attempts": 1, "mode": "standard"},
             connect_timeout=5,
@@ -76,6 +78,10 @@ class S3Endpoint:
         )
 
     def aws_env(self) -> dict:
+        config = self.tmp_path / "aws-config"
+        if not config.exists():
+            # SigV4 for every request, presigned URLs included (Cistern refuses V2).
+            config.write_text("[default]\ns3 =\n    signature_version = s3v4\n")
         e = dict(os.environ)
         e.update(
             AWS_ACCESS_KEY_ID=self.access_key,

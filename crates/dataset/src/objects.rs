@@ -699,6 +699,14 @@ fn change_metadata(
         prep.current(open, ds, o)?
             .ok_or_else(|| Error::NotFound(format!("object {o}")))
     };
+    // An attribute change: the object's attributes as of now, changed, ctime set.
+    let update = |open: &mut OpenTxg, obj: u64, t: u64, f: &dyn Fn(&mut ObjectAttrs)| {
+        let mut a = cur(open, obj)?;
+        f(&mut a);
+        a.ctime_ns = t;
+        put_attrs(open, ds, obj, &a);
+        Ok::<(), Error>(())
+    };
     let txg = open.txg;
     match op {
         ObjectOp::Create {
@@ -738,46 +746,28 @@ fn change_metadata(
             offset,
             data,
             time_ns,
-        } => {
-            let mut a = cur(open, *obj)?;
+        } => update(open, *obj, *time_ns, &|a| {
             a.size = a.size.max(*offset + data.len() as u64);
             a.mtime_ns = *time_ns;
-            a.ctime_ns = *time_ns;
-            put_attrs(open, ds, *obj, &a);
-        }
-        ObjectOp::Truncate { obj, size, time_ns } => {
-            let mut a = cur(open, *obj)?;
+        })?,
+        ObjectOp::Truncate { obj, size, time_ns } => update(open, *obj, *time_ns, &|a| {
             a.size = *size;
             a.mtime_ns = *time_ns;
-            a.ctime_ns = *time_ns;
-            put_attrs(open, ds, *obj, &a);
-        }
+        })?,
         ObjectOp::SetPayload {
             obj,
             payload,
             time_ns,
-        } => {
-            let mut a = cur(open, *obj)?;
-            a.payload.clone_from(payload);
-            a.ctime_ns = *time_ns;
-            put_attrs(open, ds, *obj, &a);
-        }
+        } => update(open, *obj, *time_ns, &|a| a.payload.clone_from(payload))?,
         ObjectOp::SetTimes {
             obj,
             mtime_ns,
             crtime_ns,
             time_ns,
-        } => {
-            let mut a = cur(open, *obj)?;
-            if let Some(m) = mtime_ns {
-                a.mtime_ns = *m;
-            }
-            if let Some(c) = crtime_ns {
-                a.crtime_ns = *c;
-            }
-            a.ctime_ns = *time_ns;
-            put_attrs(open, ds, *obj, &a);
-        }
+        } => update(open, *obj, *time_ns, &|a| {
+            a.mtime_ns = mtime_ns.unwrap_or(a.mtime_ns);
+            a.crtime_ns = crtime_ns.unwrap_or(a.crtime_ns);
+        })?,
         ObjectOp::Link {
             dir,
             name,

@@ -712,17 +712,12 @@ impl Volume {
         self.modify(offset, Op::Zero { len, allocate }, fua)
     }
 
-    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let st = self.current()?;
-        self.check_range(offset, len, st.size)?;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
+    /// The blocks a status query covers (at most MAX_STATUS_BLOCKS from
+    /// `offset`; the reply covers a prefix) and their uncommitted changes.
+    fn status_window(&self, st: &State, offset: u64, len: u64) -> (u64, u64, Vec<Option<Dirty>>) {
         let bsz = st.bs as u64;
         let first = offset / bsz;
         let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
-        let ds = st.chain.data_id();
-        // The open txg first, then the view (see ImportedPool::view for why).
         let in_open = open_changes(
             &self.pool,
             st.chain.data_id(),
@@ -731,6 +726,19 @@ impl Volume {
             first,
             last,
         );
+        (first, last, in_open)
+    }
+
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let st = self.current()?;
+        self.check_range(offset, len, st.size)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let bsz = st.bs as u64;
+        let ds = st.chain.data_id();
+        // The open txg first, then the view (see ImportedPool::view for why).
+        let (first, last, in_open) = self.status_window(&st, offset, len);
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
         let committed = view.pointers(&st.chain, VOLUME_OBJECT, first, last)?;
@@ -796,16 +804,7 @@ impl Volume {
         };
         let upto = st.snapshot.unwrap_or(u64::MAX);
         let bsz = st.bs as u64;
-        let first = offset / bsz;
-        let last = ((offset + len - 1) / bsz).min(first + MAX_STATUS_BLOCKS - 1);
-        let in_open = open_changes(
-            &self.pool,
-            st.chain.data_id(),
-            VOLUME_OBJECT,
-            st.snapshot.is_some(),
-            first,
-            last,
-        );
+        let (first, last, in_open) = self.status_window(&st, offset, len);
         let view = self.pool.view()?;
         let syncing = view.syncing.as_ref().filter(|_| st.snapshot.is_none());
         let committed = view.changed(ds, VOLUME_OBJECT, first, last, after, upto)?;

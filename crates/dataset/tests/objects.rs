@@ -7,28 +7,13 @@ use dataset::*;
 use std::path::Path;
 use std::sync::Arc;
 
-fn config() -> EngineConfig {
-    EngineConfig {
-        // Commits only when asked: what survives a kill is what the log holds.
-        txg_timeout_secs: 3600.0,
-        multihost_interval_ms: 50,
-        ..EngineConfig::default()
-    }
-}
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::{config, create_pool, prop};
 
 fn pool(dir: &Path) -> Arc<Engine> {
     let engine = Engine::open(&dir.join("state"), config()).unwrap();
-    engine
-        .create_pool(PoolSpec {
-            name: "tank".into(),
-            groups: vec![GroupSpec {
-                kind: GroupKind::Mirror,
-                devices: vec![dir.join("d0"), dir.join("d1")],
-            }],
-            create_size: Some(256 << 20),
-            force: false,
-        })
-        .unwrap();
+    create_pool(&engine, dir);
     engine
 }
 
@@ -64,14 +49,7 @@ fn get(set: &ObjectSet, key: &str) -> Option<Vec<u8>> {
 }
 
 fn used(engine: &Engine, ds: &str) -> u64 {
-    engine
-        .dataset(ds)
-        .unwrap()
-        .property("used")
-        .unwrap()
-        .parsable
-        .parse()
-        .unwrap()
+    prop(engine, ds, "used")
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {

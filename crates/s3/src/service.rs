@@ -310,6 +310,20 @@ struct Written {
 
 /// A GET body: chunks read on the blocking pool, passed through a small
 /// channel so at most a few chunks per request are in memory.
+/// A version about to be read (`Cistern::prepare_read`).
+struct Read {
+    b: Arc<Bkt>,
+    f: Found,
+    st: BucketSettings,
+    size: u64,
+    /// Bytes [start, end) of it; `ranged`: a Range or partNumber asked for less.
+    start: u64,
+    end: u64,
+    ranged: bool,
+    /// A part's own checksums (partNumber reads).
+    part_sums: Option<Checksums>,
+}
+
 struct ChanStream {
     rx: tokio::sync::mpsc::Receiver<Result<Bytes, S3Error>>,
     left: usize,
@@ -842,8 +856,12 @@ impl S3 for Cistern {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        // Anonymous callers see what `[s3] anonymous` grants them (nothing by default).
+        // Anonymous callers are refused unless `[s3] anonymous` grants
+        // something; then they see the buckets it grants.
         let cred = creds(&req);
+        if cred.is_none() && !self.users.as_ref().is_some_and(|u| u.anonymous_allowed()) {
+            return Err(s3_error!(AccessDenied, "anonymous access is refused"));
+        }
         let all = self.run(|s| s.buckets()).await?;
         let prefix = req.input.prefix.clone().unwrap_or_default();
         let buckets = all
@@ -874,6 +892,8 @@ impl S3 for Cistern {
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let cred = creds(&req);
         let name = req.input.bucket;
+        // A bad name is that before it is anyone's to create.
+        crate::store::check_new_bucket_name(&name)?;
         self.check(cred.as_deref(), &name, Access::Write)?;
         let n = name.clone();
         self.run(move |s| s.create_bucket(&n)).await?;
@@ -1291,16 +1311,6 @@ impl S3 for Cistern {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let cred = creds(&req);
         let i = req.input;
-        let b = self
-            .bucket(&i.bucket, cred.as_deref(), Access::Read)
-            .await?;
-        let (os, key, vid) = (b.os.clone(), i.key.clone(), i.version_id.clone());
-        let (f, st) = self
-            .run(move |_| Ok((find_version(&os, &key, vid.as_deref())?, settings(&os)?)))
-            .await?;
-        if f.rec.delete_marker {
-            return Err(delete_marker_error(i.version_id.as_deref(), &f.rec));
-        }
         let cond = ReadCond {
             if_match: i.if_match.as_ref(),
             if_none_match: i.if_none_match.as_ref(),
@@ -1308,14 +1318,24 @@ impl S3 for Cistern {
             if_unmodified_since: i.if_unmodified_since.as_ref().map(ts_secs),
             not_modified_is_304: true,
         };
-        check_read_cond(&cond, &f.rec.etag, f.rec.mtime_ns)?;
-        let size = if f.attrs.kind == ObjectKind::Dir {
-            f.rec.size
-        } else {
-            f.attrs.size
-        };
-        let (start, end, ranged, part_sums) =
-            self.select(&b, &f, size, i.range, i.part_number).await?;
+        let Read {
+            b,
+            f,
+            st,
+            size,
+            start,
+            end,
+            ranged,
+            part_sums,
+        } = self
+            .prepare_read(
+                cred.as_deref(),
+                (&i.bucket, &i.key, i.version_id.as_deref()),
+                &cond,
+                i.range,
+                i.part_number,
+            )
+            .await?;
         let (os, f2) = (b.os.clone(), f.clone());
         let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
         let body = self.stream(b.os.clone(), plan);
@@ -1361,16 +1381,6 @@ impl S3 for Cistern {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let cred = creds(&req);
         let i = req.input;
-        let b = self
-            .bucket(&i.bucket, cred.as_deref(), Access::Read)
-            .await?;
-        let (os, key, vid) = (b.os.clone(), i.key.clone(), i.version_id.clone());
-        let (f, st) = self
-            .run(move |_| Ok((find_version(&os, &key, vid.as_deref())?, settings(&os)?)))
-            .await?;
-        if f.rec.delete_marker {
-            return Err(delete_marker_error(i.version_id.as_deref(), &f.rec));
-        }
         let cond = ReadCond {
             if_match: i.if_match.as_ref(),
             if_none_match: i.if_none_match.as_ref(),
@@ -1378,14 +1388,24 @@ impl S3 for Cistern {
             if_unmodified_since: i.if_unmodified_since.as_ref().map(ts_secs),
             not_modified_is_304: true,
         };
-        check_read_cond(&cond, &f.rec.etag, f.rec.mtime_ns)?;
-        let size = if f.attrs.kind == ObjectKind::Dir {
-            f.rec.size
-        } else {
-            f.attrs.size
-        };
-        let (start, end, ranged, part_sums) =
-            self.select(&b, &f, size, i.range, i.part_number).await?;
+        let Read {
+            b: _,
+            f,
+            st,
+            size,
+            start,
+            end,
+            ranged,
+            part_sums,
+        } = self
+            .prepare_read(
+                cred.as_deref(),
+                (&i.bucket, &i.key, i.version_id.as_deref()),
+                &cond,
+                i.range,
+                i.part_number,
+            )
+            .await?;
         let r = &f.rec;
         let mut headers = http::HeaderMap::new();
         if !r.tags.is_empty() {
@@ -2399,6 +2419,44 @@ impl S3 for Cistern {
 impl Cistern {
     /// Bytes to send: a Range, a part of a multipart object, or all of it.
     /// (start, end, is it a part of the object?)
+    /// What GET and HEAD share: the bucket and version read (never a
+    /// delete marker), the conditions checked, the range or part chosen.
+    async fn prepare_read(
+        &self,
+        cred: Option<&str>,
+        (bucket, key, vid): (&str, &str, Option<&str>),
+        cond: &ReadCond<'_>,
+        range: Option<Range>,
+        part: Option<i32>,
+    ) -> S3Result<Read> {
+        let b = self.bucket(bucket, cred, Access::Read).await?;
+        let (os, k, v) = (b.os.clone(), key.to_string(), vid.map(str::to_string));
+        let (f, st) = self
+            .run(move |_| Ok((find_version(&os, &k, v.as_deref())?, settings(&os)?)))
+            .await?;
+        if f.rec.delete_marker {
+            return Err(delete_marker_error(vid, &f.rec));
+        }
+        check_read_cond(cond, &f.rec.etag, f.rec.mtime_ns)?;
+        // A multipart object is a directory of parts: its size is the record's.
+        let size = if f.attrs.kind == ObjectKind::Dir {
+            f.rec.size
+        } else {
+            f.attrs.size
+        };
+        let (start, end, ranged, part_sums) = self.select(&b, &f, size, range, part).await?;
+        Ok(Read {
+            b,
+            f,
+            st,
+            size,
+            start,
+            end,
+            ranged,
+            part_sums,
+        })
+    }
+
     async fn select(
         &self,
         b: &Arc<Bkt>,

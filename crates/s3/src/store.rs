@@ -108,6 +108,17 @@ pub fn snapshot_bucket_name(bucket: &str, snap: &str) -> Option<String> {
     s3s::path::check_bucket_name(&name).then_some(name)
 }
 
+/// A name CreateBucket accepts: S3's rules, and not a snapshot bucket's.
+pub fn check_new_bucket_name(bucket: &str) -> R<()> {
+    if bucket.contains(SNAP_SEP) || !s3s::path::check_bucket_name(bucket) {
+        return Err(s3_error!(
+            InvalidBucketName,
+            "The specified bucket is not valid: '{bucket}'"
+        ));
+    }
+    Ok(())
+}
+
 /// An open bucket (or snapshot of one).
 pub struct Bucket {
     /// The S3 name.
@@ -564,12 +575,7 @@ impl Store {
     }
 
     pub fn create_bucket(&self, bucket: &str) -> R<()> {
-        if bucket.contains(SNAP_SEP) || !s3s::path::check_bucket_name(bucket) {
-            return Err(s3_error!(
-                InvalidBucketName,
-                "The specified bucket is not valid: '{bucket}'"
-            ));
-        }
+        check_new_bucket_name(bucket)?;
         let ds = self.dataset_of(bucket);
         match self.engine.create_dataset(&ds, DatasetKind::Bucket, &[]) {
             Ok(_) => {}
