@@ -7,7 +7,7 @@
 //!   able to recover it: secrets are encrypted (ChaCha20-Poly1305, the user
 //!   name and access key as associated data) with a random key in
 //!   `STATE_DIR/s3-users.key` (0600), never hashed, and never sent back by
-//!   the API after `user add` (decision 0017-s3access-users).
+//!   the API after `user add` (decision 0019).
 //! - s3s verifies signatures (SigV4 header and presigned, expiry, clock
 //!   skew) with the secret [`Users`] gives it as [`S3Auth`]; [`SigV4Only`]
 //!   then refuses requests signed the old (V2) way.

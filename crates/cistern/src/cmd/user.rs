@@ -1,6 +1,6 @@
 //! `cistern user add|list|remove|grant|revoke`: access keys for the S3
 //! endpoint and their grants per bucket (kept by the daemon; see
-//! `s3::access` and docs/decisions/0017-s3access-users.md).
+//! `s3::access` and docs/decisions/0019-s3-users.md).
 
 use crate::cmd::{split_list, OutputFlags};
 use crate::format::Table;
