@@ -324,6 +324,21 @@ struct Read {
     part_sums: Option<Checksums>,
 }
 
+/// The checksums a GET or HEAD answers with: a part's own, or the whole
+/// object's when asked for (ChecksumMode) and the whole object is read.
+fn stored_sums(
+    part: Option<Checksums>,
+    ranged: bool,
+    asked: bool,
+    rec: &ObjectRecord,
+) -> Checksums {
+    match part {
+        Some(p) => p,
+        None if !ranged && asked => rec.checksums.clone(),
+        None => Checksums::default(),
+    }
+}
+
 struct ChanStream {
     rx: tokio::sync::mpsc::Receiver<Result<Bytes, S3Error>>,
     left: usize,
@@ -1339,12 +1354,7 @@ impl S3 for Cistern {
         let (os, f2) = (b.os.clone(), f.clone());
         let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
         let body = self.stream(b.os.clone(), plan);
-        let whole = !ranged;
-        let sums = match part_sums {
-            Some(p) => p,
-            None if whole && i.checksum_mode.is_some() => f.rec.checksums.clone(),
-            None => Checksums::default(),
-        };
+        let sums = stored_sums(part_sums, ranged, i.checksum_mode.is_some(), &f.rec);
         let r = &f.rec;
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
@@ -1411,11 +1421,7 @@ impl S3 for Cistern {
         if !r.tags.is_empty() {
             headers.insert("x-amz-tagging-count", http::HeaderValue::from(r.tags.len()));
         }
-        let sums = match part_sums {
-            Some(p) => p,
-            None if !ranged && i.checksum_mode.is_some() => r.checksums.clone(),
-            None => Checksums::default(),
-        };
+        let sums = stored_sums(part_sums, ranged, i.checksum_mode.is_some(), r);
         Ok(S3Response::with_headers(
             HeadObjectOutput {
                 content_length: Some((end - start) as i64),
