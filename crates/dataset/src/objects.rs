@@ -1187,6 +1187,20 @@ impl ObjectSet {
         Ok(crate::txg::lineage(&datasets, rec).resolve(prop).0)
     }
 
+    /// (referenced, available) bytes: what `df` of a filesystem shows.
+    pub fn space(&self) -> Result<(u64, u64)> {
+        let datasets = self.pool.datasets.read();
+        let rec = volume::record_by_id(&datasets, self.id, &self.name)?;
+        let referenced = rec.physical_used + rec.inherited;
+        let head = self
+            .name()
+            .split('@')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        Ok((referenced, self.pool.available_of(&datasets, &head)))
+    }
+
     /// A snapshot, or `readonly=on`.
     pub fn is_readonly(&self) -> Result<bool> {
         Ok(self.state()?.readonly)
