@@ -341,7 +341,8 @@ pub struct DiffReport {
     pub to: String,
     pub changed_bytes: u64,
     pub ranges: Vec<ChangedRange>,
-    /// Buckets and filesystems: names of the root directory that changed.
+    /// Buckets: names of the root directory that changed; filesystems:
+    /// paths (`/docs/x`) that appeared, went, changed or were renamed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<NameChange>,
 }
@@ -352,4 +353,7 @@ pub struct DiffReport {
 pub struct NameChange {
     pub change: char,
     pub name: String,
+    /// `R` (a filesystem's rename): the new path; `name` is the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_to: Option<String>,
 }

@@ -419,6 +419,19 @@ impl<'a> NameScan<'a> {
         self.peek()?;
         Ok(self.peeked.take())
     }
+
+    /// The next name with its directory (a scan over several directories;
+    /// not to be mixed with `peek`/`next`).
+    pub(crate) fn next_in_dir(&mut self) -> Result<Option<(u64, String, Vec<u8>)>> {
+        loop {
+            let Some((addr, v)) = self.read()? else {
+                return Ok(None);
+            };
+            if let Addr::Name { dir, name } = Addr::parse(&addr)? {
+                return Ok(Some((dir, name, v)));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

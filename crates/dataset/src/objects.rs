@@ -1675,6 +1675,136 @@ pub(crate) fn diff_names(
     }
     Ok(out
         .into_iter()
-        .map(|(name, change)| crate::NameChange { change, name })
+        .map(|(name, change)| crate::NameChange {
+            change,
+            name,
+            renamed_to: None,
+        })
         .collect())
+}
+
+/// `cistern diff` of a filesystem, by path as zfs diff: `+ /new`, `- /old`,
+/// `M /changed` (data, attributes, or a directory's entries), `R /a -> /b`
+/// between txg `after` (seen through `from`) and `upto` (through `to`).
+/// Objects are the same file on both sides when their ids are (ids are
+/// never reused), so a rename is told from a delete and a create.
+pub(crate) fn diff_paths(
+    p: &ImportedPool,
+    ds: u64,
+    from: &Chain,
+    to: &Chain,
+    after: u64,
+    upto: u64,
+) -> Result<Vec<crate::NameChange>> {
+    let view = p.view()?;
+    let t = &view.blocks;
+    let born_between = |birth: u64| birth > after && birth <= upto;
+    // Objects with a version born in between, and objects named by a name
+    // with a version born in between (on either side).
+    let mut changed = std::collections::BTreeSet::new();
+    let (lo, hi) = (block_addr(0, 0), name_addr(0, ""));
+    for row in t
+        .range((ds, &lo[..], 0)..(ds, &hi[..], 0))
+        .map_err(crate::txg::meta_err)?
+    {
+        let (k, _) = row.map_err(crate::txg::meta_err)?;
+        let (_, addr, birth) = k.value();
+        if born_between(birth) {
+            if let Some((obj, _)) = blockmap::block_of(addr) {
+                changed.insert(obj);
+            }
+        }
+    }
+    let names_lo = name_addr(0, "");
+    let names_hi = vec![0x02];
+    let mut touched = std::collections::BTreeSet::new();
+    for row in t
+        .range((ds, &names_lo[..], 0)..(ds, &names_hi[..], 0))
+        .map_err(crate::txg::meta_err)?
+    {
+        let (k, _) = row.map_err(crate::txg::meta_err)?;
+        let (_, addr, birth) = k.value();
+        if born_between(birth) {
+            if let blockmap::Addr::Name { dir, name } = blockmap::Addr::parse(addr)? {
+                if dir != UNLINKED_SET && name != ".." {
+                    touched.insert((dir, name));
+                }
+            }
+        }
+    }
+    if changed.is_empty() && touched.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Every object's (first) name on each side: obj -> (dir, name).
+    let names_of = |chain: &Chain| -> Result<std::collections::HashMap<u64, (u64, String)>> {
+        let mut out = std::collections::HashMap::new();
+        let mut scan = blockmap::NameScan::new(t, chain, &names_lo, &names_hi)?;
+        while let Some((dir, name, v)) = scan.next_in_dir()? {
+            if dir == UNLINKED_SET || name == ".." {
+                continue;
+            }
+            out.entry(target_of(&v)?).or_insert((dir, name));
+        }
+        Ok(out)
+    };
+    let (before, now) = (names_of(from)?, names_of(to)?);
+    for (dir, name) in &touched {
+        for chain in [from, to] {
+            if let Some(v) = blockmap::resolve(t, chain, &name_addr(*dir, name))? {
+                changed.insert(target_of(&v)?);
+            }
+        }
+    }
+    // A path, built up through the parents; `None` if unreachable from the root.
+    let path = |names: &std::collections::HashMap<u64, (u64, String)>, mut obj: u64| {
+        let mut parts = Vec::new();
+        for _ in 0..4096 {
+            if obj == ROOT_DIR {
+                parts.reverse();
+                return Some(format!("/{}", parts.join("/")));
+            }
+            let (dir, name) = names.get(&obj)?;
+            parts.push(name.clone());
+            obj = *dir;
+        }
+        None
+    };
+    let mut out: Vec<crate::NameChange> = Vec::new();
+    for obj in changed {
+        if obj == UNLINKED_SET {
+            continue;
+        }
+        let change = |c: char, name: String, renamed_to: Option<String>| crate::NameChange {
+            change: c,
+            name,
+            renamed_to,
+        };
+        match (path(&before, obj), path(&now, obj)) {
+            (None, Some(b)) => out.push(change('+', b, None)),
+            (Some(a), None) => out.push(change('-', a, None)),
+            (Some(a), Some(b)) if a != b => out.push(change('R', a, Some(b))),
+            (Some(a), Some(_)) => {
+                // Only what changed itself: a name that moved away is not a change of its file.
+                let own = blockmap::resolve(t, from, &block_addr(obj, ATTR_BLOCK))?
+                    != blockmap::resolve(t, to, &block_addr(obj, ATTR_BLOCK))?
+                    || blockmap::resolve_range(
+                        t,
+                        to,
+                        &block_addr(obj, 0),
+                        &block_addr(obj, ATTR_BLOCK),
+                    )? != blockmap::resolve_range(
+                        t,
+                        from,
+                        &block_addr(obj, 0),
+                        &block_addr(obj, ATTR_BLOCK),
+                    )?;
+                if own {
+                    out.push(change('M', a, None));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name).then(a.change.cmp(&b.change)));
+    Ok(out)
 }

@@ -613,7 +613,7 @@ impl Engine {
         let (pool, _) = split_dataset(from)?;
         let (ds, _) = split_snapshot(from)?;
         let p = self.pool(pool)?;
-        let (data_id, after, upto, bs, size, to_name, chains) = {
+        let (data_id, after, upto, bs, size, to_name, chains, filesystem) = {
             let datasets = p.datasets.read();
             let snap = datasets
                 .get(from)
@@ -657,14 +657,20 @@ impl Engine {
                 snap.volsize,
                 to_name,
                 chains,
+                datasets
+                    .get(ds)
+                    .is_some_and(|h| h.kind == DatasetKind::Filesystem),
             )
         };
         if upto == u64::MAX {
             p.sync_now()?; // uncommitted writes count
         }
         if let Some((from_chain, to_chain)) = chains {
-            let names =
-                crate::objects::diff_names(&p, data_id, &from_chain, &to_chain, after, upto)?;
+            let names = if filesystem {
+                crate::objects::diff_paths(&p, data_id, &from_chain, &to_chain, after, upto)?
+            } else {
+                crate::objects::diff_names(&p, data_id, &from_chain, &to_chain, after, upto)?
+            };
             return Ok(DiffReport {
                 from: from.to_string(),
                 to: to_name,

@@ -333,3 +333,46 @@ fn inode_numbers_never_go_back_and_snapshots_keep_them() {
     assert_eq!(copy.lookup(ROOT, b"c").unwrap().ino, c.ino);
     engine.shutdown().unwrap();
 }
+
+#[test]
+fn diff_by_path_names_changes_as_zfs_diff() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_with_fs(dir.path());
+    let fs = fs(&engine, "tank/home");
+    let docs = fs.mkdir(ROOT, b"docs", 0o755, &ME).unwrap();
+    let x = fs.create(docs.ino, b"x", 0o644, &ME).unwrap();
+    fs.write(x.ino, 0, b"1").unwrap();
+    fs.create(ROOT, b"old", 0o644, &ME).unwrap();
+    fs.create(ROOT, b"a", 0o644, &ME).unwrap();
+    fs.create(ROOT, b"same", 0o644, &ME).unwrap();
+    engine.snapshot(&["tank/home@a".into()], false).unwrap();
+    fs.write(x.ino, 0, b"2").unwrap();
+    fs.create(ROOT, b"new", 0o644, &ME).unwrap();
+    fs.unlink(ROOT, b"old").unwrap();
+    fs.rename(ROOT, b"a", docs.ino, b"b", RenameFlags::default())
+        .unwrap();
+    let report = engine.diff("tank/home@a", None).unwrap();
+    let lines: Vec<String> = report
+        .names
+        .iter()
+        .map(|n| match &n.renamed_to {
+            Some(to) => format!("{} {} -> {}", n.change, n.name, to),
+            None => format!("{} {}", n.change, n.name),
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "M /",
+            "R /a -> /docs/b",
+            "M /docs",
+            "M /docs/x",
+            "+ /new",
+            "- /old"
+        ],
+        "{lines:?}"
+    );
+    engine.snapshot(&["tank/home@b".into()], false).unwrap();
+    assert!(engine.diff("tank/home@b", None).unwrap().names.is_empty());
+    engine.shutdown().unwrap();
+}

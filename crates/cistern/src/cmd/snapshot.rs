@@ -132,7 +132,10 @@ pub fn diff(client: &api::Client, a: DiffArgs) -> Result<()> {
         let lines: Vec<String> = report
             .names
             .iter()
-            .map(|n| format!("{}\t{}\n", n.change, n.name))
+            .map(|n| match &n.renamed_to {
+                Some(to) => format!("{}\t{}\t-> {}\n", n.change, n.name, to),
+                None => format!("{}\t{}\n", n.change, n.name),
+            })
             .collect();
         out(&lines.concat());
         return Ok(());
