@@ -8,6 +8,11 @@
 //! the first write to the end of that commit; the ratio is the engine's own
 //! `compressratio` (`logicalused` / `used`). The volume is destroyed after
 //! each run, the pool (a sparse file in a temporary directory) at the end.
+//!
+//! `--filesystem` measures the seed's way instead: the tree is copied file
+//! by file into a fresh filesystem dataset (`recordsize` = the record size)
+//! through the POSIX layer, with 1 and 2 writers taking files from opposite
+//! ends of the list as the seed's two cpio runs did.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -136,6 +141,46 @@ impl Corpus {
     /// Above `max_bytes`, a seeded random choice of files is taken so that
     /// the sample spreads over the tree (the last one cut to fit).
     pub fn load(dir: &Path, record_size: usize, max_bytes: u64) -> anyhow::Result<Self> {
+        let tree = FileTree::load(dir, max_bytes)?;
+        let files: Vec<Vec<u8>> = tree.files.into_iter().map(|(_, d)| d).collect();
+        let mut c = Self::from_files(&files, record_size);
+        c.skipped_bytes = tree.skipped_bytes;
+        Ok(c)
+    }
+
+    /// Bytes of the volume that holds the corpus (whole blocks).
+    pub fn volume_bytes(&self) -> u64 {
+        (self.records.len() as u64).max(1) * self.record_size as u64
+    }
+
+    /// Logical bytes the engine stores for this corpus with `setting`: every
+    /// block, except that with compression on an all-zero block is a hole.
+    pub fn expected_logical(&self, setting: Compression) -> u64 {
+        let blocks = self
+            .records
+            .iter()
+            .filter(|r| setting == Compression::Off || r.iter().any(|&b| b != 0))
+            .count();
+        blocks as u64 * self.record_size as u64
+    }
+}
+
+/// Files of a directory tree with their paths (relative to it), for the
+/// filesystem measurement and as the source of a [`Corpus`].
+#[derive(Debug, Clone)]
+pub struct FileTree {
+    /// Sorted by path.
+    pub files: Vec<(PathBuf, Vec<u8>)>,
+    pub bytes: u64,
+    /// Bytes in the directory that were left out to stay under the cap.
+    pub skipped_bytes: u64,
+}
+
+impl FileTree {
+    /// Reads regular files under `dir` (recursively, symlinks not followed).
+    /// Above `max_bytes`, a seeded random choice of files is taken so that
+    /// the sample spreads over the tree (the last one cut to fit).
+    pub fn load(dir: &Path, max_bytes: u64) -> anyhow::Result<Self> {
         let mut paths = Vec::new();
         walk(dir, &mut paths, 0)?;
         if paths.is_empty() {
@@ -160,7 +205,8 @@ impl Corpus {
             let room = usize::try_from(max_bytes - taken).unwrap_or(usize::MAX);
             data.truncate(room);
             taken += data.len() as u64;
-            files.push(data);
+            let rel = p.strip_prefix(dir).unwrap_or(p).to_path_buf();
+            files.push((rel, data));
         }
         if taken == 0 {
             bail!(
@@ -168,25 +214,12 @@ impl Corpus {
                 dir.display()
             );
         }
-        let mut c = Self::from_files(&files, record_size);
-        c.skipped_bytes = total.saturating_sub(c.bytes);
-        Ok(c)
-    }
-
-    /// Bytes of the volume that holds the corpus (whole blocks).
-    pub fn volume_bytes(&self) -> u64 {
-        (self.records.len() as u64).max(1) * self.record_size as u64
-    }
-
-    /// Logical bytes the engine stores for this corpus with `setting`: every
-    /// block, except that with compression on an all-zero block is a hole.
-    pub fn expected_logical(&self, setting: Compression) -> u64 {
-        let blocks = self
-            .records
-            .iter()
-            .filter(|r| setting == Compression::Off || r.iter().any(|&b| b != 0))
-            .count();
-        blocks as u64 * self.record_size as u64
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Self {
+            files,
+            bytes: taken,
+            skipped_bytes: total.saturating_sub(taken),
+        })
     }
 }
 
@@ -438,6 +471,172 @@ impl ScratchPool {
     }
 }
 
+impl ScratchPool {
+    /// Copies the tree into a new filesystem dataset with
+    /// `compression=setting` and `recordsize` = the pool's block size, file
+    /// by file through the POSIX layer: writer `i` takes files from the
+    /// front of the list if even, from the back if odd (the seed's cpio runs
+    /// in opposite orders), until they meet. Then commits, reads the space
+    /// figures, optionally reads every file back, and destroys the dataset.
+    pub fn run_fs(
+        &self,
+        tree: &FileTree,
+        setting: Compression,
+        writers: usize,
+        verify: bool,
+    ) -> anyhow::Result<Sample> {
+        let name = format!("{POOL}/f{}", self.next.fetch_add(1, Ordering::Relaxed));
+        self.engine
+            .create_dataset(
+                &name,
+                dataset::DatasetKind::Filesystem,
+                &[
+                    ("compression".into(), label(setting)),
+                    ("recordsize".into(), self.block_size.to_string()),
+                ],
+            )
+            .with_context(|| format!("creating scratch filesystem {name}"))?;
+        let result = self.copy_tree(&name, tree, writers, verify);
+        let destroyed = self
+            .engine
+            .destroy(&name, &dataset::DestroyOptions::default())
+            .with_context(|| format!("destroying scratch filesystem {name}"));
+        let sample =
+            result.with_context(|| format!("{} with {writers} writer(s)", label(setting)))?;
+        destroyed?;
+        Ok(sample)
+    }
+
+    fn copy_tree(
+        &self,
+        name: &str,
+        tree: &FileTree,
+        writers: usize,
+        verify: bool,
+    ) -> anyhow::Result<Sample> {
+        let fs = posix::Fs::new(self.engine.open_objects(name)?)
+            .map_err(|e| anyhow::anyhow!("opening {name}: {e}"))?;
+        let me = posix::Cred::root();
+        let start = Instant::now();
+        // Directories first (as cpio makes them before their files).
+        let mut dirs: std::collections::BTreeMap<PathBuf, u64> = Default::default();
+        dirs.insert(PathBuf::new(), posix::ROOT);
+        for (path, _) in &tree.files {
+            let mut at = PathBuf::new();
+            for part in path.parent().into_iter().flat_map(|p| p.components()) {
+                let parent = dirs[&at];
+                at.push(part);
+                if !dirs.contains_key(&at) {
+                    let d = fs
+                        .mkdir(parent, part.as_os_str().as_encoded_bytes(), 0o755, &me)
+                        .map_err(|e| anyhow::anyhow!("mkdir {}: {e}", at.display()))?;
+                    dirs.insert(at.clone(), d.ino);
+                }
+            }
+        }
+        // The unclaimed files are ends..[front, back): even writers take the front, odd the back.
+        let ends = std::sync::Mutex::new((0usize, tree.files.len()));
+        let failed = AtomicBool::new(false);
+        let inos: Vec<AtomicU64> = tree.files.iter().map(|_| AtomicU64::new(0)).collect();
+        let copy = |i: usize| -> anyhow::Result<()> {
+            let (path, data) = &tree.files[i];
+            let dir = dirs[&path.parent().map(Path::to_path_buf).unwrap_or_default()];
+            let leaf = path
+                .file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or(b"?");
+            let f = fs
+                .create(dir, leaf, 0o644, &me)
+                .map_err(|e| anyhow::anyhow!("create {}: {e}", path.display()))?;
+            fs.write(f.ino, 0, data)
+                .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+            inos[i].store(f.ino, Ordering::Relaxed);
+            Ok(())
+        };
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..writers.max(1))
+                .map(|w| {
+                    let (ends, failed, copy) = (&ends, &failed, &copy);
+                    s.spawn(move || -> anyhow::Result<()> {
+                        while !failed.load(Ordering::Relaxed) && !crate::interrupt::requested() {
+                            let i = {
+                                let mut e = ends.lock().unwrap_or_else(|p| p.into_inner());
+                                if e.0 >= e.1 {
+                                    break;
+                                }
+                                if w % 2 == 0 {
+                                    e.0 += 1;
+                                    e.0 - 1
+                                } else {
+                                    e.1 -= 1;
+                                    e.1
+                                }
+                            };
+                            if let Err(e) = copy(i) {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        if crate::interrupt::requested() {
+            bail!("interrupted");
+        }
+        self.engine.sync_all().context("committing the txg")?;
+        let time = start.elapsed();
+        let missing = inos
+            .iter()
+            .filter(|i| i.load(Ordering::Relaxed) == 0)
+            .count();
+        if missing > 0 {
+            bail!("{missing} file(s) were not copied");
+        }
+        let info = self.engine.dataset(name)?;
+        let prop = |p: &str| -> anyhow::Result<String> {
+            Ok(info
+                .property(p)
+                .with_context(|| format!("{name} has no property {p}"))?
+                .parsable
+                .clone())
+        };
+        let logical: u64 = prop("logicalused")?.parse().context("logicalused")?;
+        let physical: u64 = prop("used")?.parse().context("used")?;
+        let compressratio: f64 = prop("compressratio")?.parse().context("compressratio")?;
+        if verify {
+            for ((path, data), ino) in tree.files.iter().zip(&inos) {
+                let got = fs
+                    .read(ino.load(Ordering::Relaxed), 0, data.len() as u32 + 1)
+                    .map_err(|e| anyhow::anyhow!("reading back {}: {e}", path.display()))?;
+                if got != *data {
+                    bail!(
+                        "{}: read back differs from what was written",
+                        path.display()
+                    );
+                }
+            }
+        }
+        Ok(Sample {
+            time,
+            logical,
+            physical,
+            compressratio,
+        })
+    }
+}
+
 impl Drop for ScratchPool {
     fn drop(&mut self) {
         // Closes the pool (its sync thread) before the directory goes.
@@ -520,11 +719,43 @@ pub fn measure(
     corpus: &Corpus,
     cfg: &CompressConfig,
     pool: &ScratchPool,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> anyhow::Result<Vec<Row>> {
     if corpus.records.is_empty() {
         bail!("empty corpus");
     }
+    measure_with(
+        corpus.bytes,
+        cfg,
+        |s, w, verify| pool.run(corpus, s, w, verify),
+        progress,
+    )
+}
+
+/// [`measure`] of a tree copied into filesystem datasets ([`ScratchPool::run_fs`]).
+pub fn measure_fs(
+    tree: &FileTree,
+    cfg: &CompressConfig,
+    pool: &ScratchPool,
+    progress: impl FnMut(usize, usize),
+) -> anyhow::Result<Vec<Row>> {
+    if tree.files.is_empty() {
+        bail!("empty corpus");
+    }
+    measure_with(
+        tree.bytes,
+        cfg,
+        |s, w, verify| pool.run_fs(tree, s, w, verify),
+        progress,
+    )
+}
+
+fn measure_with(
+    corpus_bytes: u64,
+    cfg: &CompressConfig,
+    mut run: impl FnMut(Compression, usize, bool) -> anyhow::Result<Sample>,
+    mut progress: impl FnMut(usize, usize),
+) -> anyhow::Result<Vec<Row>> {
     if cfg.repeat == 0 || cfg.writers.is_empty() || cfg.writers.contains(&0) {
         bail!("--repeat and every --writers value must be at least 1");
     }
@@ -557,7 +788,7 @@ pub fn measure(
                 if crate::interrupt::requested() {
                     bail!("interrupted");
                 }
-                let sample = pool.run(corpus, s, w, rep == 0 && wi == 0)?;
+                let sample = run(s, w, rep == 0 && wi == 0)?;
                 let row = &mut rows[i];
                 row.times_s.push(sample.time.as_secs_f64());
                 row.logical = sample.logical;
@@ -576,7 +807,7 @@ pub fn measure(
         } else {
             r.logical as f64 / r.physical as f64
         };
-        r.mib_per_s = corpus.bytes as f64 / (1 << 20) as f64 / r.time_s;
+        r.mib_per_s = corpus_bytes as f64 / (1 << 20) as f64 / r.time_s;
         r.efficiency = r.ratio / r.time_s;
     }
     Ok(rows)
@@ -882,6 +1113,29 @@ pub(crate) mod tests {
         // a corpus cut for another block size is refused
         let other = Corpus::from_files(&[vec![1u8; 10_000]], 8192);
         assert!(pool.run(&other, Compression::Off, 1, false).is_err());
+    }
+
+    #[test]
+    fn filesystem_copies_measure_and_verify() {
+        let src = tempfile::tempdir().unwrap();
+        for (i, m) in mail_corpus(60, 3).into_iter().enumerate() {
+            let d = src.path().join(format!("box{}", i % 4)).join("cur");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(format!("{i}.eml")), m).unwrap();
+        }
+        let tree = FileTree::load(src.path(), 1 << 30).unwrap();
+        assert_eq!(tree.files.len(), 60);
+        let (_dir, pool) = {
+            let dir = tempfile::tempdir().unwrap();
+            let pool = ScratchPool::create(dir.path(), tree.bytes, 16 << 10).unwrap();
+            (dir, pool)
+        };
+        let rows = measure_fs(&tree, &cfg("off,zstd-3", &[1, 2], 1), &pool, |_, _| {}).unwrap();
+        assert_eq!(rows.len(), 4);
+        let ratio = |s: &str| rows.iter().find(|r| r.setting == s).unwrap().ratio;
+        assert!(ratio("zstd-3") > 1.15 * ratio("off"), "{rows:?}");
+        // Every run verified its copy (the first of each setting) and left nothing behind.
+        assert!(pool.run_fs(&tree, Compression::Lz4, 2, true).is_ok());
     }
 
     #[test]
