@@ -2,7 +2,9 @@
 //! (S3 included), and on first start makes a file-backed pool `tank` (a
 //! mirror of two sparse 8G files under STATE_DIR/disks) with a 4G
 //! lz4-compressed volume `tank/vol0`, a bucket `tank/bucket0` and an S3 user
-//! `quickstart` that may read and write it (its secret printed this once).
+//! `quickstart` that may read and write it (its secret printed this once),
+//! and a filesystem `tank/fs0` mounted at STATE_DIR/fs0 and shared over NFS
+//! and SMB.
 
 use crate::config::{self, Config, Overrides};
 use crate::serve::{self, Endpoints};
@@ -18,6 +20,8 @@ pub const VOLUME: &str = "tank/vol0";
 /// The bucket's dataset; its S3 name is the last component (the S3 parent is `tank`).
 pub const BUCKET: &str = "tank/bucket0";
 pub const S3_BUCKET: &str = "bucket0";
+/// The filesystem, mounted under the state directory.
+pub const FILESYSTEM: &str = "tank/fs0";
 /// The S3 user made on first start.
 pub const S3_USER: &str = "quickstart";
 const DISK_SIZE: u64 = 8 << 30;
@@ -51,6 +55,7 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
         None,
     )?;
     let disks = state_dir.join("disks");
+    let state_dir_fs = state_dir.join("fs0");
     // The key made at setup, for the announcement (printed once).
     let made: Arc<Mutex<Option<NewUser>>> = Arc::default();
     let made2 = made.clone();
@@ -58,6 +63,7 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
         resolved,
         Some(Box::new(move |e: &Arc<Engine>, u: &Arc<Users>| {
             let created = setup(e, &disks)?;
+            setup_fs(e, &state_dir_fs)?;
             if created {
                 let user = setup_s3(e, u)?;
                 *made2.lock().unwrap_or_else(|p| p.into_inner()) = Some(user);
@@ -89,6 +95,29 @@ fn setup_s3(engine: &Engine, users: &Users) -> Result<NewUser> {
     users
         .add(S3_USER, &[grant])
         .with_context(|| format!("cannot add S3 user {S3_USER}"))
+}
+
+/// The filesystem, made once (also on a state directory from an earlier
+/// build that had none): lz4, mounted at `mountpoint`, shared over NFS and SMB.
+fn setup_fs(engine: &Engine, mountpoint: &Path) -> Result<()> {
+    if engine.dataset(FILESYSTEM).is_ok() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(mountpoint)
+        .with_context(|| format!("cannot create {}", mountpoint.display()))?;
+    engine
+        .create_dataset(
+            FILESYSTEM,
+            dataset::DatasetKind::Filesystem,
+            &[
+                ("compression".into(), "lz4".into()),
+                ("mountpoint".into(), mountpoint.display().to_string()),
+                ("sharenfs".into(), "on".into()),
+                ("sharesmb".into(), "on".into()),
+            ],
+        )
+        .with_context(|| format!("cannot create filesystem {FILESYSTEM}"))?;
+    Ok(())
 }
 
 /// Makes sure pool `tank` is imported, creating it (and `tank/vol0`) the
