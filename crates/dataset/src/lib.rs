@@ -30,11 +30,12 @@ mod upgrade;
 mod volume;
 
 pub use api_types::*;
-pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView};
+pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView, AUTO_PROPERTY};
 pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
-pub use holders::{HolderInfo, OpenHandle, Revoke};
+pub use holders::{HolderInfo, OpenHandle, Revoke, WriteMark};
+pub use policy::EventKind;
 pub use objects::{ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 

@@ -17,7 +17,7 @@ use block::BlockPointer;
 use meta::redb::{ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use meta::schema::{BLOCK_MAP, DEAD_LIST};
 use pool::Dva;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// A dead-list row: (dataset, death txg, address, birth txg).
 type DeadKey = (u64, u64, Vec<u8>, u64);
@@ -309,10 +309,11 @@ fn remove_rows(
 
 /// Contiguous runs (in the dataset's snapshot order) of the txgs in `doomed`.
 fn runs(all: &[u64], doomed: &[u64]) -> Vec<(u64, u64)> {
+    debug_assert!(doomed.is_sorted());
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut open: Option<(u64, u64)> = None;
     for &t in all {
-        if doomed.contains(&t) {
+        if doomed.binary_search(&t).is_ok() {
             open = Some(open.map_or((t, t), |(a, _)| (a, t)));
         } else if let Some(r) = open.take() {
             out.push(r);
@@ -740,15 +741,25 @@ impl ImportedPool {
         ids: &[u64],
     ) -> Result<u64> {
         let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for id in ids {
-            let snap = datasets
-                .values()
-                .find(|r| r.id == *id && r.is_snapshot())
-                .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
+        // One pass over the records, not one search per id (policy pruning
+        // asks about sets of thousands).
+        let wanted: HashSet<u64> = ids.iter().copied().collect();
+        let mut found = 0;
+        for snap in datasets
+            .values()
+            .filter(|r| r.is_snapshot() && wanted.contains(&r.id))
+        {
+            found += 1;
             by_ds
                 .entry(snap.data_id())
                 .or_default()
                 .push(snap.created_txg);
+        }
+        if found < wanted.len() {
+            return Err(Error::NotFound(format!("snapshot of {ids:?}")));
+        }
+        for txgs in by_ds.values_mut() {
+            txgs.sort_unstable();
         }
         let tx = self.db().begin_read().map_err(meta_err)?;
         let dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;
