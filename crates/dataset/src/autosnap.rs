@@ -22,9 +22,7 @@ use crate::props::{self, DatasetRecord};
 use crate::txg::{lineage, meta_err, ImportedPool};
 use crate::*;
 use meta::redb::{ReadableDatabase, ReadableTable};
-use meta::schema::{
-    POLICY_HISTORY, POLICY_HISTORY_LEN, POOL_RECORDS, RECORD_POLICY_HISTORY_NEXT,
-};
+use meta::schema::{POLICY_HISTORY, POLICY_HISTORY_LEN, POOL_RECORDS, RECORD_POLICY_HISTORY_NEXT};
 use parking_lot::{Mutex, RwLock};
 use policy::{EventDue, EventKind, Input, Plan, Policies, Policy, SnapshotEntry};
 use serde::{Deserialize, Serialize};
@@ -309,7 +307,11 @@ struct PoolCapacity<'a> {
 
 /// Appends a run to the pool's history and drops the oldest past
 /// `POLICY_HISTORY_LEN`, in one small transaction of its own.
-fn store_run(p: &ImportedPool, mut run: PolicyRun) -> Result<()> {
+fn store_run(p: &ImportedPool, run: PolicyRun) -> Result<()> {
+    store_run_bounded(p, run, POLICY_HISTORY_LEN)
+}
+
+fn store_run_bounded(p: &ImportedPool, mut run: PolicyRun, len: u64) -> Result<()> {
     run.plan = None;
     run.destroyed_count = run.destroyed_count.max(run.destroyed.len());
     run.destroyed.truncate(HISTORY_NAMES);
@@ -335,7 +337,7 @@ fn store_run(p: &ImportedPool, mut run: PolicyRun) -> Result<()> {
         let mut h = tx.open_table(POLICY_HISTORY).map_err(meta_err)?;
         h.insert(seq, bytes.as_slice()).map_err(meta_err)?;
         // One in, one out: the table never holds more than the bound.
-        if let Some(old) = seq.checked_sub(POLICY_HISTORY_LEN) {
+        if let Some(old) = seq.checked_sub(len) {
             h.remove(old).map_err(meta_err)?;
         }
         r.insert(RECORD_POLICY_HISTORY_NEXT, seq + 1)
@@ -611,13 +613,19 @@ impl Engine {
                 EventDue::At(at) => {
                     tracing::info!(dataset = %ds, event = %ev.kind, "{why}");
                     // A newer event for the dataset (arrived meanwhile) wins.
-                    self.autosnap().pending.lock().entry(ds).or_insert(PendingEvent {
-                        kind: ev.kind,
-                        not_before: at,
-                    });
+                    self.autosnap()
+                        .pending
+                        .lock()
+                        .entry(ds)
+                        .or_insert(PendingEvent {
+                            kind: ev.kind,
+                            not_before: at,
+                        });
                 }
                 EventDue::Now => {
-                    if let Some(mut run) = self.apply(&t, &policy, now, Trigger::Event(ev.kind), false) {
+                    if let Some(mut run) =
+                        self.apply(&t, &policy, now, Trigger::Event(ev.kind), false)
+                    {
                         if let Some(plan) = run.plan.as_mut() {
                             plan.create_reason = why;
                         }
@@ -945,5 +953,139 @@ impl Engine {
             pruned: c[PRUNED].load(Ordering::Relaxed),
             pruned_bytes: c[PRUNED_BYTES].load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineConfig, GroupKind, GroupSpec, PoolSpec};
+    use policy::PolicyConfig;
+
+    fn engine_with_volume(dir: &std::path::Path) -> Arc<Engine> {
+        let engine = Engine::open(
+            &dir.join("state"),
+            EngineConfig {
+                txg_timeout_secs: 3600.0,
+                policy_tick_secs: 0.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        engine
+            .create_pool(PoolSpec {
+                name: "tank".into(),
+                groups: vec![GroupSpec {
+                    kind: GroupKind::Mirror,
+                    devices: vec![dir.join("d0"), dir.join("d1")],
+                }],
+                create_size: Some(128 << 20),
+                force: false,
+            })
+            .unwrap();
+        engine.create_volume("tank/v", 8 << 20, &[]).unwrap();
+        let tables = BTreeMap::from([(
+            "share".to_string(),
+            PolicyConfig {
+                schedule: "none".into(),
+                events: Some(vec!["share-disconnect".into()]),
+                event_min_interval: Some("10m".into()),
+                ..Default::default()
+            },
+        )]);
+        engine.set_policies(Policies::from_config(&tables).unwrap());
+        engine
+            .set_property("tank/v", props::SNAPSHOT_POLICY, "share")
+            .unwrap();
+        engine
+    }
+
+    fn run_at(time: i64) -> PolicyRun {
+        PolicyRun {
+            time,
+            dataset: "tank/v".into(),
+            policy: "share".into(),
+            trigger: "manual".into(),
+            dry_run: false,
+            created: None,
+            destroyed: (0..300).map(|i| format!("auto-{i}")).collect(),
+            destroyed_count: 0,
+            freed: 0,
+            errors: vec!["x".repeat(5000)],
+            plan: None,
+        }
+    }
+
+    #[test]
+    fn history_is_bounded_and_absent_in_older_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_volume(dir.path());
+        let p = engine.pool("tank").unwrap();
+        // A pool made before 0021: no table, no record.
+        assert!(read_runs(&p).unwrap().is_empty());
+        assert!(engine.policy_history(None).is_empty());
+        {
+            let tx = p.db().begin_read().unwrap();
+            assert!(
+                tx.open_table(POLICY_HISTORY).is_err(),
+                "reading created the table"
+            );
+        }
+        for t in 0..25 {
+            store_run_bounded(&p, run_at(t), 10).unwrap();
+        }
+        let runs = read_runs(&p).unwrap();
+        let times: Vec<i64> = runs.iter().map(|r| r.time).collect();
+        assert_eq!(times, (15..25).collect::<Vec<_>>());
+        assert_eq!(runs[0].destroyed.len(), HISTORY_NAMES);
+        assert_eq!(runs[0].destroyed_count, 300);
+        assert!(runs[0].errors[0].len() <= 1000);
+        // Kept on the pool: export and import keep it.
+        engine.export_pool("tank").unwrap();
+        engine
+            .import_pool("tank", &[dir.path().to_path_buf()], false)
+            .unwrap();
+        assert_eq!(engine.policy_history(Some("tank/v")).len(), 10);
+        assert!(engine.policy_history(Some("tank/w")).is_empty());
+    }
+
+    #[test]
+    fn a_reported_backup_takes_one_snapshot_per_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_volume(dir.path());
+        let snaps = |e: &Engine| {
+            e.list_datasets(Some("tank/v"))
+                .unwrap()
+                .into_iter()
+                .filter(|d| d.name.contains('@'))
+                .map(|d| d.property(AUTO_PROPERTY).unwrap().value.clone())
+                .collect::<Vec<_>>()
+        };
+        let now = now_secs();
+        // Not an event the policy takes: forgotten.
+        engine.backup_finished("tank/v", EventKind::NbdDisconnect);
+        engine.run_events(now);
+        assert!(snaps(&engine).is_empty());
+        assert!(engine.autosnap().pending.lock().is_empty());
+        // The share layers' one line.
+        engine.backup_finished("tank/v", EventKind::ShareDisconnect);
+        engine.run_events(now);
+        assert_eq!(snaps(&engine), ["share"]);
+        // Again at once: deferred to the end of the interval, not taken.
+        engine.backup_finished("tank/v", EventKind::ShareDisconnect);
+        engine.run_events(now + 1);
+        engine.run_events(now + 2);
+        assert_eq!(snaps(&engine).len(), 1);
+        let at = engine.autosnap().pending.lock()["tank/v"].not_before;
+        assert!(at >= now + 600 && at <= now + 602, "{at} vs {now}");
+        engine.run_events(at);
+        assert_eq!(snaps(&engine), ["share", "share"]);
+        let hist = engine.policy_history(None);
+        assert_eq!(hist.len(), 2);
+        assert!(hist.iter().all(|r| r.trigger == "share-disconnect"));
+        // Unknown datasets are dropped quietly.
+        engine.backup_finished("tank/gone", EventKind::ShareDisconnect);
+        engine.run_events(at);
+        assert!(engine.autosnap().pending.lock().is_empty());
     }
 }

@@ -331,4 +331,50 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert!(h.list(&scope).is_empty());
     }
+
+    #[test]
+    fn the_last_close_after_writes_is_reported_once() {
+        let h = Arc::new(Holders::default());
+        let open = |ds: &str, event: bool| {
+            let o = h.open(ds, "c".into(), Arc::new(|_| {})).unwrap();
+            if event {
+                o.snapshot_on_close(EventKind::NbdDisconnect);
+            }
+            o
+        };
+        // A writer closes while a reader stays: reported at the reader's close.
+        let (writer, reader) = (open("tank/v", true), open("tank/v", true));
+        writer.write_mark().mark();
+        drop(writer);
+        assert!(h.take_finished().is_empty());
+        drop(reader);
+        assert_eq!(
+            h.take_finished(),
+            BTreeMap::from([("tank/v".to_string(), EventKind::NbdDisconnect)])
+        );
+        assert!(h.take_finished().is_empty(), "reported twice");
+        // Only readers: nothing.
+        drop(open("tank/v", true));
+        assert!(h.take_finished().is_empty());
+        // A handle that did not ask for events: nothing.
+        let quiet = open("tank/v", false);
+        quiet.write_mark().mark();
+        drop(quiet);
+        assert!(h.take_finished().is_empty());
+        // Renamed while open: reported under the new name.
+        let w = open("tank/v", true);
+        w.write_mark().mark();
+        h.rename(&[("tank/v".into(), "tank/w".into())]);
+        drop(w);
+        assert!(h.take_finished().contains_key("tank/w"));
+        // Taken away by a forced destroy or rollback: nothing.
+        let w = open("tank/v", true);
+        w.write_mark().mark();
+        let f = h
+            .fence(Scope::Tree("tank/v".into()), true, "x", |w| w.into())
+            .unwrap();
+        drop(w);
+        drop(f);
+        assert!(h.take_finished().is_empty());
+    }
 }

@@ -35,9 +35,9 @@ pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
 pub use holders::{HolderInfo, OpenHandle, Revoke, WriteMark};
-pub use policy::EventKind;
 pub use objects::{ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
+pub use policy::EventKind;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;

@@ -437,7 +437,10 @@ impl Policy {
                 .collect::<Result<Vec<_>, _>>()?,
             // `event_min_interval` alone (the first form of this table): every event.
             (None, Some(_)) => EventKind::ALL.to_vec(),
-            (None, None) => builtin.as_ref().map(|b| b.events.clone()).unwrap_or_default(),
+            (None, None) => builtin
+                .as_ref()
+                .map(|b| b.events.clone())
+                .unwrap_or_default(),
         };
         events.sort();
         events.dedup();
@@ -961,7 +964,10 @@ mod tests {
         assert_eq!(p.schedule, Schedule::Never);
         assert!(!due(&p, 1_795_240_800, &[], None).0, "none has no slots");
         let tm = Policy::timemachine();
-        assert_eq!(event_due(&tm, EventKind::NbdDisconnect, 0, &[]).0, EventDue::Off);
+        assert_eq!(
+            event_due(&tm, EventKind::NbdDisconnect, 0, &[]).0,
+            EventDue::Off
+        );
         assert_eq!(event_due(&p, EventKind::S3Quiet, 0, &[]).0, EventDue::Off);
         let mut snaps: Vec<SnapshotEntry> = Vec::new();
         let start = 1_795_240_800;
@@ -1108,7 +1114,10 @@ mod tests {
         // 90 - 6 = 84 > 80 after the first pair: both pairs go, the held
         // oldest, the manual one and the newest stay.
         assert_eq!(gone, &names[1..5], "{pl:?}");
-        assert!(pl.destroy[0].reasons[0].contains("78.0% after this batch"), "{pl:?}");
+        assert!(
+            pl.destroy[0].reasons[0].contains("78.0% after this batch"),
+            "{pl:?}"
+        );
         assert!(cap.calls.get() <= 5, "{} estimates", cap.calls.get());
         // A per-snapshot sum would see nothing to gain and prune everything;
         // with a lower bar one pair is enough.
