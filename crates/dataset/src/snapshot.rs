@@ -741,22 +741,38 @@ impl ImportedPool {
         ids: &[u64],
     ) -> Result<u64> {
         let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        // One pass over the records, not one search per id (policy pruning
-        // asks about sets of thousands).
-        let wanted: HashSet<u64> = ids.iter().copied().collect();
-        let mut found = 0;
-        for snap in datasets
-            .values()
-            .filter(|r| r.is_snapshot() && wanted.contains(&r.id))
-        {
-            found += 1;
+        // A few ids (a listing asks one at a time): a search each, which
+        // stops at the first match; a set (policy pruning asks about
+        // thousands): one pass over the records.
+        let snaps: Vec<&DatasetRecord> = if ids.len() <= 8 {
+            ids.iter()
+                .map(|id| {
+                    datasets
+                        .values()
+                        .find(|r| r.id == *id && r.is_snapshot())
+                        .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))
+                })
+                .collect::<Result<_>>()?
+        } else {
+            let wanted: HashSet<u64> = ids.iter().copied().collect();
+            let found: Vec<&DatasetRecord> = datasets
+                .values()
+                .filter(|r| r.is_snapshot() && wanted.contains(&r.id))
+                .collect();
+            if found.len() < wanted.len() {
+                return Err(Error::NotFound(format!(
+                    "{} of {} snapshots",
+                    wanted.len() - found.len(),
+                    wanted.len()
+                )));
+            }
+            found
+        };
+        for snap in snaps {
             by_ds
                 .entry(snap.data_id())
                 .or_default()
                 .push(snap.created_txg);
-        }
-        if found < wanted.len() {
-            return Err(Error::NotFound(format!("snapshot of {ids:?}")));
         }
         for txgs in by_ds.values_mut() {
             txgs.sort_unstable();
