@@ -337,7 +337,11 @@ def test_nbd_disconnect_after_writing_takes_one_snapshot(make_daemon, disks, tmp
     assert snapshots(d) == [snap]
     hist = d.cli("policy", "history", "-H", "tank/v").stdout.splitlines()
     assert len(hist) == 1 and "\tonce\tnbd-disconnect\t" in hist[0], hist
-    assert "nbd-disconnect" in d.cli("policy", "show", "tank/v").stdout
+    show = d.cli("policy", "show", "tank/v").stdout
+    assert "events:     nbd-disconnect (at most one snapshot per 1h)" in show, show
+    assert "no schedule" in show, show
+    assert metric(d, "cistern_policy_event_snapshots_total") == 1
+    assert metric(d, "cistern_policy_events_deferred_total") >= 1
 
 
 def test_flapping_writer_gets_at_most_one_per_interval(make_daemon, disks):

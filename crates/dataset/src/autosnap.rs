@@ -78,7 +78,7 @@ pub(crate) struct AutoSnap {
     stop: AtomicBool,
     /// Unknown policy names already reported, so a tick does not repeat them.
     warned: Mutex<HashSet<(String, String)>>,
-    counters: [AtomicU64; 4],
+    counters: [AtomicU64; 6],
 }
 
 impl Default for AutoSnap {
@@ -98,6 +98,8 @@ const SNAPSHOTS: usize = 0;
 const FAILURES: usize = 1;
 const PRUNED: usize = 2;
 const PRUNED_BYTES: usize = 3;
+const EVENT_SNAPSHOTS: usize = 4;
+const EVENTS_DEFERRED: usize = 5;
 
 /// A policy as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,6 +213,10 @@ pub struct PolicyCounters {
     pub failures: u64,
     pub pruned: u64,
     pub pruned_bytes: u64,
+    #[serde(default)]
+    pub event_snapshots: u64,
+    #[serde(default)]
+    pub events_deferred: u64,
 }
 
 /// The property that chooses a dataset's policy: of `snapshot:policy` and
@@ -612,6 +618,7 @@ impl Engine {
                 EventDue::Off => tracing::debug!(dataset = %ds, "{why}"),
                 EventDue::At(at) => {
                     tracing::info!(dataset = %ds, event = %ev.kind, "{why}");
+                    self.autosnap().counters[EVENTS_DEFERRED].fetch_add(1, Ordering::Relaxed);
                     // A newer event for the dataset (arrived meanwhile) wins.
                     self.autosnap()
                         .pending
@@ -709,6 +716,7 @@ impl Engine {
                 ("CISTERN_DATASET", t.name.as_str()),
                 ("CISTERN_SNAPSHOT", full.as_str()),
                 ("CISTERN_POLICY", policy.name.as_str()),
+                ("CISTERN_TRIGGER", trigger.name()),
             ];
             let pre = match &policy.pre_hook {
                 Some(cmd) => run_hook("pre", cmd, policy.hook_timeout_secs, &env),
@@ -721,6 +729,9 @@ impl Engine {
             match taken {
                 Ok(_) => {
                     c[SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
+                    if matches!(trigger, Trigger::Event(_)) {
+                        c[EVENT_SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
+                    }
                     run.created = Some(short);
                     if let Some(cmd) = &policy.post_hook {
                         if let Err(e) = run_hook("post", cmd, policy.hook_timeout_secs, &env) {
@@ -952,6 +963,8 @@ impl Engine {
             failures: c[FAILURES].load(Ordering::Relaxed),
             pruned: c[PRUNED].load(Ordering::Relaxed),
             pruned_bytes: c[PRUNED_BYTES].load(Ordering::Relaxed),
+            event_snapshots: c[EVENT_SNAPSHOTS].load(Ordering::Relaxed),
+            events_deferred: c[EVENTS_DEFERRED].load(Ordering::Relaxed),
         }
     }
 }
@@ -988,6 +1001,9 @@ mod tests {
             "share".to_string(),
             PolicyConfig {
                 schedule: "none".into(),
+                // The default grid would prune the first of two snapshots
+                // 10 minutes apart in one 15-minute period.
+                keep: Some("last=10".into()),
                 events: Some(vec!["share-disconnect".into()]),
                 event_min_interval: Some("10m".into()),
                 ..Default::default()
@@ -1079,7 +1095,12 @@ mod tests {
         let at = engine.autosnap().pending.lock()["tank/v"].not_before;
         assert!(at >= now + 600 && at <= now + 602, "{at} vs {now}");
         engine.run_events(at);
-        assert_eq!(snaps(&engine), ["share", "share"]);
+        assert_eq!(
+            snaps(&engine),
+            ["share", "share"],
+            "{:?}",
+            engine.policy_history(None)
+        );
         let hist = engine.policy_history(None);
         assert_eq!(hist.len(), 2);
         assert!(hist.iter().all(|r| r.trigger == "share-disconnect"));

@@ -661,6 +661,10 @@ pub fn due(
         .max();
     let last = newest.max(last_run);
     match (policy.schedule.slot_start(now), last) {
+        (None, _) if policy.schedule == Schedule::Never => (
+            false,
+            "no schedule: snapshots come from events and `policy run`".into(),
+        ),
         (None, _) => (false, format!("schedule {} has no slot", policy.schedule)),
         (Some(_), None) => (true, "no automatic snapshot yet".into()),
         (Some(slot), Some(l)) if l < slot => (
