@@ -8,6 +8,9 @@
 # 2. `cistern list -t snapshot` with N snapshots: names only, and with space columns.
 # 3. `cistern policy run -n` (plan + reasons for N snapshots) and `policy run`
 #    pruning all but 10 in one batch: wall time and txg commits it took.
+# 4. Capacity pruning planned over N snapshots (`policy run -n` with a 1%
+#    threshold no pruning can reach, as every snapshot shares the volume's
+#    data: the worst case, the whole set estimated).
 # Both should stay in seconds, not minutes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,12 +27,19 @@ policy_tick_secs = 0
 [policy.bulk]
 schedule = "daily"
 keep = "last=10"
+[policy.full]
+schedule = "daily"
+keep = "last=100000"
+capacity = 1
 TOML
 "$BIN" serve --state-dir "$DIR/st" --nbd "127.0.0.1:$NBD" --api "127.0.0.1:$API" --config "$DIR/c.toml" >"$DIR/log" 2>&1 &
 PID=$!
 wait_port "$API" 30
 "$BIN" pool create -s 2G tank mirror "$DIR/d0" "$DIR/d1" >/dev/null
 "$BIN" create -V 64M tank/v >/dev/null
+# 32 MiB of data every snapshot shares: the pool is past the 1% threshold of step 4.
+head -c 32M /dev/urandom >"$DIR/data"
+nbdcopy --flush "$DIR/data" "nbd://127.0.0.1:$NBD/tank/v"
 secs() { python3 -c 'import time; print(f"{time.monotonic():.3f}")'; }
 txgs() { curl -s "$CISTERN_API/metrics" | awk '/^cistern_pool_txg_commits_total/ {print $2}'; }
 t0=$(secs)
@@ -46,6 +56,11 @@ t0=$(secs); "$BIN" list -H -t snapshot -o name | wc -l >/dev/null; t1=$(secs)
 echo "list -t snapshot -o name ($N): $(python3 -c "print(f'{$t1-$t0:.2f}')") s"
 t0=$(secs); "$BIN" list -H -t snapshot -o name,used,referenced >/dev/null; t1=$(secs)
 echo "list -t snapshot (with used/refer): $(python3 -c "print(f'{$t1-$t0:.2f}')") s"
+t0=$(secs); "$BIN" list -H -t snapshot >/dev/null; t1=$(secs)
+echo "list -t snapshot (default columns, with cistern:auto): $(python3 -c "print(f'{$t1-$t0:.2f}')") s"
+"$BIN" set snapshot:policy=full tank/v
+t0=$(secs); lines=$("$BIN" policy run -n tank/v | grep -c 'capacity:' || true); t1=$(secs)
+echo "capacity plan (policy run -n, threshold 1%): $lines would be destroyed, $(python3 -c "print(f'{$t1-$t0:.2f}')") s"
 "$BIN" set snapshot:policy=bulk tank/v
 t0=$(secs); lines=$("$BIN" policy run -n tank/v | grep -c '^would destroy'); t1=$(secs)
 echo "policy run -n: $lines would be destroyed, $(python3 -c "print(f'{$t1-$t0:.2f}')") s"

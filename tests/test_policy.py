@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from conftest import run
 from helpers import MiB, connected, pattern
 from test_snapshots import allocated
 
@@ -266,3 +267,234 @@ def test_kill9_inside_a_scheduled_snapshot(make_daemon, disks, point):
         pytest.skip("crossed midnight UTC: a new daily slot began")
     left = snapshots(d)
     assert len(left) == 1 and left[0].startswith("auto-"), left
+
+
+# ------------------------------------------------------------ event snapshots
+
+EVENTS = """[engine]
+policy_tick_secs = 0.2
+[policy.once]
+schedule = "none"
+keep = "last=100"
+events = ["nbd-disconnect"]
+event_min_interval = "1h"
+[policy.flap]
+schedule = "none"
+keep = "last=100"
+events = ["nbd-disconnect"]
+event_min_interval = "2s"
+"""
+
+
+def created(d, ds: str) -> dict[str, int]:
+    """Snapshot short name -> creation (Unix seconds)."""
+    out = d.cli("list", "-Hp", "-t", "snapshot", "-o", "name,creation", ds).stdout
+    return {n.split("@", 1)[1]: int(c) for n, c in (l.split("\t") for l in out.splitlines())}
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_nbd_disconnect_after_writing_takes_one_snapshot(make_daemon, disks, tmp_path):
+    """nbdcopy (several connections) into a volume, then disconnect: one
+    snapshot. Clients that only read or look: none. A flapping writer within
+    the minimum interval: no more."""
+    d = make_daemon(config=EVENTS)
+    d.cli("pool", "create", "-s", "256M", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "16M", "tank/v")
+    d.cli("set", "snapshot:policy=once", "tank/v")
+    # Connect and disconnect without writing: reads, a look, a flush.
+    run(["nbdcopy", d.uri("tank/v"), "null:"], timeout=60)
+    run(["nbdinfo", d.uri("tank/v")], timeout=60)
+    with connected(d.uri("tank/v")) as h:
+        h.pread(4096, 0)
+        h.flush()
+    time.sleep(1)  # several event polls
+    assert snapshots(d) == []
+    src = tmp_path / "src.img"
+    src.write_bytes(pattern("backup", 4 * MiB))
+    run(["nbdcopy", "--flush", "--connections=4", str(src), d.uri("tank/v")], timeout=60)
+    wait_for(lambda: snapshots(d), 10, "the event snapshot")
+    time.sleep(1)  # several event polls: nothing more
+    (snap,) = snapshots(d)
+    assert snap.startswith("auto-" + today()), snap
+    # What it holds is what nbdcopy wrote.
+    got = tmp_path / "got.img"
+    run(["nbdcopy", d.uri(f"tank/v@{snap}"), str(got)], timeout=60)
+    assert got.read_bytes()[: 4 * MiB] == src.read_bytes()
+
+    # A flapping writer: 20 connect/write/disconnect cycles, all inside the
+    # 1 h interval: still one snapshot (the next one waits out the interval).
+    for i in range(20):
+        write(d, "tank/v", f"flap{i}", 64 * 1024)
+    time.sleep(1)
+    assert snapshots(d) == [snap]
+    hist = d.cli("policy", "history", "-H", "tank/v").stdout.splitlines()
+    assert len(hist) == 1 and "\tonce\tnbd-disconnect\t" in hist[0], hist
+    show = d.cli("policy", "show", "tank/v").stdout
+    assert "events:     nbd-disconnect (at most one snapshot per 1h)" in show, show
+    assert "no schedule" in show, show
+    assert metric(d, "cistern_policy_event_snapshots_total") == 1
+    assert metric(d, "cistern_policy_events_deferred_total") >= 1
+
+
+def test_flapping_writer_gets_at_most_one_per_interval(make_daemon, disks):
+    """Connect/write/disconnect over and over with a 2 s interval: a snapshot
+    at the first disconnect, then at most one per interval; the one deferred
+    to the end of an interval holds the last client's data."""
+    d = make_daemon(config=EVENTS)
+    d.cli("pool", "create", "-s", "256M", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "16M", "tank/v")
+    d.cli("set", "snapshot:policy=flap", "tank/v")
+    t0 = time.time()
+    for i in range(20):  # over 5 s: more than two intervals
+        write(d, "tank/v", f"flap{i}", 64 * 1024)
+        time.sleep(0.25)
+    elapsed = time.time() - t0
+    last = pattern("flap19", 64 * 1024)
+    # The last write is captured by the deferred snapshot, within one interval.
+    def has_last():
+        s = snapshots(d)
+        if not s:
+            return False
+        newest = max(s, key=lambda n: created(d, "tank/v")[n])
+        with connected(d.uri(f"tank/v@{newest}")) as h:
+            return h.pread(len(last), 0) == last
+    wait_for(has_last, 15, "a snapshot holding the last write")
+    time.sleep(2.5)  # another interval: no further disconnect, nothing more
+    times = sorted(created(d, "tank/v").values())
+    assert 2 <= len(times) <= 2 + int(elapsed / 2), (times, elapsed)
+    assert all(b - a >= 2 for a, b in zip(times, times[1:])), times
+
+
+def test_bucket_quiet_after_writes_takes_one_snapshot(make_s3):
+    """S3 PUTs, then nothing for `s3_quiet`: one snapshot holding them all."""
+    s3 = make_s3()
+    s3.require_cistern("bucket snapshots")
+    d = s3.daemon
+    d.stop()
+    d.config_path.write_text(
+        d.config_path.read_text()
+        + """[engine]
+policy_tick_secs = 0.2
+[policy.bucket]
+schedule = "none"
+keep = "last=10"
+events = ["s3-quiet"]
+s3_quiet = "2s"
+event_min_interval = "1s"
+"""
+    )
+    d.start()
+    s3.wait_ready()
+    c = s3.client()
+    c.create_bucket(Bucket="photos")
+    d.cli("set", "snapshot:policy=bucket", "tank/photos")
+    for i in range(5):
+        c.put_object(Bucket="photos", Key=f"img{i}", Body=pattern(f"img{i}", 10_000))
+    last_put = time.time()
+    wait_for(lambda: snapshots(d, "tank/photos"), 15, "the quiet-bucket snapshot")
+    (snap,) = snapshots(d, "tank/photos")
+    assert created(d, "tank/photos")[snap] >= int(last_put) + 1, "taken before the bucket was quiet"
+    time.sleep(2.5)  # no writes since: nothing more
+    assert snapshots(d, "tank/photos") == [snap]
+    c.delete_object(Bucket="photos", Key="img0")
+    wait_for(lambda: len(snapshots(d, "tank/photos")) == 2, 15, "a second quiet snapshot")
+    hist = d.cli("policy", "history", "-H").stdout.splitlines()
+    assert [l.split("\t")[3] for l in hist] == ["s3-quiet", "s3-quiet"], hist
+    # The first one holds every object put before the quiet time.
+    d.cli("rollback", "-r", f"tank/photos@{snap}")
+    keys = [o["Key"] for o in c.list_objects_v2(Bucket="photos")["Contents"]]
+    assert sorted(keys) == [f"img{i}" for i in range(5)], keys
+
+
+def test_history_survives_restart_and_kill9(make_daemon, disks):
+    d = make_daemon(config=OFF + VM)
+    d.cli("pool", "create", "-s", "256M", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "8M", "tank/v")
+    d.cli("set", "snapshot:policy=vm", "tank/v")
+    d.cli("policy", "run", "tank/v")
+    before = d.cli("policy", "history", "-H").stdout
+    assert len(before.splitlines()) == 1
+    d.stop()
+    d.start()
+    assert d.cli("policy", "history", "-H").stdout == before
+    d.cli("policy", "run", "tank/v")
+    two = d.cli("policy", "history", "-H").stdout
+    assert len(two.splitlines()) == 2 and two.startswith(before)
+    d.kill9()
+    d.start()
+    assert d.cli("policy", "history", "-H").stdout == two
+    assert d.cli("policy", "history", "-H", "tank/other").stdout == ""
+    runs = d.cli_json("policy", "history")
+    assert [r["trigger"] for r in runs] == ["manual", "manual"]
+    assert all(r["created"].startswith("auto-") for r in runs)
+
+
+def test_list_marks_automatic_snapshots(make_daemon, disks):
+    """`cistern:auto`: the policy that made (and prunes) a snapshot, `-` for
+    manual ones; in the default `list -t snapshot`, -o, -H, -p and --json."""
+    d = make_daemon(config=OFF + VM)
+    setup_volume(d, disks, old=2)
+    d.cli("set", "snapshot:policy=vm", "tank")
+    rows = d.cli("list", "-H", "-o", "name,cistern:auto", "-t", "snapshot").stdout.splitlines()
+    assert rows == [
+        "tank/v@auto-2020-01-01T0000Z\tvm",
+        "tank/v@auto-2020-01-02T0000Z\tvm",
+        "tank/v@before-upgrade\t-",
+    ], rows
+    table = d.cli("list", "-t", "snapshot").stdout.splitlines()
+    assert table[0].split()[-1] == "CISTERN:AUTO", table
+    assert table[1].split()[-1] == "vm" and table[-1].split()[-1] == "-", table
+    assert d.cli("list", "-Hp", "-t", "snapshot").stdout.splitlines()[-1].endswith("\t-")
+    js = {x["name"]: x for x in d.cli_json("list", "-t", "snapshot")}
+    prop = {p["name"]: p for p in js["tank/v@auto-2020-01-01T0000Z"]["properties"]}["cistern:auto"]
+    assert prop["value"] == "vm" and prop["source"] == "-"
+    assert d.prop("tank/v@before-upgrade", "cistern:auto") == "-"
+    # Volumes and their listings keep their columns.
+    assert d.cli("list", "-H", "tank/v").stdout.count("\t") == 3
+    p = d.cli("set", "cistern:auto=vm", "tank/v@before-upgrade", check=False)
+    assert p.returncode != 0 and "read-only" in p.stderr
+    # Opting out: nothing is automatic any more.
+    d.cli("set", "snapshot:policy=none", "tank/v")
+    rows = d.cli("list", "-H", "-o", "cistern:auto", "-t", "snapshot").stdout.split()
+    assert rows == ["-", "-", "-"], rows
+
+
+def test_capacity_counts_space_the_pruned_set_frees(make_daemon, disks):
+    """Blocks shared by two automatic snapshots are freed only when both go:
+    capacity pruning uses what destroying the set frees (dead lists), so it
+    stops as soon as that is enough, never at a held or manual one."""
+    d = make_daemon(config=OFF)
+    d.cli("pool", "create", "-s", "256M", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "64M", "tank/v")
+    gens = [["a1"], ["a2", "m"], ["a3", "a4"], ["a5"], ["a6"]]
+    names = {f"a{i}": f"auto-2020-01-0{i}T0000Z" for i in range(1, 7)} | {"m": "manual"}
+    for i, snaps in enumerate(gens):
+        write(d, "tank/v", f"set{i}", 8 * MiB)
+        for s in snaps:
+            d.cli("snapshot", f"tank/v@{names[s]}")
+    d.cli("hold", "keep", f"tank/v@{names['a1']}")
+    size, alloc = map(int, d.cli("pool", "list", "-Hp", "-o", "size,alloc").stdout.split())
+    # Needs one generation (8 MiB) freed: a2 alone frees nothing (m shares
+    # it), a2+a3 nothing (a4 shares), a2+a3+a4 frees gen 3.
+    limit = round((alloc - 5 * MiB) * 100 / size, 1)
+    d.stop()
+    d.config_path.write_text(OFF + f'[policy.tm]\nschedule = "daily"\nkeep = "hourly=all"\ncapacity = {limit}\n')
+    d.start()
+    d.cli("set", "snapshot:policy=tm", "tank/v")
+    dry = d.cli("policy", "run", "-n", "tank/v").stdout
+    doomed = [l.split()[2] for l in dry.splitlines() if l.startswith("would destroy")]
+    assert doomed == [f"tank/v@{names[s]}" for s in ("a2", "a3", "a4")], dry
+    d.cli("policy", "run", "tank/v")
+    left = snapshots(d)
+    for s in ("a1", "m", "a5", "a6"):
+        assert names[s] in left, (s, left)
+    size, alloc = map(int, d.cli("pool", "list", "-Hp", "-o", "size,alloc").stdout.split())
+    assert alloc * 100 / size <= limit

@@ -339,6 +339,16 @@ pub fn render_policy(c: &PolicyCounters) -> String {
             "Bytes freed by pruning automatic snapshots.",
             c.pruned_bytes,
         ),
+        (
+            "cistern_policy_event_snapshots_total",
+            "Snapshots taken on events (a backup finished), included in cistern_policy_snapshots_total.",
+            c.event_snapshots,
+        ),
+        (
+            "cistern_policy_events_deferred_total",
+            "Events deferred to the end of the policy's minimum interval.",
+            c.events_deferred,
+        ),
     ] {
         w.family(name, "counter", help).sample(name, &[], v as f64);
     }

@@ -4,7 +4,7 @@
 //! `cistern:changed:SNAP` per older snapshot of its volume: flag 1 marks
 //! ranges whose blocks changed since that snapshot.
 
-use dataset::{Engine, Extent, OpenHandle, ReadSegment, Volume};
+use dataset::{Engine, EventKind, Extent, OpenHandle, ReadSegment, Volume, WriteMark};
 use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,6 +83,9 @@ struct Gate {
     /// rather than range errors or EPERM from a vanished dataset.
     size: AtomicU64,
     read_only: AtomicBool,
+    /// Set on the first successful write, trim or zeroing: the last client
+    /// to disconnect after writing takes an `nbd-disconnect` event snapshot.
+    wrote: std::sync::OnceLock<WriteMark>,
 }
 
 impl Gate {
@@ -93,7 +96,15 @@ impl Gate {
             revoked: watch::channel(false).0,
             size: AtomicU64::new(0),
             read_only: AtomicBool::new(false),
+            wrote: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A change went through (see `wrote`).
+    fn changed(&self) {
+        if let Some(m) = self.wrote.get() {
+            m.mark();
+        }
     }
 
     /// Runs `f` on the volume unless the export was revoked or closed.
@@ -148,6 +159,8 @@ impl VolumeExport {
             }
         });
         let handle = engine.open_handle(name, &format!("NBD client {peer}"), revoke)?;
+        handle.snapshot_on_close(EventKind::NbdDisconnect);
+        let _ = gate.wrote.set(handle.write_mark());
         let vol = engine.open_volume(name)?;
         let block_size = vol.block_size();
         // Revoked in between: the handle is gone and the volume stays out.
@@ -248,7 +261,9 @@ impl BlockExport for VolumeExport {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.gate
-            .with(|v| v.write(offset, data, fua).map_err(map_error))
+            .with(|v| v.write(offset, data, fua).map_err(map_error))?;
+        self.gate.changed();
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), ExportError> {
@@ -257,7 +272,9 @@ impl BlockExport for VolumeExport {
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
         self.gate
-            .with(|v| v.trim(offset, len, fua).map_err(map_error))
+            .with(|v| v.trim(offset, len, fua).map_err(map_error))?;
+        self.gate.changed();
+        Ok(())
     }
 
     fn revoked(&self) -> Option<watch::Receiver<bool>> {
@@ -278,7 +295,9 @@ impl BlockExport for VolumeExport {
         self.gate.with(|v| {
             v.write_zeroes(offset, len, allocate, fua)
                 .map_err(map_error)
-        })
+        })?;
+        self.gate.changed();
+        Ok(())
     }
 
     fn extra_meta_contexts(&self) -> Vec<String> {

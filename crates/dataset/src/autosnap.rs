@@ -1,7 +1,15 @@
 //! Snapshot automation in the daemon: a scheduler thread that applies the
 //! `policy` crate's plans (take one snapshot, destroy a batch of automatic
 //! snapshots in one txg), pre/post hooks, the last-run record, a bounded
-//! run history and counters. The decisions themselves live in `policy`.
+//! run history kept on the pool (table `policy_history`) and counters. The
+//! decisions themselves live in `policy`.
+//!
+//! Event snapshots ("a backup finished"): the scheduler thread looks every
+//! 100 ms at (a) volumes whose last NBD client closed after writing
+//! (`holders.rs`), (b) buckets quiet for the policy's `s3_quiet` after
+//! writes (a per-dataset last-write clock on the pool, [`WriteClock`]), and
+//! (c) events the share layers report with [`Engine::backup_finished`].
+//! `policy::event_due` decides, so at most one per `event_min_interval`.
 //!
 //! Crash safety: a snapshot and a pruning batch are each one txg commit
 //! (all or nothing). The last-run record is written after the snapshot; if
@@ -11,34 +19,73 @@
 
 use crate::engine::split_dataset;
 use crate::props::{self, DatasetRecord};
-use crate::txg::{lineage, ImportedPool};
+use crate::txg::{lineage, meta_err, ImportedPool};
 use crate::*;
+use meta::redb::{ReadableDatabase, ReadableTable};
+use meta::schema::{POLICY_HISTORY, POLICY_HISTORY_LEN, POOL_RECORDS, RECORD_POLICY_HISTORY_NEXT};
 use parking_lot::{Mutex, RwLock};
-use policy::{Input, Plan, Policies, Policy, SnapshotEntry};
+use policy::{EventDue, EventKind, Input, Plan, Policies, Policy, SnapshotEntry};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Runs kept for `cistern policy history` (in memory; every run is also logged).
-const HISTORY_LEN: usize = 1000;
+/// The read-only property of a snapshot that says which policy made it (and
+/// will prune it): the policy's name, `-` for a manual snapshot.
+pub const AUTO_PROPERTY: &str = "cistern:auto";
+/// Destroyed names kept in a stored history record (the count is kept whole).
+const HISTORY_NAMES: usize = 100;
+/// How often the scheduler thread looks for events.
+const EVENT_POLL: Duration = Duration::from_millis(100);
+
+/// Per dataset, when the object layer last wrote to it (S3 PUT, DELETE,
+/// multipart...): what `s3-quiet` event snapshots wait on. On the pool,
+/// noted by `ObjectSet` on every change.
+#[derive(Default)]
+pub struct WriteClock(Mutex<HashMap<u64, Instant>>);
+
+impl WriteClock {
+    pub(crate) fn note(&self, dataset: u64) {
+        self.0.lock().insert(dataset, Instant::now());
+    }
+
+    fn entries(&self) -> Vec<(u64, Instant)> {
+        self.0.lock().iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    /// Forgets `dataset` unless it was written again after `seen`.
+    fn forget(&self, dataset: u64, seen: Instant) {
+        let mut m = self.0.lock();
+        if m.get(&dataset).is_some_and(|t| *t <= seen) {
+            m.remove(&dataset);
+        }
+    }
+}
+
+/// An event waiting to be applied (now, or at the end of the minimum interval).
+#[derive(Debug, Clone, Copy)]
+struct PendingEvent {
+    kind: EventKind,
+    not_before: i64,
+}
 
 pub(crate) struct AutoSnap {
     policies: RwLock<Policies>,
-    history: Mutex<VecDeque<PolicyRun>>,
+    /// Events by dataset name.
+    pending: Mutex<BTreeMap<String, PendingEvent>>,
     /// One run at a time (scheduler, `policy run`, shutdown).
     run: Mutex<()>,
     stop: AtomicBool,
     /// Unknown policy names already reported, so a tick does not repeat them.
     warned: Mutex<HashSet<(String, String)>>,
-    counters: [AtomicU64; 4],
+    counters: [AtomicU64; 6],
 }
 
 impl Default for AutoSnap {
     fn default() -> Self {
         Self {
             policies: RwLock::new(Policies::from_config(&BTreeMap::new()).unwrap_or_default()),
-            history: Mutex::new(VecDeque::new()),
+            pending: Mutex::new(BTreeMap::new()),
             run: Mutex::new(()),
             stop: AtomicBool::new(false),
             warned: Mutex::new(HashSet::new()),
@@ -51,6 +98,8 @@ const SNAPSHOTS: usize = 0;
 const FAILURES: usize = 1;
 const PRUNED: usize = 2;
 const PRUNED_BYTES: usize = 3;
+const EVENT_SNAPSHOTS: usize = 4;
+const EVENTS_DEFERRED: usize = 5;
 
 /// A policy as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +114,13 @@ pub struct PolicyView {
     pub hook_timeout_secs: f64,
     /// `config`, `built-in` or `schedule property`.
     pub origin: String,
+    /// Events that take a snapshot (`nbd-disconnect`, `s3-quiet`, `share-disconnect`).
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default)]
+    pub event_min_interval_secs: i64,
+    #[serde(default)]
+    pub s3_quiet_secs: i64,
 }
 
 impl From<&Policy> for PolicyView {
@@ -79,6 +135,9 @@ impl From<&Policy> for PolicyView {
             post_hook: p.post_hook.clone(),
             hook_timeout_secs: p.hook_timeout_secs,
             origin: p.origin.clone(),
+            events: p.events.iter().map(|e| e.name().to_string()).collect(),
+            event_min_interval_secs: p.event_min_interval_secs,
+            s3_quiet_secs: p.s3_quiet_secs,
         }
     }
 }
@@ -112,16 +171,39 @@ pub struct PolicyRun {
     pub time: i64,
     pub dataset: String,
     pub policy: String,
-    /// `schedule` or `manual`.
+    /// `schedule`, `manual`, or the event: `nbd-disconnect`, `s3-quiet`, `share-disconnect`.
     pub trigger: String,
     pub dry_run: bool,
     pub created: Option<String>,
+    /// The destroyed snapshots (a stored record keeps the first 100 names).
     pub destroyed: Vec<String>,
+    /// How many were destroyed.
+    #[serde(default)]
+    pub destroyed_count: usize,
     /// Bytes freed by the destroyed snapshots (an estimate for a dry run).
     pub freed: u64,
     pub errors: Vec<String>,
     /// The plan it followed (for `policy run`; not kept in the history).
+    #[serde(default)]
     pub plan: Option<Plan>,
+}
+
+/// What started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Schedule,
+    Manual,
+    Event(EventKind),
+}
+
+impl Trigger {
+    fn name(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::Manual => "manual",
+            Trigger::Event(k) => k.name(),
+        }
+    }
 }
 
 /// Counters for `/metrics`.
@@ -131,6 +213,10 @@ pub struct PolicyCounters {
     pub failures: u64,
     pub pruned: u64,
     pub pruned_bytes: u64,
+    #[serde(default)]
+    pub event_snapshots: u64,
+    #[serde(default)]
+    pub events_deferred: u64,
 }
 
 /// The property that chooses a dataset's policy: of `snapshot:policy` and
@@ -225,6 +311,66 @@ struct PoolCapacity<'a> {
     dataset: &'a str,
 }
 
+/// Appends a run to the pool's history and drops the oldest past
+/// `POLICY_HISTORY_LEN`, in one small transaction of its own.
+fn store_run(p: &ImportedPool, run: PolicyRun) -> Result<()> {
+    store_run_bounded(p, run, POLICY_HISTORY_LEN)
+}
+
+fn store_run_bounded(p: &ImportedPool, mut run: PolicyRun, len: u64) -> Result<()> {
+    run.plan = None;
+    run.destroyed_count = run.destroyed_count.max(run.destroyed.len());
+    run.destroyed.truncate(HISTORY_NAMES);
+    run.errors.truncate(20);
+    for e in &mut run.errors {
+        if e.len() > 1000 {
+            let mut end = 1000;
+            while !e.is_char_boundary(end) {
+                end -= 1;
+            }
+            e.truncate(end);
+        }
+    }
+    let bytes = serde_json::to_vec(&run).map_err(meta_err)?;
+    let _meta = p.meta_lock.lock();
+    let tx = p.db().begin_write().map_err(meta_err)?;
+    {
+        let mut r = tx.open_table(POOL_RECORDS).map_err(meta_err)?;
+        let seq = r
+            .get(RECORD_POLICY_HISTORY_NEXT)
+            .map_err(meta_err)?
+            .map_or(0, |v| v.value());
+        let mut h = tx.open_table(POLICY_HISTORY).map_err(meta_err)?;
+        h.insert(seq, bytes.as_slice()).map_err(meta_err)?;
+        // One in, one out: the table never holds more than the bound.
+        if let Some(old) = seq.checked_sub(len) {
+            h.remove(old).map_err(meta_err)?;
+        }
+        r.insert(RECORD_POLICY_HISTORY_NEXT, seq + 1)
+            .map_err(meta_err)?;
+    }
+    tx.commit().map_err(meta_err)
+}
+
+/// The pool's policy runs, oldest first (none in a pool made before 0021).
+fn read_runs(p: &ImportedPool) -> Result<Vec<PolicyRun>> {
+    let tx = p.db().begin_read().map_err(meta_err)?;
+    let h = match tx.open_table(POLICY_HISTORY) {
+        Ok(h) => h,
+        Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(meta_err(e)),
+    };
+    let mut out = Vec::new();
+    for row in h.iter().map_err(meta_err)? {
+        let (_, v) = row.map_err(meta_err)?;
+        out.push(
+            serde_json::from_slice(v.value())
+                .map_err(|e| Error::Corrupt(format!("policy history record: {e}")))?,
+        );
+    }
+    Ok(out)
+}
+
 impl policy::Capacity for PoolCapacity<'_> {
     fn percent_after(&self, destroyed: &[&str]) -> f64 {
         let size = self.pool.pool.size().max(1) as f64;
@@ -288,7 +434,8 @@ impl Engine {
     }
 
     /// Starts the scheduler thread: every `policy_tick_secs` (first after
-    /// one interval), each dataset whose policy is due is snapshotted and pruned.
+    /// one interval), each dataset whose policy is due is snapshotted and
+    /// pruned; every 100 ms, events are looked at.
     pub fn start_policy_scheduler(self: &Arc<Self>) {
         let tick = self.inner.config.policy_tick_secs;
         if tick <= 0.0 {
@@ -303,10 +450,12 @@ impl Engine {
                 let start = Instant::now();
                 while start.elapsed() < tick {
                     match weak.upgrade() {
-                        Some(e) if !e.autosnap().stop.load(Ordering::Relaxed) => {}
+                        Some(e) if !e.autosnap().stop.load(Ordering::Relaxed) => {
+                            e.run_events(now_secs())
+                        }
                         _ => return,
                     }
-                    std::thread::sleep(tick.min(Duration::from_millis(100)));
+                    std::thread::sleep(tick.min(EVENT_POLL));
                 }
                 let Some(engine) = weak.upgrade() else { return };
                 engine.run_due_policies(now_secs());
@@ -323,8 +472,12 @@ impl Engine {
     }
 
     fn resolve_policy(&self, t: &Target) -> std::result::Result<Option<Policy>, String> {
+        self.resolve_props(&t.props)
+    }
+
+    fn resolve_props(&self, props: &PolicyProps) -> std::result::Result<Option<Policy>, String> {
         let policies = self.autosnap().policies.read();
-        let (policy, schedule) = match &t.props.chosen {
+        let (policy, schedule) = match &props.chosen {
             Some((p, v, _)) if *p == props::SNAPSHOT_POLICY => (Some(v.as_str()), None),
             Some((_, v, _)) => (None, Some(v.as_str())),
             None => (None, None),
@@ -364,19 +517,138 @@ impl Engine {
             if t.pool.is_closed() {
                 continue;
             }
-            if let Some(run) = self.apply(&t, &policy, now, false, false) {
-                self.record(run);
+            if let Some(run) = self.apply(&t, &policy, now, Trigger::Schedule, false) {
+                self.record(&t.pool, run);
             }
         }
     }
 
-    fn record(&self, mut run: PolicyRun) {
-        run.plan = None;
-        let mut h = self.autosnap().history.lock();
-        if h.len() >= HISTORY_LEN {
-            h.pop_front();
+    /// A backup of `dataset` finished (`why`): take an event snapshot if its
+    /// policy asks for `why` (`events = [...]`), at most one per the
+    /// policy's `event_min_interval`. Never blocks and never fails: the
+    /// scheduler thread applies it within 100 ms. The share layers call this
+    /// when a client that wrote disconnects (`EventKind::ShareDisconnect`).
+    pub fn backup_finished(&self, dataset: &str, why: EventKind) {
+        self.autosnap().pending.lock().insert(
+            dataset.to_string(),
+            PendingEvent {
+                kind: why,
+                not_before: now_secs(),
+            },
+        );
+    }
+
+    /// The policy that applies to a dataset record, without its snapshots.
+    fn policy_of(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        rec: &DatasetRecord,
+    ) -> Option<Policy> {
+        let props = policy_props(datasets, rec);
+        self.resolve_props(&props).ok().flatten()
+    }
+
+    /// Collects events (last NBD close after writes, quiet buckets, reported
+    /// ones) and applies those that are due. Called every 100 ms.
+    fn run_events(&self, now: i64) {
+        let finished = self.inner.holders.take_finished();
+        let mut quiet = Vec::new();
+        let pools: Vec<_> = self.inner.pools.read().values().cloned().collect();
+        for p in &pools {
+            let writes = p.object_writes.entries();
+            if writes.is_empty() {
+                continue;
+            }
+            let datasets = p.datasets.read();
+            for (id, at) in writes {
+                let rec = datasets.values().find(|r| r.id == id);
+                let policy = rec.and_then(|r| self.policy_of(&datasets, r));
+                match (rec, policy) {
+                    (Some(r), Some(pol)) if pol.events.contains(&EventKind::S3Quiet) => {
+                        if at.elapsed() >= Duration::from_secs(pol.s3_quiet_secs.max(1) as u64) {
+                            p.object_writes.forget(id, at);
+                            quiet.push(r.name.clone());
+                        }
+                    }
+                    // No policy wants it: nothing to wait for.
+                    _ => p.object_writes.forget(id, at),
+                }
+            }
         }
-        h.push_back(run);
+        let due: Vec<(String, PendingEvent)> = {
+            let mut pending = self.autosnap().pending.lock();
+            let fresh = |kind| PendingEvent {
+                kind,
+                not_before: now,
+            };
+            for (ds, kind) in finished {
+                pending.insert(ds, fresh(kind));
+            }
+            for ds in quiet {
+                pending.insert(ds, fresh(EventKind::S3Quiet));
+            }
+            let due: Vec<String> = pending
+                .iter()
+                .filter(|(_, e)| e.not_before <= now)
+                .map(|(d, _)| d.clone())
+                .collect();
+            due.into_iter()
+                .filter_map(|d| pending.remove(&d).map(|e| (d, e)))
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let _run = self.autosnap().run.lock();
+        if self.autosnap().stop.load(Ordering::Relaxed) {
+            return;
+        }
+        for (ds, ev) in due {
+            let Ok(t) = self.target(&ds) else {
+                continue; // destroyed or renamed meanwhile
+            };
+            let Ok(Some(policy)) = self.resolve_policy(&t) else {
+                continue;
+            };
+            if t.pool.is_closed() {
+                continue;
+            }
+            let (what, why) = policy::event_due(&policy, ev.kind, now, &t.snapshots);
+            match what {
+                EventDue::Off => tracing::debug!(dataset = %ds, "{why}"),
+                EventDue::At(at) => {
+                    tracing::info!(dataset = %ds, event = %ev.kind, "{why}");
+                    self.autosnap().counters[EVENTS_DEFERRED].fetch_add(1, Ordering::Relaxed);
+                    // A newer event for the dataset (arrived meanwhile) wins.
+                    self.autosnap()
+                        .pending
+                        .lock()
+                        .entry(ds)
+                        .or_insert(PendingEvent {
+                            kind: ev.kind,
+                            not_before: at,
+                        });
+                }
+                EventDue::Now => {
+                    if let Some(mut run) =
+                        self.apply(&t, &policy, now, Trigger::Event(ev.kind), false)
+                    {
+                        if let Some(plan) = run.plan.as_mut() {
+                            plan.create_reason = why;
+                        }
+                        self.record(&t.pool, run);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps the run in the pool's history (its own small transaction; the
+    /// run is logged either way).
+    fn record(&self, pool: &ImportedPool, run: PolicyRun) {
+        if let Err(e) = store_run(pool, run) {
+            tracing::warn!(pool = %pool.pool.name, error = %e, "cannot record the policy run in the history");
+        }
     }
 
     fn plan_for(&self, t: &Target, policy: &Policy, now: i64, force: bool, take: bool) -> Plan {
@@ -407,18 +679,21 @@ impl Engine {
         t: &Target,
         policy: &Policy,
         now: i64,
-        manual: bool,
+        trigger: Trigger,
         dry_run: bool,
     ) -> Option<PolicyRun> {
-        let mut plan = self.plan_for(t, policy, now, manual, true);
+        // Manual runs and events take a snapshot now, due or not.
+        let force = trigger != Trigger::Schedule;
+        let mut plan = self.plan_for(t, policy, now, force, true);
         let mut run = PolicyRun {
             time: now,
             dataset: t.name.clone(),
             policy: policy.name.clone(),
-            trigger: if manual { "manual" } else { "schedule" }.into(),
+            trigger: trigger.name().into(),
             dry_run,
             created: None,
             destroyed: Vec::new(),
+            destroyed_count: 0,
             freed: 0,
             errors: Vec::new(),
             plan: None,
@@ -426,11 +701,12 @@ impl Engine {
         if dry_run {
             run.created = plan.create.clone();
             run.destroyed = plan.destroy.iter().map(|d| d.name.clone()).collect();
+            run.destroyed_count = run.destroyed.len();
             run.freed = self.estimate(t, &run.destroyed);
             run.plan = Some(plan);
             return Some(run);
         }
-        if !manual && plan.create.is_none() && plan.destroy.is_empty() {
+        if trigger != Trigger::Manual && plan.create.is_none() && plan.destroy.is_empty() {
             return None;
         }
         let c = &self.autosnap().counters;
@@ -440,6 +716,7 @@ impl Engine {
                 ("CISTERN_DATASET", t.name.as_str()),
                 ("CISTERN_SNAPSHOT", full.as_str()),
                 ("CISTERN_POLICY", policy.name.as_str()),
+                ("CISTERN_TRIGGER", trigger.name()),
             ];
             let pre = match &policy.pre_hook {
                 Some(cmd) => run_hook("pre", cmd, policy.hook_timeout_secs, &env),
@@ -452,6 +729,9 @@ impl Engine {
             match taken {
                 Ok(_) => {
                     c[SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
+                    if matches!(trigger, Trigger::Event(_)) {
+                        c[EVENT_SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
+                    }
                     run.created = Some(short);
                     if let Some(cmd) = &policy.post_hook {
                         if let Err(e) = run_hook("post", cmd, policy.hook_timeout_secs, &env) {
@@ -462,7 +742,7 @@ impl Engine {
                 Err(e) => {
                     run.errors.push(format!("snapshot skipped: {e}"));
                     // Prune by what exists, without the snapshot that was not taken.
-                    plan = self.plan_for(t, policy, now, manual, false);
+                    plan = self.plan_for(t, policy, now, force, false);
                 }
             }
             // The slot is done either way: a failed hook is retried at the next slot.
@@ -479,6 +759,7 @@ impl Engine {
                     c[PRUNED].fetch_add(names.len() as u64, Ordering::Relaxed);
                     c[PRUNED_BYTES].fetch_add(report.freed, Ordering::Relaxed);
                     run.freed = report.freed;
+                    run.destroyed_count = names.len();
                     run.destroyed = names;
                 }
                 Err(e) => run
@@ -600,28 +881,79 @@ impl Engine {
                 ))
             })?;
         let run = self
-            .apply(&t, &policy, now_secs(), true, dry_run)
+            .apply(&t, &policy, now_secs(), Trigger::Manual, dry_run)
             .ok_or_else(|| Error::Io("policy run did nothing".into()))?;
         if !dry_run {
-            self.record(run.clone());
+            self.record(&t.pool, run.clone());
         }
         Ok(run)
     }
 
-    /// `cistern policy history [DATASET]`: the latest runs, oldest first.
+    /// `cistern policy history [DATASET]`: the latest runs of every
+    /// imported pool (kept on each pool), oldest first.
     pub fn policy_history(&self, dataset: Option<&str>) -> Vec<PolicyRun> {
-        let wanted: Option<BTreeSet<&str>> = dataset.map(|d| BTreeSet::from([d]));
-        self.autosnap()
-            .history
-            .lock()
-            .iter()
-            .filter(|r| {
-                wanted
-                    .as_ref()
-                    .is_none_or(|w| w.contains(r.dataset.as_str()))
-            })
-            .cloned()
-            .collect()
+        let pools: Vec<_> = match dataset.map(split_dataset) {
+            Some(Ok((pool, _))) => self.pool(pool).into_iter().collect(),
+            Some(Err(_)) => Vec::new(),
+            None => self.inner.pools.read().values().cloned().collect(),
+        };
+        let mut out: Vec<(i64, usize, PolicyRun)> = Vec::new();
+        for p in pools {
+            match read_runs(&p) {
+                Ok(runs) => out.extend(
+                    runs.into_iter()
+                        .filter(|r| dataset.is_none_or(|d| d == r.dataset))
+                        .enumerate()
+                        .map(|(i, r)| (r.time, i, r)),
+                ),
+                Err(e) => {
+                    tracing::warn!(pool = %p.pool.name, error = %e, "cannot read the policy history")
+                }
+            }
+        }
+        // By time; within a pool in the order recorded.
+        out.sort_by_key(|(t, i, _)| (*t, *i));
+        out.into_iter().map(|(_, _, r)| r).collect()
+    }
+
+    /// Gives a snapshot's properties `cistern:auto` (read-only): the name of
+    /// the policy that made it and will prune it (its dataset's policy,
+    /// whose prefix the name has), else `-` (manual: never pruned). `cache`
+    /// keeps each dataset's policy for a listing of many snapshots.
+    pub(crate) fn add_auto_property(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        info: &mut DatasetInfo,
+        cache: &mut HashMap<String, Option<Policy>>,
+    ) {
+        let value = self.auto_mark(datasets, &info.name, cache);
+        info.properties.retain(|p| p.name != AUTO_PROPERTY);
+        info.properties.push(Property {
+            name: AUTO_PROPERTY.into(),
+            parsable: value.clone(),
+            value,
+            source: "-".into(),
+        });
+    }
+
+    fn auto_mark(
+        &self,
+        datasets: &BTreeMap<String, DatasetRecord>,
+        snapshot: &str,
+        cache: &mut HashMap<String, Option<Policy>>,
+    ) -> String {
+        let Some((ds, short)) = snapshot.split_once('@') else {
+            return "-".into();
+        };
+        let policy = cache.entry(ds.to_string()).or_insert_with(|| {
+            datasets
+                .get(ds)
+                .and_then(|rec| self.policy_of(datasets, rec))
+        });
+        match policy {
+            Some(p) if p.is_automatic(short) => p.name.clone(),
+            _ => "-".into(),
+        }
     }
 
     pub fn policy_counters(&self) -> PolicyCounters {
@@ -631,6 +963,150 @@ impl Engine {
             failures: c[FAILURES].load(Ordering::Relaxed),
             pruned: c[PRUNED].load(Ordering::Relaxed),
             pruned_bytes: c[PRUNED_BYTES].load(Ordering::Relaxed),
+            event_snapshots: c[EVENT_SNAPSHOTS].load(Ordering::Relaxed),
+            events_deferred: c[EVENTS_DEFERRED].load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineConfig, GroupKind, GroupSpec, PoolSpec};
+    use policy::PolicyConfig;
+
+    fn engine_with_volume(dir: &std::path::Path) -> Arc<Engine> {
+        let engine = Engine::open(
+            &dir.join("state"),
+            EngineConfig {
+                txg_timeout_secs: 3600.0,
+                policy_tick_secs: 0.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        engine
+            .create_pool(PoolSpec {
+                name: "tank".into(),
+                groups: vec![GroupSpec {
+                    kind: GroupKind::Mirror,
+                    devices: vec![dir.join("d0"), dir.join("d1")],
+                }],
+                create_size: Some(128 << 20),
+                force: false,
+            })
+            .unwrap();
+        engine.create_volume("tank/v", 8 << 20, &[]).unwrap();
+        let tables = BTreeMap::from([(
+            "share".to_string(),
+            PolicyConfig {
+                schedule: "none".into(),
+                // The default grid would prune the first of two snapshots
+                // 10 minutes apart in one 15-minute period.
+                keep: Some("last=10".into()),
+                events: Some(vec!["share-disconnect".into()]),
+                event_min_interval: Some("10m".into()),
+                ..Default::default()
+            },
+        )]);
+        engine.set_policies(Policies::from_config(&tables).unwrap());
+        engine
+            .set_property("tank/v", props::SNAPSHOT_POLICY, "share")
+            .unwrap();
+        engine
+    }
+
+    fn run_at(time: i64) -> PolicyRun {
+        PolicyRun {
+            time,
+            dataset: "tank/v".into(),
+            policy: "share".into(),
+            trigger: "manual".into(),
+            dry_run: false,
+            created: None,
+            destroyed: (0..300).map(|i| format!("auto-{i}")).collect(),
+            destroyed_count: 0,
+            freed: 0,
+            errors: vec!["x".repeat(5000)],
+            plan: None,
+        }
+    }
+
+    #[test]
+    fn history_is_bounded_and_absent_in_older_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_volume(dir.path());
+        let p = engine.pool("tank").unwrap();
+        // A pool made before 0021: no table, no record.
+        assert!(read_runs(&p).unwrap().is_empty());
+        assert!(engine.policy_history(None).is_empty());
+        {
+            let tx = p.db().begin_read().unwrap();
+            assert!(
+                tx.open_table(POLICY_HISTORY).is_err(),
+                "reading created the table"
+            );
+        }
+        for t in 0..25 {
+            store_run_bounded(&p, run_at(t), 10).unwrap();
+        }
+        let runs = read_runs(&p).unwrap();
+        let times: Vec<i64> = runs.iter().map(|r| r.time).collect();
+        assert_eq!(times, (15..25).collect::<Vec<_>>());
+        assert_eq!(runs[0].destroyed.len(), HISTORY_NAMES);
+        assert_eq!(runs[0].destroyed_count, 300);
+        assert!(runs[0].errors[0].len() <= 1000);
+        // Kept on the pool: export and import keep it.
+        engine.export_pool("tank").unwrap();
+        engine
+            .import_pool("tank", &[dir.path().to_path_buf()], false)
+            .unwrap();
+        assert_eq!(engine.policy_history(Some("tank/v")).len(), 10);
+        assert!(engine.policy_history(Some("tank/w")).is_empty());
+    }
+
+    #[test]
+    fn a_reported_backup_takes_one_snapshot_per_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine_with_volume(dir.path());
+        let snaps = |e: &Engine| {
+            e.list_datasets(Some("tank/v"))
+                .unwrap()
+                .into_iter()
+                .filter(|d| d.name.contains('@'))
+                .map(|d| d.property(AUTO_PROPERTY).unwrap().value.clone())
+                .collect::<Vec<_>>()
+        };
+        let now = now_secs();
+        // Not an event the policy takes: forgotten.
+        engine.backup_finished("tank/v", EventKind::NbdDisconnect);
+        engine.run_events(now);
+        assert!(snaps(&engine).is_empty());
+        assert!(engine.autosnap().pending.lock().is_empty());
+        // The share layers' one line.
+        engine.backup_finished("tank/v", EventKind::ShareDisconnect);
+        engine.run_events(now);
+        assert_eq!(snaps(&engine), ["share"]);
+        // Again at once: deferred to the end of the interval, not taken.
+        engine.backup_finished("tank/v", EventKind::ShareDisconnect);
+        engine.run_events(now + 1);
+        engine.run_events(now + 2);
+        assert_eq!(snaps(&engine).len(), 1);
+        let at = engine.autosnap().pending.lock()["tank/v"].not_before;
+        assert!(at >= now + 600 && at <= now + 602, "{at} vs {now}");
+        engine.run_events(at);
+        assert_eq!(
+            snaps(&engine),
+            ["share", "share"],
+            "{:?}",
+            engine.policy_history(None)
+        );
+        let hist = engine.policy_history(None);
+        assert_eq!(hist.len(), 2);
+        assert!(hist.iter().all(|r| r.trigger == "share-disconnect"));
+        // Unknown datasets are dropped quietly.
+        engine.backup_finished("tank/gone", EventKind::ShareDisconnect);
+        engine.run_events(at);
+        assert!(engine.autosnap().pending.lock().is_empty());
     }
 }

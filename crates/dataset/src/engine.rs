@@ -1058,6 +1058,7 @@ impl Engine {
             None => self.inner.pools.read().values().cloned().collect(),
         };
         let mut out = Vec::new();
+        let mut policies = HashMap::new();
         for p in pools {
             let datasets = p.datasets.read();
             if let Some(r) = root {
@@ -1072,7 +1073,11 @@ impl Engine {
                         || rec.name.starts_with(&format!("{r}@"))
                 };
                 if root.is_none_or(below) {
-                    out.push(info(&p, &datasets, rec));
+                    let mut i = info(&p, &datasets, rec);
+                    if rec.is_snapshot() {
+                        self.add_auto_property(&datasets, &mut i, &mut policies);
+                    }
+                    out.push(i);
                 }
             }
         }
@@ -1087,7 +1092,11 @@ impl Engine {
         let rec = datasets
             .get(name)
             .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
-        Ok(info(&p, &datasets, rec))
+        let mut i = info(&p, &datasets, rec);
+        if rec.is_snapshot() {
+            self.add_auto_property(&datasets, &mut i, &mut HashMap::new());
+        }
+        Ok(i)
     }
 
     pub fn set_property(&self, name: &str, prop: &str, value: &str) -> Result<()> {
@@ -1104,6 +1113,11 @@ impl Engine {
                 "cannot set property for '{name}': {why}"
             )))
         };
+        if prop == crate::AUTO_PROPERTY {
+            return cannot(format!(
+                "{prop} is read-only: it names the snapshot policy whose prefix a snapshot's name has"
+            ));
+        }
         if crate::names::is_user_property(prop) {
             rec.local
                 .insert(prop.to_string(), props::normalize(prop, value)?);

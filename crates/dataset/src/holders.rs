@@ -3,10 +3,19 @@
 //! first. Front-end neutral: an NBD connection, an S3 or NFS session
 //! registers the same way, with a description for messages and a revoke
 //! callback.
+//!
+//! It also tells the snapshot scheduler when a backup finished: a handle
+//! opened for an event kind ([`OpenHandle::snapshot_on_close`]) and marked
+//! as written ([`WriteMark`]) leaves the dataset "written" when it closes;
+//! when the dataset's last handle closes, the dataset is queued for
+//! `crate::autosnap` (never a snapshot inside `Drop`). Handles taken away
+//! by a forced destroy/rollback/export queue nothing.
 
 use crate::*;
 use parking_lot::Mutex;
+use policy::EventKind;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Called with the reason when a forced operation takes the dataset away.
 /// When it returns, the holder no longer touches the dataset (it waited for
@@ -43,6 +52,9 @@ struct Holder {
     dataset: String,
     client: String,
     revoke: Revoke,
+    /// The event a close after writing reports (`None`: none).
+    event: Option<EventKind>,
+    wrote: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -51,6 +63,10 @@ struct State {
     open: BTreeMap<u64, Holder>,
     /// Operations in progress that no new holder may race with.
     fences: BTreeMap<u64, Scope>,
+    /// Datasets a closed handle wrote to while others stay open.
+    written: BTreeMap<String, EventKind>,
+    /// Datasets whose last handle closed after writes, for the scheduler.
+    finished: BTreeMap<String, EventKind>,
 }
 
 #[derive(Default)]
@@ -62,12 +78,56 @@ pub(crate) struct Holders {
 pub struct OpenHandle {
     holders: std::sync::Weak<Holders>,
     id: u64,
+    wrote: Arc<AtomicBool>,
+}
+
+/// Marks a handle as having written: cheap (one relaxed load after the
+/// first), for the front end's write path.
+#[derive(Clone)]
+pub struct WriteMark(Arc<AtomicBool>);
+
+impl WriteMark {
+    pub fn mark(&self) {
+        if !self.0.load(Ordering::Relaxed) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl OpenHandle {
+    /// When this handle has written ([`OpenHandle::write_mark`]) and is the
+    /// dataset's last to close, the snapshot scheduler gets `event`
+    /// (policies opt in with `events = [...]`).
+    pub fn snapshot_on_close(&self, event: EventKind) {
+        if let Some(h) = self.holders.upgrade() {
+            if let Some(holder) = h.st.lock().open.get_mut(&self.id) {
+                holder.event = Some(event);
+            }
+        }
+    }
+
+    /// What the front end marks on every successful write, trim or zeroing.
+    pub fn write_mark(&self) -> WriteMark {
+        WriteMark(self.wrote.clone())
+    }
 }
 
 impl Drop for OpenHandle {
     fn drop(&mut self) {
         if let Some(h) = self.holders.upgrade() {
-            h.st.lock().open.remove(&self.id);
+            let mut st = h.st.lock();
+            let Some(gone) = st.open.remove(&self.id) else {
+                return; // revoked: the dataset was taken away, no event
+            };
+            if let Some(event) = gone.event.filter(|_| gone.wrote.load(Ordering::Relaxed)) {
+                st.written.insert(gone.dataset.clone(), event);
+            }
+            let last = !st.open.values().any(|o| o.dataset == gone.dataset);
+            if last {
+                if let Some(event) = st.written.remove(&gone.dataset) {
+                    st.finished.insert(gone.dataset, event);
+                }
+            }
         }
     }
 }
@@ -106,25 +166,41 @@ impl Holders {
         }
         st.next += 1;
         let id = st.next;
+        let wrote = Arc::new(AtomicBool::new(false));
         st.open.insert(
             id,
             Holder {
                 dataset: dataset.to_string(),
                 client,
                 revoke,
+                event: None,
+                wrote: wrote.clone(),
             },
         );
         Ok(OpenHandle {
             holders: Arc::downgrade(self),
             id,
+            wrote,
         })
+    }
+
+    /// Datasets whose last handle closed after writes since the last call,
+    /// with the event that reports it.
+    pub(crate) fn take_finished(&self) -> BTreeMap<String, EventKind> {
+        std::mem::take(&mut self.st.lock().finished)
     }
 
     /// Renamed datasets and snapshots: `(old name, new name)` pairs.
     pub(crate) fn rename(&self, moves: &[(String, String)]) {
-        for h in self.st.lock().open.values_mut() {
+        let mut st = self.st.lock();
+        for h in st.open.values_mut() {
             if let Some((_, new)) = moves.iter().find(|(old, _)| *old == h.dataset) {
                 h.dataset = new.clone();
+            }
+        }
+        for (old, new) in moves {
+            if let Some(e) = st.written.remove(old) {
+                st.written.insert(new.clone(), e);
             }
         }
     }
@@ -173,8 +249,11 @@ impl Holders {
             }
             st.next += 1;
             let id = st.next;
-            st.fences.insert(id, scope);
             let revoked: Vec<Holder> = ids.iter().filter_map(|id| st.open.remove(id)).collect();
+            // What they wrote is being destroyed or rolled back: no event.
+            st.written.retain(|d, _| !scope.covers(d));
+            st.finished.retain(|d, _| !scope.covers(d));
+            st.fences.insert(id, scope);
             (id, revoked)
         };
         let fence = Fence {
@@ -251,5 +330,51 @@ mod tests {
         let _f = h.fence(scope.clone(), true, "x", |w| w.into()).unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert!(h.list(&scope).is_empty());
+    }
+
+    #[test]
+    fn the_last_close_after_writes_is_reported_once() {
+        let h = Arc::new(Holders::default());
+        let open = |ds: &str, event: bool| {
+            let o = h.open(ds, "c".into(), Arc::new(|_| {})).unwrap();
+            if event {
+                o.snapshot_on_close(EventKind::NbdDisconnect);
+            }
+            o
+        };
+        // A writer closes while a reader stays: reported at the reader's close.
+        let (writer, reader) = (open("tank/v", true), open("tank/v", true));
+        writer.write_mark().mark();
+        drop(writer);
+        assert!(h.take_finished().is_empty());
+        drop(reader);
+        assert_eq!(
+            h.take_finished(),
+            BTreeMap::from([("tank/v".to_string(), EventKind::NbdDisconnect)])
+        );
+        assert!(h.take_finished().is_empty(), "reported twice");
+        // Only readers: nothing.
+        drop(open("tank/v", true));
+        assert!(h.take_finished().is_empty());
+        // A handle that did not ask for events: nothing.
+        let quiet = open("tank/v", false);
+        quiet.write_mark().mark();
+        drop(quiet);
+        assert!(h.take_finished().is_empty());
+        // Renamed while open: reported under the new name.
+        let w = open("tank/v", true);
+        w.write_mark().mark();
+        h.rename(&[("tank/v".into(), "tank/w".into())]);
+        drop(w);
+        assert!(h.take_finished().contains_key("tank/w"));
+        // Taken away by a forced destroy or rollback: nothing.
+        let w = open("tank/v", true);
+        w.write_mark().mark();
+        let f = h
+            .fence(Scope::Tree("tank/v".into()), true, "x", |w| w.into())
+            .unwrap();
+        drop(w);
+        drop(f);
+        assert!(h.take_finished().is_empty());
     }
 }

@@ -30,13 +30,14 @@ mod upgrade;
 mod volume;
 
 pub use api_types::*;
-pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView};
+pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView, AUTO_PROPERTY};
 pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
-pub use holders::{HolderInfo, OpenHandle, Revoke};
+pub use holders::{HolderInfo, OpenHandle, Revoke, WriteMark};
 pub use objects::{now_ns, ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
+pub use policy::EventKind;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;

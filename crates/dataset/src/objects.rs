@@ -1169,6 +1169,7 @@ impl ObjectSet {
             return Err(Error::ReadOnly(self.name()));
         }
         let ds = st.ds();
+        self.pool.object_writes.note(ds);
         self.pool.admit_change(&self.name(), class, || {
             apply_op(&self.pool, ds, &st, &op, true, Some(class))
         })

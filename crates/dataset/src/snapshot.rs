@@ -17,7 +17,7 @@ use block::BlockPointer;
 use meta::redb::{ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use meta::schema::{BLOCK_MAP, DEAD_LIST};
 use pool::Dva;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// A dead-list row: (dataset, death txg, address, birth txg).
 type DeadKey = (u64, u64, Vec<u8>, u64);
@@ -309,10 +309,11 @@ fn remove_rows(
 
 /// Contiguous runs (in the dataset's snapshot order) of the txgs in `doomed`.
 fn runs(all: &[u64], doomed: &[u64]) -> Vec<(u64, u64)> {
+    debug_assert!(doomed.is_sorted());
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut open: Option<(u64, u64)> = None;
     for &t in all {
-        if doomed.contains(&t) {
+        if doomed.binary_search(&t).is_ok() {
             open = Some(open.map_or((t, t), |(a, _)| (a, t)));
         } else if let Some(r) = open.take() {
             out.push(r);
@@ -740,15 +741,41 @@ impl ImportedPool {
         ids: &[u64],
     ) -> Result<u64> {
         let mut by_ds: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for id in ids {
-            let snap = datasets
+        // A few ids (a listing asks one at a time): a search each, which
+        // stops at the first match; a set (policy pruning asks about
+        // thousands): one pass over the records.
+        let snaps: Vec<&DatasetRecord> = if ids.len() <= 8 {
+            ids.iter()
+                .map(|id| {
+                    datasets
+                        .values()
+                        .find(|r| r.id == *id && r.is_snapshot())
+                        .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))
+                })
+                .collect::<Result<_>>()?
+        } else {
+            let wanted: HashSet<u64> = ids.iter().copied().collect();
+            let found: Vec<&DatasetRecord> = datasets
                 .values()
-                .find(|r| r.id == *id && r.is_snapshot())
-                .ok_or_else(|| Error::NotFound(format!("snapshot {id}")))?;
+                .filter(|r| r.is_snapshot() && wanted.contains(&r.id))
+                .collect();
+            if found.len() < wanted.len() {
+                return Err(Error::NotFound(format!(
+                    "{} of {} snapshots",
+                    wanted.len() - found.len(),
+                    wanted.len()
+                )));
+            }
+            found
+        };
+        for snap in snaps {
             by_ds
                 .entry(snap.data_id())
                 .or_default()
                 .push(snap.created_txg);
+        }
+        for txgs in by_ds.values_mut() {
+            txgs.sort_unstable();
         }
         let tx = self.db().begin_read().map_err(meta_err)?;
         let dead = tx.open_table(DEAD_LIST).map_err(meta_err)?;

@@ -220,6 +220,8 @@ pub struct ImportedPool {
     /// Suspension, pool properties, the fault manager (crate::health).
     pub health: crate::health::Health,
     pub(crate) health_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// When the object layer last wrote each dataset (`s3-quiet` snapshots).
+    pub(crate) object_writes: crate::autosnap::WriteClock,
 }
 
 pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
@@ -358,6 +360,7 @@ impl ImportedPool {
             scan: Default::default(),
             health: crate::health::Health::new(props),
             health_thread: Mutex::new(None),
+            object_writes: Default::default(),
         });
         let _ = slot.set(Arc::downgrade(&imported));
         let replayed = records.len();

@@ -103,3 +103,13 @@ pub const VDEV_PATHS: TableDefinition<u64, &str> = TableDefinition::new("vdev_pa
 /// `comment`): name -> value. Absent means the default. Created at the
 /// first import by a build that knows it (older pools have no such table).
 pub const POOL_PROPS: TableDefinition<&str, &str> = TableDefinition::new("pool_props");
+
+/// `cistern policy history`: sequence number -> JSON record of one snapshot
+/// policy run on a dataset of this pool (`dataset::autosnap`), the newest
+/// [`POLICY_HISTORY_LEN`] kept. Created at the first run that records one;
+/// pools made before it have none and start with an empty history (0021).
+pub const POLICY_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("policy_history");
+/// Next sequence number of `POLICY_HISTORY`.
+pub const RECORD_POLICY_HISTORY_NEXT: &str = "policy_history_next";
+/// Runs kept per pool.
+pub const POLICY_HISTORY_LEN: u64 = 1000;

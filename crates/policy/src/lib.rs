@@ -32,6 +32,8 @@ pub enum Error {
     Policy { policy: String, why: String },
     #[error("unknown policy '{0}' (not in the config and not built in)")]
     UnknownPolicy(String),
+    #[error("bad event {0}")]
+    Event(String),
 }
 
 /// A count in the retention grid that keeps every period.
@@ -41,6 +43,65 @@ pub const DEFAULT_PREFIX: &str = "auto-";
 pub const TIMEMACHINE: &str = "timemachine";
 /// Pool capacity (percent) past which the built-in policy prunes oldest first.
 pub const DEFAULT_CAPACITY_PERCENT: f64 = 80.0;
+/// Event snapshots: at most one automatic snapshot per this many seconds.
+pub const DEFAULT_EVENT_MIN_INTERVAL_SECS: i64 = 600;
+/// `s3-quiet`: a bucket counts as quiet this long after its last write.
+pub const DEFAULT_S3_QUIET_SECS: i64 = 300;
+
+/// What ended a backup: the events a policy can take a snapshot on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    /// The last NBD client of a volume disconnected after writing.
+    NbdDisconnect,
+    /// A bucket had no writes for the policy's `s3_quiet` after some.
+    S3Quiet,
+    /// A file share's client disconnected after writing (Time Machine
+    /// finished, an SMB/NFS session closed): the share layers report it.
+    ShareDisconnect,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 3] = [
+        EventKind::NbdDisconnect,
+        EventKind::S3Quiet,
+        EventKind::ShareDisconnect,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::NbdDisconnect => "nbd-disconnect",
+            EventKind::S3Quiet => "s3-quiet",
+            EventKind::ShareDisconnect => "share-disconnect",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<EventKind, Error> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s.trim())
+            .ok_or_else(|| {
+                Error::Event(format!(
+                    "'{s}': expected nbd-disconnect, s3-quiet or share-disconnect"
+                ))
+            })
+    }
+
+    /// How the event reads in reasons and the history.
+    pub fn describe(self) -> &'static str {
+        match self {
+            EventKind::NbdDisconnect => "the last NBD client disconnected after writing",
+            EventKind::S3Quiet => "the bucket went quiet after writes",
+            EventKind::ShareDisconnect => "a share client disconnected after writing",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Periods a retention rule counts, finest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,9 +338,15 @@ pub struct PolicyConfig {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_secs: Option<f64>,
-    /// Event snapshots (the last client of a volume disconnects after
-    /// writing): at most one per this interval, e.g. `10m`; unset = off.
+    /// Event snapshots: which events take one (`nbd-disconnect`,
+    /// `s3-quiet`, `share-disconnect`). Unset: none, unless
+    /// `event_min_interval` is set, which alone turns on all three.
+    pub events: Option<Vec<String>>,
+    /// At most one automatic snapshot per this interval from events (a
+    /// flapping client); default `10m`. An event inside it is deferred to its end.
     pub event_min_interval: Option<String>,
+    /// `s3-quiet`: how long a bucket must go without writes; default `5m`.
+    pub s3_quiet: Option<String>,
 }
 
 /// A policy, checked and ready to plan with.
@@ -295,8 +362,12 @@ pub struct Policy {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_secs: f64,
-    /// Event snapshots: minimum seconds between two; `None` = no event snapshots.
-    pub event_min_interval_secs: Option<i64>,
+    /// The events that take a snapshot (empty: none).
+    pub events: Vec<EventKind>,
+    /// Minimum seconds between an automatic snapshot and an event snapshot.
+    pub event_min_interval_secs: i64,
+    /// `s3-quiet`: seconds without writes after which a bucket is quiet.
+    pub s3_quiet_secs: i64,
     /// Where it comes from: `config`, `built-in` or `schedule property`.
     pub origin: String,
 }
@@ -347,10 +418,32 @@ impl Policy {
                 "hook_timeout_secs {hook_timeout_secs} must be between 0 and 86400"
             )));
         }
-        let event_min_interval_secs = match &c.event_min_interval {
-            Some(d) => Some(parse_duration(d).map_err(|e| err(e.to_string()))?),
-            None => None,
+        let duration = |d: &Option<String>, default: i64| -> Result<i64, Error> {
+            match d {
+                Some(d) => parse_duration(d).map_err(|e| err(e.to_string())),
+                None => Ok(default),
+            }
         };
+        let event_min_interval_secs =
+            duration(&c.event_min_interval, DEFAULT_EVENT_MIN_INTERVAL_SECS)?;
+        let s3_quiet_secs = duration(&c.s3_quiet, DEFAULT_S3_QUIET_SECS)?;
+        if s3_quiet_secs < 1 {
+            return Err(err("s3_quiet must be at least 1s".into()));
+        }
+        let mut events = match (&c.events, &c.event_min_interval) {
+            (Some(list), _) => list
+                .iter()
+                .map(|e| EventKind::parse(e).map_err(|e| err(e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?,
+            // `event_min_interval` alone (the first form of this table): every event.
+            (None, Some(_)) => EventKind::ALL.to_vec(),
+            (None, None) => builtin
+                .as_ref()
+                .map(|b| b.events.clone())
+                .unwrap_or_default(),
+        };
+        events.sort();
+        events.dedup();
         Ok(Policy {
             name: name.to_string(),
             schedule,
@@ -360,7 +453,9 @@ impl Policy {
             pre_hook: c.pre_hook.clone().filter(|h| !h.trim().is_empty()),
             post_hook: c.post_hook.clone().filter(|h| !h.trim().is_empty()),
             hook_timeout_secs,
+            events,
             event_min_interval_secs,
+            s3_quiet_secs,
             origin: "config".into(),
         })
     }
@@ -376,7 +471,9 @@ impl Policy {
             pre_hook: None,
             post_hook: None,
             hook_timeout_secs: DEFAULT_HOOK_TIMEOUT_SECS,
-            event_min_interval_secs: None,
+            events: Vec::new(),
+            event_min_interval_secs: DEFAULT_EVENT_MIN_INTERVAL_SECS,
+            s3_quiet_secs: DEFAULT_S3_QUIET_SECS,
             origin: "built-in".into(),
         }
     }
@@ -398,7 +495,9 @@ impl Policy {
             pre_hook: None,
             post_hook: None,
             hook_timeout_secs: DEFAULT_HOOK_TIMEOUT_SECS,
-            event_min_interval_secs: None,
+            events: Vec::new(),
+            event_min_interval_secs: DEFAULT_EVENT_MIN_INTERVAL_SECS,
+            s3_quiet_secs: DEFAULT_S3_QUIET_SECS,
             origin: "schedule property".into(),
         })
     }
@@ -562,6 +661,10 @@ pub fn due(
         .max();
     let last = newest.max(last_run);
     match (policy.schedule.slot_start(now), last) {
+        (None, _) if policy.schedule == Schedule::Never => (
+            false,
+            "no schedule: snapshots come from events and `policy run`".into(),
+        ),
         (None, _) => (false, format!("schedule {} has no slot", policy.schedule)),
         (Some(_), None) => (true, "no automatic snapshot yet".into()),
         (Some(slot), Some(l)) if l < slot => (
@@ -585,14 +688,35 @@ pub fn due(
     }
 }
 
-/// An event (the last client of a volume disconnected after writing): due
-/// unless event snapshots are off for the policy or the newest automatic
-/// snapshot is younger than the minimum interval, so a flapping client
-/// cannot create thousands. When due, the caller runs [`plan`] with `force`.
-pub fn event_due(policy: &Policy, now: i64, snapshots: &[SnapshotEntry]) -> (bool, String) {
-    let Some(min) = policy.event_min_interval_secs else {
-        return (false, "event snapshots are off for this policy".into());
-    };
+/// What to do with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventDue {
+    /// The policy does not take snapshots on this event: forget it.
+    Off,
+    /// Take one now (the caller runs [`plan`] with `force`).
+    Now,
+    /// Inside the minimum interval: take one at this time (Unix seconds),
+    /// so the end of a flapping client's writes is still captured.
+    At(i64),
+}
+
+/// An event ended a backup: a snapshot now, unless event snapshots of this
+/// kind are off for the policy, or the newest automatic snapshot is younger
+/// than the minimum interval (then at the end of it), so a flapping client
+/// cannot create thousands.
+pub fn event_due(
+    policy: &Policy,
+    kind: EventKind,
+    now: i64,
+    snapshots: &[SnapshotEntry],
+) -> (EventDue, String) {
+    if !policy.events.contains(&kind) {
+        return (
+            EventDue::Off,
+            format!("policy {} takes no snapshots on {kind}", policy.name),
+        );
+    }
+    let min = policy.event_min_interval_secs;
     let newest = snapshots
         .iter()
         .filter(|s| policy.is_automatic(&s.name))
@@ -600,14 +724,16 @@ pub fn event_due(policy: &Policy, now: i64, snapshots: &[SnapshotEntry]) -> (boo
         .max();
     match newest {
         Some(t) if now - t < min => (
-            false,
+            EventDue::At(t + min),
             format!(
-                "newest automatic snapshot is {}s old, under the {} minimum interval",
+                "{}: newest automatic snapshot is {}s old, under the {} minimum interval; deferred to {}",
+                kind.describe(),
                 now - t,
-                format_duration(min)
+                format_duration(min),
+                time::display(t + min)
             ),
         ),
-        _ => (true, "written, then the last client disconnected".into()),
+        _ => (EventDue::Now, format!("event {kind}: {}", kind.describe())),
     }
 }
 
@@ -744,35 +870,66 @@ pub fn plan(policy: &Policy, input: Input<'_>, capacity: Option<&dyn Capacity>) 
     destroy.reverse();
 
     // Past the capacity threshold, the oldest automatic snapshots go first,
-    // whatever the grid says - but never a held one, never the newest.
+    // whatever the grid says - but never a held one, never the newest. The
+    // space is what destroying the whole set frees (blocks shared only by
+    // snapshots of the set count once, as `destroy -nv` of them says), and
+    // freeing grows with the set, so the fewest oldest that bring the pool
+    // below the threshold are found by bisection: a few set estimates, not
+    // one per candidate.
     if let (Some(limit), Some(cap)) = (policy.capacity_percent, capacity) {
-        loop {
-            let names: Vec<&str> = destroy.iter().map(|d| d.name.as_str()).collect();
-            let used = cap.percent_after(&names);
-            if used <= limit {
-                break;
-            }
-            let victim = keep
+        let candidates: Vec<usize> = (1..keep.len())
+            .rev()
+            .filter(|&i| {
+                let d = &keep[i];
+                !d.reasons.iter().any(|r| r == "held") && Some(&d.name) != create.as_ref()
+            })
+            .collect();
+        let after = |k: usize| {
+            let names: Vec<&str> = destroy
                 .iter()
-                .enumerate()
-                .skip(1)
-                .rev()
-                .find(|(_, d)| {
-                    !d.reasons.iter().any(|r| r == "held") && Some(&d.name) != create.as_ref()
-                })
-                .map(|(i, _)| i);
-            let Some(i) = victim else { break };
-            let d = keep.remove(i);
-            destroy.push(Decision {
-                reasons: vec![format!(
-                    "capacity: pool {used:.1}% full > {limit}%: oldest automatic snapshot first"
-                )],
-                ..d
-            });
+                .map(|d| d.name.as_str())
+                .chain(candidates[..k].iter().map(|&i| keep[i].name.as_str()))
+                .collect();
+            cap.percent_after(&names)
+        };
+        let used = after(0);
+        if used > limit && !candidates.is_empty() {
+            // The smallest k with after(k) <= limit; all of them if none is enough.
+            let (mut lo, mut hi) = (1, candidates.len());
+            let mut reached = None;
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                let pct = after(mid);
+                if pct <= limit {
+                    hi = mid;
+                    reached = Some(pct);
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            // `reached` is after(hi) from the last time hi moved; else hi never did.
+            let reached = reached.unwrap_or_else(|| after(lo));
+            let outcome = if reached <= limit {
+                format!("{reached:.1}% after this batch")
+            } else {
+                format!("still {reached:.1}% with every unheld automatic snapshot gone")
+            };
+            let mut victims: Vec<usize> = candidates[..lo].to_vec();
+            victims.sort_unstable_by(|a, b| b.cmp(a));
+            for i in victims {
+                let d = keep.remove(i);
+                destroy.push(Decision {
+                    reasons: vec![format!(
+                        "capacity: pool {used:.1}% full > {limit}%: oldest automatic snapshots first ({outcome})"
+                    )],
+                    ..d
+                });
+            }
         }
         destroy.sort_by(|a, b| a.time.cmp(&b.time).then_with(|| a.name.cmp(&b.name)));
+        let kept: HashSet<&str> = keep.iter().map(|k| k.name.as_str()).collect();
         for r in &mut rules {
-            r.kept.retain(|n| keep.iter().any(|k| &k.name == n));
+            r.kept.retain(|n| kept.contains(n.as_str()));
         }
     }
 
@@ -802,18 +959,38 @@ mod tests {
     #[test]
     fn a_flapping_client_gets_one_event_snapshot_per_interval() {
         let c = PolicyConfig {
-            schedule: "daily".into(),
+            schedule: "none".into(),
+            events: Some(vec!["nbd-disconnect".into()]),
             event_min_interval: Some("10m".into()),
             ..Default::default()
         };
         let p = Policy::from_config("backup", &c).unwrap();
-        assert!(!event_due(&Policy::timemachine(), 0, &[]).0);
+        assert_eq!(p.schedule, Schedule::Never);
+        assert!(!due(&p, 1_795_240_800, &[], None).0, "none has no slots");
+        let tm = Policy::timemachine();
+        assert_eq!(
+            event_due(&tm, EventKind::NbdDisconnect, 0, &[]).0,
+            EventDue::Off
+        );
+        assert_eq!(event_due(&p, EventKind::S3Quiet, 0, &[]).0, EventDue::Off);
         let mut snaps: Vec<SnapshotEntry> = Vec::new();
         let start = 1_795_240_800;
-        // Disconnects every 30 s for an hour.
+        let mut deferred = None;
+        // Disconnects every 30 s for an hour: one at once, then one at the
+        // end of each interval (the deferred event), never more.
         for i in 0..120 {
             let now = start + i * 30;
-            if event_due(&p, now, &snaps).0 {
+            let take = match event_due(&p, EventKind::NbdDisconnect, now, &snaps).0 {
+                EventDue::Now => true,
+                EventDue::At(t) => {
+                    assert!(t > now && t <= now + 600);
+                    deferred = Some(t);
+                    false
+                }
+                EventDue::Off => unreachable!(),
+            } || deferred.is_some_and(|t| t <= now);
+            if take {
+                deferred = None;
                 let pl = plan(
                     &p,
                     Input {
@@ -833,11 +1010,158 @@ mod tests {
             }
         }
         assert_eq!(snaps.len(), 6, "{snaps:?}");
-        let bad = PolicyConfig {
-            event_min_interval: Some("soon".into()),
-            ..c
+        for w in snaps.windows(2) {
+            assert!(w[1].created - w[0].created >= 600, "{snaps:?}");
+        }
+        for bad in [
+            PolicyConfig {
+                event_min_interval: Some("soon".into()),
+                ..c.clone()
+            },
+            PolicyConfig {
+                events: Some(vec!["reboot".into()]),
+                ..c.clone()
+            },
+            PolicyConfig {
+                s3_quiet: Some("0s".into()),
+                ..c.clone()
+            },
+        ] {
+            assert!(Policy::from_config("backup", &bad).is_err(), "{bad:?}");
+        }
+        // The first form of the table: an interval alone turns on every event.
+        let old = PolicyConfig {
+            schedule: "daily".into(),
+            event_min_interval: Some("10m".into()),
+            ..Default::default()
         };
-        assert!(Policy::from_config("backup", &bad).is_err());
+        let p = Policy::from_config("old", &old).unwrap();
+        assert_eq!(p.events, EventKind::ALL.to_vec());
+        assert_eq!(p.s3_quiet_secs, DEFAULT_S3_QUIET_SECS);
+    }
+
+    /// Space shared by neighbouring snapshots: each alone frees nothing,
+    /// the pair frees it all (what the dead lists say of a set).
+    struct Shared {
+        pairs: Vec<(&'static str, &'static str, f64)>,
+        used: f64,
+        calls: std::cell::Cell<usize>,
+    }
+
+    impl Capacity for Shared {
+        fn percent_after(&self, destroyed: &[&str]) -> f64 {
+            self.calls.set(self.calls.get() + 1);
+            let gone: HashSet<&str> = destroyed.iter().copied().collect();
+            self.used
+                - self
+                    .pairs
+                    .iter()
+                    .filter(|(a, b, _)| gone.contains(a) && gone.contains(b))
+                    .map(|p| p.2)
+                    .sum::<f64>()
+        }
+    }
+
+    #[test]
+    fn capacity_prunes_the_fewest_oldest_by_set_space() {
+        let c = PolicyConfig {
+            schedule: "daily".into(),
+            keep: Some("daily=all".into()),
+            capacity: Some(80.0),
+            ..Default::default()
+        };
+        let p = Policy::from_config("tm", &c).unwrap();
+        let day = 86_400;
+        let start = 1_700_006_400;
+        let names = [
+            "auto-2023-11-15T0000Z",
+            "auto-2023-11-16T0000Z",
+            "auto-2023-11-17T0000Z",
+            "auto-2023-11-18T0000Z",
+            "auto-2023-11-19T0000Z",
+            "auto-2023-11-20T0000Z",
+        ];
+        let mut snaps: Vec<SnapshotEntry> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| SnapshotEntry {
+                name: n.to_string(),
+                created: start + i as i64 * day,
+                held: false,
+            })
+            .collect();
+        snaps.push(SnapshotEntry {
+            name: "manual".into(),
+            created: start,
+            held: false,
+        });
+        snaps[0].held = true;
+        let cap = Shared {
+            // 16/17 and 18/19 each share 6%: one alone frees nothing.
+            pairs: vec![(names[1], names[2], 6.0), (names[3], names[4], 6.0)],
+            used: 90.0,
+            calls: Default::default(),
+        };
+        let now = start + 5 * day + 60;
+        let pl = plan(
+            &p,
+            Input {
+                now,
+                snapshots: &snaps,
+                last_run: Some(now),
+                force: false,
+                take: false,
+            },
+            Some(&cap),
+        );
+        let gone: Vec<&str> = pl.destroy.iter().map(|d| d.name.as_str()).collect();
+        // 90 - 6 = 84 > 80 after the first pair: both pairs go, the held
+        // oldest, the manual one and the newest stay.
+        assert_eq!(gone, &names[1..5], "{pl:?}");
+        assert!(
+            pl.destroy[0].reasons[0].contains("78.0% after this batch"),
+            "{pl:?}"
+        );
+        assert!(cap.calls.get() <= 5, "{} estimates", cap.calls.get());
+        // A per-snapshot sum would see nothing to gain and prune everything;
+        // with a lower bar one pair is enough.
+        let p2 = Policy {
+            capacity_percent: Some(85.0),
+            ..p.clone()
+        };
+        let pl = plan(
+            &p2,
+            Input {
+                now,
+                snapshots: &snaps,
+                last_run: Some(now),
+                force: false,
+                take: false,
+            },
+            Some(&cap),
+        );
+        let gone: Vec<&str> = pl.destroy.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(gone, &names[1..3]);
+        // Not enough even with all: every unheld automatic one but the newest.
+        let p3 = Policy {
+            capacity_percent: Some(10.0),
+            ..p
+        };
+        let pl = plan(
+            &p3,
+            Input {
+                now,
+                snapshots: &snaps,
+                last_run: Some(now),
+                force: false,
+                take: false,
+            },
+            Some(&cap),
+        );
+        let gone: Vec<&str> = pl.destroy.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(gone, &names[1..5]);
+        assert!(pl.destroy[0].reasons[0].contains("still 78.0%"), "{pl:?}");
+        assert_eq!(pl.manual, vec!["manual".to_string()]);
     }
 
     #[test]

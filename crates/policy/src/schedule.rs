@@ -18,6 +18,8 @@ pub enum Schedule {
     Yearly,
     /// `minute hour day-of-month month day-of-week`, evaluated in UTC.
     Cron(Cron),
+    /// `none`: no slots; snapshots come from events and `policy run` only.
+    Never,
 }
 
 pub const DEFAULT_FREQUENT_MINUTES: u32 = 15;
@@ -40,6 +42,7 @@ impl Schedule {
             return Ok(Schedule::Frequently(n));
         }
         Ok(match s {
+            "none" => Schedule::Never,
             "frequently" => Schedule::Frequently(DEFAULT_FREQUENT_MINUTES),
             "hourly" => Schedule::Hourly,
             "daily" => Schedule::Daily,
@@ -47,13 +50,13 @@ impl Schedule {
             "monthly" => Schedule::Monthly,
             "yearly" => Schedule::Yearly,
             _ => return Err(bad(
-                "expected frequently[=MINUTES], hourly, daily, weekly, monthly, yearly or cron=\"M H DOM MON DOW\"",
+                "expected frequently[=MINUTES], hourly, daily, weekly, monthly, yearly, none or cron=\"M H DOM MON DOW\"",
             )),
         })
     }
 
     /// Start of the slot containing `t`: the latest slot start <= t.
-    /// `None` only for a cron rule that matched nothing in the last 5 years.
+    /// `None` for `none`, and for a cron rule that matched nothing in the last 5 years.
     pub fn slot_start(&self, t: i64) -> Option<i64> {
         let day = t.div_euclid(86_400);
         let c = civil(t);
@@ -68,6 +71,7 @@ impl Schedule {
             Schedule::Monthly => days_from_civil(c.year, c.month, 1) * 86_400,
             Schedule::Yearly => days_from_civil(c.year, 1, 1) * 86_400,
             Schedule::Cron(cron) => return cron.at_or_before(t),
+            Schedule::Never => return None,
         })
     }
 
@@ -94,6 +98,7 @@ impl Schedule {
             }
             Schedule::Yearly => days_from_civil(c.year + 1, 1, 1) * 86_400,
             Schedule::Cron(cron) => return cron.after(t),
+            Schedule::Never => return None,
         })
     }
 }
@@ -108,6 +113,7 @@ impl fmt::Display for Schedule {
             Schedule::Monthly => f.write_str("monthly"),
             Schedule::Yearly => f.write_str("yearly"),
             Schedule::Cron(c) => write!(f, "cron={}", c.text),
+            Schedule::Never => f.write_str("none"),
         }
     }
 }

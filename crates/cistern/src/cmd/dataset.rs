@@ -512,7 +512,14 @@ fn check_property(name: &str) -> Result<()> {
 
 pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
     let types = parse_types(a.types.as_deref(), LIST_DEFAULT_TYPES)?;
-    let columns = parse_columns(a.columns.as_deref().unwrap_or("name,used,avail,refer"))?;
+    // A snapshot listing also says which are automatic (the policy that
+    // made and prunes each, `-` for manual ones), as `-o cistern:auto` does.
+    let default = if types.only_snapshots() {
+        "name,used,avail,refer,cistern:auto"
+    } else {
+        "name,used,avail,refer"
+    };
+    let columns = parse_columns(a.columns.as_deref().unwrap_or(default))?;
     for k in &a.sort_keys {
         check_property(&k.prop)?;
     }

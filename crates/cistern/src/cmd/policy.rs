@@ -68,6 +68,15 @@ pub fn run(client: &api::Client, c: PolicyCommand) -> Result<()> {
     }
 }
 
+/// `90s`, `10m`, `2h`: the shortest exact unit.
+fn secs(n: i64) -> String {
+    match n {
+        n if n >= 3600 && n % 3600 == 0 => format!("{}h", n / 3600),
+        n if n >= 60 && n % 60 == 0 => format!("{}m", n / 60),
+        n => format!("{n}s"),
+    }
+}
+
 fn dash(s: Option<String>) -> String {
     s.filter(|s| !s.is_empty()).unwrap_or_else(|| "-".into())
 }
@@ -78,7 +87,7 @@ fn list(client: &api::Client, a: ListArgs) -> Result<()> {
         return json(&rows);
     }
     let mut t = Table::new(&[
-        "NAME", "SCHEDULE", "KEEP", "PREFIX", "CAPACITY", "SOURCE", "DATASETS",
+        "NAME", "SCHEDULE", "KEEP", "PREFIX", "CAPACITY", "EVENTS", "SOURCE", "DATASETS",
     ]);
     for r in rows {
         let p = r.policy;
@@ -88,6 +97,7 @@ fn list(client: &api::Client, a: ListArgs) -> Result<()> {
             p.keep,
             p.prefix,
             dash(p.capacity_percent.map(|c| format!("{c}%"))),
+            dash(Some(p.events.join(","))),
             p.origin,
             dash(Some(r.datasets.join(","))),
         ]);
@@ -123,6 +133,18 @@ fn show(client: &api::Client, a: ShowArgs) -> Result<()> {
     if let Some(c) = p.capacity_percent {
         outln(&format!(
             "capacity:   {c}% (past it the oldest automatic snapshots go first)"
+        ));
+    }
+    if !p.events.is_empty() {
+        let quiet = if p.events.iter().any(|e| e == "s3-quiet") {
+            format!("; s3-quiet after {}", secs(p.s3_quiet_secs))
+        } else {
+            String::new()
+        };
+        outln(&format!(
+            "events:     {} (at most one snapshot per {}{quiet})",
+            p.events.join(", "),
+            secs(p.event_min_interval_secs)
         ));
     }
     for (what, hook) in [("pre-hook", &p.pre_hook), ("post-hook", &p.post_hook)] {
@@ -259,7 +281,7 @@ fn history(client: &api::Client, a: HistoryArgs) -> Result<()> {
             r.policy,
             r.trigger,
             dash(r.created),
-            r.destroyed.len().to_string(),
+            r.destroyed_count.max(r.destroyed.len()).to_string(),
             size_cell(r.freed, a.format.parsable),
             dash(Some(r.errors.join("; "))),
         ]);
