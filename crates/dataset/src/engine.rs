@@ -1012,6 +1012,7 @@ impl Engine {
                     ))
                 }
                 _ => {
+                    props::check_kind(k, DatasetKind::Volume)?;
                     local.insert(k.clone(), props::normalize(k, v)?);
                 }
             }
@@ -1174,6 +1175,9 @@ impl Engine {
                 ))
             }
             p if props::SETTABLE.contains(&p) => {
+                if !rec.is_snapshot() {
+                    props::check_kind(p, rec.kind)?;
+                }
                 rec.local
                     .insert(prop.to_string(), props::normalize(prop, value)?);
             }

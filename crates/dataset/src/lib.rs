@@ -35,7 +35,7 @@ pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
 pub use holders::{HolderInfo, OpenHandle, Revoke};
-pub use objects::{ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
+pub use objects::{now_ns, ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).

@@ -127,6 +127,11 @@ pub enum ObjectOp {
     Remove {
         obj: u64,
     },
+    /// Several attribute and name changes that happen together or not at
+    /// all (a POSIX rename, mkdir with its `..`): one log record, one txg.
+    /// Only ops without data blocks: no Write, no Truncate, no Remove of an
+    /// object with a size, no nested batch.
+    Batch(Vec<ObjectOp>),
 }
 
 /// Default of `[engine] embed_max`: the largest stored (compressed) block
@@ -142,7 +147,8 @@ pub(crate) fn trimmed_len(data: &[u8]) -> usize {
     end.div_ceil(512).saturating_mul(512).min(data.len())
 }
 
-fn now_ns() -> u64 {
+/// Nanoseconds since the Unix epoch: the clock of every op's `time_ns`.
+pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -331,6 +337,13 @@ impl ObjectOp {
                 e.u8(7).u64(*dir).bytes(name.as_bytes()).u64(*time_ns)
             }
             ObjectOp::Remove { obj } => e.u8(8).u64(*obj),
+            ObjectOp::Batch(ops) => {
+                e.u8(9).u32(ops.len() as u32);
+                for op in ops {
+                    e.bytes(&op.encode());
+                }
+                &mut e
+            }
         };
         e.0
     }
@@ -381,8 +394,46 @@ impl ObjectOp {
                 time_ns: d.u64()?,
             },
             8 => ObjectOp::Remove { obj: d.u64()? },
+            9 => {
+                let n = d.u32()? as usize;
+                // Each member is at least 5 bytes: a bad count cannot allocate much.
+                let mut ops = Vec::with_capacity(n.min(d.0.len() / 5));
+                for _ in 0..n {
+                    let op = ObjectOp::decode(d.bytes()?)?;
+                    if matches!(op, ObjectOp::Batch(_)) {
+                        return Err(Error::Corrupt("nested object op batch".into()));
+                    }
+                    ops.push(op);
+                }
+                ObjectOp::Batch(ops)
+            }
             k => return Err(Error::Corrupt(format!("object op {k}"))),
         })
+    }
+
+    /// The objects whose attributes it changes and the names it looks at.
+    fn touches(&self, objs: &mut Vec<u64>, names: &mut Vec<(u64, String)>) {
+        match self {
+            ObjectOp::Create { .. } => {}
+            ObjectOp::Write { obj, .. }
+            | ObjectOp::Truncate { obj, .. }
+            | ObjectOp::SetPayload { obj, .. }
+            | ObjectOp::SetTimes { obj, .. }
+            | ObjectOp::Remove { obj } => objs.push(*obj),
+            ObjectOp::Link { dir, name, obj, .. } => {
+                objs.extend([*obj, *dir]);
+                names.push((*dir, name.clone()));
+            }
+            ObjectOp::Unlink { dir, name, .. } => {
+                objs.push(*dir);
+                names.push((*dir, name.clone()));
+            }
+            ObjectOp::Batch(ops) => {
+                for op in ops {
+                    op.touches(objs, names);
+                }
+            }
+        }
     }
 }
 
@@ -491,11 +542,23 @@ fn target_of(v: &[u8]) -> Result<u64> {
 struct Prepared {
     /// (object, attributes outside the open txg) of the objects it changes.
     attrs: Vec<(u64, Option<ObjectAttrs>)>,
-    /// A name's target outside the open txg (link, unlink).
-    target: Option<u64>,
+    /// Targets of the names it looks at, outside the open txg (link, unlink).
+    targets: Vec<((u64, String), Option<u64>)>,
 }
 
 impl Prepared {
+    /// What `dir/name` points at: the open txg's entry, else the prepared one.
+    fn target(&self, open: &OpenTxg, ds: u64, dir: u64, name: &str) -> Option<u64> {
+        match open.names.get(&(ds, dir, name.to_string())) {
+            Some(t) => *t,
+            None => self
+                .targets
+                .iter()
+                .find(|((d, n), _)| *d == dir && n == name)
+                .and_then(|(_, t)| *t),
+        }
+    }
+
     /// The attributes to change, newest first: the open txg's, else the prepared ones.
     fn current(&self, open: &OpenTxg, ds: u64, obj: u64) -> Result<Option<ObjectAttrs>> {
         if let Some(a) = open_attrs(open, ds, obj) {
@@ -541,29 +604,23 @@ fn apply_op(
     class: Option<Class>,
 ) -> Result<u64> {
     let st = chain_st;
-    // Objects whose attributes it changes, and the name it looks at.
-    let (objs, name): (Vec<u64>, Option<(u64, &str)>) = match op {
-        ObjectOp::Create { .. } => (vec![], None),
-        ObjectOp::Write { obj, .. }
-        | ObjectOp::Truncate { obj, .. }
-        | ObjectOp::SetPayload { obj, .. }
-        | ObjectOp::SetTimes { obj, .. }
-        | ObjectOp::Remove { obj } => (vec![*obj], None),
-        ObjectOp::Link { dir, name, obj, .. } => (vec![*obj, *dir], Some((*dir, name.as_str()))),
-        ObjectOp::Unlink { dir, name, .. } => (vec![*dir], Some((*dir, name.as_str()))),
-    };
-    let target = match name {
-        Some((dir, n)) => {
-            let open = p.open.lock().names.get(&(ds, dir, n.to_string())).copied();
-            match open {
-                Some(t) => t,
-                None => lookup_outside_open(p, st, dir, n)?,
-            }
+    // Objects whose attributes it changes, and the names it looks at.
+    let (mut objs, mut names) = (Vec::new(), Vec::new());
+    op.touches(&mut objs, &mut names);
+    let mut targets = Vec::with_capacity(names.len());
+    for (dir, n) in names {
+        let open = p.open.lock().names.get(&(ds, dir, n.clone())).copied();
+        let t = match open {
+            Some(t) => t,
+            None => lookup_outside_open(p, st, dir, &n)?,
+        };
+        targets.push(((dir, n), t));
+    }
+    let mut attrs: Vec<(u64, Option<ObjectAttrs>)> = Vec::new();
+    for o in objs.iter().copied().chain(targets.iter().filter_map(|(_, t)| *t)) {
+        if attrs.iter().any(|(x, _)| *x == o) {
+            continue;
         }
-        None => None,
-    };
-    let mut attrs = Vec::new();
-    for &o in objs.iter().chain(target.iter()) {
         let open = p.open.lock().dirty.get(&(ds, o, ATTR_BLOCK)).cloned();
         let a = match open {
             Some(d) => decode_dirty_attrs(&d)?,
@@ -571,7 +628,7 @@ fn apply_op(
         };
         attrs.push((o, a));
     }
-    let prep = Prepared { attrs, target };
+    let prep = Prepared { attrs, targets };
     let missing = |o: u64| Error::NotFound(format!("object {o}"));
     let get = |o: u64| {
         prep.attrs
@@ -646,6 +703,24 @@ fn apply_op(
             (0, 0, None)
         }
         ObjectOp::Create { .. } | ObjectOp::Unlink { .. } => (0, 0, None),
+        ObjectOp::Batch(ops) => {
+            for o in ops {
+                match o {
+                    ObjectOp::Write { .. } | ObjectOp::Truncate { .. } | ObjectOp::Batch(_) => {
+                        return Err(Error::InvalidArgument(
+                            "a batch of object ops holds no data changes".into(),
+                        ))
+                    }
+                    ObjectOp::Remove { obj } if get(*obj).is_some_and(|a| a.size > 0) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "object {obj} has data: remove it on its own, not in a batch"
+                        )))
+                    }
+                    _ => {}
+                }
+            }
+            (0, 0, None)
+        }
     };
     let obj_of_blocks = objs.first().copied().unwrap_or(0);
     let block_op = block_op.unwrap_or(Op::Zero {
@@ -662,21 +737,9 @@ fn apply_op(
         block_op,
         true,
         class,
-        |open| match change_metadata(open, ds, &prep, op) {
-            Ok(generation) if log => {
-                // A create is logged with the generation it got, so replay gives it the same.
-                let record = match (op, generation) {
-                    (ObjectOp::Create { .. }, Some(g)) => {
-                        let mut c = op.clone();
-                        if let ObjectOp::Create { generation, .. } = &mut c {
-                            *generation = g;
-                        }
-                        c.encode()
-                    }
-                    _ => op.encode(),
-                };
-                p.log.append(RecordKind::ObjectOp, ds, 0, 0, &record)
-            }
+        |open| match change_all(open, ds, &prep, op) {
+            // Logged as applied: creates carry the generation they got, so replay gives them the same.
+            Ok(applied) if log => p.log.append(RecordKind::ObjectOp, ds, 0, 0, &applied.encode()),
             Ok(_) => 0,
             Err(e) => {
                 outcome = Err(e);
@@ -685,6 +748,73 @@ fn apply_op(
         },
     )?;
     outcome.map(|()| seq)
+}
+
+/// [`change_metadata`] for one op or each op of a batch, all or nothing: a
+/// batch member that fails puts back what the ones before it changed.
+/// Returns the op as applied (creates with their generation).
+fn change_all(open: &mut OpenTxg, ds: u64, prep: &Prepared, op: &ObjectOp) -> Result<ObjectOp> {
+    let with_generation = |op: &ObjectOp, g: Option<u64>| {
+        let mut c = op.clone();
+        if let (ObjectOp::Create { generation, .. }, Some(g)) = (&mut c, g) {
+            *generation = g;
+        }
+        c
+    };
+    let ObjectOp::Batch(ops) = op else {
+        return change_metadata(open, ds, prep, op).map(|g| with_generation(op, g));
+    };
+    // What the batch may change: attributes and unlinked-set entries of the
+    // objects it touches (and of names' targets), the names themselves.
+    let (mut objs, mut names) = (Vec::new(), Vec::new());
+    op.touches(&mut objs, &mut names);
+    for o in ops {
+        if let ObjectOp::Create { obj, .. } = o {
+            objs.push(*obj);
+        }
+    }
+    objs.extend(prep.targets.iter().filter_map(|(_, t)| *t));
+    let mut name_keys: Vec<(u64, u64, String)> =
+        names.into_iter().map(|(d, n)| (ds, d, n)).collect();
+    name_keys.extend(objs.iter().map(|o| (ds, UNLINKED_SET, unlinked_name(*o))));
+    let saved_attrs: Vec<_> = objs
+        .iter()
+        .map(|o| ((ds, *o, ATTR_BLOCK), open.dirty.get(&(ds, *o, ATTR_BLOCK)).cloned()))
+        .collect();
+    let saved_names: Vec<_> = name_keys
+        .into_iter()
+        .map(|k| {
+            let v = open.names.get(&k).copied();
+            (k, v)
+        })
+        .collect();
+    let saved_next = open.next_object.get(&ds).copied();
+    let mut applied = Vec::with_capacity(ops.len());
+    for o in ops {
+        match change_metadata(open, ds, prep, o) {
+            Ok(g) => applied.push(with_generation(o, g)),
+            Err(e) => {
+                for (k, v) in saved_attrs {
+                    match v {
+                        Some(v) => open.dirty.insert(k, v),
+                        None => open.dirty.remove(&k),
+                    };
+                }
+                for (k, v) in saved_names {
+                    match v {
+                        Some(v) => open.names.insert(k, v),
+                        None => open.names.remove(&k),
+                    };
+                }
+                match saved_next {
+                    Some(n) => open.next_object.insert(ds, n),
+                    None => open.next_object.remove(&ds),
+                };
+                return Err(e);
+            }
+        }
+    }
+    Ok(ObjectOp::Batch(applied))
 }
 
 /// The attribute and name part of `op`, under the open txg's lock. Returns
@@ -775,10 +905,7 @@ fn change_metadata(
             time_ns,
         } => {
             let key = (ds, *dir, name.clone());
-            let before = match open.names.get(&key) {
-                Some(t) => *t,
-                None => prep.target,
-            };
+            let before = prep.target(open, ds, *dir, name);
             if before == Some(*obj) {
                 return Ok(None);
             }
@@ -794,10 +921,7 @@ fn change_metadata(
         }
         ObjectOp::Unlink { dir, name, time_ns } => {
             let key = (ds, *dir, name.clone());
-            let before = match open.names.get(&key) {
-                Some(t) => *t,
-                None => prep.target,
-            };
+            let before = prep.target(open, ds, *dir, name);
             let Some(old) = before else {
                 return Err(Error::NotFound(format!("name '{name}' in directory {dir}")));
             };
@@ -808,9 +932,20 @@ fn change_metadata(
             touch_dir(open, ds, prep, *dir, *time_ns);
         }
         ObjectOp::Remove { obj } => {
+            let a = cur(open, *obj)?;
+            if a.nlink > 0 {
+                return Err(Error::Busy(format!(
+                    "object {obj} still has {} name(s)",
+                    a.nlink
+                )));
+            }
             open.dirty.insert((ds, *obj, ATTR_BLOCK), Dirty::Hole);
             open.names
                 .insert((ds, UNLINKED_SET, unlinked_name(*obj)), None);
+        }
+        // change_all takes batches apart.
+        ObjectOp::Batch(_) => {
+            return Err(Error::InvalidArgument("nested object op batch".into()))
         }
     }
     Ok(None)
@@ -1030,6 +1165,19 @@ impl ObjectSet {
         })
     }
 
+    /// The dataset's id in its pool: stable across restarts and renames
+    /// (NFS file handles carry it).
+    pub fn dataset_id(&self) -> u64 {
+        self.id
+    }
+
+    /// Properties as they apply to this dataset now (inherited or local).
+    pub fn property(&self, prop: &str) -> Result<String> {
+        let datasets = self.pool.datasets.read();
+        let rec = volume::record_by_id(&datasets, self.id, &self.name)?;
+        Ok(crate::txg::lineage(&datasets, rec).resolve(prop).0)
+    }
+
     /// A snapshot, or `readonly=on`.
     pub fn is_readonly(&self) -> Result<bool> {
         Ok(self.state()?.readonly)
@@ -1042,7 +1190,18 @@ impl ObjectSet {
 
     /// A new object (nlink 0, in the unlinked set until linked); its id.
     pub fn create(&self, kind: ObjectKind, payload: &[u8]) -> Result<u64> {
+        let obj = self.allocate()?;
+        self.create_at(obj, kind, self.state()?.recordsize, payload)?;
+        Ok(obj)
+    }
+
+    /// Takes the next object id (for an [`ObjectOp::Create`] in a batch).
+    /// Ids only grow: a rollback or a crash never hands one out twice.
+    pub fn allocate(&self) -> Result<u64> {
         let st = self.state()?;
+        if st.readonly {
+            return Err(Error::ReadOnly(self.name()));
+        }
         let ds = st.ds();
         // The id is taken under the open txg's lock: concurrent creates never share one.
         let obj = {
@@ -1060,8 +1219,37 @@ impl ObjectSet {
             *next += 1;
             id
         };
-        self.create_at(obj, kind, st.recordsize, payload)?;
         Ok(obj)
+    }
+
+    /// Applies several attribute and name changes atomically (one log
+    /// record, one txg): see [`ObjectOp::Batch`]. Creates in it take ids
+    /// from [`ObjectSet::allocate`] and the dataset's recordsize if their
+    /// `blksz` is 0.
+    pub fn apply_batch(&self, mut ops: Vec<ObjectOp>) -> Result<()> {
+        let recordsize = self.state()?.recordsize;
+        for op in &mut ops {
+            if let ObjectOp::Create { blksz, payload, .. } = op {
+                if *blksz == 0 {
+                    *blksz = recordsize;
+                }
+                if payload.len() > MAX_PAYLOAD {
+                    return Err(Error::InvalidArgument(format!(
+                        "object payload of {} bytes (at most {MAX_PAYLOAD})",
+                        payload.len()
+                    )));
+                }
+            }
+            if let ObjectOp::Link { name, .. } = op {
+                Self::check_name(name)?;
+            }
+        }
+        let class = if ops.iter().any(|o| matches!(o, ObjectOp::Create { .. } | ObjectOp::Link { .. })) {
+            Class::Write
+        } else {
+            Class::Free
+        };
+        self.change(ObjectOp::Batch(ops), class).map(|_| ())
     }
 
     fn create_at(&self, obj: u64, kind: ObjectKind, blksz: u32, payload: &[u8]) -> Result<()> {
@@ -1341,6 +1529,7 @@ impl crate::Engine {
                     "property '{k}' is for volumes only"
                 )));
             }
+            crate::props::check_kind(k, kind)?;
             local.insert(k.clone(), crate::props::normalize(k, v)?);
         }
         local.retain(|_, v| v != "none");

@@ -15,11 +15,49 @@ pub const SETTABLE: &[&str] = &[
     "refquota",
     "reservation",
     "refreservation",
+    "recordsize",
+    "atime",
+    "xattr",
+    "acltype",
+    "snapdir",
+    "mountpoint",
+    "sharenfs",
+    "sharesmb",
+    "timemachine",
+    "tm_max_size",
 ];
+/// Filesystem properties fixed when the dataset is created (as zfs).
+pub const CREATE_ONLY: &[&str] = &["casesensitivity", "normalization", "utf8only"];
 /// Space limits (crate::space): a size, or `none` (refreservation also `auto`: the volume's size).
 pub const LIMITS: &[&str] = &["quota", "refquota", "reservation", "refreservation"];
 /// Properties children inherit from their parent when not set locally.
-pub(crate) const INHERITABLE: &[&str] = &["compression", "checksum", "readonly", "recordsize"];
+pub(crate) const INHERITABLE: &[&str] = &[
+    "compression",
+    "checksum",
+    "readonly",
+    "recordsize",
+    "atime",
+    "xattr",
+    "acltype",
+    "snapdir",
+    "mountpoint",
+    "sharenfs",
+    "sharesmb",
+    "timemachine",
+    "tm_max_size",
+];
+/// Inheritable properties only filesystems show (`zfs get all` of a volume has none of them).
+pub(crate) const FILESYSTEM_ONLY: &[&str] = &[
+    "atime",
+    "xattr",
+    "acltype",
+    "snapdir",
+    "mountpoint",
+    "sharenfs",
+    "sharesmb",
+    "timemachine",
+    "tm_max_size",
+];
 /// Snapshot automation (`autosnap.rs`): a named policy, or a schedule with
 /// the default retention grid. Engine properties until user properties
 /// (`module:name`) exist; `autosnap::policy_props` is the one reader.
@@ -123,8 +161,30 @@ fn default_of(prop: &str) -> &'static str {
         "checksum" => "blake3",
         "readonly" => "off",
         "recordsize" => "128K",
+        "atime" | "xattr" => "on",
+        "acltype" => "off",
+        "snapdir" => "hidden",
+        // A user-space daemon mounts only where it is told to (decision 0020).
+        "mountpoint" => "none",
+        "sharenfs" | "sharesmb" | "timemachine" => "off",
+        "tm_max_size" => "none",
+        "casesensitivity" => "sensitive",
+        "normalization" => "none",
+        "utf8only" => "off",
         _ => "-",
     }
+}
+
+/// Refuses filesystem properties on a volume or bucket.
+pub fn check_kind(prop: &str, kind: DatasetKind) -> Result<()> {
+    if (FILESYSTEM_ONLY.contains(&prop) || CREATE_ONLY.contains(&prop))
+        && kind != DatasetKind::Filesystem
+    {
+        return Err(Error::InvalidArgument(format!(
+            "property '{prop}' is for filesystems only"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks and normalizes a value for a settable or create-time property.
@@ -147,10 +207,55 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
             .parse::<ChecksumAlgo>()
             .map(|c| c.to_string())
             .map_err(bad),
-        "readonly" => match value {
+        "readonly" | "atime" | "timemachine" | "utf8only" => match value {
             "on" | "off" => Ok(value.to_string()),
             _ => Err(bad("expected on or off".into())),
         },
+        // zfs's `sa` and `dir` both mean "xattrs on" here: they are always stored with the inode.
+        "xattr" => match value {
+            "on" | "sa" | "dir" => Ok("on".into()),
+            "off" => Ok(value.to_string()),
+            _ => Err(bad("expected on, sa, dir or off".into())),
+        },
+        "acltype" => match value {
+            "off" | "noacl" => Ok("off".into()),
+            "posix" | "posixacl" => Ok("posix".into()),
+            _ => Err(bad("expected off or posix".into())),
+        },
+        "snapdir" => match value {
+            "hidden" | "visible" => Ok(value.to_string()),
+            _ => Err(bad("expected hidden or visible".into())),
+        },
+        "casesensitivity" => match value {
+            "sensitive" | "insensitive" | "mixed" => Ok(value.to_string()),
+            _ => Err(bad("expected sensitive, insensitive or mixed".into())),
+        },
+        "normalization" => match value {
+            "none" | "formC" | "formD" | "formKC" | "formKD" => Ok(value.to_string()),
+            _ => Err(bad("expected none, formC, formD, formKC or formKD".into())),
+        },
+        "mountpoint" => match value {
+            "none" | "legacy" => Ok(value.to_string()),
+            v if v.starts_with('/') && !v.contains('\0') && v.len() <= 1024 => {
+                let trimmed = v.trim_end_matches('/');
+                Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_string())
+            }
+            _ => Err(bad("expected an absolute path, none or legacy".into())),
+        },
+        // `on`, `off`, or share options (NFS: `rw=HOSTS,ro=HOSTS,root_squash`; SMB: ignored
+        // beyond on/off); checked when the share is made so a typo is reported there.
+        "sharenfs" | "sharesmb" => {
+            if value.is_empty() || value.len() > 1024 || value.chars().any(|c| c.is_control()) {
+                Err(bad("expected on, off or share options".into()))
+            } else {
+                Ok(value.to_string())
+            }
+        }
+        "tm_max_size" if value == "none" || value == "0" => Ok("none".into()),
+        "tm_max_size" => {
+            let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
+            Ok(format_size(n))
+        }
         "recordsize" => {
             let n = parse_size(value).map_err(|e| bad(e.reason.into()))?;
             validate_recordsize(n).map(|n| format_size(n as u64))
@@ -394,6 +499,27 @@ impl Lineage<'_> {
         self.resolve("readonly").0 == "on"
     }
 
+    /// Where the filesystem is mounted: `mountpoint` set here, or an
+    /// ancestor's with the rest of the name appended (as zfs); `None` for
+    /// `none`/`legacy`.
+    pub fn mountpoint(&self) -> Option<std::path::PathBuf> {
+        for rec in &self.chain {
+            if let Some(v) = rec.local.get("mountpoint") {
+                if !v.starts_with('/') {
+                    return None;
+                }
+                let here = self.chain.first()?.dataset_name();
+                let suffix = here.strip_prefix(rec.dataset_name()).unwrap_or("");
+                let mut p = std::path::PathBuf::from(v);
+                for part in suffix.split('/').filter(|s| !s.is_empty()) {
+                    p.push(part);
+                }
+                return Some(p);
+            }
+        }
+        None
+    }
+
     /// Block size of new objects (buckets, filesystems).
     pub fn recordsize(&self) -> u32 {
         parse_size(&self.resolve("recordsize").0)
@@ -527,11 +653,21 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
     for prop in INHERITABLE {
         // A volume's block size is volblocksize (zfs shows no recordsize there).
         let volume = rec.volblocksize != 0;
-        if *prop == "recordsize" && volume {
+        if (*prop == "recordsize" || FILESYSTEM_ONLY.contains(prop)) && volume {
+            continue;
+        }
+        if FILESYSTEM_ONLY.contains(prop) && rec.kind != DatasetKind::Filesystem {
             continue;
         }
         let (value, source) = match *prop {
             "readonly" if rec.is_snapshot() => ("on".to_string(), "-".to_string()),
+            "mountpoint" => {
+                let (v, source) = lineage.resolve(prop);
+                let shown = lineage
+                    .mountpoint()
+                    .map_or(v, |m| m.to_string_lossy().into_owned());
+                (shown, source)
+            }
             _ => lineage.resolve(prop),
         };
         out.push(Property {
@@ -540,6 +676,17 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
             value,
             source,
         });
+    }
+    if rec.kind == DatasetKind::Filesystem {
+        for prop in CREATE_ONLY {
+            let (value, source) = lineage.resolve(prop);
+            out.push(Property {
+                name: (*prop).into(),
+                parsable: value.clone(),
+                value,
+                source: if source == "default" { source } else { "-".into() },
+            });
+        }
     }
     out.push(bytes("logicalused", space.logical_used));
     out.push(bytes("logicalreferenced", space.logical_referenced));
