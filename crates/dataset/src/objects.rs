@@ -617,7 +617,11 @@ fn apply_op(
         targets.push(((dir, n), t));
     }
     let mut attrs: Vec<(u64, Option<ObjectAttrs>)> = Vec::new();
-    for o in objs.iter().copied().chain(targets.iter().filter_map(|(_, t)| *t)) {
+    for o in objs
+        .iter()
+        .copied()
+        .chain(targets.iter().filter_map(|(_, t)| *t))
+    {
         if attrs.iter().any(|(x, _)| *x == o) {
             continue;
         }
@@ -739,7 +743,9 @@ fn apply_op(
         class,
         |open| match change_all(open, ds, &prep, op) {
             // Logged as applied: creates carry the generation they got, so replay gives them the same.
-            Ok(applied) if log => p.log.append(RecordKind::ObjectOp, ds, 0, 0, &applied.encode()),
+            Ok(applied) if log => p
+                .log
+                .append(RecordKind::ObjectOp, ds, 0, 0, &applied.encode()),
             Ok(_) => 0,
             Err(e) => {
                 outcome = Err(e);
@@ -779,7 +785,12 @@ fn change_all(open: &mut OpenTxg, ds: u64, prep: &Prepared, op: &ObjectOp) -> Re
     name_keys.extend(objs.iter().map(|o| (ds, UNLINKED_SET, unlinked_name(*o))));
     let saved_attrs: Vec<_> = objs
         .iter()
-        .map(|o| ((ds, *o, ATTR_BLOCK), open.dirty.get(&(ds, *o, ATTR_BLOCK)).cloned()))
+        .map(|o| {
+            (
+                (ds, *o, ATTR_BLOCK),
+                open.dirty.get(&(ds, *o, ATTR_BLOCK)).cloned(),
+            )
+        })
         .collect();
     let saved_names: Vec<_> = name_keys
         .into_iter()
@@ -944,9 +955,7 @@ fn change_metadata(
                 .insert((ds, UNLINKED_SET, unlinked_name(*obj)), None);
         }
         // change_all takes batches apart.
-        ObjectOp::Batch(_) => {
-            return Err(Error::InvalidArgument("nested object op batch".into()))
-        }
+        ObjectOp::Batch(_) => return Err(Error::InvalidArgument("nested object op batch".into())),
     }
     Ok(None)
 }
@@ -1244,7 +1253,10 @@ impl ObjectSet {
                 Self::check_name(name)?;
             }
         }
-        let class = if ops.iter().any(|o| matches!(o, ObjectOp::Create { .. } | ObjectOp::Link { .. })) {
+        let class = if ops
+            .iter()
+            .any(|o| matches!(o, ObjectOp::Create { .. } | ObjectOp::Link { .. }))
+        {
             Class::Write
         } else {
             Class::Free

@@ -684,7 +684,11 @@ pub fn properties(rec: &DatasetRecord, lineage: &Lineage<'_>, space: Space) -> V
                 name: (*prop).into(),
                 parsable: value.clone(),
                 value,
-                source: if source == "default" { source } else { "-".into() },
+                source: if source == "default" {
+                    source
+                } else {
+                    "-".into()
+                },
             });
         }
     }
