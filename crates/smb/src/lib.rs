@@ -175,7 +175,10 @@ impl Samba {
             if !ok {
                 plan.problems.push(Problem {
                     dataset: s.dataset.clone(),
-                    why: format!("mountpoint {} is not a directory (not mounted?)", s.path.display()),
+                    why: format!(
+                        "mountpoint {} is not a directory (not mounted?)",
+                        s.path.display()
+                    ),
                 });
             }
             ok

@@ -70,14 +70,16 @@ pub fn parse_sharesmb(value: &str) -> Result<SmbOptions, String> {
                 o.guest = Some(match v {
                     "true" | "yes" | "on" => true,
                     "false" | "no" | "off" => false,
-                    _ => return Err(format!("sharesmb option guestok={v}: expected true or false")),
+                    _ => {
+                        return Err(format!(
+                            "sharesmb option guestok={v}: expected true or false"
+                        ))
+                    }
                 })
             }
-            _ => {
-                return Err(format!(
-                    "unknown sharesmb option '{opt}' (expected on, off, name=NAME, guestok=true|false)"
-                ))
-            }
+            _ => return Err(format!(
+                "unknown sharesmb option '{opt}' (expected on, off, name=NAME, guestok=true|false)"
+            )),
         }
     }
     Ok(o)
@@ -88,7 +90,13 @@ pub fn parse_sharesmb(value: &str) -> Result<SmbOptions, String> {
 pub fn default_name(dataset: &str) -> String {
     dataset
         .chars()
-        .map(|c| if matches!(c, '/' | '-' | ':' | ' ') { '_' } else { c })
+        .map(|c| {
+            if matches!(c, '/' | '-' | ':' | ' ') {
+                '_'
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -223,7 +231,10 @@ mod tests {
             fs("tank", &[("sharesmb", "off", "default")]),
             fs(
                 "tank/home",
-                &[("sharesmb", "on", "local"), ("mountpoint", "/srv/home", "local")],
+                &[
+                    ("sharesmb", "on", "local"),
+                    ("mountpoint", "/srv/home", "local"),
+                ],
             ),
             fs(
                 "tank/tm",
@@ -253,11 +264,38 @@ mod tests {
     #[test]
     fn problems_are_reported_not_shared() {
         let ds = [
-            fs("tank/a", &[("sharesmb", "on", "local"), ("mountpoint", "none", "default")]),
-            fs("tank/b", &[("sharesmb", "nmae=x", "local"), ("mountpoint", "/b", "local")]),
-            fs("tank/c", &[("sharesmb", "name=tank_d", "local"), ("mountpoint", "/c", "local")]),
-            fs("tank/d", &[("sharesmb", "on", "local"), ("mountpoint", "/d", "local")]),
-            fs("tank/e", &[("timemachine", "on", "local"), ("mountpoint", "/e", "local")]),
+            fs(
+                "tank/a",
+                &[
+                    ("sharesmb", "on", "local"),
+                    ("mountpoint", "none", "default"),
+                ],
+            ),
+            fs(
+                "tank/b",
+                &[
+                    ("sharesmb", "nmae=x", "local"),
+                    ("mountpoint", "/b", "local"),
+                ],
+            ),
+            fs(
+                "tank/c",
+                &[
+                    ("sharesmb", "name=tank_d", "local"),
+                    ("mountpoint", "/c", "local"),
+                ],
+            ),
+            fs(
+                "tank/d",
+                &[("sharesmb", "on", "local"), ("mountpoint", "/d", "local")],
+            ),
+            fs(
+                "tank/e",
+                &[
+                    ("timemachine", "on", "local"),
+                    ("mountpoint", "/e", "local"),
+                ],
+            ),
         ];
         let unshared = ["tank/e".to_string()].into();
         let p = plan(&ds, &unshared);

@@ -32,9 +32,7 @@ pub fn find_program(name: &Path) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
     // smbd lives in /usr/sbin, which a non-root PATH often lacks.
     dirs.extend(["/usr/sbin", "/sbin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// Samba's VFS modules ship apart from smbd on Debian (samba-vfs-modules);
@@ -71,9 +69,34 @@ fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
+/// samba-dcerpcd (started by smbd for share listings and other RPC) makes
+/// a session of its own, so it leaves smbd's group: find the ones started
+/// for this smb.conf (`--configfile=CONF`) and stop their groups.
+fn stop_rpc_helpers(conf: &Path) {
+    let want = format!("--configfile={}", conf.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+        let is_dcerpcd = args.next().is_some_and(|a| a.ends_with("/samba-dcerpcd"));
+        if is_dcerpcd && args.any(|a| a == want) {
+            tracing::debug!(pid, "stopping samba-dcerpcd");
+            signal_group(pid, libc::SIGTERM);
+        }
+    }
+}
+
 /// An smbd left by a daemon that was killed (-9) still holds the port and
 /// the pid file: stop its group if the pid file names an smbd of this conf.
 fn stop_stale(dirs: &Dirs, conf: &Path) {
+    stop_rpc_helpers(conf);
     let Ok(text) = std::fs::read_to_string(dirs.pid_file()) else {
         return;
     };
@@ -175,9 +198,7 @@ impl Smbd {
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| {
-                Error::Smbd(format!("cannot run {}: {e}", self.smbcontrol.display()))
-            })?;
+            .map_err(|e| Error::Smbd(format!("cannot run {}: {e}", self.smbcontrol.display())))?;
         if out.status.success() {
             return Ok(());
         }
@@ -208,8 +229,13 @@ impl Smbd {
         self.control(&["close-share", name])
     }
 
-    /// SIGTERM to the group, SIGKILL after STOP_TIMEOUT.
+    /// SIGTERM to the group, SIGKILL after STOP_TIMEOUT; then the RPC helpers.
     pub fn stop(&mut self) {
+        self.stop_group();
+        stop_rpc_helpers(&self.conf);
+    }
+
+    fn stop_group(&mut self) {
         let pgid = self.pid();
         if self.exited().is_some() {
             // The group may still hold helpers.

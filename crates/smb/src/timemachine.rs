@@ -73,7 +73,8 @@ impl Watcher {
                 let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
                 loop {
                     let now = Instant::now();
-                    let due = |p: &Pending| (p.last + quiet).min(p.first + quiet * MAX_DELAY_PERIODS);
+                    let due =
+                        |p: &Pending| (p.last + quiet).min(p.first + quiet * MAX_DELAY_PERIODS);
                     let wait = pending
                         .values()
                         .map(|p| due(p).saturating_duration_since(now))
@@ -85,7 +86,10 @@ impl Watcher {
                             pending
                                 .entry(ds)
                                 .and_modify(|p| p.last = now)
-                                .or_insert(Pending { first: now, last: now });
+                                .or_insert(Pending {
+                                    first: now,
+                                    last: now,
+                                });
                         }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
@@ -156,7 +160,10 @@ fn backup_finished(engine: &Engine, dataset: &str) -> Option<String> {
         .and_then(|d| d.property("timemachine").map(|p| p.parsable == "on"))
         .unwrap_or(false);
     if !on {
-        tracing::debug!(dataset, "SnapshotHistory.plist renamed outside a timemachine dataset");
+        tracing::debug!(
+            dataset,
+            "SnapshotHistory.plist renamed outside a timemachine dataset"
+        );
         return None;
     }
     match take_event_snapshot(engine, dataset) {
@@ -178,7 +185,9 @@ mod tests {
     #[test]
     fn markers_and_stamps() {
         assert!(is_marker(OsStr::new("SnapshotHistory.plist")));
-        assert!(is_marker(OsStr::new("com.apple.TimeMachine.SnapshotHistory.plist")));
+        assert!(is_marker(OsStr::new(
+            "com.apple.TimeMachine.SnapshotHistory.plist"
+        )));
         assert!(!is_marker(OsStr::new("SnapshotHistory.plist.tmp")));
         assert!(!is_marker(OsStr::new("Info.plist")));
         assert_eq!(stamp(1_795_624_677), "20261125-163757");
