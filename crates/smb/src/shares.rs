@@ -77,9 +77,11 @@ pub fn parse_sharesmb(value: &str) -> Result<SmbOptions, String> {
                     }
                 })
             }
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown sharesmb option '{opt}' (expected on, off, name=NAME, guestok=true|false)"
-            )),
+            ))
+            }
         }
     }
     Ok(o)

@@ -29,9 +29,19 @@ pub fn take_event_snapshot(engine: &Engine, dataset: &str) -> dataset::Result<St
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let name = format!("{dataset}@tm-{}", stamp(secs));
-    engine.snapshot(std::slice::from_ref(&name), false)?;
-    Ok(name)
+    let base = format!("{dataset}@tm-{}", stamp(secs));
+    // Two backups within a second get -1, -2...
+    for n in 0..10 {
+        let name = match n {
+            0 => base.clone(),
+            n => format!("{base}-{n}"),
+        };
+        match engine.snapshot(std::slice::from_ref(&name), false) {
+            Err(dataset::Error::AlreadyExists(_)) => continue,
+            other => return other.map(|_| name),
+        }
+    }
+    Err(dataset::Error::AlreadyExists(base))
 }
 
 /// `20261125-163757` (UTC).
@@ -47,6 +57,9 @@ fn stamp(secs: u64) -> String {
     )
 }
 
+/// Told the name of each event snapshot taken.
+pub type OnEvent = Box<dyn Fn(&str) + Send>;
+
 /// The debouncer: a thread fed by [`Watcher::renamed`].
 pub struct Watcher {
     tx: Mutex<Option<Sender<String>>>,
@@ -61,11 +74,7 @@ struct Pending {
 impl Watcher {
     /// `quiet`: how long after the last marker rename the event is taken.
     /// `on_event` is told each snapshot taken (tests, logs).
-    pub fn start(
-        engine: Arc<Engine>,
-        quiet: Duration,
-        on_event: Option<Box<dyn Fn(&str) + Send>>,
-    ) -> Arc<Watcher> {
+    pub fn start(engine: Arc<Engine>, quiet: Duration, on_event: Option<OnEvent>) -> Arc<Watcher> {
         let (tx, rx) = channel::<String>();
         let thread = std::thread::Builder::new()
             .name("smb-timemachine".into())
