@@ -29,6 +29,8 @@ use std::time::Duration;
 pub use shares::{Plan, Problem};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10445";
+/// How long [`Samba::disconnect`] waits for clients to be gone.
+const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `[smb]` in the daemon's config.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -331,6 +333,15 @@ impl Samba {
         };
         for s in st.shares.iter().filter(|s| s.dataset == dataset) {
             smbd.close_share(&s.name)?;
+            // close-share is a message: wait (bounded) until the clients' smbds let go.
+            let deadline = std::time::Instant::now() + DISCONNECT_TIMEOUT;
+            while smbd.connected(&s.name) == Some(true) {
+                if std::time::Instant::now() > deadline {
+                    tracing::warn!(share = %s.name, "SMB clients still connected {DISCONNECT_TIMEOUT:?} after close-share");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             tracing::info!(share = %s.name, dataset, "SMB clients disconnected");
         }
         Ok(())

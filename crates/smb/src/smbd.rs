@@ -229,6 +229,28 @@ impl Smbd {
         self.control(&["close-share", name])
     }
 
+    /// Whether a client is connected to share `name` (`smbstatus -S`);
+    /// None when smbstatus cannot tell.
+    pub fn connected(&self, name: &str) -> Option<bool> {
+        let bin = find_program(Path::new("smbstatus"))?;
+        let out = Command::new(bin)
+            .arg("-s")
+            .arg(&self.conf)
+            .arg("-S")
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        let prefix = format!("{name} ");
+        Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.starts_with(&prefix)),
+        )
+    }
+
     /// SIGTERM to the group, SIGKILL after STOP_TIMEOUT; then the RPC helpers.
     pub fn stop(&mut self) {
         self.stop_group();
