@@ -179,6 +179,13 @@ pub fn plan(datasets: &[DatasetInfo], unshared: &BTreeSet<String>) -> Plan {
             ));
             continue;
         }
+        if value("xattr") == "off" {
+            problem(
+                "xattr=off: Macs keep Finder info and resource forks in xattrs (streams_xattr)"
+                    .into(),
+            );
+            continue;
+        }
         let tm_max_size = match value("tm_max_size") {
             "none" | "-" | "0" => None,
             v => match dataset::props::parse_size(v) {

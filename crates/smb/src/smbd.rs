@@ -1,5 +1,5 @@
 //! The daemon's own smbd: started in a process group of its own (so its
-//! helpers - samba-dcerpcd, notifyd, one smbd per client - stop with it),
+//! helpers - notifyd, cleanupd, one smbd per client - stop with it),
 //! told to reload or to close a share with smbcontrol, stopped with the
 //! daemon.
 
