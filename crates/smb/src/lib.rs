@@ -29,6 +29,9 @@ use std::time::Duration;
 pub use shares::{Plan, Problem};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10445";
+/// After smbd failed to start, refreshes wait this long before trying again
+/// (`cistern share` tries at once).
+const RETRY_START: Duration = Duration::from_secs(60);
 /// How long [`Samba::disconnect`] waits for clients to be gone.
 const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -107,6 +110,8 @@ struct State {
     warned: bool,
     bonjour: avahi::Bonjour,
     stopped: bool,
+    /// The last failed start: not retried on every API change for a while.
+    start_failed: Option<std::time::Instant>,
 }
 
 pub struct Samba {
@@ -137,6 +142,7 @@ impl Samba {
                 warned: false,
                 bonjour,
                 stopped: false,
+                start_failed: None,
             }),
             timemachine,
         })
@@ -223,7 +229,19 @@ impl Samba {
             }
             Some(_) => {}
             None if st.shares.is_empty() => {}
-            None => self.start_smbd(st)?,
+            None if st
+                .start_failed
+                .is_some_and(|t| t.elapsed() < RETRY_START) =>
+            {
+                tracing::debug!("smbd failed to start recently; not retrying yet");
+            }
+            None => {
+                if let Err(e) = self.start_smbd(st) {
+                    st.start_failed = Some(std::time::Instant::now());
+                    return Err(e);
+                }
+                st.start_failed = None;
+            }
         }
         if self.settings.bonjour {
             let shares = st.shares.clone();
@@ -278,6 +296,7 @@ impl Samba {
     /// (another protocol may share it).
     pub fn share(&self, dataset: Option<&str>) -> Result<Option<Share>, Error> {
         let mut st = self.state.lock();
+        st.start_failed = None;
         match dataset {
             None => st.unshared.clear(),
             Some(d) => {
