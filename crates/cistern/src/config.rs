@@ -469,6 +469,16 @@ mod tests {
     }
 
     #[test]
+    fn smb_section() {
+        let cfg = Config::parse("[smb]\nlisten = \"0.0.0.0:445\"\nguest = true\n").unwrap();
+        assert_eq!(cfg.smb.listen, "0.0.0.0:445".parse().unwrap());
+        assert!(cfg.smb.guest && cfg.smb.enabled);
+        assert_eq!(Config::parse("").unwrap().smb, smb::Settings::default());
+        let e = Config::parse("[smb]\nport = 445\n").unwrap_err();
+        assert!(format!("{e:#}").contains("port"), "{e:#}");
+    }
+
+    #[test]
     fn empty_config_is_defaults() {
         let cfg = Config::parse("").unwrap();
         assert_eq!(cfg.server, ServerSection::default());
