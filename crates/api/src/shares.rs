@@ -35,17 +35,30 @@ pub trait ShareService: Send + Sync {
     fn list(&self) -> ShareList;
 }
 
-/// Routes that cannot change what is shared.
-fn irrelevant(path: &str) -> bool {
-    [
+/// Routes that cannot change datasets or properties: no refresh after them
+/// (a refresh lists every dataset, and snapshots are taken by the thousand).
+fn irrelevant(method: &Method, path: &str) -> bool {
+    const NEVER: &[&str] = &[
         "/v1/users",
         "/v1/events",
         "/v1/labelclear",
         "/v1/shares",
         "/v1/holds",
-    ]
-    .iter()
-    .any(|p| path.starts_with(p))
+        "/v1/snapshots",
+        "/v1/rollback",
+        "/v1/diff",
+        "/v1/policy",
+    ];
+    if NEVER.iter().any(|p| path.starts_with(p)) {
+        return true;
+    }
+    // Pools: only create, destroy and export change the datasets there are.
+    match path.strip_prefix("/v1/pools/") {
+        Some(rest) => {
+            !(rest.ends_with("/export") || (method == Method::DELETE && !rest.contains('/')))
+        }
+        None => false,
+    }
 }
 
 /// axum middleware: see the module comment.
@@ -54,7 +67,7 @@ pub async fn notify(State(st): State<ApiState>, req: Request, next: Next) -> Res
         req.method(),
         &Method::POST | &Method::PATCH | &Method::DELETE
     );
-    let relevant = mutating && !irrelevant(req.uri().path());
+    let relevant = mutating && !irrelevant(req.method(), req.uri().path());
     let resp = next.run(req).await;
     if relevant && resp.status().is_success() && !st.change_hooks.is_empty() {
         let hooks = st.change_hooks.clone();
@@ -141,4 +154,37 @@ pub fn list(st: &ApiState) -> ShareList {
         out.problems.extend(l.problems);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refresh_after_dataset_changes_only() {
+        let (post, patch, delete) = (Method::POST, Method::PATCH, Method::DELETE);
+        for (m, p) in [
+            (&patch, "/v1/dataset"),
+            (&delete, "/v1/dataset"),
+            (&post, "/v1/datasets"),
+            (&post, "/v1/rename"),
+            (&post, "/v1/inherit"),
+            (&post, "/v1/clone"),
+            (&post, "/v1/import"),
+            (&post, "/v1/pools"),
+            (&delete, "/v1/pools/tank"),
+            (&post, "/v1/pools/tank/export"),
+        ] {
+            assert!(!irrelevant(m, p), "{m} {p}");
+        }
+        for (m, p) in [
+            (&post, "/v1/snapshots"),
+            (&post, "/v1/rollback"),
+            (&post, "/v1/pools/tank/scrub"),
+            (&post, "/v1/users"),
+            (&post, "/v1/shares"),
+        ] {
+            assert!(irrelevant(m, p), "{m} {p}");
+        }
+    }
 }

@@ -229,10 +229,7 @@ impl Samba {
             }
             Some(_) => {}
             None if st.shares.is_empty() => {}
-            None if st
-                .start_failed
-                .is_some_and(|t| t.elapsed() < RETRY_START) =>
-            {
+            None if st.start_failed.is_some_and(|t| t.elapsed() < RETRY_START) => {
                 tracing::debug!("smbd failed to start recently; not retrying yet");
             }
             None => {
