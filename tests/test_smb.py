@@ -98,10 +98,11 @@ def _our_processes(conf: Path) -> list[str]:
             continue
         try:
             cmd = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
         args = [a.decode(errors="replace") for a in cmd if a]
-        if any(str(conf) in a for a in args) and not (p / "stat").read_text().split()[2] == "Z":
+        if any(str(conf) in a for a in args) and state != "Z":
             out.append(f"{p.name} {' '.join(args)}")
     return out
 
