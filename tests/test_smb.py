@@ -38,7 +38,7 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+needs_samba = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
 
 class Smb:
@@ -107,6 +107,7 @@ def _our_processes(conf: Path) -> list[str]:
     return out
 
 
+@needs_samba
 def test_put_get_ls_on_a_share(smb, tmp_path):
     home = smb.create_fs("tank/home")
     smb.d.cli("set", "sharesmb=on", "tank/home")
@@ -126,6 +127,7 @@ def test_put_get_ls_on_a_share(smb, tmp_path):
     assert "tank_home" in shares and "Cistern dataset tank/home" in shares
 
 
+@needs_samba
 def test_set_share_unshare_take_effect_without_restart(smb):
     smb.create_fs("tank/a")
     smb.create_fs("tank/b")
@@ -162,6 +164,7 @@ def test_set_share_unshare_take_effect_without_restart(smb):
     assert smb.connects("tank_a")
 
 
+@needs_samba
 def test_time_machine_share_reports_its_size_limit(smb):
     smb.create_fs("tank/tm")
     smb.d.cli("set", "timemachine=on", "tank/tm")
@@ -174,6 +177,7 @@ def test_time_machine_share_reports_its_size_limit(smb):
     assert "fruit:time machine = yes" in conf and f"fruit:time machine max size = {32 << 20}" in conf
 
 
+@needs_samba
 def test_smbd_stops_with_the_daemon_and_after_kill9(smb):
     smb.create_fs("tank/home")
     smb.d.cli("set", "sharesmb=on", "tank/home")
@@ -189,3 +193,17 @@ def test_smbd_stops_with_the_daemon_and_after_kill9(smb):
     while _our_processes(smb.conf) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _our_processes(smb.conf) == []
+
+
+def test_without_smbd_the_daemon_says_so_once_and_serves_on(make_daemon, tmp_path):
+    d = make_daemon(config='[smb]\nsmbd = "/nonexistent/smbd"\nbonjour = false\n')
+    disks = tmp_path / "disks"
+    disks.mkdir()
+    d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
+    (tmp_path / "mnt").mkdir()
+    d.cli("set", f"mountpoint={tmp_path / 'mnt'}", "tank")
+    d.cli("set", "sharesmb=on", "tank")
+    d.cli("set", "sharesmb=name=T", "tank")
+    d.cli("share", "-a")
+    assert d.log_text().count("smbd is not installed") == 1, d.log_tail()
+    assert d.prop("tank", "sharesmb") == "name=T"
