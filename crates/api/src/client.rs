@@ -3,7 +3,8 @@
 use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
     GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
-    RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, SnapshotRequest,
+    RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, ShareList,
+    ShareRequest, SnapshotRequest,
 };
 use dataset::{
     Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,
@@ -641,6 +642,33 @@ impl Client {
             recursive,
         };
         self.decode(self.agent.post(self.url("/v1/rename")).send_json(&body))
+    }
+
+    /// `cistern share`: `dataset` None for `-a`; `protocol` None for every protocol.
+    pub fn share(&self, dataset: Option<&str>, protocol: Option<&str>) -> Result<ShareList> {
+        let body = ShareRequest {
+            dataset: dataset.map(str::to_string),
+            protocol: protocol.map(str::to_string),
+        };
+        self.decode(self.agent.post(self.url("/v1/shares")).send_json(&body))
+    }
+
+    /// `cistern unshare`; returns the shares removed.
+    pub fn unshare(&self, dataset: Option<&str>, protocol: Option<&str>) -> Result<ShareList> {
+        let body = ShareRequest {
+            dataset: dataset.map(str::to_string),
+            protocol: protocol.map(str::to_string),
+        };
+        self.decode(
+            self.agent
+                .delete(self.url("/v1/shares"))
+                .force_send_body()
+                .send_json(&body),
+        )
+    }
+
+    pub fn shares(&self) -> Result<ShareList> {
+        self.decode(self.agent.get(self.url("/v1/shares")).call())
     }
 
     pub fn inherit(&self, name: &str, property: &str, recursive: bool) -> Result<()> {

@@ -40,12 +40,19 @@
 //! | DELETE | /v1/users/{user} | | 204 |
 //! | POST | /v1/users/{user}/grants | [`GrantRequest`] | `UserInfo` |
 //! | DELETE | /v1/users/{user}/grants?bucket=B | | `UserInfo` |
+//! | GET | /v1/shares | | [`ShareList`] |
+//! | POST | /v1/shares | [`ShareRequest`] | [`ShareList`] (`cistern share`) |
+//! | DELETE | /v1/shares | [`ShareRequest`] | [`ShareList`] removed (`cistern unshare`) |
 //! | GET | /metrics | | Prometheus text |
 //!
 //! Every request that changes a pool is recorded in its history (`pool
 //! history`) after it succeeded, with the headers [`HEADER_COMMAND`],
 //! [`HEADER_USER`] and [`HEADER_HOST`] the CLI sends (percent-encoded
 //! UTF-8, see [`encode_header`]); without them the method and path are recorded.
+//!
+//! After every successful request that may change datasets or properties,
+//! the daemon's [`shares::ChangeHook`]s run before the answer is sent
+//! (`cistern set sharesmb=on` is live when it returns).
 //!
 //! Errors are `{"error": "...", "kind": "NotFound"}` ([`ErrorBody`]) with a
 //! status mapped from [`dataset::Error`] (see [`status_for`]).
@@ -54,6 +61,7 @@ pub mod client;
 pub mod history;
 pub mod metrics;
 pub mod server;
+pub mod shares;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -317,4 +325,41 @@ pub struct ErrorBody {
     /// `NotFound`, `AlreadyExists`, `InvalidArgument`, `Busy`, `NoSpace`,
     /// `ReadOnly`, `Corrupt`, `Io`, or `BadRequest` for a malformed request.
     pub kind: String,
+}
+
+/// `POST /v1/shares` (`cistern share`) and `DELETE /v1/shares` (`cistern unshare`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareRequest {
+    /// None: every dataset (`-a`).
+    #[serde(default)]
+    pub dataset: Option<String>,
+    /// `smb` or `nfs`; None: every protocol.
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// One dataset shared over one protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareInfo {
+    pub protocol: String,
+    pub dataset: String,
+    /// The share (SMB) or export (NFS) name.
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// A dataset whose properties ask for a share it does not get, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareProblem {
+    pub protocol: String,
+    pub dataset: String,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareList {
+    pub shares: Vec<ShareInfo>,
+    #[serde(default)]
+    pub problems: Vec<ShareProblem>,
 }

@@ -5,7 +5,7 @@ use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
     GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
     PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
-    SnapshotRequest,
+    ShareRequest, SnapshotRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -31,6 +31,10 @@ pub struct ApiState {
     pub extra_metrics: Vec<MetricsSource>,
     /// The S3 endpoint's access keys (`/v1/users`); None: not kept here.
     pub users: Option<Arc<s3::access::Users>>,
+    /// SMB, NFS: `cistern share`/`unshare` (crate::shares).
+    pub share_services: Vec<Arc<dyn crate::shares::ShareService>>,
+    /// Run after requests that may change datasets or properties.
+    pub change_hooks: Vec<crate::shares::ChangeHook>,
 }
 
 impl ApiState {
@@ -39,7 +43,27 @@ impl ApiState {
             engine,
             extra_metrics: Vec::new(),
             users: None,
+            share_services: Vec::new(),
+            change_hooks: Vec::new(),
         }
+    }
+
+    /// A sharing protocol: served by `/v1/shares` and refreshed after every change.
+    pub fn with_share_service(mut self, svc: Arc<dyn crate::shares::ShareService>) -> Self {
+        let s = svc.clone();
+        self.change_hooks.push(Arc::new(move || {
+            if let Err(e) = s.refresh() {
+                tracing::warn!(protocol = s.protocol(), "cannot update shares: {e}");
+            }
+        }));
+        self.share_services.push(svc);
+        self
+    }
+
+    /// Anything else that follows datasets and properties (mounts...).
+    pub fn with_change_hook(mut self, hook: crate::shares::ChangeHook) -> Self {
+        self.change_hooks.push(hook);
+        self
     }
 
     pub fn with_users(mut self, users: Arc<s3::access::Users>) -> Self {
@@ -104,8 +128,13 @@ pub fn router(state: ApiState) -> Router {
             "/v1/users/{user}/grants",
             post(grant_user).delete(revoke_user),
         )
+        .route("/v1/shares", get(list_shares).post(share).delete(unshare))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::shares::notify,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::history::record,
@@ -830,6 +859,29 @@ async fn inherit(
     })
     .await
     .map(|()| no_content())
+}
+
+async fn list_shares(State(st): State<ApiState>) -> ApiResult<Response> {
+    let s = st.clone();
+    blocking(&st, move |_| Ok(crate::shares::list(&s)))
+        .await
+        .map(json)
+}
+
+async fn share(State(st): State<ApiState>, Json(req): Json<ShareRequest>) -> ApiResult<Response> {
+    tracing::info!(dataset = ?req.dataset, protocol = ?req.protocol, "share");
+    let s = st.clone();
+    blocking(&st, move |_| crate::shares::share(&s, &req))
+        .await
+        .map(json)
+}
+
+async fn unshare(State(st): State<ApiState>, Json(req): Json<ShareRequest>) -> ApiResult<Response> {
+    tracing::info!(dataset = ?req.dataset, protocol = ?req.protocol, "unshare");
+    let s = st.clone();
+    blocking(&st, move |_| crate::shares::unshare(&s, &req))
+        .await
+        .map(json)
 }
 
 async fn hold(State(st): State<ApiState>, Json(req): Json<HoldRequest>) -> ApiResult<Response> {

@@ -24,6 +24,10 @@
 //! listen = "127.0.0.1:10811"
 //! parent = "tank"
 //! anonymous = "off"   # or "ro", "rw", "public=ro,drop=rw"
+//!
+//! [smb]               # smb::Settings: the daemon's private smbd (crates/smb/README.md)
+//! listen = "127.0.0.1:10445"
+//! guest = false
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -46,6 +50,8 @@ pub struct Config {
     pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
     /// `[s3]`: the S3 endpoint, served when this section (or `--s3`) is there.
     pub s3: Option<S3Section>,
+    /// `[smb]`: shares of filesystems with sharesmb/timemachine set.
+    pub smb: smb::Settings,
 }
 
 /// `[s3]`: the S3 layer's own settings plus who may skip signing.
@@ -210,6 +216,7 @@ pub struct Resolved {
     pub policies: dataset::policy::Policies,
     /// The S3 endpoint, when it is on.
     pub s3: Option<S3Resolved>,
+    pub smb: smb::Settings,
 }
 
 /// The S3 endpoint's settings, resolved.
@@ -282,6 +289,7 @@ pub fn resolve(
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine,
         s3,
+        smb: cfg.smb,
     })
 }
 
@@ -458,6 +466,16 @@ mod tests {
                 "{key} missing from packaging/cistern.toml"
             );
         }
+    }
+
+    #[test]
+    fn smb_section() {
+        let cfg = Config::parse("[smb]\nlisten = \"0.0.0.0:445\"\nguest = true\n").unwrap();
+        assert_eq!(cfg.smb.listen, "0.0.0.0:445".parse().unwrap());
+        assert!(cfg.smb.guest && cfg.smb.enabled);
+        assert_eq!(Config::parse("").unwrap().smb, smb::Settings::default());
+        let e = Config::parse("[smb]\nport = 445\n").unwrap_err();
+        assert!(format!("{e:#}").contains("port"), "{e:#}");
     }
 
     #[test]

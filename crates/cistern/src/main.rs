@@ -9,6 +9,7 @@ mod nbd_metrics;
 mod output;
 mod quickstart;
 mod serve;
+mod shares;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -61,6 +62,10 @@ pub enum Command {
     Rename(cmd::dataset::RenameArgs),
     /// Stop setting a property locally (inherit it again): `cistern inherit [-r] PROP DS...`.
     Inherit(cmd::dataset::InheritArgs),
+    /// Share filesystems whose sharesmb/sharenfs ask for it: `cistern share -a | FILESYSTEM`.
+    Share(cmd::share::ShareArgs),
+    /// Take shares down until `share` or a restart: `cistern unshare -a | FILESYSTEM`.
+    Unshare(cmd::share::ShareArgs),
     /// Print the version of this program and of the daemon.
     Version,
     /// Take snapshots: `cistern snapshot [-r] POOL/DS@NAME...`.

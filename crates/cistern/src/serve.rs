@@ -203,6 +203,15 @@ async fn serve(
     engine.set_policies(r.policies.clone());
     engine.start_policy_scheduler();
 
+    // SMB: smbd starts with the first share; refreshed after every API change.
+    let samba = smb::Samba::new(engine.clone(), r.smb.clone(), &state_dir);
+    {
+        let s = samba.clone();
+        if let Err(e) = spawn_blocking(move || Ok(s.refresh()?)).await {
+            tracing::warn!("SMB shares not served: {e:#}");
+        }
+    }
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let provider = Arc::new(EngineExports::new(engine.clone()));
     let nbd_grace = r.nbd_server.shutdown_grace;
@@ -214,7 +223,8 @@ async fn serve(
     ));
     let state = api::ApiState::new(engine.clone())
         .with_metrics(Arc::new(crate::nbd_metrics::render))
-        .with_users(users.clone());
+        .with_users(users.clone())
+        .with_share_service(Arc::new(crate::shares::Smb(samba.clone())));
     let mut api_rx = stop_rx.clone();
     let mut api_task = tokio::spawn(async move {
         api::server::serve(api_listener, state, async move {
@@ -303,6 +313,14 @@ async fn serve(
             tracing::warn!("S3 connections still open after {grace:?}; closing anyway");
             t.abort();
         }
+    }
+    {
+        let s = samba.clone();
+        let _ = spawn_blocking(move || {
+            s.stop();
+            Ok(())
+        })
+        .await;
     }
     tracing::info!("committing and closing pools");
     let shut = {

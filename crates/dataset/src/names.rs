@@ -127,6 +127,8 @@ pub const NATIVE_PROPERTIES: &[&str] = &[
     "mountpoint",
     "sharenfs",
     "sharesmb",
+    "timemachine",
+    "tm_max_size",
     "checksum",
     "compression",
     "atime",

@@ -5,6 +5,7 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod props;
+pub mod share;
 pub mod snapshot;
 pub mod user;
 
@@ -35,6 +36,8 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Destroy(a) => dataset::destroy(client, a),
         Command::Rename(a) => dataset::rename(client, a),
         Command::Inherit(a) => dataset::inherit(client, a),
+        Command::Share(a) => share::share(client, a),
+        Command::Unshare(a) => share::unshare(client, a),
         Command::Version => version(client),
         Command::Snapshot(a) => snapshot::snapshot(client, a),
         Command::Rollback(a) => snapshot::rollback(client, a),
