@@ -356,6 +356,7 @@ for t in $TARGETS; do
         ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
+    printf 'load\t%s\tstart %s\n' "$CUR" "$(load_note)" >>"$RESULTS"
     for test in $TESTS; do
         case "$test" in
         files | bonnie | randwrite | seq | postmark) ;;
@@ -364,6 +365,7 @@ for t in $TARGETS; do
         echo "   $CUR $test" >&2
         "test_$test"
     done
+    printf 'load\t%s\tend %s\n' "$CUR" "$(load_note)" >>"$RESULTS"
     "umount_$KIND"
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$BENCH_DIR/$CUR/disks" "$BENCH_DIR/$CUR/state" "$EXT4_ROOT/$CUR" "$EXT4_ROOT/$CUR-src"
 done
@@ -373,9 +375,12 @@ cleanup
 # ---------------------------------------------------------------- report
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
-rows, rss = [], {}
+rows, rss, load = [], {}, {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
+    if f[0] == "load":
+        load.setdefault(f[1], []).append(f[2])
+        continue
     if f[0] == "rss":
         h, r = map(int, f[2].split())
         ph, _ = rss.get(f[1], (0, 0))
@@ -412,5 +417,8 @@ if rss:
     print("peak RSS (VmHWM) / RSS at the end of the FUSE server, MiB:")
     for t, (h, r) in rss.items():
         print(f"  {t:<16} {h:>6} / {r}")
+print("machine load during each target (other users share it):")
+for t, v in load.items():
+    print(f"  {t:<16} {', '.join(v)}")
 EOF
 echo "(fio JSON, bonnie++ CSV, postmark and daemon logs: $BENCH_DIR)" >&2

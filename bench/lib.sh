@@ -97,3 +97,9 @@ wait_mounted() {
     echo "$1 was not mounted within $2 s" >&2
     return 1
 }
+
+# The 1-minute load average and the CPU count, to print beside figures taken on
+# a machine others may be using: "load 3.2 on 2 CPUs".
+load_note() {
+    printf 'load %s on %s CPUs' "$(cut -d' ' -f1 /proc/loadavg)" "$(nproc)"
+}

@@ -368,6 +368,7 @@ bench_cistern_smb() {
 echo "==> bench/nfs.sh: TARGETS=\"$TARGETS\" TESTS=\"$TESTS\" SIZE=$SIZE FILES=$FILES SMALL_FILES=$SMALL_FILES" >&2
 echo "    files on $(df -h --output=source,fstype "$BENCH_DIR" | tail -1 | tr -s ' ') in $BENCH_DIR" >&2
 for t in $TARGETS; do
+    printf 'load\t%s\tstart %s\n' "$t" "$(load_note)" >>"$RESULTS"
     case "$t" in
     ganesha) bench_ganesha ;;
     cistern-nfs) bench_cistern_nfs ;;
@@ -375,15 +376,19 @@ for t in $TARGETS; do
     cistern-smb) bench_cistern_smb ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
+    printf 'load\t%s\tend %s\n' "$t" "$(load_note)" >>"$RESULTS"
 done
 [[ "$KEEP_FILES" == 1 ]] || rm -rf "$BENCH_DIR/src"
 
 # ---------------------------------------------------------------- report
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
-rows, rss = [], {}
+rows, rss, load = [], {}, {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
+    if f[0] == "load":
+        load.setdefault(f[1], []).append(f[2])
+        continue
     if f[0] == "rss":
         rss[f[1]] = f[2]
     else:
@@ -409,5 +414,8 @@ print("peak RSS (VmHWM) / RSS at the end of each server, MiB:")
 for t, v in rss.items():
     h, r = v.split()
     print(f"  {t:<12} {h:>6} / {r}")
+print("machine load during each target (other users share it):")
+for t, v in load.items():
+    print(f"  {t:<12} {', '.join(v)}")
 EOF
 echo "(logs and configurations: $BENCH_DIR)" >&2
