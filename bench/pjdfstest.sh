@@ -147,9 +147,10 @@ my $h = TAP::Harness->new({
     exec      => ['timeout', '-k', '10', $timeout, '/bin/sh'],
 });
 # Keep the TAP of every file, to show what failed.
-$h->callback(parser_before => sub {
-    my ($p) = @_;
-    $p->callback(ALL => sub { push @{ $tap{"$p"} }, $_[0]->as_string });
+$h->callback(made_parser => sub {
+    my ($p, $test) = @_;
+    my $name = $test->[1];
+    $p->callback(ALL => sub { push @{ $tap{$name} }, $_[0]->as_string });
 });
 $| = 1;
 my $agg = $h->runtests(map { ["$suite/$_", $_] } @tests);
@@ -168,7 +169,7 @@ for my $t (@tests) {
     if ($nfail) {
         (my $name = $t) =~ s{/}{_}g;
         open my $tf, '>', "$tapdir/$name" or die;
-        print $tf "$_\n" for @{ $tap{"$p"} || [] };
+        print $tf "$_\n" for @{ $tap{$t} || [] };
     }
 }
 EOF
