@@ -77,7 +77,17 @@ start_cistern() {
         --nbd "127.0.0.1:$nbd_port" >"$dir/daemon.log" 2>&1 &
     CISTERN_PID=$!
     PIDS+=("$CISTERN_PID")
-    wait_port "$api_port" 60
+    local i
+    for ((i = 0; i < 600; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$api_port") 2>/dev/null && break
+        if ! kill -0 "$CISTERN_PID" 2>/dev/null; then
+            echo "cistern serve exited; the end of $dir/daemon.log:" >&2
+            tail -20 "$dir/daemon.log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    wait_port "$api_port" 1
     export CISTERN_API="http://127.0.0.1:$api_port"
     "$CISTERN_BIN" pool create -s "${POOL_SIZE:-32G}" bench "$dir/disks/d0" >/dev/null
 }
