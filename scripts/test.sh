@@ -4,7 +4,7 @@
 # 1. installs the apt packages the suite needs, only those missing;
 # 2. makes .venv (system site packages, so python3-libnbd's `nbd` module is
 #    importable) and pip-installs pytest into it, only if missing;
-# 3. cargo build --release (and cargo install cargo-deb if missing),
+# 3. cargo build --release (and cargo install cargo-deb, fsx, pjdfstest if missing),
 #    cargo test --release --workspace;
 # 4. pytest -q tests/ against target/release/cistern (env CISTERN_BIN).
 #
@@ -24,6 +24,9 @@ log() { printf '\n==> %s\n' "$*" >&2; }
 APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv lz4 zstd
     rclone restic  # S3 clients (tests/test_s3_clients.py)
     samba samba-vfs-modules smbclient samba-testsuite avahi-utils)  # SMB (tests/test_smb.py, bench/smbtorture.sh)
+# Filesystem checkers (tests/test_fs_tools.py, test_fuse.py, test_nfs.py); the benches' own
+# references (bonnie++, postmark, bindfs, nfs-ganesha) are installed by bench/fs.sh and bench/nfs.sh.
+APT_PACKAGES+=(attr acl libnfs-utils)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
@@ -83,6 +86,16 @@ if ! cargo deb --version >/dev/null 2>&1; then
     log "cargo install cargo-deb"
     cargo install cargo-deb --locked 2>&1 || echo "warning: cannot install cargo-deb; the package test will skip" >&2
 fi
+# fsx and pjdfstest (crates.io, pinned) check the FUSE mount
+# (tests/test_fs_tools.py); installed once into CISTERN_CARGO_TOOLS, then reused.
+export CISTERN_CARGO_TOOLS="${CISTERN_CARGO_TOOLS:-/work/cache/cargo-tools}"
+for tool in fsx@0.3.2 pjdfstest@0.2.2; do
+    if [[ ! -x "$CISTERN_CARGO_TOOLS/bin/${tool%@*}" ]]; then
+        log "cargo install $tool into $CISTERN_CARGO_TOOLS"
+        cargo install --locked --root "$CISTERN_CARGO_TOOLS" "$tool" 2>&1 ||
+            echo "warning: cannot install $tool; tests/test_fs_tools.py will fail" >&2
+    fi
+done
 # A failing `cargo test` does not hide the integration results: both run,
 # and the script fails if either did.
 cargo_rc=0
