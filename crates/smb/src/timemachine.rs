@@ -22,9 +22,24 @@ pub fn is_marker(name: &OsStr) -> bool {
     name.as_encoded_bytes().ends_with(MARKER.as_bytes())
 }
 
-/// Takes the event snapshot of `dataset`. The single place that names the
-/// engine call: switch to the policy engine's event entry point at merge.
-pub fn take_event_snapshot(engine: &Engine, dataset: &str) -> dataset::Result<String> {
+/// Takes the event snapshot of `dataset`: through its snapshot policy when
+/// one applies that takes `share-disconnect` events (the policy names it,
+/// keeps the minimum interval and prunes it), else directly as
+/// `DATASET@tm-YYYYMMDD-HHMMSS` (kept until destroyed). Returns the name, or
+/// `None` when the policy takes it (within 100 ms, asynchronously).
+pub fn take_event_snapshot(engine: &Engine, dataset: &str) -> dataset::Result<Option<String>> {
+    let by_policy = engine.policy_show(dataset).is_ok_and(|show| {
+        show.policy
+            .is_some_and(|p| p.events.iter().any(|e| e == "share-disconnect"))
+    });
+    if by_policy {
+        engine.backup_finished(dataset, dataset::EventKind::ShareDisconnect);
+        return Ok(None);
+    }
+    direct_snapshot(engine, dataset).map(Some)
+}
+
+fn direct_snapshot(engine: &Engine, dataset: &str) -> dataset::Result<String> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -176,9 +191,13 @@ fn backup_finished(engine: &Engine, dataset: &str) -> Option<String> {
         return None;
     }
     match take_event_snapshot(engine, dataset) {
-        Ok(name) => {
+        Ok(Some(name)) => {
             tracing::info!(snapshot = %name, "Time Machine backup finished: event snapshot");
             Some(name)
+        }
+        Ok(None) => {
+            tracing::info!(dataset, "Time Machine backup finished: event passed to the snapshot policy");
+            None
         }
         Err(e) => {
             tracing::warn!(dataset, error = %e, "Time Machine backup finished but the event snapshot failed");
