@@ -8,7 +8,7 @@
 //! Several rounds on one pool; at the end everything is deleted and the
 //! space and the unlinked set are back to empty (no object leaked).
 //!
-//! `CISTERN_CRASH_ROUNDS=N` rounds (default 4), `CISTERN_CRASH_SEED=K` the
+//! `CISTERN_CRASH_ROUNDS=N` rounds (default 10), `CISTERN_CRASH_SEED=K` the
 //! first seed (default 1).
 
 use dataset::objects::UNLINKED_SET;
@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 const THREADS: usize = 3;
 /// Final names each thread replaces atomically.
 const FINALS: u64 = 3;
+/// The directory cross-directory renames go to.
+const SHARED: &str = "shared";
 /// Bounds of one round's load (the kill comes first, normally).
 const MAX_OPS_PER_THREAD: usize = 400;
 const MAX_ROUND_TIME: Duration = Duration::from_secs(6);
@@ -195,7 +197,8 @@ impl Round {
 
     /// One thread's load: new files, atomic replaces, unlinks; each
     /// recorded as acknowledged only after its fsync returned.
-    fn worker(&self, t: usize, dir: u64, seed: u64) -> posix::Result<()> {
+    /// `shared`: the directory every thread's cross-directory renames land in.
+    fn worker(&self, t: usize, dir: u64, shared: u64, seed: u64) -> posix::Result<()> {
         let mut rng = StdRng::seed_from_u64(seed);
         let prefix = format!("t{t}");
         for i in 0..MAX_OPS_PER_THREAD {
@@ -219,7 +222,14 @@ impl Round {
                 // Write a temporary, fsync, rename over a final name, fsync.
                 let name = format!("tmp{}-{i}", self.round);
                 let tmp = format!("{prefix}/{name}");
-                let fin = format!("{prefix}/final{}", rng.random_range(0..FINALS));
+                // The final name is in this thread's directory or, half the
+                // time, in the shared one (a rename across directories).
+                let k = rng.random_range(0..FINALS);
+                let (fdir, fin) = if rng.random_bool(0.5) {
+                    (dir, format!("{prefix}/final{k}"))
+                } else {
+                    (shared, format!("{SHARED}/{prefix}-final{k}"))
+                };
                 let v = self.write_file(&mut rng, dir, &name, key, len)?;
                 self.fsync(t, v.ino)?;
                 {
@@ -235,7 +245,7 @@ impl Round {
                 self.fs.rename(
                     dir,
                     name.as_bytes(),
-                    dir,
+                    fdir,
                     final_name.as_bytes(),
                     RenameFlags::default(),
                 )?;
@@ -314,7 +324,10 @@ fn verify(fs: &Fs, dirs: &BTreeMap<String, u64>, ledger: &Ledger, round: u64) {
         assert!(
             holds(fs, dirs, path, Some(*v)),
             "round {round}: acknowledged {path} ({v:?}) is not there whole: {:?}",
-            fs.lookup(dirs[path.split('/').next().unwrap()], path.rsplit('/').next().unwrap().as_bytes())
+            fs.lookup(
+                dirs[path.split('/').next().unwrap()],
+                path.rsplit('/').next().unwrap().as_bytes()
+            )
         );
     }
     for (path, may) in &ledger.inflight {
@@ -358,9 +371,12 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
         .unwrap();
     let fs = open_fs(&engine);
     let mut dirs = BTreeMap::new();
-    for t in 0..THREADS {
-        let d = fs.mkdir(ROOT, format!("t{t}").as_bytes(), 0o755, &cred()).unwrap();
-        dirs.insert(format!("t{t}"), d.ino);
+    for name in (0..THREADS)
+        .map(|t| format!("t{t}"))
+        .chain([SHARED.to_string()])
+    {
+        let d = fs.mkdir(ROOT, name.as_bytes(), 0o755, &cred()).unwrap();
+        dirs.insert(name, d.ino);
     }
     fs.fsync(ROOT).unwrap();
     drop(fs);
@@ -385,11 +401,15 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
                 .map(|t| {
                     let dir = dirs[&format!("t{t}")];
                     let seed = seed * 1000 + t as u64;
+                    let shared = dirs[SHARED];
                     s.spawn(move || {
-                        let res = r.worker(t, dir, seed);
+                        let res = r.worker(t, dir, shared, seed);
                         if let Err(e) = &res {
                             // Failing is only fine once the engine is dead.
-                            assert!(r.dead(), "round {round}: thread {t} failed before the kill: {e}");
+                            assert!(
+                                r.dead(),
+                                "round {round}: thread {t} failed before the kill: {e}"
+                            );
                         }
                     })
                 })
@@ -418,7 +438,11 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
         // What was under way is settled now: whatever the name holds.
         let inflight = std::mem::take(&mut ledger.inflight);
         for (path, may) in inflight {
-            if let Some(v) = may.into_iter().find(|v| holds(&fs, &dirs, &path, *v)).flatten() {
+            if let Some(v) = may
+                .into_iter()
+                .find(|v| holds(&fs, &dirs, &path, *v))
+                .flatten()
+            {
                 ledger.acked.insert(path, v);
             }
         }
@@ -470,7 +494,7 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
 #[test]
 fn fsynced_files_survive_kill_9_whole_and_renames_are_atomic() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    let rounds = env("CISTERN_CRASH_ROUNDS").unwrap_or(4);
+    let rounds = env("CISTERN_CRASH_ROUNDS").unwrap_or(10);
     let seed = env("CISTERN_CRASH_SEED").unwrap_or(1);
     let dir = tempfile::tempdir().unwrap();
     eprintln!("crash test: seed {seed}, {rounds} rounds");

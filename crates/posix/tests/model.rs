@@ -705,11 +705,7 @@ impl Harness {
                 }
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 let img = self.img(ds);
-                img.nodes
-                    .get_mut(&ddir)
-                    .unwrap()
-                    .entries
-                    .insert(dname, src);
+                img.nodes.get_mut(&ddir).unwrap().entries.insert(dname, src);
                 img.nodes.get_mut(&sdir).unwrap().entries.insert(sname, d);
                 img.root_touched = true;
                 return;
@@ -747,7 +743,10 @@ impl Harness {
             return;
         };
         let key = format!("user.{}", self.name()).into_bytes();
-        let ctx = self.ctx(&format!("{ds}: xattr {ino} {}", String::from_utf8_lossy(&key)));
+        let ctx = self.ctx(&format!(
+            "{ds}: xattr {ino} {}",
+            String::from_utf8_lossy(&key)
+        ));
         self.trace(&ctx);
         let has = self.model.heads[ds].nodes[&ino].xattrs.contains_key(&key);
         match self.rng.random_range(0..5) {
@@ -973,7 +972,10 @@ impl Harness {
                     }
                 }
             }
-            assert_eq!(got, img.nodes[&d].entries, "{ctx}: entries of directory {d}");
+            assert_eq!(
+                got, img.nodes[&d].entries,
+                "{ctx}: entries of directory {d}"
+            );
             assert_eq!(
                 fs.lookup(d, b"..").unwrap().ino,
                 parents[&d],
@@ -1122,9 +1124,10 @@ impl Harness {
                 assert_eq!(p(n), v, "{}", ctx(&format!("{name} {n}")));
             }
             // What df shows is the same figure.
-            let (used, _) = self.fss.get(name).map_or((p("referenced"), 0), |fs| {
-                fs.objects().space().unwrap()
-            });
+            let (used, _) = self
+                .fss
+                .get(name)
+                .map_or((p("referenced"), 0), |fs| fs.objects().space().unwrap());
             assert_eq!(used, p("referenced"), "{}", ctx(&format!("{name} df")));
             sum += p("used");
         }
@@ -1407,7 +1410,12 @@ fn teardown(h: &mut Harness) {
     h.check_contents("empty after kill -9");
     h.check_space("empty after kill -9");
     for n in ["used", "referenced", "usedbysnapshots", "written"] {
-        assert_eq!(prop(&h.engine, &ds, n), 0, "seed {}: empty {ds}: {n}", h.seed);
+        assert_eq!(
+            prop(&h.engine, &ds, n),
+            0,
+            "seed {}: empty {ds}: {n}",
+            h.seed
+        );
     }
     // The root directory's attribute row is all that is left of the logical bytes.
     assert_eq!(
