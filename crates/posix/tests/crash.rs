@@ -89,6 +89,8 @@ struct Ledger {
     inflight: BTreeMap<String, Vec<Option<Version>>>,
     /// Paths whose unlink was acknowledged.
     gone: BTreeSet<String>,
+    /// Inodes unlinked while open (never closed): gone after the import.
+    open_unlinked: BTreeSet<u64>,
 }
 
 struct Round {
@@ -212,7 +214,7 @@ impl Round {
                 _ => rng.random_range(5000..200_000),
             };
             let roll = rng.random_range(0..10);
-            if roll < 5 {
+            if roll < 4 {
                 // A new file, fsynced.
                 let name = format!("f{}-{i}", self.round);
                 let v = self.write_file(&mut rng, dir, &name, key, len)?;
@@ -255,6 +257,18 @@ impl Round {
                 l.inflight.remove(&tmp);
                 l.acked.insert(fin, v);
                 l.gone.insert(tmp);
+            } else if roll == 9 {
+                // Open, unlink, write on, fsync, never close: the kill leaves
+                // it in the unlinked set; import must free it.
+                let name = format!("scratch{}-{i}", self.round);
+                let v = self.write_file(&mut rng, dir, &name, key, len)?;
+                self.fs.open(v.ino)?;
+                self.fs.unlink(dir, name.as_bytes())?;
+                self.fs.write(v.ino, len as u64, b"still open")?;
+                self.fsync(t, v.ino)?;
+                let mut l = self.ledger();
+                l.gone.insert(format!("{prefix}/{name}"));
+                l.open_unlinked.insert(v.ino);
             } else {
                 // Unlink an acknowledged file of this thread.
                 let victim = {
@@ -350,6 +364,13 @@ fn verify(fs: &Fs, dirs: &BTreeMap<String, u64>, ledger: &Ledger, round: u64) {
         unlinked.is_empty(),
         "round {round}: import left the unlinked set with {unlinked:?}"
     );
+    for ino in &ledger.open_unlinked {
+        let r = fs.getattr(*ino);
+        assert!(
+            r.as_ref().is_err_and(|e| e.errno == libc::ENOENT),
+            "round {round}: open-unlinked inode {ino} outlived the import: {r:?}"
+        );
+    }
 }
 
 fn run(dir: &Path, first_seed: u64, rounds: u64) {

@@ -275,6 +275,13 @@ struct Harness {
     open: BTreeMap<String, BTreeSet<u64>>,
     recordsize: u32,
     step: usize,
+    /// The heads after each op since the last durable point (fsync, txg
+    /// commit, snapshot...), oldest first: what a crash may come back to.
+    pending: Vec<BTreeMap<String, Image>>,
+    /// The step made everything before it durable.
+    synced: bool,
+    /// (head, inode) -> generation of inodes a crash took away.
+    lost: BTreeMap<(String, u64), u64>,
 }
 
 impl Harness {
@@ -411,10 +418,15 @@ impl Harness {
         }
         let a = r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let ever = &self.seen[ds];
+        // A create a crash lost may see its number again, never its
+        // (number, generation) pair: NFS handles are built from the pair.
+        let lost = self.lost.get(&(ds.to_string(), a.ino));
         assert!(
-            !ever.contains(&a.ino) && ever.last().is_none_or(|m| a.ino > *m),
-            "{ctx}: inode {} handed out again (highest so far {:?})",
+            lost.is_some_and(|g| *g != a.generation)
+                || (!ever.contains(&a.ino) && ever.last().is_none_or(|m| a.ino > *m)),
+            "{ctx}: inode {} generation {} handed out again (highest so far {:?}, lost in a crash: {lost:?})",
             a.ino,
+            a.generation,
             ever.last()
         );
         self.seen.get_mut(ds).unwrap().insert(a.ino);
@@ -443,6 +455,7 @@ impl Harness {
         img.nodes.insert(a.ino, node);
         img.nodes.get_mut(&dir).unwrap().entries.insert(name, a.ino);
         img.root_touched = true;
+        self.mark();
         if kind == Kind::File && self.rng.random_bool(0.7) {
             let data = self.data();
             self.write(ds, a.ino, 0, &data);
@@ -612,7 +625,8 @@ impl Harness {
     fn reap(&mut self, ds: &str, ino: u64) {
         let open = self.open[ds].contains(&ino);
         let img = self.img(ds);
-        if !open && img.nlinks()[&ino] == 0 {
+        // (An inode a rollback took away is not there to free.)
+        if !open && img.nlinks().get(&ino) == Some(&0) {
             img.nodes.remove(&ino);
         }
     }
@@ -766,7 +780,7 @@ impl Harness {
             k => {
                 let len = match self.rng.random_range(0..8) {
                     0 => 0,
-                    1 => self.rng.random_range(4000..=12000),
+                    1 => self.rng.random_range(4000..=30000),
                     _ => self.rng.random_range(1..=100),
                 };
                 let mut value = vec![0u8; len];
@@ -781,6 +795,12 @@ impl Harness {
                     (XattrSet::Create, true) => return expect_errno(r, libc::EEXIST, &ctx),
                     (XattrSet::Replace, false) => return expect_errno(r, libc::ENODATA, &ctx),
                     _ => {}
+                }
+                // All of an inode's xattrs share its payload (64 KiB).
+                let mut after = self.model.heads[ds].nodes[&ino].clone();
+                after.xattrs.insert(key.clone(), value.clone());
+                if after.payload_len() > dataset::objects::MAX_PAYLOAD as u64 {
+                    return expect_errno(r, libc::ENOSPC, &ctx);
                 }
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 self.img(ds)
@@ -868,9 +888,15 @@ impl Harness {
 
     fn rollback(&mut self, snap: &str) {
         self.trace(&self.ctx(&format!("rollback to {snap}")));
-        let ds = snap.split('@').next().unwrap().to_string();
-        // Open files are closed first (a mounted filesystem is busy otherwise).
-        self.close_all(&ds);
+        let ds = self.model.snaps[snap].dataset.clone();
+        let order = self.model.snaps_of(&ds);
+        let pos = order.iter().position(|n| n == snap).unwrap();
+        self.synced = order[pos + 1..]
+            .iter()
+            .all(|l| self.model.snaps[l].clones.is_empty());
+        // Files stay open across it (a rollback of a mounted filesystem):
+        // their release later frees them if the rolled-back tree has them
+        // unlinked, and finds nothing to free if it never had them.
         self.model.rollback(&self.engine, snap);
     }
 
@@ -880,6 +906,7 @@ impl Harness {
         if dry_run {
             self.engine.sync_all().unwrap();
         }
+        self.synced = dry_run || self.model.snaps[snap].clones.is_empty();
         self.model.destroy_snapshot(&self.engine, snap, dry_run);
     }
 
@@ -887,6 +914,7 @@ impl Harness {
         self.trace(&self.ctx(&format!("destroy {ds}")));
         self.close_all(ds);
         if self.model.destroy_clone(&self.engine, ds) {
+            self.synced = true;
             self.fss.remove(ds);
             self.open.remove(ds);
             self.seen.remove(ds);
@@ -903,6 +931,100 @@ impl Harness {
         for o in self.open.values_mut() {
             o.clear();
         }
+    }
+
+    /// The heads now: a state a crash may come back to.
+    fn mark(&mut self) {
+        self.pending.push(self.model.heads.clone());
+    }
+
+    /// Everything so far is durable.
+    fn durable(&mut self) {
+        self.pending = vec![self.model.heads.clone()];
+    }
+
+    /// kill -9 without an fsync first: the filesystems come back as they
+    /// were after one of the ops since the last durable point (the log is
+    /// replayed in order, each op whole; one log, so one point for all).
+    fn crash_unsynced(&mut self) {
+        let ctx = self.ctx("kill -9 without fsync");
+        self.trace(&ctx);
+        self.fss.clear();
+        let engine = std::mem::replace(
+            &mut self.engine,
+            Engine::open(&self.dir.path().join("unused"), config()).unwrap(),
+        );
+        Engine::forget_as_if_killed(engine);
+        self.engine = Engine::open(&self.dir.path().join("state"), self.cfg.clone()).unwrap();
+        for o in self.open.values_mut() {
+            o.clear();
+        }
+        let got: BTreeMap<String, Tree> = self
+            .model
+            .heads
+            .keys()
+            .map(|h| {
+                let fs = Fs::new(self.engine.open_objects(h).unwrap()).unwrap();
+                (h.clone(), tree_of_fs(&fs))
+            })
+            .collect();
+        let candidates = std::mem::take(&mut self.pending);
+        // Every inode the heads had since the last durable point.
+        let mut had: BTreeMap<(String, u64), u64> = BTreeMap::new();
+        for c in candidates.iter().chain([&self.model.heads]) {
+            for (h, img) in c {
+                for (ino, n) in &img.nodes {
+                    had.insert((h.clone(), *ino), n.generation);
+                }
+            }
+        }
+        let n = candidates.len();
+        let mut matching = Vec::new();
+        let mut newest_diff = None;
+        for (i, mut c) in candidates.into_iter().enumerate().rev() {
+            for img in c.values_mut() {
+                for ino in img.orphans() {
+                    img.nodes.remove(&ino);
+                }
+            }
+            let diff: Vec<String> = c
+                .iter()
+                .filter_map(|(h, img)| {
+                    let want = tree_of_image(img);
+                    (want != got[h]).then(|| format!("{h}: {}", tree_diff(&got[h], &want)))
+                })
+                .collect();
+            if diff.is_empty() {
+                matching.push((i, c));
+            } else if newest_diff.is_none() {
+                newest_diff = Some(diff.join("; "));
+            }
+        }
+        assert!(
+            !matching.is_empty(),
+            "{ctx}: the filesystems match none of the {n} states since the last durable point; \
+             against the newest: {}",
+            newest_diff.unwrap_or_default()
+        );
+        // States can look alike (bytes written over the same bytes): the
+        // space figures tell them apart.
+        let mut why = Vec::new();
+        for (i, c) in matching {
+            self.model.heads = c;
+            let wrong = self.space_mismatches();
+            if wrong.is_empty() {
+                self.trace(&format!("  came back as state {i} of {n}"));
+                for ((h, ino), g) in had {
+                    if !self.model.heads[&h].nodes.contains_key(&ino) {
+                        self.lost.insert((h, ino), g);
+                    }
+                }
+                self.durable();
+                return;
+            }
+            why.push(format!("state {i}: {}", wrong.join(", ")));
+        }
+        panic!("{ctx}: trees match but space does not: {}", why.join("; "));
     }
 
     /// fsync, then kill -9: no txg commit, no shutdown.
@@ -1098,16 +1220,27 @@ impl Harness {
 
     /// Every space figure, once everything is committed.
     fn check_space(&mut self, what: &str) {
+        let wrong = self.space_mismatches();
+        assert!(
+            wrong.is_empty(),
+            "{} ({what}): {}",
+            self.ctx(""),
+            wrong.join("; ")
+        );
+    }
+
+    /// The space figures that differ from the model's (after a commit).
+    fn space_mismatches(&self) -> Vec<String> {
         self.engine.sync_all().unwrap();
-        let ctx = |n: &str| format!("{} ({what}): {n}", self.ctx(""));
+        let mut wrong = Vec::new();
+        let mut expect = |what: String, got: u64, want: u64| {
+            if got != want {
+                wrong.push(format!("{what} is {got}, the model says {want}"));
+            }
+        };
         let (m, e) = (&self.model, &self.engine);
         let allocated = e.stats()[0].allocated;
-        assert_eq!(
-            allocated,
-            m.asize(m.referenced()),
-            "{}",
-            ctx("pool allocated")
-        );
+        expect("pool allocated".into(), allocated, m.asize(m.referenced()));
         let mut sum = 0;
         for (name, img) in &m.heads {
             let p = |n: &str| prop(e, name, n);
@@ -1121,18 +1254,18 @@ impl Harness {
                 ("written", m.written(name, None)),
             ];
             for (n, v) in want {
-                assert_eq!(p(n), v, "{}", ctx(&format!("{name} {n}")));
+                expect(format!("{name} {n}"), p(n), v);
             }
             // What df shows is the same figure.
             let (used, _) = self
                 .fss
                 .get(name)
                 .map_or((p("referenced"), 0), |fs| fs.objects().space().unwrap());
-            assert_eq!(used, p("referenced"), "{}", ctx(&format!("{name} df")));
+            expect(format!("{name} df"), used, p("referenced"));
             sum += p("used");
         }
-        assert_eq!(prop(e, "tank", "used"), allocated, "{}", ctx("tank used"));
-        assert_eq!(sum, allocated, "{}", ctx("sum of the datasets' used"));
+        expect("tank used".into(), prop(e, "tank", "used"), allocated);
+        expect("sum of the datasets' used".into(), sum, allocated);
         for (name, s) in &m.snaps {
             let p = |n: &str| prop(e, name, n);
             let mut want = vec![
@@ -1144,10 +1277,150 @@ impl Harness {
                 want.push(("used", m.unique_bytes(name)));
             }
             for (n, v) in want {
-                assert_eq!(p(n), v, "{}", ctx(&format!("{name} {n}")));
+                expect(format!("{name} {n}"), p(n), v);
             }
         }
+        wrong
     }
+}
+
+/// What a tree holds, inode by inode, for comparing a filesystem after a
+/// crash with the states the model went through.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    kind: FileType,
+    perm: u32,
+    owner: (u32, u32),
+    nlink: u32,
+    size: u64,
+    /// 0 for the root (an untouched root's generation is the dataset's).
+    generation: u64,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    target: Vec<u8>,
+    data: Vec<u8>,
+    entries: BTreeMap<String, u64>,
+}
+
+type Tree = BTreeMap<u64, Seen>;
+
+/// The tree reachable from the root of `fs`.
+fn tree_of_fs(fs: &Fs) -> Tree {
+    let mut out = Tree::new();
+    let mut todo = vec![ROOT];
+    while let Some(ino) = todo.pop() {
+        if out.contains_key(&ino) {
+            continue;
+        }
+        let a = fs.getattr(ino).unwrap();
+        let mut entries = BTreeMap::new();
+        if a.kind == FileType::Directory {
+            for e in fs.readdir(ino, 0, 100_000).unwrap() {
+                if e.name != b"." && e.name != b".." {
+                    entries.insert(String::from_utf8(e.name).unwrap(), e.attr.ino);
+                    todo.push(e.attr.ino);
+                }
+            }
+        }
+        let mut xattrs = BTreeMap::new();
+        for k in fs.listxattr(ino).unwrap().split(|b| *b == 0) {
+            if !k.is_empty() {
+                xattrs.insert(k.to_vec(), fs.getxattr(ino, k).unwrap());
+            }
+        }
+        let seen = Seen {
+            kind: a.kind,
+            perm: a.perm,
+            owner: (a.uid, a.gid),
+            nlink: a.nlink,
+            size: a.size,
+            generation: if ino == ROOT { 0 } else { a.generation },
+            xattrs,
+            target: match a.kind {
+                FileType::Symlink => fs.readlink(ino).unwrap(),
+                _ => Vec::new(),
+            },
+            data: match a.kind {
+                FileType::Regular => fs.read(ino, 0, a.size as u32).unwrap(),
+                _ => Vec::new(),
+            },
+            entries,
+        };
+        out.insert(ino, seen);
+    }
+    out
+}
+
+/// The first differences of two trees, for a failure message.
+fn tree_diff(got: &Tree, want: &Tree) -> String {
+    let mut out = Vec::new();
+    for (ino, w) in want {
+        match got.get(ino) {
+            None => out.push(format!("inode {ino} missing")),
+            Some(g) if g != w => {
+                let mut d = Vec::new();
+                if g.entries != w.entries {
+                    d.push(format!("entries {:?} want {:?}", g.entries, w.entries));
+                }
+                if g.data != w.data {
+                    d.push(format!(
+                        "{} bytes of data, want {}",
+                        g.data.len(),
+                        w.data.len()
+                    ));
+                }
+                if g.nlink != w.nlink {
+                    d.push(format!("nlink {} want {}", g.nlink, w.nlink));
+                }
+                if d.is_empty() {
+                    d.push("attributes".into());
+                }
+                out.push(format!("inode {ino}: {}", d.join(", ")));
+            }
+            _ => {}
+        }
+    }
+    for ino in got.keys().filter(|i| !want.contains_key(i)) {
+        out.push(format!("inode {ino} is extra"));
+    }
+    out.truncate(6);
+    out.join("; ")
+}
+
+/// The tree reachable from the root of `img`.
+fn tree_of_image(img: &Image) -> Tree {
+    let links = img.nlinks();
+    let mut out = Tree::new();
+    let mut todo = vec![ROOT];
+    while let Some(ino) = todo.pop() {
+        if out.contains_key(&ino) {
+            continue;
+        }
+        let n = &img.nodes[&ino];
+        todo.extend(n.entries.values().copied());
+        out.insert(
+            ino,
+            Seen {
+                kind: n.kind.file_type(),
+                perm: n.perm,
+                owner: (n.uid, n.gid),
+                nlink: links[&ino],
+                size: match n.kind {
+                    Kind::Symlink => n.target.len() as u64,
+                    _ => n.size,
+                },
+                generation: if ino == ROOT { 0 } else { n.generation },
+                xattrs: n.xattrs.clone(),
+                target: n.target.clone(),
+                data: if n.kind == Kind::File {
+                    n.bytes()
+                } else {
+                    Vec::new()
+                },
+                entries: n.entries.clone(),
+            },
+        );
+    }
+    out
 }
 
 /// Runs one seed; returns how often each step ran.
@@ -1198,10 +1471,14 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
         open: BTreeMap::from([("tank/fs".to_string(), BTreeSet::new())]),
         recordsize: rs,
         step: 0,
+        pending: Vec::new(),
+        synced: false,
+        lost: BTreeMap::new(),
     };
     h.model
         .heads
         .insert("tank/fs".into(), Image::new(root.generation));
+    h.durable();
     let mut names = 0;
     let (restart_at, crash_at) = (steps / 3, 2 * steps / 3);
     let mut ran = BTreeMap::new();
@@ -1311,6 +1588,10 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
                 h.destroy_clone(&ds);
                 "destroy clone"
             }
+            96..=97 => {
+                h.crash_unsynced();
+                "kill -9 without fsync"
+            }
             _ if crowded => {
                 h.unlink(&ds);
                 "unlink"
@@ -1318,11 +1599,20 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
             _ => "nothing",
         };
         *ran.entry(what).or_default() += 1;
+        let durable = matches!(
+            what,
+            "fsync" | "commit" | "snapshot" | "clone" | "restart" | "kill -9 and reopen"
+        );
+        if durable || std::mem::take(&mut h.synced) {
+            h.durable();
+        } else {
+            h.mark();
+        }
         if std::env::var_os("CISTERN_MODEL_TRACE").is_some() {
             eprintln!("seed {seed} step {step}: {what} on {ds}");
         }
         if every
-            || what.contains("reopen")
+            || what.contains("kill")
             || what == "restart"
             || what == "rollback"
             || h.checks.random_bool(0.1)
@@ -1473,6 +1763,7 @@ fn files_snapshots_clones_and_rollbacks_match_a_model() {
         "destroy clone",
         "restart",
         "kill -9 and reopen",
+        "kill -9 without fsync",
     ] {
         assert!(ran.contains_key(what), "no '{what}' step ran: {ran:?}");
     }
