@@ -40,7 +40,8 @@ const SECTOR: u64 = 4096;
 /// Bytes of an object's encoded attributes besides its payload.
 const ATTR_HEADER: u64 = 54;
 /// Names come from a small set, so creates collide and renames replace.
-const NAMES: [&str; 7] = ["a", "b", "c", "dd", "e.txt", "f", "gg"];
+/// Some differ only in case: the same name where `casesensitivity=insensitive`.
+const NAMES: [&str; 10] = ["a", "A", "b", "c", "dd", "Dd", "e.txt", "E.txt", "f", "gg"];
 /// Past this many inodes a head mostly shrinks.
 const CROWDED: usize = 70;
 
@@ -282,6 +283,8 @@ struct Harness {
     synced: bool,
     /// (head, inode) -> generation of inodes a crash took away.
     lost: BTreeMap<(String, u64), u64>,
+    /// `casesensitivity=insensitive` (clones keep their origin's).
+    insensitive: bool,
 }
 
 impl Harness {
@@ -309,6 +312,39 @@ impl Harness {
 
     fn name(&mut self) -> String {
         NAMES[self.rng.random_range(0..NAMES.len())].to_string()
+    }
+
+    /// `dir/name` as a lookup finds it: (stored spelling, inode); where
+    /// names are case-insensitive, another case finds it too.
+    fn find(&self, ds: &str, dir: u64, name: &str) -> Option<(String, u64)> {
+        let entries = &self.model.heads[ds].nodes[&dir].entries;
+        if let Some(i) = entries.get(name) {
+            return Some((name.to_string(), *i));
+        }
+        if !self.insensitive {
+            return None;
+        }
+        let folded = name.to_lowercase();
+        entries
+            .iter()
+            .find(|(n, _)| n.to_lowercase() == folded)
+            .map(|(n, i)| (n.clone(), *i))
+    }
+
+    /// A stored name as a caller may spell it (another case, if that finds it).
+    fn spell(&mut self, name: &str) -> String {
+        if !self.insensitive || self.rng.random_bool(0.6) {
+            return name.to_string();
+        }
+        name.chars()
+            .map(|c| {
+                if self.rng.random_bool(0.5) {
+                    c.to_ascii_uppercase()
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect()
     }
 
     fn pick<T: Clone>(&mut self, v: &[T]) -> Option<T> {
@@ -413,7 +449,7 @@ impl Harness {
             Kind::Symlink => fs.symlink(dir, name.as_bytes(), &target, &me()),
             Kind::Fifo => fs.mknod(dir, name.as_bytes(), libc::S_IFIFO | perm, 0, &me()),
         };
-        if self.model.heads[ds].nodes[&dir].entries.contains_key(&name) {
+        if self.find(ds, dir, &name).is_some() {
             return expect_errno(r, libc::EEXIST, &ctx);
         }
         let a = r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
@@ -612,7 +648,7 @@ impl Harness {
         if img.orphans().contains(&ino) {
             return expect_errno(r, libc::ENOENT, &ctx);
         }
-        if img.nodes[&dir].entries.contains_key(&name) {
+        if self.find(ds, dir, &name).is_some() {
             return expect_errno(r, libc::EEXIST, &ctx);
         }
         r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
@@ -635,9 +671,10 @@ impl Harness {
         let Some((dir, name, ino)) = self.pick_entry(ds) else {
             return;
         };
-        let ctx = self.ctx(&format!("{ds}: unlink {dir}/{name} ({ino})"));
+        let spelled = self.spell(&name);
+        let ctx = self.ctx(&format!("{ds}: unlink {dir}/{spelled} ({name}: {ino})"));
         self.trace(&ctx);
-        let r = self.fs(ds).unlink(dir, name.as_bytes());
+        let r = self.fs(ds).unlink(dir, spelled.as_bytes());
         if self.model.heads[ds].nodes[&ino].kind == Kind::Dir {
             return expect_errno(r, libc::EISDIR, &ctx);
         }
@@ -652,9 +689,10 @@ impl Harness {
         let Some((dir, name, ino)) = self.pick_entry(ds) else {
             return;
         };
-        let ctx = self.ctx(&format!("{ds}: rmdir {dir}/{name} ({ino})"));
+        let spelled = self.spell(&name);
+        let ctx = self.ctx(&format!("{ds}: rmdir {dir}/{spelled} ({name}: {ino})"));
         self.trace(&ctx);
-        let r = self.fs(ds).rmdir(dir, name.as_bytes());
+        let r = self.fs(ds).rmdir(dir, spelled.as_bytes());
         let node = &self.model.heads[ds].nodes[&ino];
         if node.kind != Kind::Dir {
             return expect_errno(r, libc::ENOTDIR, &ctx);
@@ -676,13 +714,16 @@ impl Harness {
             return;
         };
         // Often onto a name that exists (a replace), often across directories.
-        let (ddir, dname) = match self.rng.random_range(0..3) {
+        let (ddir, dname) = match self.rng.random_range(0..4) {
             0 => match self.pick_entry(ds) {
-                Some((d, n, _)) => (d, n),
+                Some((d, n, _)) => (d, self.spell(&n)),
                 None => (sdir, self.name()),
             },
+            // The same name in another case (a case-only rename where insensitive).
+            1 => (sdir, self.spell(&sname)),
             _ => (self.pick_dir(ds), self.name()),
         };
+        let spelled = self.spell(&sname);
         let flags = match self.rng.random_range(0..10) {
             0 => RenameFlags {
                 noreplace: true,
@@ -695,15 +736,20 @@ impl Harness {
             _ => RenameFlags::default(),
         };
         let ctx = self.ctx(&format!(
-            "{ds}: rename {sdir}/{sname} ({src}) to {ddir}/{dname} {flags:?}"
+            "{ds}: rename {sdir}/{spelled} ({sname}: {src}) to {ddir}/{dname} {flags:?}"
         ));
         self.trace(&ctx);
         let r = self
             .fs(ds)
-            .rename(sdir, sname.as_bytes(), ddir, dname.as_bytes(), flags);
+            .rename(sdir, spelled.as_bytes(), ddir, dname.as_bytes(), flags);
         let img = self.model.heads[ds].clone();
         let src_dir = img.nodes[&src].kind == Kind::Dir;
-        let dst = img.nodes[&ddir].entries.get(&dname).copied();
+        // A case-only rename of one entry is no replace: the spelling changes.
+        let found = self
+            .find(ds, ddir, &dname)
+            .filter(|(n, o)| !(sdir == ddir && *o == src && *n == sname && *n != dname));
+        let dst = found.as_ref().map(|(_, d)| *d);
+        let dn = found.map(|(n, _)| n).unwrap_or_else(|| dname.clone());
         if src_dir && img.within(ddir, src) {
             return expect_errno(r, libc::EINVAL, &ctx);
         }
@@ -719,7 +765,7 @@ impl Harness {
                 }
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 let img = self.img(ds);
-                img.nodes.get_mut(&ddir).unwrap().entries.insert(dname, src);
+                img.nodes.get_mut(&ddir).unwrap().entries.insert(dn, src);
                 img.nodes.get_mut(&sdir).unwrap().entries.insert(sname, d);
                 img.root_touched = true;
                 return;
@@ -739,6 +785,8 @@ impl Harness {
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 let m = self.img(ds);
                 m.nodes.get_mut(&sdir).unwrap().entries.remove(&sname);
+                // The new spelling wins over the one it replaces.
+                m.nodes.get_mut(&ddir).unwrap().entries.remove(&dn);
                 m.nodes.get_mut(&ddir).unwrap().entries.insert(dname, src);
                 m.root_touched = true;
                 match dst {
@@ -1444,12 +1492,14 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
     // Stored sizes are predictable without compression; clones inherit it.
     engine.set_property("tank", "compression", "off").unwrap();
     let rs = [16384u32, 4096, 131072][rng.random_range(0..3)];
+    // Every third seed: names are case-insensitive (case-preserving).
+    let insensitive = seed % 3 == 2;
+    let mut props = vec![("recordsize".to_string(), rs.to_string())];
+    if insensitive {
+        props.push(("casesensitivity".into(), "insensitive".into()));
+    }
     engine
-        .create_dataset(
-            "tank/fs",
-            DatasetKind::Filesystem,
-            &[("recordsize".into(), rs.to_string())],
-        )
+        .create_dataset("tank/fs", DatasetKind::Filesystem, &props)
         .unwrap();
     engine.sync_all().unwrap();
     assert_eq!(prop(&engine, "tank/fs", "used"), 0, "an empty filesystem");
@@ -1474,6 +1524,7 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
         pending: Vec::new(),
         synced: false,
         lost: BTreeMap::new(),
+        insensitive,
     };
     h.model
         .heads
