@@ -30,6 +30,8 @@ const SHARED: &str = "shared";
 /// Bounds of one round's load (the kill comes first, normally).
 const MAX_OPS_PER_THREAD: usize = 400;
 const MAX_ROUND_TIME: Duration = Duration::from_secs(6);
+/// Acknowledged files kept from one round to the next, at most.
+const MAX_FILES: usize = 300;
 
 fn cred() -> Cred {
     Cred {
@@ -43,6 +45,11 @@ fn config(txg_timeout_secs: f64) -> EngineConfig {
     EngineConfig {
         txg_timeout_secs,
         multihost_interval_ms: 50,
+        // Each kill leaks an engine (as a killed process would leave its
+        // memory): small caches keep a long soak within memory.
+        block_cache_bytes: 8 << 20,
+        meta_cache_bytes: 8 << 20,
+        log_buffer_bytes: 4 << 20,
         ..EngineConfig::default()
     }
 }
@@ -467,6 +474,23 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
                 ledger.acked.insert(path, v);
             }
         }
+        // Bounded: beyond MAX_FILES acknowledged files, some go (unlinked
+        // and fsynced: they must stay gone).
+        let excess = ledger.acked.len().saturating_sub(MAX_FILES);
+        let old: Vec<(String, Version)> = ledger
+            .acked
+            .iter()
+            .map(|(p, v)| (p.clone(), *v))
+            .filter(|(p, _)| !p.contains("final"))
+            .take(excess)
+            .collect();
+        for (path, _) in old {
+            let (d, name) = path.split_once('/').unwrap();
+            fs.unlink(dirs[d], name.as_bytes()).unwrap();
+            ledger.acked.remove(&path);
+            ledger.gone.insert(path);
+        }
+        fs.fsync(ROOT).unwrap();
     }
     // Delete everything: space and the unlinked set come back to empty.
     let fs = open_fs(&engine);

@@ -1485,6 +1485,11 @@ fn run_model(seed: u64, steps: usize) -> BTreeMap<&'static str, usize> {
     let cfg = EngineConfig {
         embed_max_bytes: embed_max,
         txg_timeout_secs,
+        // Each kill -9 leaks an engine (as a killed process would leave its
+        // memory): small caches keep a long soak within memory.
+        block_cache_bytes: 8 << 20,
+        meta_cache_bytes: 8 << 20,
+        log_buffer_bytes: 4 << 20,
         ..config()
     };
     let engine = Engine::open(&dir.path().join("state"), cfg.clone()).unwrap();
