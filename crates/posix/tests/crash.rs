@@ -83,7 +83,7 @@ fn content(key: u64, len: usize) -> Vec<u8> {
 }
 
 fn hole(key: u64, len: usize) -> Option<(usize, usize)> {
-    (key % 3 == 0 && len > 16).then(|| (len / 3, len / 2))
+    (key % 3 == 0 && len > 16).then_some((len / 3, len / 2))
 }
 
 /// What the threads were told is durable, and what was under way.
