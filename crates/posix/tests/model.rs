@@ -1,26 +1,31 @@
 //! A filesystem against an in-memory model (issue 12, "snapshots by
 //! path"): seeded random creates, writes (sparse too), truncates up and
 //! down, hole punches, renames (over existing targets, across directories,
-//! NOREPLACE, EXCHANGE), hard links, symlinks, FIFOs, unlinks (of open
-//! files too), mkdir/rmdir, xattrs, chmod/chown, requests that must fail,
-//! with snapshots, clones (then worked on too), rollbacks to any snapshot,
-//! destroys, a restart and a kill -9 mixed in.
+//! case-only, NOREPLACE, EXCHANGE), hard links, symlinks, FIFOs, unlinks
+//! (of open files too), mkdir/rmdir, xattrs, chmod/chown, requests that
+//! must fail, with snapshots, clones (then worked on too), rollbacks to any
+//! snapshot, destroys, a restart, and kills -9 with and without an fsync
+//! first. Every third seed is `casesensitivity=insensitive`.
 //!
 //! Checked exactly, at random points and after every restart: every head,
 //! snapshot and clone holds the model's tree (names, types, sizes, nlink,
 //! contents, symlink targets, xattrs, owners, inode numbers and
-//! generations: the same file has the same number everywhere); inode
-//! numbers are never handed out twice in one dataset, rollbacks included;
-//! the unlinked set holds exactly the open-unlinked files. Space: every
-//! figure equals what the model computes from the block versions the files
-//! hold (as `dataset/tests/objects_model.rs` does for objects: compression
-//! off, embedded blocks in the metadata row, whole sectors otherwise;
-//! inodes, directories and xattrs never allocate), and destroying
-//! everything brings the dataset and the pool back to empty.
+//! generations: the same file has the same number everywhere); an inode
+//! number is never handed out twice in one dataset, rollbacks included (a
+//! create a crash lost may see its number again, never with its
+//! generation); the unlinked set holds exactly the open-unlinked files. A
+//! kill -9 without fsync comes back as the state after one of the ops since
+//! the last durable point (fsync, txg commit, snapshot...), every head at
+//! the same point. Space: every figure equals what the model computes from
+//! the block versions the files hold (as `dataset/tests/objects_model.rs`
+//! does for objects: compression off, embedded blocks in the metadata row,
+//! whole sectors otherwise; inodes, directories and xattrs never allocate),
+//! and destroying everything brings the dataset and the pool back to empty.
 //!
 //! `CISTERN_MODEL_OPS=N` steps per seed (default 300), `CISTERN_MODEL_SEEDS=N`
-//! seeds 1..=N (default 4), `CISTERN_MODEL_SEED=K` only seed K,
-//! `CISTERN_MODEL_TRACE=1` prints every step.
+//! seeds 1..=N (default 6), `CISTERN_MODEL_SEED=K` only seed K,
+//! `CISTERN_MODEL_TRACE=1` prints every step, `CISTERN_MODEL_STRICT=1`
+//! checks everything after every step.
 
 #[allow(dead_code)] // this test uses a part of the shared helpers
 #[path = "../../dataset/tests/common/mod.rs"]
@@ -1778,7 +1783,7 @@ fn files_snapshots_clones_and_rollbacks_match_a_model() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds = match env("CISTERN_MODEL_SEED") {
         Some(k) => k..=k,
-        None => 1..=env("CISTERN_MODEL_SEEDS").unwrap_or(4),
+        None => 1..=env("CISTERN_MODEL_SEEDS").unwrap_or(6),
     };
     let steps = env("CISTERN_MODEL_OPS").unwrap_or(300) as usize;
     let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
