@@ -98,6 +98,10 @@ struct Ledger {
     gone: BTreeSet<String>,
     /// Inodes unlinked while open (never closed): gone after the import.
     open_unlinked: BTreeSet<u64>,
+    /// Names all threads rename over: the versions renamed onto each (in
+    /// an order the test does not know), and whether one such rename was
+    /// acknowledged (then the name is never empty).
+    contested: BTreeMap<String, (Vec<Version>, bool)>,
 }
 
 struct Round {
@@ -233,8 +237,12 @@ impl Round {
                 let tmp = format!("{prefix}/{name}");
                 // The final name is in this thread's directory or, half the
                 // time, in the shared one (a rename across directories).
+                // A quarter of them go to names every thread renames over.
                 let k = rng.random_range(0..FINALS);
-                let (fdir, fin) = if rng.random_bool(0.5) {
+                let contested = rng.random_bool(0.25);
+                let (fdir, fin) = if contested {
+                    (shared, format!("{SHARED}/any{k}"))
+                } else if rng.random_bool(0.5) {
                     (dir, format!("{prefix}/final{k}"))
                 } else {
                     (shared, format!("{SHARED}/{prefix}-final{k}"))
@@ -243,12 +251,14 @@ impl Round {
                 self.fsync(t, v.ino)?;
                 {
                     let mut l = self.ledger();
-                    l.acked.insert(tmp.clone(), v);
-                    // From now until the next fsync: old or new, each whole.
-                    let old = l.acked.remove(&fin);
-                    l.acked.remove(&tmp);
-                    l.inflight.insert(fin.clone(), vec![old, Some(v)]);
                     l.inflight.insert(tmp.clone(), vec![Some(v), None]);
+                    if contested {
+                        l.contested.entry(fin.clone()).or_default().0.push(v);
+                    } else {
+                        // From now until the next fsync: old or new, each whole.
+                        let old = l.acked.remove(&fin);
+                        l.inflight.insert(fin.clone(), vec![old, Some(v)]);
+                    }
                 }
                 let final_name = fin.rsplit('/').next().unwrap_or_default();
                 self.fs.rename(
@@ -260,10 +270,14 @@ impl Round {
                 )?;
                 self.fsync(t, dir)?;
                 let mut l = self.ledger();
-                l.inflight.remove(&fin);
                 l.inflight.remove(&tmp);
-                l.acked.insert(fin, v);
                 l.gone.insert(tmp);
+                if contested {
+                    l.contested.entry(fin).or_default().1 = true;
+                } else {
+                    l.inflight.remove(&fin);
+                    l.acked.insert(fin, v);
+                }
             } else if roll == 9 {
                 // Open, unlink, write on, fsync, never close: the kill leaves
                 // it in the unlinked set; import must free it.
@@ -355,6 +369,15 @@ fn verify(fs: &Fs, dirs: &BTreeMap<String, u64>, ledger: &Ledger, round: u64) {
         assert!(
             may.iter().any(|v| holds(fs, dirs, path, *v)),
             "round {round}: {path} holds none of {may:?} whole (a torn rename or unlink)"
+        );
+    }
+    for (path, (versions, acked)) in &ledger.contested {
+        let whole = versions.iter().any(|v| holds(fs, dirs, path, Some(*v)));
+        assert!(
+            whole || (!acked && holds(fs, dirs, path, None)),
+            "round {round}: {path} holds none of the {} versions renamed onto it whole \
+             (acknowledged: {acked})",
+            versions.len()
         );
     }
     for path in &ledger.gone {
@@ -464,6 +487,14 @@ fn run(dir: &Path, first_seed: u64, rounds: u64) {
         let fs = open_fs(&engine);
         verify(&fs, &dirs, &ledger, round);
         // What was under way is settled now: whatever the name holds.
+        for (path, (versions, acked)) in ledger.contested.iter_mut() {
+            let now = versions
+                .iter()
+                .copied()
+                .find(|v| holds(&fs, &dirs, path, Some(*v)));
+            *versions = now.into_iter().collect();
+            *acked = now.is_some();
+        }
         let inflight = std::mem::take(&mut ledger.inflight);
         for (path, may) in inflight {
             if let Some(v) = may
