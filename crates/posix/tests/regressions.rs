@@ -66,6 +66,15 @@ fn clones_and_moved_children_keep_the_name_rules_they_were_made_with() {
         .unwrap();
     engine.snapshot(&["tank/fs@s".into()], false).unwrap();
     engine.clone_snapshot("tank/fs@s", "tank/c", &[]).unwrap();
+    let r = engine.clone_snapshot(
+        "tank/fs@s",
+        "tank/c2",
+        &[("casesensitivity".into(), "sensitive".into())],
+    );
+    assert!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "a clone with other name rules than its origin's: {r:?}"
+    );
     engine
         .create_dataset("tank/fs/child", DatasetKind::Filesystem, &[])
         .unwrap();
