@@ -1559,6 +1559,13 @@ impl crate::Engine {
             crate::props::check_kind(k, kind)?;
             local.insert(k.clone(), crate::props::normalize(k, v)?);
         }
+        if kind == DatasetKind::Filesystem {
+            let datasets = p.datasets.read();
+            let parent = name.rsplit_once('/').and_then(|(p, _)| datasets.get(p));
+            if let Some(parent) = parent {
+                crate::props::pin_create_only(&crate::txg::lineage(&datasets, parent), &mut local);
+            }
+        }
         local.retain(|_, v| v != "none");
         p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;

@@ -460,6 +460,19 @@ pub fn format_time(secs: u64) -> String {
     )
 }
 
+/// Writes the name rules (`CREATE_ONLY`) a new filesystem gets from `from`
+/// (its parent, or a clone's origin) into its own properties, unless it sets
+/// them itself: its names are made under them, so they must not change
+/// when it is renamed under another parent, and a clone's are its origin's.
+pub(crate) fn pin_create_only(from: &Lineage, local: &mut BTreeMap<String, String>) {
+    for prop in CREATE_ONLY {
+        let (value, source) = from.resolve(prop);
+        if source != "default" {
+            local.entry(prop.to_string()).or_insert(value);
+        }
+    }
+}
+
 /// The chain from a dataset up to its pool's root, nearest first.
 pub struct Lineage<'a> {
     pub chain: Vec<&'a DatasetRecord>,

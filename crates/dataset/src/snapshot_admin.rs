@@ -482,6 +482,20 @@ impl Engine {
             for (k, v) in props_in {
                 local.insert(k.clone(), props::normalize(k, v)?);
             }
+            // A clone's names were made under its origin's name rules: it keeps them.
+            let head = datasets.values().find(|r| r.id == snap.data_id());
+            if head.is_some_and(|h| h.kind == DatasetKind::Filesystem) {
+                let origin = crate::txg::lineage(&datasets, snap);
+                for prop in props::CREATE_ONLY {
+                    let theirs = origin.resolve(prop).0;
+                    if local.get(*prop).is_some_and(|v| *v != theirs) {
+                        return Err(Error::InvalidArgument(format!(
+                            "'{name}': a clone keeps its origin's {prop} ({theirs})"
+                        )));
+                    }
+                }
+                props::pin_create_only(&origin, &mut local);
+            }
             // Clones are sparse unless asked (as zfs); space limits as on create.
             if let Some(v) = local.get_mut("refreservation").filter(|v| *v == "auto") {
                 *v = p

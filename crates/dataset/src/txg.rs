@@ -232,7 +232,7 @@ pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
 }
 
 /// Test hook for the crash tests: `CISTERN_FAULT_TXG_CRASH=after_data|after_meta`
-/// aborts the process at that point of a txg commit;
+/// aborts the process at that point of a txg commit that changes something;
 /// `action_before_meta|action_after_meta` only in a commit carrying an
 /// administrative action (snapshot, destroy, rollback, clone).
 fn fault_point(name: &str) {
@@ -338,7 +338,15 @@ impl ImportedPool {
             db: RwLock::new(Arc::new(db)),
             log,
             open: Mutex::new(OpenTxg {
-                txg: txg + 1,
+                // Not `txg + 1`: the run before may have had txg + 1 being
+                // committed and txg + 2 open when it died, and objects
+                // created in them got those numbers as their generation; a
+                // crash lost them (and their ids come back), so their
+                // numbers are never used again: (object id, generation)
+                // names one file for ever (NFS handles, SMB file ids). The
+                // import commits this txg even if empty, so the next run
+                // starts past every number this one hands out.
+                txg: txg + 3,
                 dirty: HashMap::new(),
                 names: BTreeMap::new(),
                 next_object: HashMap::new(),
@@ -371,7 +379,7 @@ impl ImportedPool {
         if drained > 0 {
             tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }
-        imported.sync_txg()?;
+        imported.commit_txg_locked(None, true, &imported.meta_lock.lock())?;
         if replayed > 0 {
             tracing::info!(pool = %imported.pool.name, replayed, "intent log records committed");
         }
@@ -537,18 +545,20 @@ impl ImportedPool {
                 self.pool.name, s.cause, self.pool.name
             )));
         }
-        self.commit_txg_locked(action, &self.meta_lock.lock())
+        self.commit_txg_locked(action, false, &self.meta_lock.lock())
     }
 
     /// The commit `pool clear` retries a suspended pool with.
     pub(crate) fn commit_txg_resuming(&self) -> Result<()> {
-        self.commit_txg_locked(None, &self.meta_lock.lock())
+        self.commit_txg_locked(None, false, &self.meta_lock.lock())
             .map(|_| ())
     }
 
+    /// `force`: commit even if nothing changed (the txg number moves on).
     fn commit_txg_locked(
         &self,
         action: Option<Action>,
+        force: bool,
         _meta: &parking_lot::MutexGuard<'_, ()>,
     ) -> Result<ActionOutcome> {
         // Another daemon owns the pool now: nothing more is written (logged once at the fence).
@@ -558,7 +568,7 @@ impl ImportedPool {
         let started = Instant::now();
         let (txg, dirty, cp, next_objects, discarded) = {
             let mut open = self.open.lock();
-            if open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
+            if !force && open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
                 return Ok(ActionOutcome::default());
             }
             // Kept aside, not dropped: the action can still be refused
@@ -794,6 +804,8 @@ impl ImportedPool {
         next_objects: &HashMap<u64, u64>,
         action: Option<Action>,
     ) -> Result<ActionOutcome> {
+        // The fault hooks skip empty commits (the one every import makes).
+        let carries = !changes.blocks.is_empty() || !changes.names.is_empty() || action.is_some();
         // Write: blocks adjacent on disk go out together, up to 8 MiB per vectored write.
         static PAD: [u8; pool::SECTOR as usize] = [0; pool::SECTOR as usize];
         let mut order: Vec<usize> = (0..keys.len())
@@ -846,7 +858,9 @@ impl ImportedPool {
         }
         flush(&mut run, &mut parts)?;
         self.pool.sync_all().map_err(|e| Error::Io(e.to_string()))?;
-        fault_point("after_data");
+        if carries {
+            fault_point("after_data");
+        }
 
         // Metadata: one transaction for every pointer, space figure, the
         // log checkpoint and the administrative action riding on this txg.
@@ -949,7 +963,9 @@ impl ImportedPool {
                 .map_err(meta_err)?;
         }
         tx.commit().map_err(meta_err)?;
-        fault_point("after_meta");
+        if carries {
+            fault_point("after_meta");
+        }
         if has_action {
             fault_point("action_after_meta");
         }
