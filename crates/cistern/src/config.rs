@@ -20,6 +20,12 @@
 //! schedule = "hourly"
 //! keep = "hourly=24 daily=7"
 //!
+//! [fuse]              # fuse::FuseConfig: FUSE mounts of filesystems
+//! threads = 4
+//! allow_other = false
+//! writeback_cache = true
+//! attr_timeout_secs = 1.0
+//!
 //! [s3]                # present: serve S3 (s3::S3Config, plus `anonymous`)
 //! listen = "127.0.0.1:10811"
 //! parent = "tank"
@@ -46,6 +52,8 @@ pub struct Config {
     pub policy: std::collections::BTreeMap<String, dataset::policy::PolicyConfig>,
     /// `[s3]`: the S3 endpoint, served when this section (or `--s3`) is there.
     pub s3: Option<S3Section>,
+    /// `[fuse]`: how filesystems are mounted.
+    pub fuse: fuse::FuseConfig,
 }
 
 /// `[s3]`: the S3 layer's own settings plus who may skip signing.
@@ -210,6 +218,7 @@ pub struct Resolved {
     pub policies: dataset::policy::Policies,
     /// The S3 endpoint, when it is on.
     pub s3: Option<S3Resolved>,
+    pub fuse: fuse::FuseConfig,
 }
 
 /// The S3 endpoint's settings, resolved.
@@ -282,6 +291,7 @@ pub fn resolve(
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine,
         s3,
+        fuse: cfg.fuse,
     })
 }
 

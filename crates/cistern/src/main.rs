@@ -79,6 +79,12 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// Mount a filesystem through FUSE (`cistern mount POOL/FS [DIR]`, `-a`); no
+    /// arguments: list the mounts.
+    Mount(cmd::mount::MountArgs),
+    /// Unmount a filesystem: `cistern unmount [-f] POOL/FS|DIR` (or `-a`).
+    #[command(visible_alias = "umount")]
+    Unmount(cmd::mount::UnmountArgs),
     /// S3 access keys and their grants: add, list, remove, grant, revoke.
     #[command(subcommand)]
     User(cmd::user::UserCommand),

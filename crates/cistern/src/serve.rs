@@ -212,9 +212,11 @@ async fn serve(
         stop_rx.clone(),
         r.nbd_server,
     ));
+    let mounts = fuse::Mounts::new(engine.clone(), r.fuse.clone());
     let state = api::ApiState::new(engine.clone())
         .with_metrics(Arc::new(crate::nbd_metrics::render))
-        .with_users(users.clone());
+        .with_users(users.clone())
+        .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
     let mut api_task = tokio::spawn(async move {
         api::server::serve(api_listener, state, async move {
@@ -254,6 +256,11 @@ async fn serve(
             None => std::future::pending().await,
         }
     };
+    // Filesystems with a mountpoint (as zfs mount -a at boot); failures are logged.
+    {
+        let m = mounts.clone();
+        let _ = spawn_blocking(move || Ok(m.mount_all(None))).await;
+    }
     if let Some(announce) = announce {
         announce(&engine, &endpoints);
     }
@@ -302,6 +309,14 @@ async fn serve(
         if !t.is_finished() && tokio::time::timeout(grace, &mut t).await.is_err() {
             tracing::warn!("S3 connections still open after {grace:?}; closing anyway");
             t.abort();
+        }
+    }
+    // Mounts go before the pools close: busy ones are detached (their
+    // processes see ENOTCONN, as after a crash).
+    {
+        let m = mounts.clone();
+        if let Err(e) = spawn_blocking(move || Ok(m.unmount_all(None, true)?)).await {
+            tracing::warn!("unmounting: {e:#}");
         }
     }
     tracing::info!("committing and closing pools");

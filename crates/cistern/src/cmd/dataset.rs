@@ -178,6 +178,21 @@ pub struct DestroyArgs {
 }
 
 pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
+    if let (Some("filesystem" | "fs"), None) = (
+        a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
+        a.volsize,
+    ) {
+        if a.sparse || a.blocksize.is_some() {
+            bail!("-s and -b are for volumes; a filesystem takes -o recordsize=SIZE");
+        }
+        let props = a
+            .props
+            .iter()
+            .map(|p| parse_assignment(p))
+            .collect::<Result<Vec<_>>>()?;
+        client.create_dataset(&a.name, DatasetKind::Filesystem, &props)?;
+        return Ok(());
+    }
     let bucket = match (
         a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
         a.volsize,
@@ -190,7 +205,7 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         }
         (Some("bucket"), None) => true,
         (Some("bucket"), Some(_)) => bail!("-V is for volumes, not buckets"),
-        (Some(other), _) => bail!("cannot create a '{other}' (valid -t: volume, bucket)"),
+        (Some(other), _) => bail!("cannot create a '{other}' (valid -t: volume, bucket, filesystem)"),
     };
     let what = if bucket { "BUCKET" } else { "VOL" };
     if !a.name.contains('/') {
