@@ -226,14 +226,18 @@ def test_fsync_survives_kill9(daemon, pool, tmp_path):
     p = subprocess.run(["python3", "-c", script], input=data, capture_output=True, timeout=120)
     assert p.returncode == 0 and b"synced" in p.stdout, p.stderr
     daemon.kill9()
-    # The connection died with the daemon.
-    with pytest.raises(OSError) as e:
-        os.stat(mnt / "durable")
-    assert e.value.errno == errno.ENOTCONN
-    daemon.start()
-    wait_until(lambda: is_mounted(mnt) and (mnt / "durable").exists(), 60, what="remounted")
-    assert (mnt / "durable").read_bytes() == data
-    daemon.cli("unmount", mnt)
+    try:
+        # The connection died with the daemon.
+        with pytest.raises(OSError) as e:
+            os.stat(mnt / "durable")
+        assert e.value.errno == errno.ENOTCONN
+        daemon.start()
+        wait_until(lambda: is_mounted(mnt) and (mnt / "durable").exists(), 60, what="remounted")
+        assert (mnt / "durable").read_bytes() == data
+        daemon.cli("unmount", mnt)
+    finally:
+        if is_mounted(mnt) and not daemon.alive():
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_snapshot_directory(daemon, pool, fs):

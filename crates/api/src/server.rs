@@ -355,8 +355,8 @@ async fn destroy_pool(
         }
         e.destroy_pool_with(&pool, q.force)
     })
-        .await
-        .map(|()| no_content())
+    .await
+    .map(|()| no_content())
 }
 
 async fn export_pool(
@@ -373,8 +373,8 @@ async fn export_pool(
         }
         e.export_pool_with(&pool, q.force)
     })
-        .await
-        .map(|()| no_content())
+    .await
+    .map(|()| no_content())
 }
 
 async fn scrub_pool(

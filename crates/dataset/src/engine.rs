@@ -1231,9 +1231,7 @@ impl Engine {
         reason: &str,
         busy: impl FnOnce(&str) -> String,
     ) -> Result<crate::holders::Fence> {
-        self.inner
-            .holders
-            .fence(scope, force, reason, busy, false)
+        self.inner.holders.fence(scope, force, reason, busy, false)
     }
 
     /// [`Engine::fence`] that lets rollback followers stay (see `open_handle_following`).

@@ -257,16 +257,26 @@ mod tests {
             .unwrap();
         let scope = Scope::Tree("tank".into());
         let e = h
-            .fence(scope.clone(), false, "x", |who| format!("busy: {who}"), false)
+            .fence(
+                scope.clone(),
+                false,
+                "x",
+                |who| format!("busy: {who}"),
+                false,
+            )
             .err()
             .unwrap();
         assert!(e.to_string().contains("nbd 127.0.0.1:1"), "{e}");
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Dropping the handle frees it.
         drop(handle);
-        let f = h.fence(scope.clone(), false, "x", |w| w.into(), false).unwrap();
+        let f = h
+            .fence(scope.clone(), false, "x", |w| w.into(), false)
+            .unwrap();
         // Fenced: nobody gets in until the operation is over.
-        assert!(h.open("tank/v", "c".into(), Arc::new(|_| {}), None).is_err());
+        assert!(h
+            .open("tank/v", "c".into(), Arc::new(|_| {}), None)
+            .is_err());
         drop(f);
         let _h2 = h
             .open(

@@ -163,10 +163,7 @@ impl Shared {
     /// The snapshots of the dataset: (short name, slot), by creation.
     fn snapshots(&self) -> Result<Vec<(String, u64)>, Errno> {
         let ds = self.dataset();
-        let list = self
-            .engine
-            .list_datasets(Some(&ds))
-            .map_err(Errno::from)?;
+        let list = self.engine.list_datasets(Some(&ds)).map_err(Errno::from)?;
         let prefix = format!("{ds}@");
         let mut out = Vec::new();
         for d in list {
@@ -342,11 +339,9 @@ impl CisternFs {
                 let a = fs.getattr(obj)?;
                 Ok((fattr(to_fuse(slot, obj)?, &a), a.generation, self.ttl(slot)))
             }
-            Node::ZfsDir | Node::SnapshotDir => Ok((
-                virtual_attr(ino.0, &self.root_attr()?),
-                0,
-                self.shared.ttl,
-            )),
+            Node::ZfsDir | Node::SnapshotDir => {
+                Ok((virtual_attr(ino.0, &self.root_attr()?), 0, self.shared.ttl))
+            }
         }
     }
 
@@ -701,10 +696,7 @@ impl Filesystem for CisternFs {
         };
         let dir = tri!(reply, self.head(newparent));
         tri!(reply, self.check_new_name(dir, newname.as_bytes()));
-        let a = tri!(
-            reply,
-            self.shared.head.link(obj, dir, newname.as_bytes())
-        );
+        let a = tri!(reply, self.shared.head.link(obj, dir, newname.as_bytes()));
         self.entry(newparent.0, newname.as_bytes(), 0, &a, reply);
     }
 
@@ -1018,10 +1010,7 @@ impl Filesystem for CisternFs {
         reply: ReplyEmpty,
     ) {
         let obj = tri!(reply, self.head(ino));
-        tri!(
-            reply,
-            self.shared.head.fallocate(obj, offset, length, mode)
-        );
+        tri!(reply, self.shared.head.fallocate(obj, offset, length, mode));
         reply.ok();
     }
 }

@@ -118,6 +118,28 @@ fn mounted_at(dir: &Path) -> bool {
     })
 }
 
+/// Whether `dir` holds a FUSE mount of `dataset` made by a daemon before
+/// this one (its connection died with it: ENOTCONN).
+fn stale_mount_of(dir: &Path, dataset: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.as_os_str().as_bytes();
+    let source = format!("cistern:{dataset}");
+    text.lines().any(|l| {
+        let here = l
+            .split(' ')
+            .nth(4)
+            .is_some_and(|p| unescape(p).as_slice() == want);
+        let mut tail = l.split(" - ").nth(1).unwrap_or("").split(' ');
+        // The subtype shows only when fusermount made the mount.
+        here && matches!(tail.next(), Some("fuse" | "fuse.cistern"))
+            && tail
+                .next()
+                .is_some_and(|s| unescape(s) == source.as_bytes())
+    })
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
@@ -163,7 +185,9 @@ fn syncfs(dir: &Path) {
             // SAFETY: a valid open descriptor.
             unsafe { libc::syncfs(f.as_raw_fd()) };
         }
-        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot write back before rollback"),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot write back before rollback")
+        }
     }
 }
 
@@ -258,11 +282,11 @@ impl Mounts {
             )));
         }
         // A mount left by a daemon that died answers ENOTCONN: detach it.
+        if stale_mount_of(&dir, dataset) {
+            tracing::info!(dir = %dir.display(), "detaching the mount of a daemon that is gone");
+            umount2(&dir, libc::MNT_DETACH).map_err(|e| io(&dir.display().to_string(), e))?;
+        }
         match std::fs::metadata(&dir) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                tracing::info!(dir = %dir.display(), "detaching the mount of a daemon that is gone");
-                umount2(&dir, libc::MNT_DETACH).map_err(|e| io(&dir.display().to_string(), e))?;
-            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir_all(&dir).map_err(|e| io(&dir.display().to_string(), e))?;
             }
@@ -366,7 +390,12 @@ impl Mounts {
             &config,
         )
         .and_then(|s| s.spawn())
-        .map_err(|e| io(&format!("cannot mount '{dataset}' on '{}'", dir.display()), e))?;
+        .map_err(|e| {
+            io(
+                &format!("cannot mount '{dataset}' on '{}'", dir.display()),
+                e,
+            )
+        })?;
         let _ = notifier.set(session.notifier());
         // The connection's number is the minor of the mount's device.
         let conn = {

@@ -205,7 +205,9 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         }
         (Some("bucket"), None) => true,
         (Some("bucket"), Some(_)) => bail!("-V is for volumes, not buckets"),
-        (Some(other), _) => bail!("cannot create a '{other}' (valid -t: volume, bucket, filesystem)"),
+        (Some(other), _) => {
+            bail!("cannot create a '{other}' (valid -t: volume, bucket, filesystem)")
+        }
     };
     let what = if bucket { "BUCKET" } else { "VOL" };
     if !a.name.contains('/') {

@@ -55,9 +55,10 @@ pub fn mount(client: &api::Client, a: MountArgs) -> Result<()> {
         }
         (false, Some(ds)) => {
             let dir = match a.dir {
-                Some(d) => Some(std::path::absolute(&d).with_context(|| {
-                    format!("cannot mount '{ds}' on '{}'", d.display())
-                })?),
+                Some(d) => Some(
+                    std::path::absolute(&d)
+                        .with_context(|| format!("cannot mount '{ds}' on '{}'", d.display()))?,
+                ),
                 None => None,
             };
             client.mount(&api::MountRequest {
@@ -80,7 +81,11 @@ pub fn unmount(client: &api::Client, a: UnmountArgs) -> Result<()> {
                 let p = std::path::absolute(&t).unwrap_or_else(|_| PathBuf::from(&t));
                 let s = p.to_string_lossy().into_owned();
                 let s = s.trim_end_matches('/');
-                if s.is_empty() { "/".to_string() } else { s.to_string() }
+                if s.is_empty() {
+                    "/".to_string()
+                } else {
+                    s.to_string()
+                }
             } else {
                 t
             }
