@@ -181,6 +181,10 @@ impl Shared {
     }
 }
 
+/// A directory entry as readdir sends it: name, FUSE ino, cookie, and the
+/// attributes with the slot (None: a `.zfs` directory).
+type Listed = (Vec<u8>, u64, u64, Option<(Attr, u64)>);
+
 /// Where a FUSE inode number points.
 enum Node {
     Fs(Arc<posix::Fs>, u64, u64), // fs, slot, object
@@ -388,6 +392,7 @@ impl CisternFs {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn setattr_inner(
         &self,
         ino: INodeNo,
@@ -418,11 +423,7 @@ impl CisternFs {
     }
 
     /// readdir and readdirplus: (name, FUSE ino, cookie, attributes).
-    fn list(
-        &self,
-        ino: INodeNo,
-        offset: u64,
-    ) -> Result<Vec<(Vec<u8>, u64, u64, Option<(Attr, u64)>)>, Errno> {
+    fn list(&self, ino: INodeNo, offset: u64) -> Result<Vec<Listed>, Errno> {
         let mut out = Vec::new();
         match self.node(ino)? {
             Node::Fs(fs, slot, obj) => {
@@ -433,6 +434,10 @@ impl CisternFs {
                 } else {
                     offset
                 };
+                // A reply that filled up right after `..` left `.zfs` for this one.
+                if zfs && offset == posix::COOKIE_DOTDOT {
+                    out.push((b".zfs".to_vec(), ZFS_DIR, ZFS_COOKIE, None));
+                }
                 for e in fs.readdir(obj, cookie, READDIR_BATCH)? {
                     let fino = to_fuse(slot, e.attr.ino)?;
                     let c = e.cookie;
@@ -440,9 +445,6 @@ impl CisternFs {
                     if zfs && c == posix::COOKIE_DOTDOT {
                         out.push((b".zfs".to_vec(), ZFS_DIR, ZFS_COOKIE, None));
                     }
-                }
-                if zfs && offset < posix::COOKIE_DOTDOT && out.len() < 2 {
-                    // A batch that ended before `..`: `.zfs` follows next time.
                 }
             }
             Node::ZfsDir => {
