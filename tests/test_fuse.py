@@ -46,7 +46,7 @@ def is_mounted(d: Path) -> bool:
 def fs(daemon, pool, tmp_path):
     """tank/home mounted at tmp_path/mnt by `cistern mount`; unmounted after."""
     mnt = tmp_path / "mnt"
-    daemon.cli("create", "-t", "filesystem", f"{pool}/home")
+    daemon.cli("create", f"{pool}/home")  # no -V: a filesystem, as zfs
     daemon.cli("mount", f"{pool}/home", mnt)
     assert is_mounted(mnt)
     yield mnt

@@ -46,8 +46,8 @@ pub enum Command {
     /// Manage pools (create, list, status, destroy, export, import).
     #[command(subcommand)]
     Pool(cmd::pool::PoolCommand),
-    /// Create a volume (`cistern create -V 10G [-o prop=value]... POOL/VOL`) or a
-    /// bucket (`cistern create -t bucket POOL/NAME`).
+    /// Create a filesystem (`cistern create [-o prop=value]... POOL/FS`), a volume
+    /// (`cistern create -V 10G POOL/VOL`) or a bucket (`cistern create -t bucket POOL/NAME`).
     Create(cmd::dataset::CreateArgs),
     /// List datasets and their space.
     List(cmd::dataset::ListArgs),

@@ -178,7 +178,8 @@ pub struct DestroyArgs {
 }
 
 pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
-    if let (Some("filesystem" | "fs"), None) = (
+    // As zfs: no -V (and no -t) makes a filesystem.
+    if let (None | Some("filesystem" | "fs"), None) = (
         a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
         a.volsize,
     ) {
