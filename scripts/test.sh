@@ -26,7 +26,7 @@ APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fs
     samba samba-vfs-modules smbclient samba-testsuite avahi-utils)  # SMB (tests/test_smb.py, bench/smbtorture.sh)
 # Filesystem checkers (tests/test_fs_tools.py, test_fuse.py, test_nfs.py); the benches' own
 # references (bonnie++, postmark, bindfs, nfs-ganesha) are installed by bench/fs.sh and bench/nfs.sh.
-APT_PACKAGES+=(attr acl libnfs-utils)
+APT_PACKAGES+=(attr acl rsync libnfs-utils)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0

@@ -116,7 +116,7 @@ def test_bad_input_is_refused_by_name(daemon):
 def test_create_bucket_checks_its_name_and_flags(daemon, pool):
     fails(daemon.cli("create", "-t", "bucket", f"{pool}/Photos", check=False), r"'Photos' is not a bucket name")
     fails(daemon.cli("create", "-t", "bucket", "-V", "1G", f"{pool}/b1x", check=False), r"-V is for volumes")
-    fails(daemon.cli("create", f"{pool}/b1x", check=False), r"missing the volume size")
+    fails(daemon.cli("create", "-t", "volume", f"{pool}/b1x", check=False), r"missing the volume size")
     fails(daemon.cli("create", "-t", "bogus", f"{pool}/b1x", check=False), r"cannot create a 'bogus'")
     p = daemon.cli("create", "-t", "bucket", "-o", "compression=zstd", f"{pool}/photos", check=False)
     if p.returncode != 0 and "not yet" in p.stderr:

@@ -3,8 +3,8 @@
 use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
     GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
-    RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty, ShareList,
-    ShareRequest, SnapshotRequest,
+    MountRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
+    ShareList, ShareRequest, SnapshotRequest, UnmountRequest,
 };
 use dataset::{
     Caller, DatasetInfo, DestroyOptions, DestroyReport, DiffReport, Event, HistoryRecord,
@@ -463,6 +463,21 @@ impl Client {
             kind: Some(kind),
         };
         self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
+    }
+
+    /// `GET /v1/mounts`.
+    pub fn mounts(&self) -> Result<Vec<fuse::MountInfo>> {
+        self.decode(self.agent.get(self.url("/v1/mounts")).call())
+    }
+
+    /// `POST /v1/mounts`.
+    pub fn mount(&self, req: &MountRequest) -> Result<Vec<fuse::MountInfo>> {
+        self.decode(self.agent.post(self.url("/v1/mounts")).send_json(req))
+    }
+
+    /// `POST /v1/unmount`.
+    pub fn unmount(&self, req: &UnmountRequest) -> Result<Vec<fuse::MountInfo>> {
+        self.decode(self.agent.post(self.url("/v1/unmount")).send_json(req))
     }
 
     /// `GET /v1/users`.

@@ -43,6 +43,9 @@
 //! | GET | /v1/shares | | [`ShareList`] |
 //! | POST | /v1/shares | [`ShareRequest`] | [`ShareList`] (`cistern share`) |
 //! | DELETE | /v1/shares | [`ShareRequest`] | [`ShareList`] removed (`cistern unshare`) |
+//! | GET | /v1/mounts | | `[fuse::MountInfo]` |
+//! | POST | /v1/mounts | [`MountRequest`] | `[fuse::MountInfo]` mounted (201) |
+//! | POST | /v1/unmount | [`UnmountRequest`] | `[fuse::MountInfo]` unmounted |
 //! | GET | /metrics | | Prometheus text |
 //!
 //! Every request that changes a pool is recorded in its history (`pool
@@ -215,6 +218,33 @@ pub struct HoldRequest {
     pub snapshots: Vec<String>,
     #[serde(default)]
     pub recursive: bool,
+}
+
+/// `POST /v1/mounts`: `cistern mount DATASET [DIR]`, or `-a` (`all`).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MountRequest {
+    #[serde(default)]
+    pub dataset: Option<String>,
+    /// Absent: where the dataset's `mountpoint` says.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// Every filesystem with a mountpoint that is not mounted.
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// `POST /v1/unmount`: `cistern unmount [-f] DATASET|DIR`, or `-a`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UnmountRequest {
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Detach it even with files open there.
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub all: bool,
 }
 
 /// `PATCH /v1/dataset?name=`.

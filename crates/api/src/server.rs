@@ -4,8 +4,8 @@
 use crate::{
     AddUser, AttachRequest, ClearRequest, CloneRequest, CreateVolume, DeviceRequest, ErrorBody,
     GrantRequest, Health, HoldRequest, ImportRequest, InheritRequest, LabelclearRequest,
-    PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest, SetProperty,
-    ShareRequest, SnapshotRequest,
+    MountRequest, PolicyRunRequest, RenameRequest, ReplaceRequest, RollbackRequest, ScrubRequest,
+    SetProperty, ShareRequest, SnapshotRequest, UnmountRequest,
 };
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -35,6 +35,8 @@ pub struct ApiState {
     pub share_services: Vec<Arc<dyn crate::shares::ShareService>>,
     /// Run after requests that may change datasets or properties.
     pub change_hooks: Vec<crate::shares::ChangeHook>,
+    /// The FUSE mounts (`/v1/mounts`); None: this daemon mounts nothing.
+    pub mounts: Option<fuse::Mounts>,
 }
 
 impl ApiState {
@@ -45,7 +47,13 @@ impl ApiState {
             users: None,
             share_services: Vec::new(),
             change_hooks: Vec::new(),
+            mounts: None,
         }
+    }
+
+    pub fn with_mounts(mut self, mounts: fuse::Mounts) -> Self {
+        self.mounts = Some(mounts);
+        self
     }
 
     /// A sharing protocol: served by `/v1/shares` and refreshed after every change.
@@ -129,6 +137,8 @@ pub fn router(state: ApiState) -> Router {
             post(grant_user).delete(revoke_user),
         )
         .route("/v1/shares", get(list_shares).post(share).delete(unshare))
+        .route("/v1/mounts", get(list_mounts).post(mount))
+        .route("/v1/unmount", post(unmount))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
@@ -367,9 +377,15 @@ async fn destroy_pool(
     Q(q): Q<ForceQuery>,
 ) -> ApiResult<Response> {
     tracing::info!(%pool, force = q.force, "destroying pool");
-    blocking(&st, move |e| e.destroy_pool_with(&pool, q.force))
-        .await
-        .map(|()| no_content())
+    let mounts = st.mounts.clone();
+    blocking(&st, move |e| {
+        if let Some(m) = mounts {
+            m.unmount_all(Some(&pool), q.force)?;
+        }
+        e.destroy_pool_with(&pool, q.force)
+    })
+    .await
+    .map(|()| no_content())
 }
 
 async fn export_pool(
@@ -378,9 +394,16 @@ async fn export_pool(
     Q(q): Q<ForceQuery>,
 ) -> ApiResult<Response> {
     tracing::info!(%pool, force = q.force, "exporting pool");
-    blocking(&st, move |e| e.export_pool_with(&pool, q.force))
-        .await
-        .map(|()| no_content())
+    // As zpool export: its filesystems are unmounted first (busy ones refuse).
+    let mounts = st.mounts.clone();
+    blocking(&st, move |e| {
+        if let Some(m) = mounts {
+            m.unmount_all(Some(&pool), q.force)?;
+        }
+        e.export_pool_with(&pool, q.force)
+    })
+    .await
+    .map(|()| no_content())
 }
 
 async fn scrub_pool(
@@ -638,9 +661,17 @@ async fn import_pool(
         ));
     }
     tracing::info!(pool = %req.pool, "importing pool");
-    blocking(&st, move |e| e.import_pool(&req.pool, &req.dirs, req.force))
-        .await
-        .map(json)
+    let mounts = st.mounts.clone();
+    blocking(&st, move |e| {
+        let status = e.import_pool(&req.pool, &req.dirs, req.force)?;
+        // As zpool import: filesystems with a mountpoint are mounted (failures logged).
+        if let Some(m) = mounts {
+            m.mount_all(Some(&status.summary.name));
+        }
+        Ok(status)
+    })
+    .await
+    .map(json)
 }
 
 #[derive(Deserialize)]
@@ -675,8 +706,14 @@ async fn create_volume(
                 )));
             }
             tracing::info!(name = %req.name, ?kind, "creating dataset");
+            let mounts = st.mounts.clone();
             blocking(&st, move |e| {
-                e.create_dataset(&req.name, kind, &req.properties)
+                let info = e.create_dataset(&req.name, kind, &req.properties)?;
+                // As zfs create: a filesystem with a mountpoint is mounted.
+                if let (Some(m), dataset::DatasetKind::Filesystem) = (mounts, kind) {
+                    m.mountpoint_changed(&req.name)?;
+                }
+                Ok(info)
             })
             .await
             .map(created)
@@ -770,8 +807,13 @@ async fn set_property(
     Json(req): Json<SetProperty>,
 ) -> ApiResult<Response> {
     tracing::info!(name = %q.name, property = %req.property, value = %req.value, "setting property");
+    let mounts = st.mounts.clone();
     blocking(&st, move |e| {
         e.set_property(&q.name, &req.property, &req.value)?;
+        // As zfs set mountpoint: remounted at the new place.
+        if let (Some(m), "mountpoint") = (mounts, req.property.as_str()) {
+            m.mountpoint_changed(&q.name)?;
+        }
         e.dataset(&q.name)
     })
     .await
@@ -854,8 +896,13 @@ async fn inherit(
     Json(req): Json<InheritRequest>,
 ) -> ApiResult<Response> {
     tracing::info!(name = %req.name, property = %req.property, recursive = req.recursive, "inherit");
+    let mounts = st.mounts.clone();
     blocking(&st, move |e| {
-        e.inherit_property(&req.name, &req.property, req.recursive)
+        e.inherit_property(&req.name, &req.property, req.recursive)?;
+        if let (Some(m), "mountpoint") = (mounts, req.property.as_str()) {
+            m.mountpoint_changed(&req.name)?;
+        }
+        Ok(())
     })
     .await
     .map(|()| no_content())
@@ -947,6 +994,63 @@ async fn policy_history(State(st): State<ApiState>, Q(q): Q<HistoryQuery>) -> Ap
     blocking(&st, move |e| Ok(e.policy_history(q.name.as_deref())))
         .await
         .map(json)
+}
+
+/// The mount table, or 503 when this daemon mounts nothing.
+fn mounts_of(st: &ApiState) -> ApiResult<fuse::Mounts> {
+    st.mounts.clone().ok_or_else(|| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        body: ErrorBody {
+            error: "this daemon does not mount filesystems".into(),
+            kind: "Unavailable".into(),
+        },
+    })
+}
+
+async fn list_mounts(State(st): State<ApiState>) -> ApiResult<Response> {
+    Ok(json(mounts_of(&st)?.list()))
+}
+
+async fn mount(State(st): State<ApiState>, Json(req): Json<MountRequest>) -> ApiResult<Response> {
+    let m = mounts_of(&st)?;
+    tracing::info!(dataset = ?req.dataset, dir = ?req.dir, all = req.all, "mount");
+    blocking(&st, move |_| match (req.all, req.dataset) {
+        (true, None) => {
+            let (done, failed) = m.mount_all(None);
+            if failed.is_empty() {
+                Ok(done)
+            } else {
+                Err(dataset::Error::Io(format!(
+                    "mounted {} filesystem(s); not mounted: {}",
+                    done.len(),
+                    failed.join("; ")
+                )))
+            }
+        }
+        (false, Some(ds)) => Ok(vec![m.mount(&ds, req.dir.as_deref())?]),
+        _ => Err(dataset::Error::InvalidArgument(
+            "give a dataset, or all".into(),
+        )),
+    })
+    .await
+    .map(created)
+}
+
+async fn unmount(
+    State(st): State<ApiState>,
+    Json(req): Json<UnmountRequest>,
+) -> ApiResult<Response> {
+    let m = mounts_of(&st)?;
+    tracing::info!(target = ?req.target, force = req.force, all = req.all, "unmount");
+    blocking(&st, move |_| match (req.all, req.target) {
+        (true, None) => m.unmount_all(None, req.force),
+        (false, Some(t)) => Ok(vec![m.unmount(&t, req.force)?]),
+        _ => Err(dataset::Error::InvalidArgument(
+            "give a dataset or directory, or all".into(),
+        )),
+    })
+    .await
+    .map(json)
 }
 
 async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {

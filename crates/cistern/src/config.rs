@@ -20,6 +20,12 @@
 //! schedule = "hourly"
 //! keep = "hourly=24 daily=7"
 //!
+//! [fuse]              # fuse::FuseConfig: FUSE mounts of filesystems
+//! threads = 4
+//! allow_other = false
+//! writeback_cache = true
+//! attr_timeout_secs = 1.0
+//!
 //! [s3]                # present: serve S3 (s3::S3Config, plus `anonymous`)
 //! listen = "127.0.0.1:10811"
 //! parent = "tank"
@@ -52,6 +58,8 @@ pub struct Config {
     pub s3: Option<S3Section>,
     /// `[smb]`: shares of filesystems with sharesmb/timemachine set.
     pub smb: smb::Settings,
+    /// `[fuse]`: how filesystems are mounted.
+    pub fuse: fuse::FuseConfig,
 }
 
 /// `[s3]`: the S3 layer's own settings plus who may skip signing.
@@ -217,6 +225,7 @@ pub struct Resolved {
     /// The S3 endpoint, when it is on.
     pub s3: Option<S3Resolved>,
     pub smb: smb::Settings,
+    pub fuse: fuse::FuseConfig,
 }
 
 /// The S3 endpoint's settings, resolved.
@@ -290,6 +299,7 @@ pub fn resolve(
         engine,
         s3,
         smb: cfg.smb,
+        fuse: cfg.fuse,
     })
 }
 

@@ -47,8 +47,8 @@ pub enum Command {
     /// Manage pools (create, list, status, destroy, export, import).
     #[command(subcommand)]
     Pool(cmd::pool::PoolCommand),
-    /// Create a volume (`cistern create -V 10G [-o prop=value]... POOL/VOL`) or a
-    /// bucket (`cistern create -t bucket POOL/NAME`).
+    /// Create a filesystem (`cistern create [-o prop=value]... POOL/FS`), a volume
+    /// (`cistern create -V 10G POOL/VOL`) or a bucket (`cistern create -t bucket POOL/NAME`).
     Create(cmd::dataset::CreateArgs),
     /// List datasets and their space.
     List(cmd::dataset::ListArgs),
@@ -84,6 +84,12 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// Mount a filesystem through FUSE (`cistern mount POOL/FS [DIR]`, `-a`); no
+    /// arguments: list the mounts.
+    Mount(cmd::mount::MountArgs),
+    /// Unmount a filesystem: `cistern unmount [-f] POOL/FS|DIR` (or `-a`).
+    #[command(visible_alias = "umount")]
+    Unmount(cmd::mount::UnmountArgs),
     /// S3 access keys and their grants: add, list, remove, grant, revoke.
     #[command(subcommand)]
     User(cmd::user::UserCommand),

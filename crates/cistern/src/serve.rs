@@ -203,14 +203,8 @@ async fn serve(
     engine.set_policies(r.policies.clone());
     engine.start_policy_scheduler();
 
-    // SMB: smbd starts with the first share; refreshed after every API change.
+    // SMB: smbd starts with the first share (after the mounts below); refreshed after every API change.
     let samba = smb::Samba::new(engine.clone(), r.smb.clone(), &state_dir);
-    {
-        let s = samba.clone();
-        if let Err(e) = spawn_blocking(move || Ok(s.refresh()?)).await {
-            tracing::warn!("SMB shares not served: {e:#}");
-        }
-    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let provider = Arc::new(EngineExports::new(engine.clone()));
@@ -221,10 +215,12 @@ async fn serve(
         stop_rx.clone(),
         r.nbd_server,
     ));
+    let mounts = fuse::Mounts::new(engine.clone(), r.fuse.clone());
     let state = api::ApiState::new(engine.clone())
         .with_metrics(Arc::new(crate::nbd_metrics::render))
         .with_users(users.clone())
-        .with_share_service(Arc::new(crate::shares::Smb(samba.clone())));
+        .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
+        .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
     let mut api_task = tokio::spawn(async move {
         api::server::serve(api_listener, state, async move {
@@ -264,6 +260,18 @@ async fn serve(
             None => std::future::pending().await,
         }
     };
+    // Filesystems with a mountpoint (as zfs mount -a at boot); failures are logged.
+    {
+        let m = mounts.clone();
+        let _ = spawn_blocking(move || Ok(m.mount_all(None))).await;
+    }
+    // Shares after mounts: a share made first would serve the empty directory underneath.
+    {
+        let s = samba.clone();
+        if let Err(e) = spawn_blocking(move || Ok(s.refresh()?)).await {
+            tracing::warn!("SMB shares not served: {e:#}");
+        }
+    }
     if let Some(announce) = announce {
         announce(&engine, &endpoints);
     }
@@ -314,6 +322,7 @@ async fn serve(
             t.abort();
         }
     }
+    // smbd first (it serves from the mounts), then the mounts, before the pools close.
     {
         let s = samba.clone();
         let _ = spawn_blocking(move || {
@@ -321,6 +330,14 @@ async fn serve(
             Ok(())
         })
         .await;
+    }
+    // Mounts go before the pools close: busy ones are detached (their
+    // processes see ENOTCONN, as after a crash).
+    {
+        let m = mounts.clone();
+        if let Err(e) = spawn_blocking(move || Ok(m.unmount_all(None, true)?)).await {
+            tracing::warn!("unmounting: {e:#}");
+        }
     }
     tracing::info!("committing and closing pools");
     let shut = {

@@ -1207,7 +1207,26 @@ impl Engine {
     /// rollback and pool export/destroy refuse unless forced, and forced
     /// call `revoke` first. Refused while such an operation runs on it.
     pub fn open_handle(&self, dataset: &str, client: &str, revoke: Revoke) -> Result<OpenHandle> {
-        self.inner.holders.open(dataset, client.to_string(), revoke)
+        self.inner
+            .holders
+            .open(dataset, client.to_string(), revoke, None)
+    }
+
+    /// [`Engine::open_handle`] for a holder that follows rollbacks (a
+    /// mounted filesystem, as ZFS rolls back mounted filesystems): a
+    /// rollback of `dataset` does not wait for it or revoke it, but calls
+    /// `follow` before (write back caches) and after (drop them). Destroy
+    /// and export still see the dataset busy.
+    pub fn open_handle_following(
+        &self,
+        dataset: &str,
+        client: &str,
+        revoke: Revoke,
+        follow: crate::holders::FollowRollback,
+    ) -> Result<OpenHandle> {
+        self.inner
+            .holders
+            .open(dataset, client.to_string(), revoke, Some(follow))
     }
 
     /// Holders of `root`, what is below it and their snapshots (all: `None`).
@@ -1226,7 +1245,23 @@ impl Engine {
         reason: &str,
         busy: impl FnOnce(&str) -> String,
     ) -> Result<crate::holders::Fence> {
-        self.inner.holders.fence(scope, force, reason, busy)
+        self.inner.holders.fence(scope, force, reason, busy, false)
+    }
+
+    /// [`Engine::fence`] that lets rollback followers stay (see `open_handle_following`).
+    pub(crate) fn fence_for_rollback(
+        &self,
+        scope: Scope,
+        force: bool,
+        busy: impl FnOnce(&str) -> String,
+    ) -> Result<crate::holders::Fence> {
+        self.inner
+            .holders
+            .fence(scope, force, "rollback", busy, true)
+    }
+
+    pub(crate) fn rollback_followers(&self, dataset: &str) -> Vec<crate::holders::FollowRollback> {
+        self.inner.holders.followers(dataset)
     }
 
     pub fn open_volume(&self, name: &str) -> Result<Arc<Volume>> {

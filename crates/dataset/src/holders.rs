@@ -22,6 +22,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// its requests in progress and refuses new ones).
 pub type Revoke = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// When a rollback of a held dataset happens around a holder that can
+/// follow it (a FUSE mount: ZFS rolls back mounted filesystems too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackPhase {
+    /// Before: write back what the holder caches (dirty pages).
+    Before,
+    /// After (also after a failed rollback): drop every cached view of the
+    /// dataset, so nothing from before the rollback is served again.
+    After,
+}
+
+/// A holder that follows rollbacks instead of blocking them.
+pub type FollowRollback = Arc<dyn Fn(RollbackPhase) + Send + Sync>;
+
 /// What a busy check covers.
 #[derive(Debug, Clone)]
 pub(crate) enum Scope {
@@ -55,6 +69,7 @@ struct Holder {
     /// The event a close after writing reports (`None`: none).
     event: Option<EventKind>,
     wrote: Arc<AtomicBool>,
+    follow: Option<FollowRollback>,
 }
 
 #[derive(Default)]
@@ -157,6 +172,7 @@ impl Holders {
         dataset: &str,
         client: String,
         revoke: Revoke,
+        follow: Option<FollowRollback>,
     ) -> Result<OpenHandle> {
         let mut st = self.st.lock();
         if st.fences.values().any(|f| f.covers(dataset)) {
@@ -175,6 +191,7 @@ impl Holders {
                 revoke,
                 event: None,
                 wrote: wrote.clone(),
+                follow,
             },
         );
         Ok(OpenHandle {
@@ -205,6 +222,17 @@ impl Holders {
         }
     }
 
+    /// The rollback followers among the holders of `dataset`.
+    pub(crate) fn followers(&self, dataset: &str) -> Vec<FollowRollback> {
+        self.st
+            .lock()
+            .open
+            .values()
+            .filter(|h| h.dataset == dataset)
+            .filter_map(|h| h.follow.clone())
+            .collect()
+    }
+
     pub(crate) fn list(&self, scope: &Scope) -> Vec<HolderInfo> {
         self.st
             .lock()
@@ -221,12 +249,14 @@ impl Holders {
     /// Fences `scope` for the caller's operation. With holders in it:
     /// without `force` the operation is refused with `busy(holders)`; with
     /// `force` each is revoked (told `reason`, waited for) and dropped.
+    /// `skip_followers`: holders that follow rollbacks neither block nor are revoked.
     pub(crate) fn fence(
         self: &Arc<Self>,
         scope: Scope,
         force: bool,
         reason: &str,
         busy: impl FnOnce(&str) -> String,
+        skip_followers: bool,
     ) -> Result<Fence> {
         let (id, revoked) = {
             let mut st = self.st.lock();
@@ -234,6 +264,7 @@ impl Holders {
                 .open
                 .iter()
                 .filter(|(_, h)| scope.covers(&h.dataset))
+                .filter(|(_, h)| !(skip_followers && h.follow.is_some()))
                 .map(|(id, _)| *id)
                 .collect();
             if !ids.is_empty() && !force {
@@ -300,20 +331,31 @@ mod tests {
                 Arc::new(move |_| {
                     c.fetch_add(1, Ordering::SeqCst);
                 }),
+                None,
             )
             .unwrap();
         let scope = Scope::Tree("tank".into());
         let e = h
-            .fence(scope.clone(), false, "x", |who| format!("busy: {who}"))
+            .fence(
+                scope.clone(),
+                false,
+                "x",
+                |who| format!("busy: {who}"),
+                false,
+            )
             .err()
             .unwrap();
         assert!(e.to_string().contains("nbd 127.0.0.1:1"), "{e}");
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Dropping the handle frees it.
         drop(handle);
-        let f = h.fence(scope.clone(), false, "x", |w| w.into()).unwrap();
+        let f = h
+            .fence(scope.clone(), false, "x", |w| w.into(), false)
+            .unwrap();
         // Fenced: nobody gets in until the operation is over.
-        assert!(h.open("tank/v", "c".into(), Arc::new(|_| {})).is_err());
+        assert!(h
+            .open("tank/v", "c".into(), Arc::new(|_| {}), None)
+            .is_err());
         drop(f);
         let _h2 = h
             .open(
@@ -325,9 +367,12 @@ mod tests {
                         c.fetch_add(1, Ordering::SeqCst);
                     }
                 }),
+                None,
             )
             .unwrap();
-        let _f = h.fence(scope.clone(), true, "x", |w| w.into()).unwrap();
+        let _f = h
+            .fence(scope.clone(), true, "x", |w| w.into(), false)
+            .unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert!(h.list(&scope).is_empty());
     }
@@ -336,7 +381,7 @@ mod tests {
     fn the_last_close_after_writes_is_reported_once() {
         let h = Arc::new(Holders::default());
         let open = |ds: &str, event: bool| {
-            let o = h.open(ds, "c".into(), Arc::new(|_| {})).unwrap();
+            let o = h.open(ds, "c".into(), Arc::new(|_| {}), None).unwrap();
             if event {
                 o.snapshot_on_close(EventKind::NbdDisconnect);
             }
@@ -371,10 +416,34 @@ mod tests {
         let w = open("tank/v", true);
         w.write_mark().mark();
         let f = h
-            .fence(Scope::Tree("tank/v".into()), true, "x", |w| w.into())
+            .fence(Scope::Tree("tank/v".into()), true, "x", |w| w.into(), false)
             .unwrap();
         drop(w);
         drop(f);
         assert!(h.take_finished().is_empty());
+    }
+
+    #[test]
+    fn followers_do_not_block_a_rollback_fence() {
+        let h = Arc::new(Holders::default());
+        let _m = h
+            .open(
+                "tank/fs",
+                "FUSE mount".into(),
+                Arc::new(|_| panic!("a follower is not revoked")),
+                Some(Arc::new(|_| {})),
+            )
+            .unwrap();
+        assert_eq!(h.followers("tank/fs").len(), 1);
+        assert!(h.followers("tank/other").is_empty());
+        let scope = Scope::Names(vec!["tank/fs".into()]);
+        // Destroy still sees it busy...
+        assert!(h
+            .fence(scope.clone(), false, "destroy", |w| w.into(), false)
+            .is_err());
+        // ...a rollback goes ahead.
+        let _f = h
+            .fence(scope, false, "rollback", |w| w.into(), true)
+            .unwrap();
     }
 }

@@ -34,7 +34,7 @@ pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView
 pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};
-pub use holders::{HolderInfo, OpenHandle, Revoke, WriteMark};
+pub use holders::{FollowRollback, HolderInfo, OpenHandle, Revoke, RollbackPhase, WriteMark};
 pub use objects::{now_ns, ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 pub use policy::EventKind;

@@ -430,17 +430,29 @@ impl Engine {
         };
         let mut fenced = vec![ds.to_string()];
         fenced.extend(later.iter().map(|l| l.1.clone()));
-        let _fence = self.fence(Scope::Names(fenced), force, "rollback", |who| {
-            format!(
-                "cannot rollback '{ds}': dataset is busy (open by {who}); its clients would see \
-                 its data change under them: use -f to disconnect them first"
-            )
-        })?;
-        p.commit_txg(Some(Action::Rollback {
-            dataset,
-            snapshot: snap_id,
-            destroy_later: later.iter().map(|l| l.0).collect(),
-        }))?;
+        // Mounted filesystems follow the rollback (as ZFS's): they write
+        // back their caches first and drop them after.
+        let followers = self.rollback_followers(ds);
+        for f in &followers {
+            f(crate::holders::RollbackPhase::Before);
+        }
+        let done = (|| {
+            let _fence = self.fence_for_rollback(Scope::Names(fenced), force, |who| {
+                format!(
+                    "cannot rollback '{ds}': dataset is busy (open by {who}); its clients would see \
+                     its data change under them: use -f to disconnect them first"
+                )
+            })?;
+            p.commit_txg(Some(Action::Rollback {
+                dataset,
+                snapshot: snap_id,
+                destroy_later: later.iter().map(|l| l.0).collect(),
+            }))
+        })();
+        for f in &followers {
+            f(crate::holders::RollbackPhase::After);
+        }
+        done?;
         tracing::info!(snapshot, destroyed = later.len(), "rolled back");
         Ok(later.into_iter().map(|l| l.1).collect())
     }

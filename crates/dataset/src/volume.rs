@@ -285,9 +285,29 @@ pub(crate) fn apply(
         };
         // Every block's new state is worked out before any is applied, so a
         // change refused for want of space leaves the txg as it was.
-        let mut changes: Vec<(BlockKey, Dirty)> = Vec::with_capacity((last - first + 1) as usize);
+        // Deallocation visits only the blocks that exist (stored or dirty)
+        // and the partial ends: freeing a sparse petabyte takes the time its
+        // blocks take, not its size (and no vector of its size).
+        let candidates: Option<std::collections::BTreeSet<u64>> = chain.as_ref().map(|_| {
+            let mut c: std::collections::BTreeSet<u64> = existing.iter().copied().collect();
+            c.insert(first);
+            c.insert(last);
+            c.extend(
+                open.dirty
+                    .keys()
+                    .filter(|k| k.0 == ds && k.1 == obj && (first..=last).contains(&k.2))
+                    .map(|k| k.2),
+            );
+            c
+        });
+        let blocks: Box<dyn Iterator<Item = u64>> = match &candidates {
+            Some(c) => Box::new(c.iter().copied()),
+            None => Box::new(first..=last),
+        };
+        let mut changes: Vec<(BlockKey, Dirty)> =
+            Vec::with_capacity(((last - first + 1) as usize).min(1024));
         let (mut add, mut sub) = (0u64, 0u64);
-        for b in first..=last {
+        for b in blocks {
             let start = b * bsz;
             let lo = offset.max(start);
             let hi = (offset + len).min(start + bsz);

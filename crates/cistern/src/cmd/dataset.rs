@@ -178,6 +178,22 @@ pub struct DestroyArgs {
 }
 
 pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
+    // As zfs: no -V (and no -t) makes a filesystem.
+    if let (None | Some("filesystem" | "fs"), None) = (
+        a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
+        a.volsize,
+    ) {
+        if a.sparse || a.blocksize.is_some() {
+            bail!("-s and -b are for volumes; a filesystem takes -o recordsize=SIZE");
+        }
+        let props = a
+            .props
+            .iter()
+            .map(|p| parse_assignment(p))
+            .collect::<Result<Vec<_>>>()?;
+        client.create_dataset(&a.name, DatasetKind::Filesystem, &props)?;
+        return Ok(());
+    }
     let bucket = match (
         a.kind.as_deref().map(str::to_ascii_lowercase).as_deref(),
         a.volsize,
@@ -190,7 +206,9 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         }
         (Some("bucket"), None) => true,
         (Some("bucket"), Some(_)) => bail!("-V is for volumes, not buckets"),
-        (Some(other), _) => bail!("cannot create a '{other}' (valid -t: volume, bucket)"),
+        (Some(other), _) => {
+            bail!("cannot create a '{other}' (valid -t: volume, bucket, filesystem)")
+        }
     };
     let what = if bucket { "BUCKET" } else { "VOL" };
     if !a.name.contains('/') {

@@ -1,6 +1,7 @@
 //! The client commands: each talks to the daemon through [`api::Client`].
 
 pub mod dataset;
+pub mod mount;
 pub mod plan;
 pub mod policy;
 pub mod pool;
@@ -47,6 +48,8 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Release(a) => snapshot::hold(client, a, false),
         Command::Holds(a) => snapshot::holds(client, a),
         Command::Diff(a) => snapshot::diff(client, a),
+        Command::Mount(a) => mount::mount(client, a),
+        Command::Unmount(a) => mount::unmount(client, a),
         Command::Policy(c) => policy::run(client, c),
         Command::User(c) => user::run(client, c),
         Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
