@@ -130,7 +130,7 @@ impl Server {
                         continue;
                     }
                 },
-                _ = stop.wait_for(|s| *s) => break,
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
             };
             while tasks.try_join_next().is_some() {}
             let Ok(permit) = conns.clone().try_acquire_owned() else {
