@@ -22,7 +22,8 @@ log() { printf '\n==> %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- apt packages
 APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fsprogs curl python3-venv lz4 zstd
-    rclone restic)  # S3 clients (tests/test_s3_clients.py)
+    rclone restic  # S3 clients (tests/test_s3_clients.py)
+    libnfs-utils)  # nfs-cp/nfs-ls/nfs-cat (tests/test_nfs.py)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0

@@ -47,6 +47,7 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
             api: api_flag,
             s3: args.s3,
             s3_by_default: true,
+            nfs: None,
         },
         None,
     )?;

@@ -41,7 +41,9 @@ impl Host {
         };
         let addr = addr.trim_start_matches('[').trim_end_matches(']');
         let ip: IpAddr = addr.parse().map_err(|_| {
-            format!("'{s}' is not an IP address or CIDR (host names and netgroups are not supported)")
+            format!(
+                "'{s}' is not an IP address or CIDR (host names and netgroups are not supported)"
+            )
         })?;
         let max = if ip.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
@@ -63,9 +65,7 @@ impl Host {
                     u32::from(*net) & mask == u32::from(ip) & mask
                 }
                 (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                    let mask = u128::MAX
-                        .checked_shl(128 - u32::from(*prefix))
-                        .unwrap_or(0);
+                    let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
                     u128::from(*net) & mask == u128::from(ip) & mask
                 }
                 _ => false,
@@ -141,8 +141,7 @@ impl ShareOptions {
                     let mut hosts = Vec::new();
                     for h in split_hosts(list) {
                         hosts.push(
-                            Host::parse(h)
-                                .map_err(|e| format!("sharenfs option '{opt}': {e}"))?,
+                            Host::parse(h).map_err(|e| format!("sharenfs option '{opt}': {e}"))?,
                         );
                     }
                     if key == "rw" {
@@ -250,10 +249,16 @@ mod tests {
         assert_eq!(o.access_for(ip("192.168.1.6")), None);
         assert_eq!(o.access_for(ip("fd12::1")), Some(Access::ReadWrite));
         assert_eq!(o.access_for(ip("::ffff:10.0.0.1")), Some(Access::ReadWrite));
-        assert_eq!(o.access_for(ip("127.0.0.1")), None, "lists name who gets in");
+        assert_eq!(
+            o.access_for(ip("127.0.0.1")),
+            None,
+            "lists name who gets in"
+        );
         assert_eq!(o.cred(Some((0, 0, &[]))).uid, 0);
         assert_eq!(o.cred(None).uid, 99);
-        let all = ShareOptions::parse("ro,all_squash,anongid=7").unwrap().unwrap();
+        let all = ShareOptions::parse("ro,all_squash,anongid=7")
+            .unwrap()
+            .unwrap();
         assert_eq!(all.access_for(ip("127.0.0.1")), Some(Access::ReadOnly));
         assert_eq!(all.cred(Some((1000, 1000, &[]))).gid, 7);
         let star = ShareOptions::parse("rw=*").unwrap().unwrap();

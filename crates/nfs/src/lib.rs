@@ -186,6 +186,11 @@ impl Server {
             {
                 Err(_) => break Ok(()),
                 Ok(Err(rpc::RpcError::Closed)) => break Ok(()),
+                // A reset or a half-sent record: the client went away.
+                Ok(Err(rpc::RpcError::Io(e))) => {
+                    tracing::debug!(%peer, error = %e, "NFS connection ended");
+                    break Ok(());
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(%peer, error = %e, "NFS client sent a bad record");
                     break Err(e);

@@ -349,13 +349,12 @@ impl Ctx<'_> {
             .export_by_id(guid, id)
             .ok_or(nfsstat3::NFS3ERR_STALE)?;
         let who = self.who(&e)?;
-        let a = e
-            .fs
-            .getattr_generation(ino, generation)
-            .map_err(|err| match err.errno {
-                libc::ENOENT | libc::ESTALE => nfsstat3::NFS3ERR_STALE,
-                _ => stat_of(&err),
-            })?;
+        let a =
+            e.fs.getattr_generation(ino, generation)
+                .map_err(|err| match err.errno {
+                    libc::ENOENT | libc::ESTALE => nfsstat3::NFS3ERR_STALE,
+                    _ => stat_of(&err),
+                })?;
         Ok((e, a, who))
     }
 
@@ -394,7 +393,12 @@ fn garbage(xid: u32, peer: SocketAddr, why: &str, count: &AtomicU32) -> Vec<u8> 
 }
 
 /// Answers one call (an empty reply: none to send).
-pub(crate) fn dispatch(s: &Server, peer: SocketAddr, mut call: rpc::Call, bad: &AtomicU32) -> Vec<u8> {
+pub(crate) fn dispatch(
+    s: &Server,
+    peer: SocketAddr,
+    mut call: rpc::Call,
+    bad: &AtomicU32,
+) -> Vec<u8> {
     let xid = call.xid;
     if call.rpcvers != 2 {
         return rpc::rpc_mismatch(xid);
@@ -474,10 +478,9 @@ pub(crate) fn dispatch(s: &Server, peer: SocketAddr, mut call: rpc::Call, bad: &
                 high: portmap::VERSION,
             },
         ),
-        nfs3_types::mount::PROGRAM | PROGRAM => rpc::accept_error(
-            xid,
-            accept_stat_data::PROG_MISMATCH { low: 3, high: 3 },
-        ),
+        nfs3_types::mount::PROGRAM | PROGRAM => {
+            rpc::accept_error(xid, accept_stat_data::PROG_MISMATCH { low: 3, high: 3 })
+        }
         _ => rpc::accept_error(xid, accept_stat_data::PROG_UNAVAIL),
     }
 }
@@ -505,7 +508,9 @@ fn resolve_path(s: &Server, path: &str) -> Result<(Arc<Export>, Vec<String>), mo
     for n in (1..=comps.len()).rev() {
         let name = comps[..n].join("/");
         let head = name.split('@').next().unwrap_or(&name);
-        if s.engine.dataset(head).is_ok_and(|i| i.kind == DatasetKind::Filesystem)
+        if s.engine
+            .dataset(head)
+            .is_ok_and(|i| i.kind == DatasetKind::Filesystem)
             && s.engine.dataset(&name).is_ok()
         {
             return open(&name, &comps[n..]);
@@ -638,7 +643,8 @@ fn lookup(c: &Ctx, a: LOOKUP3args<'_>) -> LOOKUP3res {
     } else if !Fs::access(&dir, &who.cred, X) {
         Err(nfsstat3::NFS3ERR_ACCES)
     } else {
-        e.fs.lookup(dir.ino, &a.what.name.0).map_err(|e| stat_of(&e))
+        e.fs.lookup(dir.ino, &a.what.name.0)
+            .map_err(|e| stat_of(&e))
     };
     match found {
         Ok(t) => LOOKUP3res::Ok(LOOKUP3resok {
@@ -683,7 +689,10 @@ fn readlink(c: &Ctx, a: READLINK3args) -> READLINK3res<'static> {
     };
     let symlink_attributes = post_op_attr::Some(fattr(&e, &at));
     if at.kind != FileType::Symlink {
-        return READLINK3res::Err((nfsstat3::NFS3ERR_INVAL, READLINK3resfail { symlink_attributes }));
+        return READLINK3res::Err((
+            nfsstat3::NFS3ERR_INVAL,
+            READLINK3resfail { symlink_attributes },
+        ));
     }
     match e.fs.readlink(at.ino) {
         Ok(t) => READLINK3res::Ok(READLINK3resok {
@@ -714,8 +723,7 @@ fn read(c: &Ctx, a: READ3args) -> READ3res<'static> {
         return fail(nfsstat3::NFS3ERR_INVAL);
     }
     // Owner override and read-if-executable, as knfsd (mmap, page-ins).
-    if !(who.cred.uid == at.uid || Fs::access(&at, &who.cred, R) || Fs::access(&at, &who.cred, X))
-    {
+    if !(who.cred.uid == at.uid || Fs::access(&at, &who.cred, R) || Fs::access(&at, &who.cred, X)) {
         return fail(nfsstat3::NFS3ERR_ACCES);
     }
     match e.fs.read(at.ino, a.offset, a.count.min(IO_MAX)) {
@@ -783,9 +791,14 @@ fn write(c: &Ctx, a: WRITE3args<'_>) -> WRITE3res {
 fn commit(c: &Ctx, a: COMMIT3args) -> COMMIT3res {
     let (e, at, _) = match c.file(&a.file) {
         Ok(x) => x,
-        Err(stat) => return COMMIT3res::Err((stat, COMMIT3resfail {
+        Err(stat) => {
+            return COMMIT3res::Err((
+                stat,
+                COMMIT3resfail {
                     file_wcc: wcc_data::default(),
-                })),
+                },
+            ))
+        }
     };
     match e.fs.fsync(at.ino) {
         Ok(()) => COMMIT3res::Ok(COMMIT3resok {
@@ -891,10 +904,14 @@ fn create(c: &Ctx, a: CREATE3args<'_>) -> CREATE3res {
             }
             (how, Err(err)) if err.errno == libc::ENOENT => {
                 let (mode, rest) = match how {
-                    createhow3::UNCHECKED(s) | createhow3::GUARDED(s) => (mode_of(s, 0o644), Some(s)),
+                    createhow3::UNCHECKED(s) | createhow3::GUARDED(s) => {
+                        (mode_of(s, 0o644), Some(s))
+                    }
                     createhow3::EXCLUSIVE(_) => (0o600, None),
                 };
-                let t = e.fs.create(d.ino, &name, mode, cred).map_err(|e| stat_of(&e))?;
+                let t =
+                    e.fs.create(d.ino, &name, mode, cred)
+                        .map_err(|e| stat_of(&e))?;
                 match (how, rest) {
                     (createhow3::EXCLUSIVE(v), _) => {
                         let ns = verf_ns(v);
@@ -927,10 +944,9 @@ fn create(c: &Ctx, a: CREATE3args<'_>) -> CREATE3res {
 
 fn mkdir(c: &Ctx, a: MKDIR3args<'_>) -> MKDIR3res {
     let m = make(c, &a.where_.dir, |e, d, cred| {
-        let t = e
-            .fs
-            .mkdir(d.ino, &a.where_.name.0, mode_of(&a.attributes, 0o755), cred)
-            .map_err(|e| stat_of(&e))?;
+        let t =
+            e.fs.mkdir(d.ino, &a.where_.name.0, mode_of(&a.attributes, 0o755), cred)
+                .map_err(|e| stat_of(&e))?;
         apply_rest(e, t, cred, &a.attributes)
     });
     made(
@@ -978,9 +994,14 @@ fn mknod(c: &Ctx, a: MKNOD3args<'_>) -> MKNOD3res {
             return Err(nfsstat3::NFS3ERR_PERM);
         }
         let rdev = rdev.map_or(0, |s| libc::makedev(s.specdata1, s.specdata2) as u64);
-        let t = e
-            .fs
-            .mknod(d.ino, &a.where_.name.0, kind | mode_of(attrs, 0o644), rdev, cred)
+        let t =
+            e.fs.mknod(
+                d.ino,
+                &a.where_.name.0,
+                kind | mode_of(attrs, 0o644),
+                rdev,
+                cred,
+            )
             .map_err(|e| stat_of(&e))?;
         apply_rest(e, t, cred, attrs)
     });
@@ -1072,10 +1093,15 @@ fn rename(c: &Ctx, a: RENAME3args<'_, '_>) -> RENAME3res {
 fn link(c: &Ctx, a: LINK3args<'_>) -> LINK3res {
     let (fe, f, _) = match c.file(&a.file) {
         Ok(x) => x,
-        Err(stat) => return LINK3res::Err((stat, LINK3resfail {
+        Err(stat) => {
+            return LINK3res::Err((
+                stat,
+                LINK3resfail {
                     file_attributes: post_op_attr::None,
                     linkdir_wcc: wcc_data::default(),
-                })),
+                },
+            ))
+        }
     };
     let (de, d, _) = match c.dir_to_change(&a.link.dir) {
         Ok(x) => x,
@@ -1114,17 +1140,24 @@ fn link(c: &Ctx, a: LINK3args<'_>) -> LINK3res {
 
 /// Entries after `cookie`, at most `limit` (posix cookies: name hashes,
 /// valid for ever, so the cookie verifier is always zero).
-fn entries(e: &Export, d: &Attr, cred: &Cred, cookie: u64, limit: usize) -> Res<Vec<posix::DirEntry>> {
+fn entries(
+    e: &Export,
+    d: &Attr,
+    cred: &Cred,
+    cookie: u64,
+    limit: usize,
+) -> Res<Vec<posix::DirEntry>> {
     if d.kind != FileType::Directory {
         return Err(nfsstat3::NFS3ERR_NOTDIR);
     }
     if !Fs::access(d, cred, R) {
         return Err(nfsstat3::NFS3ERR_ACCES);
     }
-    e.fs.readdir(d.ino, cookie, limit).map_err(|err| match err.errno {
-        libc::EINVAL => nfsstat3::NFS3ERR_BAD_COOKIE,
-        _ => stat_of(&err),
-    })
+    e.fs.readdir(d.ino, cookie, limit)
+        .map_err(|err| match err.errno {
+            libc::EINVAL => nfsstat3::NFS3ERR_BAD_COOKIE,
+            _ => stat_of(&err),
+        })
 }
 
 /// XDR size of a name (length word and padding).
@@ -1141,7 +1174,10 @@ fn readdir(c: &Ctx, a: READDIR3args) -> READDIR3res<'static> {
     // Header, status, attributes, verifier, list end and eof.
     let budget = (a.count.min(IO_MAX) as usize).saturating_sub(140);
     if budget < 64 {
-        return READDIR3res::Err((nfsstat3::NFS3ERR_TOOSMALL, READDIR3resfail { dir_attributes }));
+        return READDIR3res::Err((
+            nfsstat3::NFS3ERR_TOOSMALL,
+            READDIR3resfail { dir_attributes },
+        ));
     }
     let limit = (budget / 24).clamp(1, 4096);
     let list = match entries(&e, &d, &who.cred, a.cookie, limit) {
@@ -1163,7 +1199,10 @@ fn readdir(c: &Ctx, a: READDIR3args) -> READDIR3res<'static> {
         });
     }
     if out.is_empty() && fetched > 0 {
-        return READDIR3res::Err((nfsstat3::NFS3ERR_TOOSMALL, READDIR3resfail { dir_attributes }));
+        return READDIR3res::Err((
+            nfsstat3::NFS3ERR_TOOSMALL,
+            READDIR3resfail { dir_attributes },
+        ));
     }
     let eof = out.len() == fetched && fetched < limit;
     READDIR3res::Ok(READDIR3resok {
@@ -1284,11 +1323,10 @@ fn pathconf(c: &Ctx, a: PATHCONF3args) -> PATHCONF3res {
         Ok(x) => x,
         Err(stat) => return PATHCONF3res::Err((stat, PATHCONF3resfail::default())),
     };
-    let insensitive = e
-        .fs
-        .objects()
-        .property("casesensitivity")
-        .is_ok_and(|v| v != "sensitive");
+    let insensitive =
+        e.fs.objects()
+            .property("casesensitivity")
+            .is_ok_and(|v| v != "sensitive");
     PATHCONF3res::Ok(PATHCONF3resok {
         obj_attributes: post_op_attr::Some(fattr(&e, &at)),
         linkmax: posix::LINK_MAX,

@@ -39,7 +39,9 @@ fn engine_with_fs(dir: &Path, sharenfs: &str) -> Arc<Engine> {
     engine
         .create_dataset("tank/fs1", DatasetKind::Filesystem, &[])
         .unwrap();
-    engine.set_property("tank/fs1", "sharenfs", sharenfs).unwrap();
+    engine
+        .set_property("tank/fs1", "sharenfs", sharenfs)
+        .unwrap();
     engine
 }
 
@@ -282,7 +284,10 @@ async fn files_links_devices_and_a_large_directory() {
         .unwrap()
         .unwrap();
     let na = null.obj_attributes.unwrap();
-    assert_eq!((na.type_, na.rdev.specdata1, na.rdev.specdata2), (ftype3::NF3CHR, 1, 3));
+    assert_eq!(
+        (na.type_, na.rdev.specdata1, na.rdev.specdata2),
+        (ftype3::NF3CHR, 1, 3)
+    );
 
     // A symlink reads back.
     let s = c
@@ -324,7 +329,11 @@ async fn files_links_devices_and_a_large_directory() {
     assert!(pages > 10, "paged ({pages} pages)");
     let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.len(), 10_002, "10,000 names plus . and ..");
-    let mut sorted: Vec<&str> = names.iter().copied().filter(|n| n.starts_with('f')).collect();
+    let mut sorted: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with('f'))
+        .collect();
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), 10_000, "each name once");
@@ -386,9 +395,7 @@ async fn handles_survive_restarts_and_go_stale_after_rollback() {
     write(&mut c, &a, 0, b"version 1", stable_how::FILE_SYNC)
         .await
         .unwrap();
-    d.engine
-        .snapshot(&["tank/fs1@s1".into()], false)
-        .unwrap();
+    d.engine.snapshot(&["tank/fs1@s1".into()], false).unwrap();
     let b = create(&mut c, &root, "b").await.unwrap();
     write(&mut c, &b, 0, b"gone after rollback", stable_how::FILE_SYNC)
         .await
@@ -423,9 +430,12 @@ async fn handles_survive_restarts_and_go_stale_after_rollback() {
     assert_ne!(b2.data, b.data);
     // A handle that is not ours is BADHANDLE, not a crash.
     assert_eq!(
-        getattr(&mut c, &nfs_fh3 {
-            data: Opaque::owned(vec![1, 2, 3])
-        })
+        getattr(
+            &mut c,
+            &nfs_fh3 {
+                data: Opaque::owned(vec![1, 2, 3])
+            }
+        )
         .await
         .unwrap_err(),
         nfsstat3::NFS3ERR_BADHANDLE
@@ -492,9 +502,7 @@ async fn snapshots_are_exported_read_only() {
     write(&mut c, &f, 0, b"as it was", stable_how::FILE_SYNC)
         .await
         .unwrap();
-    d.engine
-        .snapshot(&["tank/fs1@s1".into()], false)
-        .unwrap();
+    d.engine.snapshot(&["tank/fs1@s1".into()], false).unwrap();
     write(&mut c, &f, 0, b"AS IT IS!", stable_how::FILE_SYNC)
         .await
         .unwrap();
