@@ -86,6 +86,8 @@ pub struct Server {
     pub(crate) port: AtomicU64,
     /// (pool guid, dataset id) -> the open dataset.
     pub(crate) open: Mutex<HashMap<(u64, u64), Arc<Export>>>,
+    /// Handles' (pool guid, dataset id) found nowhere, and when.
+    pub(crate) missed: Mutex<HashMap<(u64, u64), std::time::Instant>>,
     /// Bad `sharenfs` values already logged (logged once each).
     pub(crate) bad_shares: Mutex<HashMap<String, ()>>,
     config: NfsConfig,
@@ -98,6 +100,7 @@ impl Server {
             verifier: rand::random::<u64>().to_be_bytes(),
             port: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
+            missed: Mutex::new(HashMap::new()),
             bad_shares: Mutex::new(HashMap::new()),
             config,
         })

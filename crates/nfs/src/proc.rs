@@ -31,6 +31,8 @@ use std::sync::Arc;
 const IO_MAX: u32 = 1 << 20;
 const FH_LEN: usize = 36;
 const FH_VERSION: u8 = 1;
+/// How long a handle's unknown dataset is remembered as unknown.
+const MISS_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
 // ------------------------------------------------------------ handles
 
@@ -253,8 +255,8 @@ impl Server {
             .pool_guid(pool)
             .ok_or_else(|| format!("pool '{pool}' is not imported"))?;
         let key = (guid, objs.dataset_id());
-        if let Some(e) = self.open.lock().get(&key) {
-            return Ok(e.clone());
+        if let Some(e) = self.cached(key) {
+            return Ok(e);
         }
         let fs = Fs::new(objs).map_err(|e| e.to_string())?;
         let e = Arc::new(Export {
@@ -266,11 +268,46 @@ impl Server {
         Ok(self.open.lock().entry(key).or_insert(e).clone())
     }
 
+    /// An open dataset, if it is still there: one whose pool was exported
+    /// (and perhaps imported again) or that was destroyed is dropped.
+    fn cached(&self, key: (u64, u64)) -> Option<Arc<Export>> {
+        let e = self.open.lock().get(&key).cloned()?;
+        if e.fs.is_readonly().is_ok() {
+            return Some(e);
+        }
+        self.open.lock().remove(&key);
+        None
+    }
+
     /// The dataset a handle names (after a restart: found by its id).
     fn export_by_id(&self, guid: u64, id: u64) -> Option<Arc<Export>> {
-        if let Some(e) = self.open.lock().get(&(guid, id)) {
-            return Some(e.clone());
+        if let Some(e) = self.cached((guid, id)) {
+            return Some(e);
         }
+        // A handle for a dataset that is not here costs a search of its
+        // pool; the answer is remembered a few seconds (bounded).
+        let now = std::time::Instant::now();
+        {
+            let mut missed = self.missed.lock();
+            match missed.get(&(guid, id)) {
+                Some(t) if now.duration_since(*t) < MISS_TTL => return None,
+                _ => {}
+            }
+            if missed.len() >= 1024 {
+                missed.retain(|_, t| now.duration_since(*t) < MISS_TTL);
+                if missed.len() >= 1024 {
+                    missed.clear();
+                }
+            }
+        }
+        let found = self.search(guid, id);
+        if found.is_none() {
+            self.missed.lock().insert((guid, id), now);
+        }
+        found
+    }
+
+    fn search(&self, guid: u64, id: u64) -> Option<Arc<Export>> {
         let pool = self
             .engine
             .list_pools()
@@ -769,6 +806,7 @@ fn write(c: &Ctx, a: WRITE3args<'_>) -> WRITE3res {
     if !(who.cred.uid == at.uid || Fs::access(&at, &who.cred, W)) {
         return fail(nfsstat3::NFS3ERR_ACCES);
     }
+    tracing::trace!(ino = at.ino, offset = a.offset, count = a.count, stable = %a.stable, "NFS write");
     if let Err(err) = e.fs.write(at.ino, a.offset, &a.data) {
         return fail(stat_of(&err));
     }

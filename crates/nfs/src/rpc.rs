@@ -197,7 +197,7 @@ fn pack_reply(xid: u32, body: reply_body<'_>, result: Option<&dyn PackDyn>) -> V
         return Vec::new();
     }
     if let Some(r) = result {
-        if r.pack_into(&mut out).is_err() {
+        if !r.pack_into(&mut out) {
             return Vec::new();
         }
     }
@@ -207,15 +207,16 @@ fn pack_reply(xid: u32, body: reply_body<'_>, result: Option<&dyn PackDyn>) -> V
 /// `Pack` made object-safe for the reply builder.
 pub trait PackDyn {
     fn size(&self) -> usize;
-    fn pack_into(&self, out: &mut Cursor<Vec<u8>>) -> Result<(), ()>;
+    /// False if it could not be packed.
+    fn pack_into(&self, out: &mut Cursor<Vec<u8>>) -> bool;
 }
 
 impl<T: Pack> PackDyn for T {
     fn size(&self) -> usize {
         self.packed_size()
     }
-    fn pack_into(&self, out: &mut Cursor<Vec<u8>>) -> Result<(), ()> {
-        self.pack(out).map(|_| ()).map_err(|_| ())
+    fn pack_into(&self, out: &mut Cursor<Vec<u8>>) -> bool {
+        self.pack(out).is_ok()
     }
 }
 

@@ -54,9 +54,13 @@ struct Daemon {
 }
 
 async fn start(engine: Arc<Engine>) -> Daemon {
+    start_with(engine, nfs::NfsConfig::default()).await
+}
+
+async fn start_with(engine: Arc<Engine>, config: nfs::NfsConfig) -> Daemon {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = nfs::Server::new(engine.clone(), nfs::NfsConfig::default());
+    let server = nfs::Server::new(engine.clone(), config);
     let (stop, rx) = watch::channel(false);
     let task = tokio::spawn(server.clone().serve(listener, rx));
     Daemon {
@@ -707,6 +711,47 @@ async fn bad_xdr_gets_an_rpc_error_and_the_server_lives_on() {
         panic!("mounted a dataset that does not exist")
     };
     assert!(err.contains("NOENT"), "{err}");
+    drop(c);
+    let engine = d.stop().await;
+    engine.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_are_bounded_and_a_reimported_pool_is_served_again() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start_with(
+        engine_with_fs(dir.path(), "rw,no_root_squash"),
+        nfs::NfsConfig {
+            max_connections: 2,
+            ..nfs::NfsConfig::default()
+        },
+    )
+    .await;
+    // A mount holds two connections (MOUNT and NFS): a third is closed at once.
+    let mut c = d.mount("/tank/fs1").await;
+    let root = c.root_nfs_fh3();
+    let f = create(&mut c, &root, "f").await.unwrap();
+    write(&mut c, &f, 0, b"still here", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    let mut extra = TcpStream::connect(("127.0.0.1", d.port)).await.unwrap();
+    let mut buf = [0u8; 4];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), extra.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "refused at max_connections");
+    assert_eq!(read(&mut c, &f, 0, 100).await.unwrap(), b"still here");
+
+    // Export and import the pool under the server: the handle works again.
+    d.engine.export_pool("tank").unwrap();
+    assert!(getattr(&mut c, &f).await.is_err());
+    d.engine
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await; // past the miss cache
+    assert_eq!(read(&mut c, &f, 0, 100).await.unwrap(), b"still here");
     drop(c);
     let engine = d.stop().await;
     engine.shutdown().unwrap();
