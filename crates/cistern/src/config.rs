@@ -542,6 +542,12 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         let cfg = Config::parse(&live).unwrap();
+        let nfs = cfg.nfs.clone().expect("[nfs] in the example");
+        assert_eq!(nfs.listen.as_deref(), Some(DEFAULT_NFS_ADDR));
+        assert_eq!(
+            nfs.server_config().unwrap().max_in_flight,
+            nfs::NfsConfig::default().max_in_flight
+        );
         assert_eq!(
             cfg.server.state_dir,
             Some(PathBuf::from("/var/lib/cistern"))
