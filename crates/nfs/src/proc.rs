@@ -367,7 +367,8 @@ impl Ctx<'_> {
             return Err(nfsstat3::NFS3ERR_STALE);
         };
         let Some(access) = share.access_for(self.peer.ip()) else {
-            tracing::warn!(peer = %self.peer, dataset = %e.fs.name(),
+            // Per request: debug (a mount refused for it is logged at info).
+            tracing::debug!(peer = %self.peer, dataset = %e.fs.name(),
                 "NFS request refused: host not in sharenfs");
             return Err(nfsstat3::NFS3ERR_ACCES);
         };
@@ -570,7 +571,10 @@ fn mount(c: &Ctx, path: dirpath<'static>) -> mountres3<'static> {
             tracing::info!(peer = %c.peer, path, "NFS mount refused: not shared (sharenfs=off)");
             return mountres3::Err(mountstat3::MNT3ERR_NOENT);
         }
-        Err(_) => return mountres3::Err(mountstat3::MNT3ERR_ACCES),
+        Err(_) => {
+            tracing::info!(peer = %c.peer, path, "NFS mount refused: host not in sharenfs");
+            return mountres3::Err(mountstat3::MNT3ERR_ACCES);
+        }
     };
     let mut at = match e.fs.getattr(posix::ROOT) {
         Ok(a) => a,
