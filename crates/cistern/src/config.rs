@@ -240,6 +240,8 @@ pub struct Overrides {
     pub s3_by_default: bool,
     /// `--nfs ADDR`: serve NFS there.
     pub nfs: Option<String>,
+    /// Serve NFS (at DEFAULT_NFS_ADDR) even without `--nfs` or `[nfs]` (quickstart).
+    pub nfs_by_default: bool,
 }
 
 /// A listen address and whether the user asked for it (flag or config).
@@ -326,9 +328,9 @@ pub fn resolve(
             })
         }
     };
-    let nfs = match (flags.nfs, cfg.nfs) {
-        (None, None) => None,
-        (flag, section) => {
+    let nfs = match (flags.nfs, cfg.nfs, flags.nfs_by_default) {
+        (None, None, false) => None,
+        (flag, section, _) => {
             let section = section.unwrap_or_default();
             let listen = listen(flag.or(section.listen.clone()), DEFAULT_NFS_ADDR, "NFS")?;
             let mut others = vec![("NBD", nbd), ("API", api)];

@@ -81,6 +81,7 @@ pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
             s3: args.s3,
             s3_by_default: false,
             nfs: args.nfs,
+            nfs_by_default: false,
         },
         None,
     )?;
