@@ -132,3 +132,16 @@ def test_sharenfs_decides_who_gets_in(nfs, tmp_path):
     nfs.d.cli("set", "sharenfs=rw,no_root_squash", "tank")
     nfs.cp(f, nfs.url("/tank/fs1/f.txt"))
     assert nfs.cat("/tank/fs1/f.txt") == b"x\n"
+
+
+def test_a_copy_nfs_cp_finished_survives_kill9(nfs, tmp_path):
+    # nfs-cp writes UNSTABLE and COMMITs before it returns: the COMMIT is
+    # the intent log, so the file is whole after kill -9 and a restart.
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(8 * MiB + 5))
+    nfs.cp(data, nfs.url("/tank/fs1/data.bin"))
+    nfs.d.kill9()
+    nfs.d.start()
+    back = tmp_path / "back.bin"
+    nfs.cp(nfs.url("/tank/fs1/data.bin"), back)
+    assert sha256_file(back) == sha256_file(data)
