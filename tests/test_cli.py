@@ -256,14 +256,15 @@ def test_destroy_pool_with_volumes_and_open_connection(daemon, pool, disks):
 
 
 def test_quickstart_creates_pool_and_volume(tmp_path):
-    nbd_port, api_port, s3_port = free_ports(3)
+    nbd_port, api_port, s3_port, nfs_port = free_ports(4)
     from conftest import Daemon, popen
     import subprocess
     import time
     state = tmp_path / "qs"
     log = open(tmp_path / "qs.log", "wb")
     p = popen([cistern_bin(), "quickstart", "--state-dir", state, "--nbd", f"127.0.0.1:{nbd_port}",
-               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}"], stdout=log, stderr=subprocess.STDOUT,
+               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}",
+               "--nfs", f"127.0.0.1:{nfs_port}"], stdout=log, stderr=subprocess.STDOUT,
               stdin=subprocess.DEVNULL)
     env = dict(os.environ, CISTERN_API=f"http://127.0.0.1:{api_port}")
     try:
@@ -306,7 +307,8 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         log.close()
     # A second quickstart on the same state dir reuses the pool (no error, no re-create).
     p = popen([cistern_bin(), "quickstart", "--state-dir", state, "--nbd", f"127.0.0.1:{nbd_port}",
-               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}"], stdout=open(tmp_path / "qs2.log", "wb"),
+               "--api", f"127.0.0.1:{api_port}", "--s3", f"127.0.0.1:{s3_port}",
+               "--nfs", f"127.0.0.1:{nfs_port}"], stdout=open(tmp_path / "qs2.log", "wb"),
               stderr=subprocess.STDOUT,
               stdin=subprocess.DEVNULL)
     try:

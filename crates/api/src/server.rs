@@ -686,10 +686,26 @@ async fn list_datasets(State(st): State<ApiState>, Q(q): Q<RootQuery>) -> ApiRes
         .map(json)
 }
 
+/// `sharenfs` options are checked when set, so a typo is an error here and
+/// not a share that silently does not exist (the NFS server parses them).
+fn check_share_options(name: &str, props: &[(String, String)]) -> ApiResult<()> {
+    for (prop, value) in props {
+        if prop == "sharenfs" {
+            if let Err(why) = nfs::ShareOptions::parse(value) {
+                return Err(ApiError::bad_request(format!(
+                    "cannot set property for '{name}': {why}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn create_volume(
     State(st): State<ApiState>,
     Json(req): Json<CreateVolume>,
 ) -> ApiResult<Response> {
+    check_share_options(&req.name, &req.properties)?;
     match req.kind {
         None | Some(dataset::DatasetKind::Volume) => {
             tracing::info!(name = %req.name, volsize = req.volsize, "creating volume");
@@ -807,6 +823,7 @@ async fn set_property(
     Json(req): Json<SetProperty>,
 ) -> ApiResult<Response> {
     tracing::info!(name = %q.name, property = %req.property, value = %req.value, "setting property");
+    check_share_options(&q.name, &[(req.property.clone(), req.value.clone())])?;
     let mounts = st.mounts.clone();
     blocking(&st, move |e| {
         e.set_property(&q.name, &req.property, &req.value)?;

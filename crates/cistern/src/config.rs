@@ -34,6 +34,12 @@
 //! [smb]               # smb::Settings: the daemon's private smbd (crates/smb/README.md)
 //! listen = "127.0.0.1:10445"
 //! guest = false
+//! [nfs]               # present: serve NFSv3 + MOUNT + portmap GETPORT (nfs::NfsConfig)
+//! listen = "127.0.0.1:10812"
+//! max_connections = 256
+//! max_in_flight = 16          # per connection
+//! max_in_flight_total = 128
+//! idle_timeout_secs = 3600
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +50,8 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_NBD_ADDR: &str = "127.0.0.1:10809";
 /// The S3 endpoint's address when `[s3]` or quickstart turns it on without one.
 pub const DEFAULT_S3_ADDR: &str = "127.0.0.1:10811";
+/// NFS (with MOUNT and GETPORT on the same port) when `[nfs]` or `--nfs` turns it on without one.
+pub const DEFAULT_NFS_ADDR: &str = "127.0.0.1:10812";
 pub const DEFAULT_LOG: &str = "info";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -60,6 +68,47 @@ pub struct Config {
     pub smb: smb::Settings,
     /// `[fuse]`: how filesystems are mounted.
     pub fuse: fuse::FuseConfig,
+    /// `[nfs]`: the NFS server, run when this section (or `--nfs`) is there.
+    pub nfs: Option<NfsSection>,
+}
+
+/// `[nfs]`: where NFS listens and its bounds; unset keys keep `nfs::NfsConfig`'s defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NfsSection {
+    pub listen: Option<String>,
+    pub max_connections: Option<usize>,
+    pub max_in_flight: Option<usize>,
+    pub max_in_flight_total: Option<usize>,
+    pub idle_timeout_secs: Option<f64>,
+}
+
+impl NfsSection {
+    pub fn server_config(&self) -> Result<nfs::NfsConfig> {
+        let mut c = nfs::NfsConfig::default();
+        let positive = |name: &str, v: usize| {
+            if v == 0 {
+                bail!("[nfs] {name} must be at least 1");
+            }
+            Ok(v)
+        };
+        if let Some(v) = self.max_connections {
+            c.max_connections = positive("max_connections", v)?;
+        }
+        if let Some(v) = self.max_in_flight {
+            c.max_in_flight = positive("max_in_flight", v)?;
+        }
+        if let Some(v) = self.max_in_flight_total {
+            c.max_in_flight_total = positive("max_in_flight_total", v)?;
+        }
+        if let Some(v) = self.idle_timeout_secs {
+            if !(0.001..1e9).contains(&v) {
+                bail!("[nfs] idle_timeout_secs must be a positive number of seconds");
+            }
+            c.idle_timeout = std::time::Duration::from_secs_f64(v);
+        }
+        Ok(c)
+    }
 }
 
 /// `[s3]`: the S3 layer's own settings plus who may skip signing.
@@ -202,6 +251,10 @@ pub struct Overrides {
     pub s3: Option<String>,
     /// Serve S3 (at DEFAULT_S3_ADDR) even without `--s3` or `[s3]` (quickstart).
     pub s3_by_default: bool,
+    /// `--nfs ADDR`: serve NFS there.
+    pub nfs: Option<String>,
+    /// Serve NFS (at DEFAULT_NFS_ADDR) even without `--nfs` or `[nfs]` (quickstart).
+    pub nfs_by_default: bool,
 }
 
 /// A listen address and whether the user asked for it (flag or config).
@@ -226,6 +279,14 @@ pub struct Resolved {
     pub s3: Option<S3Resolved>,
     pub smb: smb::Settings,
     pub fuse: fuse::FuseConfig,
+    /// The NFS server, when it is on.
+    pub nfs: Option<NfsResolved>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NfsResolved {
+    pub listen: Listen,
+    pub server: nfs::NfsConfig,
 }
 
 /// The S3 endpoint's settings, resolved.
@@ -282,6 +343,26 @@ pub fn resolve(
             })
         }
     };
+    let nfs = match (flags.nfs, cfg.nfs, flags.nfs_by_default) {
+        (None, None, false) => None,
+        (flag, section, _) => {
+            let section = section.unwrap_or_default();
+            let listen = listen(flag.or(section.listen.clone()), DEFAULT_NFS_ADDR, "NFS")?;
+            let mut others = vec![("NBD", nbd), ("API", api)];
+            if let Some(s) = &s3 {
+                others.push(("S3", s.listen));
+            }
+            for (what, other) in others {
+                if listen.addr == other.addr && listen.addr.port() != 0 {
+                    bail!("the NFS and {what} addresses are both {}", listen.addr);
+                }
+            }
+            Some(NfsResolved {
+                listen,
+                server: section.server_config()?,
+            })
+        }
+    };
     let mut engine = cfg.engine;
     // Tests shorten the multihost interval without a config file.
     if let Ok(v) = std::env::var("CISTERN_MMP_INTERVAL_MS") {
@@ -300,6 +381,7 @@ pub fn resolve(
         s3,
         smb: cfg.smb,
         fuse: cfg.fuse,
+        nfs,
     })
 }
 
@@ -402,6 +484,36 @@ mod tests {
     }
 
     #[test]
+    fn nfs_is_served_with_its_section_or_flag() {
+        let none = resolve(
+            Config::default(),
+            Overrides::default(),
+            Some(Path::new("/x")),
+        )
+        .unwrap();
+        assert!(none.nfs.is_none());
+        let cfg = Config::parse("[nfs]\nmax_connections = 4\n").unwrap();
+        let r = resolve(cfg, Overrides::default(), Some(Path::new("/x"))).unwrap();
+        let n = r.nfs.unwrap();
+        assert_eq!(n.listen.addr, parse_listen_addr(DEFAULT_NFS_ADDR).unwrap());
+        assert_eq!(n.server.max_connections, 4);
+        let flag = Overrides {
+            nfs: Some("127.0.0.1:2049".into()),
+            ..Overrides::default()
+        };
+        let r = resolve(Config::default(), flag, Some(Path::new("/x"))).unwrap();
+        assert_eq!(r.nfs.unwrap().listen.addr.port(), 2049);
+        assert!(Config::parse("[nfs]\nmax_conections = 4\n").is_err());
+        let bad = Config::parse("[nfs]\nmax_in_flight = 0\n").unwrap();
+        assert!(resolve(bad, Overrides::default(), Some(Path::new("/x"))).is_err());
+        let clash = Overrides {
+            nfs: Some(DEFAULT_NBD_ADDR.into()),
+            ..Overrides::default()
+        };
+        assert!(resolve(Config::default(), clash, Some(Path::new("/x"))).is_err());
+    }
+
+    #[test]
     fn policy_tables_are_checked_at_start() {
         let ok =
             Config::parse("[policy.vm]\nschedule = \"hourly\"\nkeep = \"hourly=24\"\n").unwrap();
@@ -449,6 +561,12 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         let cfg = Config::parse(&live).unwrap();
+        let nfs = cfg.nfs.clone().expect("[nfs] in the example");
+        assert_eq!(nfs.listen.as_deref(), Some(DEFAULT_NFS_ADDR));
+        assert_eq!(
+            nfs.server_config().unwrap().max_in_flight,
+            nfs::NfsConfig::default().max_in_flight
+        );
         assert_eq!(
             cfg.server.state_dir,
             Some(PathBuf::from("/var/lib/cistern"))

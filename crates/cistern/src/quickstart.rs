@@ -38,6 +38,9 @@ pub struct QuickstartArgs {
     /// S3 listen address (default 127.0.0.1:10811).
     #[arg(long, value_name = "ADDR")]
     pub s3: Option<String>,
+    /// NFS listen address, MOUNT on the same port (default 127.0.0.1:10812).
+    #[arg(long, value_name = "ADDR")]
+    pub nfs: Option<String>,
 }
 
 pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
@@ -51,6 +54,8 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
             api: api_flag,
             s3: args.s3,
             s3_by_default: true,
+            nfs: args.nfs,
+            nfs_by_default: true,
         },
         None,
     )?;

@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// at 127.0.0.1:10811).
     #[arg(long, value_name = "ADDR")]
     pub s3: Option<String>,
+    /// Serve NFSv3 (with MOUNT and portmap GETPORT on the same port) at this
+    /// address (default: only with an [nfs] config section, at 127.0.0.1:10812).
+    #[arg(long, value_name = "ADDR")]
+    pub nfs: Option<String>,
     /// TOML config file ([server] and [engine] sections); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -38,6 +42,8 @@ pub struct Endpoints {
     pub api: SocketAddr,
     /// None: S3 is not served.
     pub s3: Option<SocketAddr>,
+    /// None: NFS is not served.
+    pub nfs: Option<SocketAddr>,
 }
 
 impl Endpoints {
@@ -74,6 +80,8 @@ pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
             api: api_flag,
             s3: args.s3,
             s3_by_default: false,
+            nfs: args.nfs,
+            nfs_by_default: false,
         },
         None,
     )?;
@@ -100,6 +108,7 @@ fn warn_if_public(what: &str, l: &Listen) {
         let risk = match what {
             "NBD" => "anyone who can reach it can read and write every volume",
             "S3" => "requests are signed but not encrypted (no TLS): put a TLS proxy in front",
+            "NFS" => "AUTH_UNIX trusts the uid a client claims: limit sharenfs to trusted hosts",
             _ => "anyone who can reach it can manage (and destroy) every pool",
         };
         tracing::warn!("{what} listens on {}, beyond loopback: {risk}", l.addr);
@@ -172,10 +181,21 @@ async fn serve(
         }
         None => None,
     };
+    let nfs_listener = match &r.nfs {
+        Some(n) => {
+            let l = bind("NFS", &n.listen).await?;
+            if n.listen.explicit {
+                warn_if_public("NFS", &n.listen);
+            }
+            Some(l)
+        }
+        None => None,
+    };
     let endpoints = Endpoints {
         nbd: nbd_listener.local_addr()?,
         api: api_listener.local_addr()?,
         s3: s3_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+        nfs: nfs_listener.as_ref().map(|l| l.local_addr()).transpose()?,
     };
 
     tracing::info!(state_dir = %state_dir.display(), "opening engine");
@@ -254,6 +274,22 @@ async fn serve(
         }
         _ => None,
     };
+    let mut nfs_task = match (nfs_listener, &r.nfs) {
+        (Some(listener), Some(n)) => {
+            if let Some(a) = endpoints.nfs {
+                println!("NFS: nfs://{a}/POOL/DATASET (datasets with sharenfs on; MOUNT and GETPORT on the same port)");
+            }
+            let server = nfs::Server::new(engine.clone(), n.server.clone());
+            Some(tokio::spawn(server.serve(listener, stop_rx.clone())))
+        }
+        _ => None,
+    };
+    let nfs_done = async {
+        match nfs_task.as_mut() {
+            Some(t) => t.await,
+            None => std::future::pending().await,
+        }
+    };
     let s3_done = async {
         match s3_task.as_mut() {
             Some(t) => t.await,
@@ -294,6 +330,9 @@ async fn serve(
         res = s3_done => {
             failed = Some(task_error("S3 server", res.map(|r| r.map_err(anyhow::Error::from))));
         }
+        res = nfs_done => {
+            failed = Some(task_error("NFS server", res.map(|r| r.map_err(anyhow::Error::from))));
+        }
     }
     let _ = stop_tx.send(true);
     sd_notify::send("STOPPING=1\nSTATUS=committing and closing pools");
@@ -319,6 +358,12 @@ async fn serve(
     if let Some(mut t) = s3_task {
         if !t.is_finished() && tokio::time::timeout(grace, &mut t).await.is_err() {
             tracing::warn!("S3 connections still open after {grace:?}; closing anyway");
+            t.abort();
+        }
+    }
+    if let Some(mut t) = nfs_task {
+        if !t.is_finished() && tokio::time::timeout(grace, &mut t).await.is_err() {
+            tracing::warn!("NFS connections still open after {grace:?}; closing anyway");
             t.abort();
         }
     }
