@@ -20,7 +20,7 @@ import pytest
 from conftest import free_ports, run
 
 # The one line to change once `mountpoint` is FUSE-mounted by the daemon.
-DAEMON_MOUNTS = False
+DAEMON_MOUNTS = True
 
 USER, PASSWORD = "root", "cistern-smb-test"
 

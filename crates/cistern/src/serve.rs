@@ -236,6 +236,22 @@ async fn serve(
         r.nbd_server,
     ));
     let mounts = fuse::Mounts::new(engine.clone(), r.fuse.clone());
+    // A rollback of a shared filesystem disconnects its SMB clients first
+    // (they reconnect to the rolled-back state); a Time Machine backup's
+    // last rename is seen through the POSIX layer.
+    {
+        let s = samba.clone();
+        mounts.on_rollback(Arc::new(move |ds: &str| {
+            if let Err(e) = s.disconnect(ds) {
+                tracing::warn!(dataset = ds, "SMB clients not disconnected before rollback: {e}");
+            }
+        }));
+        let s = samba.clone();
+        posix::observe_renames(Arc::new(move |ds: &str, name: &[u8]| {
+            use std::os::unix::ffi::OsStrExt;
+            s.renamed(ds, std::ffi::OsStr::from_bytes(name));
+        }));
+    }
     let state = api::ApiState::new(engine.clone())
         .with_metrics(Arc::new(crate::nbd_metrics::render))
         .with_users(users.clone())

@@ -1181,6 +1181,12 @@ impl ObjectSet {
         self.id
     }
 
+    /// The pool's guid: with [`ObjectSet::dataset_id`], names the dataset
+    /// among every pool this daemon ever imports.
+    pub fn pool_guid(&self) -> u64 {
+        self.pool.pool.guid
+    }
+
     /// Properties as they apply to this dataset now (inherited or local).
     pub fn property(&self, prop: &str) -> Result<String> {
         let datasets = self.pool.datasets.read();

@@ -155,7 +155,7 @@ impl Shared {
                 return Ok((slot, fs.clone()));
             }
         }
-        let fs = Arc::new(posix::Fs::new(objs)?);
+        let fs = posix::Fs::shared(objs)?;
         snaps.insert(slot, fs.clone());
         Ok((slot, fs))
     }

@@ -43,6 +43,8 @@ pub struct FuseConfig {
     pub threads: usize,
     /// Let users other than the daemon's use the mounts (`allow_other`;
     /// for a daemon not run by root /etc/fuse.conf must say `user_allow_other`).
+    /// Default: on for a daemon run by root (as a zfs mount is everyone's,
+    /// permissions checked by the kernel; smbd serves each user as that user).
     pub allow_other: bool,
     /// The kernel's writeback cache (writes gathered in the page cache).
     pub writeback_cache: bool,
@@ -54,7 +56,8 @@ impl Default for FuseConfig {
     fn default() -> Self {
         FuseConfig {
             threads: 4,
-            allow_other: false,
+            // SAFETY: geteuid has no preconditions.
+            allow_other: unsafe { libc::geteuid() } == 0,
             writeback_cache: true,
             attr_timeout_secs: 1.0,
         }
@@ -93,6 +96,9 @@ struct Inner {
     next: Mutex<u64>,
     /// Serialises mount and unmount (a mount takes a while; two of one dataset must not race).
     admin: Mutex<()>,
+    /// Told the dataset's name before a rollback of a mounted filesystem
+    /// (the daemon: Samba disconnects the share's clients).
+    before_rollback: Mutex<Option<Arc<dyn Fn(&str) + Send + Sync>>>,
 }
 
 /// The daemon's mounted filesystems.
@@ -212,8 +218,14 @@ impl Mounts {
                 mounts: Mutex::new(BTreeMap::new()),
                 next: Mutex::new(0),
                 admin: Mutex::new(()),
+                before_rollback: Mutex::new(None),
             }),
         }
+    }
+
+    /// Who else must let go of a mounted filesystem before it is rolled back.
+    pub fn on_rollback(&self, f: Arc<dyn Fn(&str) + Send + Sync>) {
+        *self.inner.before_rollback.lock() = Some(f);
     }
 
     /// What is mounted, by mountpoint.
@@ -323,7 +335,7 @@ impl Mounts {
             )));
         }
         let readonly = objs.is_readonly()?;
-        let head = Arc::new(posix::Fs::new(objs).map_err(|e| Error::Io(e.to_string()))?);
+        let head = posix::Fs::shared(objs).map_err(|e| Error::Io(e.to_string()))?;
         let ttl = Duration::from_secs_f64(inner.cfg.attr_timeout_secs.clamp(0.0, 3600.0));
         let shared = Arc::new(Shared::new(
             head,
@@ -346,8 +358,15 @@ impl Mounts {
         let notifier: Arc<OnceLock<Notifier>> = Arc::new(OnceLock::new());
         let follow: dataset::FollowRollback = {
             let (shared, notifier, dir) = (shared.clone(), notifier.clone(), dir.clone());
+            let before = inner.before_rollback.lock().clone();
+            let ds = dataset.to_string();
             Arc::new(move |phase| match phase {
-                RollbackPhase::Before => syncfs(&dir),
+                RollbackPhase::Before => {
+                    if let Some(b) = &before {
+                        b(&ds);
+                    }
+                    syncfs(&dir)
+                }
                 RollbackPhase::After => invalidate(&shared, notifier.get()),
             })
         };

@@ -63,7 +63,7 @@ impl Default for NfsConfig {
 
 /// One exported dataset (or snapshot), opened once and shared by all clients.
 pub(crate) struct Export {
-    pub fs: posix::Fs,
+    pub fs: std::sync::Arc<posix::Fs>,
     pub guid: u64,
     /// The head's name if this is a snapshot (read-only).
     pub snapshot: bool,

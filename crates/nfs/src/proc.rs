@@ -258,7 +258,7 @@ impl Server {
         if let Some(e) = self.cached(key) {
             return Ok(e);
         }
-        let fs = Fs::new(objs).map_err(|e| e.to_string())?;
+        let fs = Fs::shared(objs).map_err(|e| e.to_string())?;
         let e = Arc::new(Export {
             fs,
             guid,

@@ -250,6 +250,22 @@ enum Normalization {
     KD,
 }
 
+/// Called after every rename with the dataset's name and the new name
+/// (Samba's Time Machine completion watches `SnapshotHistory.plist`).
+pub type RenameObserver = Arc<dyn Fn(&str, &[u8]) + Send + Sync>;
+
+/// Every open [`Fs`] of the process, by (pool guid, dataset id): the FUSE
+/// mount, the NFS server and Samba (through the mount) of one dataset must
+/// share its namespace lock and its open counts, or an NFS REMOVE would
+/// free a file a FUSE client still has open.
+static SHARED: Mutex<Option<HashMap<(u64, u64), std::sync::Weak<Fs>>>> = Mutex::new(None);
+static RENAME_OBSERVER: Mutex<Option<RenameObserver>> = Mutex::new(None);
+
+/// Sets the process's rename observer (the daemon: Samba's Time Machine watch).
+pub fn observe_renames(f: RenameObserver) {
+    *RENAME_OBSERVER.lock() = Some(f);
+}
+
 /// An open filesystem dataset (or a snapshot of one, read-only).
 pub struct Fs {
     objs: Arc<ObjectSet>,
@@ -283,6 +299,20 @@ impl Fs {
             normalization,
             case_insensitive,
         })
+    }
+
+    /// The one `Fs` of this dataset in the process (see [`SHARED`]); made on first use.
+    pub fn shared(objs: Arc<ObjectSet>) -> Result<Arc<Fs>> {
+        let key = (objs.pool_guid(), objs.dataset_id());
+        let mut table = SHARED.lock();
+        let table = table.get_or_insert_with(HashMap::new);
+        if let Some(fs) = table.get(&key).and_then(std::sync::Weak::upgrade) {
+            return Ok(fs);
+        }
+        table.retain(|_, w| w.strong_count() > 0);
+        let fs = Arc::new(Fs::new(objs)?);
+        table.insert(key, Arc::downgrade(&fs));
+        Ok(fs)
     }
 
     /// The objects underneath (for the servers' own bookkeeping).
@@ -895,6 +925,10 @@ impl Fs {
         };
         if let Some(d) = reap {
             self.reap(d);
+        }
+        let observer = RENAME_OBSERVER.lock().clone();
+        if let Some(o) = observer {
+            o(&self.name(), draw);
         }
         Ok(())
     }
