@@ -24,7 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The one line to change once the daemon FUSE-mounts filesystems at their
 # mountpoint: 1 = the cistern share is the daemon's mount.
-CISTERN_MOUNTS=0
+CISTERN_MOUNTS=1
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SUITES=${SUITES:-"vfs.fruit vfs.fruit_timemachine smb2.durable-v2-open"}

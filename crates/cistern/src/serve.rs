@@ -223,7 +223,7 @@ async fn serve(
     engine.set_policies(r.policies.clone());
     engine.start_policy_scheduler();
 
-    // SMB: smbd starts with the first share (after the mounts below); refreshed after every API change.
+    // SMB: smbd starts with the first share (after the mounts); refreshed after every API change.
     let samba = smb::Samba::new(engine.clone(), r.smb.clone(), &state_dir);
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -251,6 +251,20 @@ async fn serve(
             use std::os::unix::ffi::OsStrExt;
             s.renamed(ds, std::ffi::OsStr::from_bytes(name));
         }));
+    }
+    // Mounted and shared before the API answers: a client that sees the
+    // daemon ready finds its filesystems and shares there.
+    // Filesystems with a mountpoint (as zfs mount -a at boot); failures are logged.
+    {
+        let m = mounts.clone();
+        let _ = spawn_blocking(move || Ok(m.mount_all(None))).await;
+    }
+    // Shares after mounts: a share made first would serve the empty directory underneath.
+    {
+        let s = samba.clone();
+        if let Err(e) = spawn_blocking(move || Ok(s.refresh()?)).await {
+            tracing::warn!("SMB shares not served: {e:#}");
+        }
     }
     let state = api::ApiState::new(engine.clone())
         .with_metrics(Arc::new(crate::nbd_metrics::render))
@@ -312,18 +326,6 @@ async fn serve(
             None => std::future::pending().await,
         }
     };
-    // Filesystems with a mountpoint (as zfs mount -a at boot); failures are logged.
-    {
-        let m = mounts.clone();
-        let _ = spawn_blocking(move || Ok(m.mount_all(None))).await;
-    }
-    // Shares after mounts: a share made first would serve the empty directory underneath.
-    {
-        let s = samba.clone();
-        if let Err(e) = spawn_blocking(move || Ok(s.refresh()?)).await {
-            tracing::warn!("SMB shares not served: {e:#}");
-        }
-    }
     if let Some(announce) = announce {
         announce(&engine, &endpoints);
     }

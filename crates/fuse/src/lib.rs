@@ -197,6 +197,13 @@ fn syncfs(dir: &Path) {
     }
 }
 
+/// A filesystem with files: not the pool's root dataset, which only holds
+/// the tree and its inherited properties (its `mountpoint` is inherited by
+/// the children with their names appended, as zfs does).
+fn mountable(d: &dataset::DatasetInfo) -> bool {
+    d.kind == DatasetKind::Filesystem && d.name.contains('/')
+}
+
 /// Whether the daemon may ask for `allow_other`.
 fn allow_other_permitted() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -513,7 +520,7 @@ impl Mounts {
         // Parents before children: a child's mountpoint may be inside its parent's.
         let mut fss: Vec<_> = list
             .into_iter()
-            .filter(|d| d.kind == DatasetKind::Filesystem && !mounted.contains(&d.name))
+            .filter(|d| mountable(d) && !mounted.contains(&d.name))
             .filter(|d| {
                 d.property("mountpoint")
                     .is_some_and(|p| p.value.starts_with('/'))
@@ -566,7 +573,7 @@ impl Mounts {
         let mounted = self.list();
         for d in list
             .iter()
-            .filter(|d| d.kind == DatasetKind::Filesystem && !d.name.contains('@'))
+            .filter(|d| mountable(d) && !d.name.contains('@'))
         {
             let want = d
                 .property("mountpoint")
