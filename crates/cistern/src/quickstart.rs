@@ -186,6 +186,25 @@ fn announce(engine: &Arc<Engine>, ep: &Endpoints, user: Option<NewUser>) {
         format!("CISTERN_API={} ", ep.api_url())
     };
     println!("Manage: {api}{} list", invocation());
+    if let Ok(fs) = engine.dataset(FILESYSTEM) {
+        if let Some(mp) = fs.property("mountpoint") {
+            println!("Filesystem {FILESYSTEM}: mounted at {} (FUSE)", mp.value);
+        }
+        if let Some(url) = ep.nfs_url(FILESYSTEM) {
+            println!("NFS: {url}  (try: nfs-ls '{url}')");
+        }
+        if let Some(smb) = ep.smb {
+            let share = FILESYSTEM.replace('/', "_");
+            println!(
+                "SMB: //{}/{share} port {}  (an account first: smbpasswd -c {} -a USER; then: smbclient //{}/{share} -p {} -U USER)",
+                smb.ip(),
+                smb.port(),
+                ep.state_dir.join("smb").join("smb.conf").display(),
+                smb.ip(),
+                smb.port()
+            );
+        }
+    }
     if let Some(url) = ep.s3_url() {
         println!("S3 bucket {S3_BUCKET} ({BUCKET}): {url}/{S3_BUCKET}");
         match user {

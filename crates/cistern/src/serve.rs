@@ -36,7 +36,7 @@ pub struct ServeArgs {
 }
 
 /// The addresses actually bound (ports resolved when 0 was asked for).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Endpoints {
     pub nbd: SocketAddr,
     pub api: SocketAddr,
@@ -44,6 +44,10 @@ pub struct Endpoints {
     pub s3: Option<SocketAddr>,
     /// None: NFS is not served.
     pub nfs: Option<SocketAddr>,
+    /// smbd's address (it starts with the first share); None: SMB is off.
+    pub smb: Option<SocketAddr>,
+    /// The daemon's state directory (smbd's config is under smb/).
+    pub state_dir: PathBuf,
 }
 
 impl Endpoints {
@@ -58,6 +62,18 @@ impl Endpoints {
     /// The S3 endpoint URL (path style), if S3 is served.
     pub fn s3_url(&self) -> Option<String> {
         self.s3.map(|a| format!("http://{a}"))
+    }
+
+    /// What libnfs (nfs-ls, nfs-cp) takes for a filesystem's export.
+    pub fn nfs_url(&self, dataset: &str) -> Option<String> {
+        self.nfs.map(|a| {
+            format!(
+                "nfs://{}/{dataset}?nfsport={}&mountport={}&version=3",
+                a.ip(),
+                a.port(),
+                a.port()
+            )
+        })
     }
 }
 
@@ -196,6 +212,8 @@ async fn serve(
         api: api_listener.local_addr()?,
         s3: s3_listener.as_ref().map(|l| l.local_addr()).transpose()?,
         nfs: nfs_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+        smb: r.smb.enabled.then_some(r.smb.listen),
+        state_dir: state_dir.clone(),
     };
 
     tracing::info!(state_dir = %state_dir.display(), "opening engine");
