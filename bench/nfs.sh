@@ -265,6 +265,8 @@ bench_cistern_nfs() {
     local dir="$BENCH_DIR/cistern-nfs" port
     port=$(free_port)
     cistern_up "$dir" "$(printf '[nfs]\nlisten = "127.0.0.1:%s"' "$port")"
+    # Root writes (the bench runs as root): not squashed, as ganesha's export.
+    "$CISTERN_BIN" set sharenfs=rw,no_root_squash bench/fs
     wait_port "$port" 30
     make_sources
     nfs_tests cistern-nfs "nfs://127.0.0.1/bench/fs?nfsport=$port&mountport=$port&version=3" "$dir/mnt" "$CISTERN_PID"
