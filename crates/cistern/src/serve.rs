@@ -261,7 +261,10 @@ async fn serve(
         let s = samba.clone();
         mounts.on_rollback(Arc::new(move |ds: &str| {
             if let Err(e) = s.disconnect(ds) {
-                tracing::warn!(dataset = ds, "SMB clients not disconnected before rollback: {e}");
+                tracing::warn!(
+                    dataset = ds,
+                    "SMB clients not disconnected before rollback: {e}"
+                );
             }
         }));
         let s = samba.clone();

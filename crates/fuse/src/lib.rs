@@ -89,6 +89,9 @@ impl Mounted {
     }
 }
 
+/// Told a dataset's name before it is rolled back while mounted.
+pub type BeforeRollback = Arc<dyn Fn(&str) + Send + Sync>;
+
 struct Inner {
     engine: Arc<Engine>,
     cfg: FuseConfig,
@@ -98,7 +101,7 @@ struct Inner {
     admin: Mutex<()>,
     /// Told the dataset's name before a rollback of a mounted filesystem
     /// (the daemon: Samba disconnects the share's clients).
-    before_rollback: Mutex<Option<Arc<dyn Fn(&str) + Send + Sync>>>,
+    before_rollback: Mutex<Option<BeforeRollback>>,
 }
 
 /// The daemon's mounted filesystems.
@@ -231,7 +234,7 @@ impl Mounts {
     }
 
     /// Who else must let go of a mounted filesystem before it is rolled back.
-    pub fn on_rollback(&self, f: Arc<dyn Fn(&str) + Send + Sync>) {
+    pub fn on_rollback(&self, f: BeforeRollback) {
         *self.inner.before_rollback.lock() = Some(f);
     }
 

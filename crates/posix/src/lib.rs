@@ -258,7 +258,8 @@ pub type RenameObserver = Arc<dyn Fn(&str, &[u8]) + Send + Sync>;
 /// mount, the NFS server and Samba (through the mount) of one dataset must
 /// share its namespace lock and its open counts, or an NFS REMOVE would
 /// free a file a FUSE client still has open.
-static SHARED: Mutex<Option<HashMap<(u64, u64), std::sync::Weak<Fs>>>> = Mutex::new(None);
+type FsTable = HashMap<(u64, u64), std::sync::Weak<Fs>>;
+static SHARED: Mutex<Option<FsTable>> = Mutex::new(None);
 static RENAME_OBSERVER: Mutex<Option<RenameObserver>> = Mutex::new(None);
 
 /// Sets the process's rename observer (the daemon: Samba's Time Machine watch).

@@ -196,7 +196,10 @@ fn backup_finished(engine: &Engine, dataset: &str) -> Option<String> {
             Some(name)
         }
         Ok(None) => {
-            tracing::info!(dataset, "Time Machine backup finished: event passed to the snapshot policy");
+            tracing::info!(
+                dataset,
+                "Time Machine backup finished: event passed to the snapshot policy"
+            );
             None
         }
         Err(e) => {
