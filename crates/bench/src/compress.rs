@@ -439,6 +439,25 @@ impl ScratchPool {
         self.engine.sync_all().context("committing the txg")?;
         let time = start.elapsed();
 
+        let sample = self.sample(name, time)?;
+        // sync_all reports no commit error (the txg is kept and retried), so
+        // check that every block made it.
+        let expected = corpus.expected_logical(setting);
+        if sample.logical != expected {
+            bail!(
+                "after the txg commit {name} holds {} logical bytes, expected {expected}: \
+                 the commit did not store every block",
+                sample.logical
+            );
+        }
+        if verify {
+            verify_volume(&vol, corpus)?;
+        }
+        Ok(sample)
+    }
+
+    /// The dataset's space figures after the commit that took `time`.
+    fn sample(&self, name: &str, time: Duration) -> anyhow::Result<Sample> {
         let info = self.engine.dataset(name)?;
         let prop = |p: &str| -> anyhow::Result<String> {
             Ok(info
@@ -447,26 +466,11 @@ impl ScratchPool {
                 .parsable
                 .clone())
         };
-        let logical: u64 = prop("logicalused")?.parse().context("logicalused")?;
-        let physical: u64 = prop("used")?.parse().context("used")?;
-        let compressratio: f64 = prop("compressratio")?.parse().context("compressratio")?;
-        // sync_all reports no commit error (the txg is kept and retried), so
-        // check that every block made it.
-        let expected = corpus.expected_logical(setting);
-        if logical != expected {
-            bail!(
-                "after the txg commit {name} holds {logical} logical bytes, expected {expected}: \
-                 the commit did not store every block"
-            );
-        }
-        if verify {
-            verify_volume(&vol, corpus)?;
-        }
         Ok(Sample {
             time,
-            logical,
-            physical,
-            compressratio,
+            logical: prop("logicalused")?.parse().context("logicalused")?,
+            physical: prop("used")?.parse().context("used")?,
+            compressratio: prop("compressratio")?.parse().context("compressratio")?,
         })
     }
 }
@@ -604,17 +608,7 @@ impl ScratchPool {
         if missing > 0 {
             bail!("{missing} file(s) were not copied");
         }
-        let info = self.engine.dataset(name)?;
-        let prop = |p: &str| -> anyhow::Result<String> {
-            Ok(info
-                .property(p)
-                .with_context(|| format!("{name} has no property {p}"))?
-                .parsable
-                .clone())
-        };
-        let logical: u64 = prop("logicalused")?.parse().context("logicalused")?;
-        let physical: u64 = prop("used")?.parse().context("used")?;
-        let compressratio: f64 = prop("compressratio")?.parse().context("compressratio")?;
+        let sample = self.sample(name, time)?;
         if verify {
             for ((path, data), ino) in tree.files.iter().zip(&inos) {
                 let got = fs
@@ -628,12 +622,7 @@ impl ScratchPool {
                 }
             }
         }
-        Ok(Sample {
-            time,
-            logical,
-            physical,
-            compressratio,
-        })
+        Ok(sample)
     }
 }
 

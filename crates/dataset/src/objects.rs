@@ -1617,6 +1617,33 @@ impl crate::Engine {
     }
 }
 
+/// Objects of `ds` with a block or attribute version born in (`after`, `upto`].
+fn objects_born_between<T>(
+    t: &T,
+    ds: u64,
+    after: u64,
+    upto: u64,
+) -> Result<std::collections::BTreeSet<u64>>
+where
+    T: meta::redb::ReadableTable<blockmap::KeyType, &'static [u8]>,
+{
+    let mut changed = std::collections::BTreeSet::new();
+    let (lo, hi) = (block_addr(0, 0), name_addr(0, ""));
+    for row in t
+        .range((ds, &lo[..], 0)..(ds, &hi[..], 0))
+        .map_err(crate::txg::meta_err)?
+    {
+        let (k, _) = row.map_err(crate::txg::meta_err)?;
+        let (_, addr, birth) = k.value();
+        if birth > after && birth <= upto {
+            if let Some((obj, _)) = blockmap::block_of(addr) {
+                changed.insert(obj);
+            }
+        }
+    }
+    Ok(changed)
+}
+
 /// `cistern diff` of a bucket or filesystem: the names of the root
 /// directory that appeared (`+`), went (`-`), or point at another object or
 /// one whose data or attributes changed (`M`) between txg `after` (seen
@@ -1632,21 +1659,7 @@ pub(crate) fn diff_names(
     let view = p.view()?;
     let t = &view.blocks;
     let born_between = |birth: u64| birth > after && birth <= upto;
-    // Objects with a block or attribute version born in between.
-    let mut changed_objects = std::collections::BTreeSet::new();
-    let (lo, hi) = (block_addr(0, 0), name_addr(0, ""));
-    for row in t
-        .range((ds, &lo[..], 0)..(ds, &hi[..], 0))
-        .map_err(crate::txg::meta_err)?
-    {
-        let (k, _) = row.map_err(crate::txg::meta_err)?;
-        let (_, addr, birth) = k.value();
-        if born_between(birth) {
-            if let Some((obj, _)) = blockmap::block_of(addr) {
-                changed_objects.insert(obj);
-            }
-        }
-    }
+    let changed_objects = objects_born_between(t, ds, after, upto)?;
     // Names with a version born in between.
     let root = name_addr(ROOT_DIR, "");
     let root_end = blockmap::prefix_end(root.clone()).unwrap_or_else(|| vec![0xff]);
@@ -1713,22 +1726,9 @@ pub(crate) fn diff_paths(
     let view = p.view()?;
     let t = &view.blocks;
     let born_between = |birth: u64| birth > after && birth <= upto;
-    // Objects with a version born in between, and objects named by a name
-    // with a version born in between (on either side).
-    let mut changed = std::collections::BTreeSet::new();
-    let (lo, hi) = (block_addr(0, 0), name_addr(0, ""));
-    for row in t
-        .range((ds, &lo[..], 0)..(ds, &hi[..], 0))
-        .map_err(crate::txg::meta_err)?
-    {
-        let (k, _) = row.map_err(crate::txg::meta_err)?;
-        let (_, addr, birth) = k.value();
-        if born_between(birth) {
-            if let Some((obj, _)) = blockmap::block_of(addr) {
-                changed.insert(obj);
-            }
-        }
-    }
+    // Objects with a version born in between, and (below) objects named by
+    // a name with a version born in between (on either side).
+    let mut changed = objects_born_between(t, ds, after, upto)?;
     let names_lo = name_addr(0, "");
     let names_hi = vec![0x02];
     let mut touched = std::collections::BTreeSet::new();
