@@ -335,3 +335,24 @@ def test_set_mountpoint_moves_the_mount(daemon, pool, tmp_path):
     assert is_mounted(a)
     daemon.cli("pool", "export", pool)
     assert not is_mounted(a)
+
+
+def test_a_full_quota_is_reported_at_fsync_not_lost(daemon, pool, fs):
+    """With the writeback cache, write(2) returns before the data reaches the
+    engine: a write-back refused by the quota must fail fsync and close."""
+    daemon.cli("set", "quota=4M", f"{pool}/home")
+    data = os.urandom(8 << 20)
+    fd = os.open(fs / "big", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as e:
+            os.write(fd, data)
+            os.fsync(fd)
+        assert e.value.errno in (errno.EDQUOT, errno.ENOSPC, errno.EIO), e.value
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # close reports it too
+    daemon.cli("set", "quota=none", f"{pool}/home")
+    (fs / "small").write_bytes(b"fits now")
+    assert (fs / "small").read_bytes() == b"fits now"

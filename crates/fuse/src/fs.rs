@@ -60,6 +60,11 @@ pub struct Shared {
     pub snapshot_ttl: Duration,
     pub writeback_cache: bool,
     pub posix_acl: bool,
+    /// A write that failed (ENOSPC, EDQUOT, EIO), by inode, until the next
+    /// fsync or close reports it: with the writeback cache the kernel
+    /// writes pages back after write(2) returned, and a failure there
+    /// must not be lost (a full quota would otherwise drop data silently).
+    write_errors: Mutex<HashMap<u64, i32>>,
 }
 
 impl Shared {
@@ -74,6 +79,7 @@ impl Shared {
             .property("acltype")
             .is_ok_and(|v| v == "posix");
         Shared {
+            write_errors: Mutex::new(HashMap::new()),
             head,
             engine,
             snaps: Mutex::new(HashMap::new()),
@@ -289,6 +295,12 @@ pub struct CisternFs {
 }
 
 impl CisternFs {
+    /// The error of a failed write-back of `ino`, once (fsync, close).
+    fn take_write_error(&self, ino: INodeNo) -> Option<i32> {
+        let obj = self.head(ino).ok()?;
+        self.shared.write_errors.lock().remove(&obj)
+    }
+
     fn node(&self, ino: INodeNo) -> Result<Node, Errno> {
         let ino = ino.0;
         if ino == 1 {
@@ -756,21 +768,29 @@ impl Filesystem for CisternFs {
         reply: ReplyWrite,
     ) {
         let obj = tri!(reply, self.head(ino));
-        let n = tri!(reply, self.shared.head.write(obj, offset, data));
-        reply.written(n);
+        match self.shared.head.write(obj, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => {
+                self.shared.write_errors.lock().insert(obj, e.errno);
+                reply.error(err(&e));
+            }
+        }
     }
 
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         // Written data is in the open txg (the kernel wrote its dirty pages
-        // before this); durability is fsync's.
-        reply.ok();
+        // before this); durability is fsync's. A failed write-back is told here.
+        match self.take_write_error(ino) {
+            Some(e) => reply.error(fuser::Errno::from_i32(e)),
+            None => reply.ok(),
+        }
     }
 
     fn release(
@@ -793,7 +813,10 @@ impl Filesystem for CisternFs {
         match tri!(reply, self.node(ino)) {
             Node::Fs(fs, _, obj) => {
                 tri!(reply, fs.fsync(obj));
-                reply.ok();
+                match self.take_write_error(ino) {
+                    Some(e) => reply.error(fuser::Errno::from_i32(e)),
+                    None => reply.ok(),
+                }
             }
             _ => reply.ok(),
         }
