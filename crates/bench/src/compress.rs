@@ -402,20 +402,59 @@ impl ScratchPool {
         let vol = self.engine.open_volume(name)?;
         let bs = self.block_size as u64;
         let next = AtomicUsize::new(0);
-        let failed = AtomicBool::new(false);
         let start = Instant::now();
+        self.write_with(
+            writers,
+            |_| {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                (i < corpus.records.len()).then_some(i)
+            },
+            |i| {
+                vol.write(i as u64 * bs, &corpus.records[i], false)
+                    .with_context(|| format!("writing record {i}"))
+            },
+        )?;
+        let time = start.elapsed();
+
+        let sample = self.sample(name, time)?;
+        // sync_all reports no commit error (the txg is kept and retried), so
+        // check that every block made it.
+        let expected = corpus.expected_logical(setting);
+        if sample.logical != expected {
+            bail!(
+                "after the txg commit {name} holds {} logical bytes, expected {expected}: \
+                 the commit did not store every block",
+                sample.logical
+            );
+        }
+        if verify {
+            verify_volume(&vol, corpus)?;
+        }
+        Ok(sample)
+    }
+
+    /// Runs `writers` threads until `claim(writer)` has nothing left, each
+    /// doing `work(item)`; the first error (or Ctrl-C) stops them all. Then
+    /// commits the txg.
+    fn write_with(
+        &self,
+        writers: usize,
+        claim: impl Fn(usize) -> Option<usize> + Sync,
+        work: impl Fn(usize) -> anyhow::Result<()> + Sync,
+    ) -> anyhow::Result<()> {
+        let failed = AtomicBool::new(false);
         let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..writers.max(1))
-                .map(|_| {
-                    s.spawn(|| -> anyhow::Result<()> {
+                .map(|w| {
+                    let (claim, work, failed) = (&claim, &work, &failed);
+                    s.spawn(move || -> anyhow::Result<()> {
                         while !failed.load(Ordering::Relaxed) && !crate::interrupt::requested() {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(r) = corpus.records.get(i) else {
+                            let Some(i) = claim(w) else {
                                 break;
                             };
-                            if let Err(e) = vol.write(i as u64 * bs, r, false) {
+                            if let Err(e) = work(i) {
                                 failed.store(true, Ordering::Relaxed);
-                                return Err(e).with_context(|| format!("writing record {i}"));
+                                return Err(e);
                             }
                         }
                         Ok(())
@@ -437,23 +476,7 @@ impl ScratchPool {
             bail!("interrupted");
         }
         self.engine.sync_all().context("committing the txg")?;
-        let time = start.elapsed();
-
-        let sample = self.sample(name, time)?;
-        // sync_all reports no commit error (the txg is kept and retried), so
-        // check that every block made it.
-        let expected = corpus.expected_logical(setting);
-        if sample.logical != expected {
-            bail!(
-                "after the txg commit {name} holds {} logical bytes, expected {expected}: \
-                 the commit did not store every block",
-                sample.logical
-            );
-        }
-        if verify {
-            verify_volume(&vol, corpus)?;
-        }
-        Ok(sample)
+        Ok(())
     }
 
     /// The dataset's space figures after the commit that took `time`.
@@ -540,7 +563,6 @@ impl ScratchPool {
         }
         // The unclaimed files are ends..[front, back): even writers take the front, odd the back.
         let ends = std::sync::Mutex::new((0usize, tree.files.len()));
-        let failed = AtomicBool::new(false);
         let inos: Vec<AtomicU64> = tree.files.iter().map(|_| AtomicU64::new(0)).collect();
         let copy = |i: usize| -> anyhow::Result<()> {
             let (path, data) = &tree.files[i];
@@ -557,49 +579,23 @@ impl ScratchPool {
             inos[i].store(f.ino, Ordering::Relaxed);
             Ok(())
         };
-        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..writers.max(1))
-                .map(|w| {
-                    let (ends, failed, copy) = (&ends, &failed, &copy);
-                    s.spawn(move || -> anyhow::Result<()> {
-                        while !failed.load(Ordering::Relaxed) && !crate::interrupt::requested() {
-                            let i = {
-                                let mut e = ends.lock().unwrap_or_else(|p| p.into_inner());
-                                if e.0 >= e.1 {
-                                    break;
-                                }
-                                if w % 2 == 0 {
-                                    e.0 += 1;
-                                    e.0 - 1
-                                } else {
-                                    e.1 -= 1;
-                                    e.1
-                                }
-                            };
-                            if let Err(e) = copy(i) {
-                                failed.store(true, Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
-                })
-                .collect()
-        });
-        for r in results {
-            r?;
-        }
-        if crate::interrupt::requested() {
-            bail!("interrupted");
-        }
-        self.engine.sync_all().context("committing the txg")?;
+        self.write_with(
+            writers,
+            |w| {
+                let mut e = ends.lock().unwrap_or_else(|p| p.into_inner());
+                if e.0 >= e.1 {
+                    return None;
+                }
+                if w % 2 == 0 {
+                    e.0 += 1;
+                    Some(e.0 - 1)
+                } else {
+                    e.1 -= 1;
+                    Some(e.1)
+                }
+            },
+            copy,
+        )?;
         let time = start.elapsed();
         let missing = inos
             .iter()

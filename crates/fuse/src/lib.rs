@@ -647,6 +647,10 @@ mod tests {
         let c = FuseConfig::default();
         assert!(c.threads >= 1);
         // SAFETY: geteuid has no preconditions.
-        assert_eq!(c.allow_other, unsafe { libc::geteuid() } == 0, "on for root only");
+        assert_eq!(
+            c.allow_other,
+            unsafe { libc::geteuid() } == 0,
+            "on for root only"
+        );
     }
 }
