@@ -21,7 +21,7 @@ use crate::engine::split_dataset;
 use crate::props::{self, DatasetRecord};
 use crate::txg::{lineage, meta_err, ImportedPool};
 use crate::*;
-use meta::redb::{ReadableDatabase, ReadableTable};
+use meta::redb::ReadableTable;
 use meta::schema::{POLICY_HISTORY, POLICY_HISTORY_LEN, POOL_RECORDS, RECORD_POLICY_HISTORY_NEXT};
 use parking_lot::{Mutex, RwLock};
 use policy::{EventDue, EventKind, Input, Plan, Policies, Policy, SnapshotEntry};
@@ -354,21 +354,7 @@ fn store_run_bounded(p: &ImportedPool, mut run: PolicyRun, len: u64) -> Result<(
 
 /// The pool's policy runs, oldest first (none in a pool made before 0021).
 fn read_runs(p: &ImportedPool) -> Result<Vec<PolicyRun>> {
-    let tx = p.db().begin_read().map_err(meta_err)?;
-    let h = match tx.open_table(POLICY_HISTORY) {
-        Ok(h) => h,
-        Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(meta_err(e)),
-    };
-    let mut out = Vec::new();
-    for row in h.iter().map_err(meta_err)? {
-        let (_, v) = row.map_err(meta_err)?;
-        out.push(
-            serde_json::from_slice(v.value())
-                .map_err(|e| Error::Corrupt(format!("policy history record: {e}")))?,
-        );
-    }
-    Ok(out)
+    crate::history::read_json_rows(p, POLICY_HISTORY, "policy history record")
 }
 
 impl policy::Capacity for PoolCapacity<'_> {
@@ -973,6 +959,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::{EngineConfig, GroupKind, GroupSpec, PoolSpec};
+    use meta::redb::ReadableDatabase;
     use policy::PolicyConfig;
 
     fn engine_with_volume(dir: &std::path::Path) -> Arc<Engine> {

@@ -126,8 +126,18 @@ pub(crate) fn log_internal(p: &ImportedPool, what: &str) {
 
 /// Every record kept, oldest first.
 pub(crate) fn read(p: &ImportedPool) -> Result<Vec<HistoryRecord>> {
+    read_json_rows(p, HISTORY, "history record")
+}
+
+/// The JSON records of a log table keyed by sequence number, oldest first;
+/// none when a pool made before the table existed lacks it.
+pub(crate) fn read_json_rows<T: serde::de::DeserializeOwned>(
+    p: &ImportedPool,
+    table: meta::redb::TableDefinition<u64, &[u8]>,
+    what: &str,
+) -> Result<Vec<T>> {
     let tx = p.db().begin_read().map_err(meta_err)?;
-    let h = match tx.open_table(HISTORY) {
+    let h = match tx.open_table(table) {
         Ok(h) => h,
         Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
         Err(e) => return Err(meta_err(e)),
@@ -137,7 +147,7 @@ pub(crate) fn read(p: &ImportedPool) -> Result<Vec<HistoryRecord>> {
         let (_, v) = row.map_err(meta_err)?;
         out.push(
             serde_json::from_slice(v.value())
-                .map_err(|e| Error::Corrupt(format!("history record: {e}")))?,
+                .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?,
         );
     }
     Ok(out)
