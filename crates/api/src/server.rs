@@ -37,6 +37,8 @@ pub struct ApiState {
     pub change_hooks: Vec<crate::shares::ChangeHook>,
     /// The FUSE mounts (`/v1/mounts`); None: this daemon mounts nothing.
     pub mounts: Option<fuse::Mounts>,
+    /// Who may call (crate::auth); None only in tests that run the router in-process.
+    pub auth: Option<crate::auth::Auth>,
 }
 
 impl ApiState {
@@ -48,7 +50,14 @@ impl ApiState {
             share_services: Vec::new(),
             change_hooks: Vec::new(),
             mounts: None,
+            auth: None,
         }
+    }
+
+    /// Requires the token (or the UI's session cookie) on every request.
+    pub fn with_auth(mut self, auth: crate::auth::Auth) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     pub fn with_mounts(mut self, mounts: fuse::Mounts) -> Self {
@@ -87,7 +96,8 @@ impl ApiState {
 
 /// The full API under `/v1`, plus `/metrics`.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let auth = state.auth.clone();
+    let routes = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/pools", get(list_pools).post(create_pool))
         .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
@@ -149,7 +159,24 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             crate::history::record,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: nothing runs for a request without credentials.
+    match auth {
+        Some(auth) => routes
+            .merge(
+                Router::new()
+                    .route(
+                        crate::auth::SESSION_PATH,
+                        post(crate::auth::login).delete(crate::auth::logout),
+                    )
+                    .with_state(auth.clone()),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                auth,
+                crate::auth::require,
+            )),
+        None => routes,
+    }
 }
 
 /// HTTP status for an engine error.
