@@ -218,11 +218,23 @@ def test_sigterm_on_suspended_pool_exits_cleanly(make_daemon, small_fs):
     with connected(d.uri("tank/vol0")) as h:
         h.pwrite(acked, 0)
         h.flush()
-        fill(small_fs, MiB)
-        for off in range(0, 8 * MiB, MiB):
-            h.pwrite(pattern(off, MiB), 4 * MiB + off)  # never flushed
-        wait_until(lambda: status(d)["summary"]["health"] == "SUSPENDED", 60, what="SUSPENDED")
+    fill(small_fs, MiB)
+
+    # Never flushed. From a thread: once the pool suspends, a write may wait
+    # for room that never comes, and the test must still get to SIGTERM.
+    def unflushed():
+        try:
+            with connected(d.uri("tank/vol0")) as h2:
+                for off in range(0, 8 * MiB, MiB):
+                    h2.pwrite(pattern(off, MiB), 4 * MiB + off)
+        except Exception:  # noqa: BLE001  (the daemon goes away under it)
+            pass
+
+    t = threading.Thread(target=unflushed, daemon=True)
+    t.start()
+    wait_until(lambda: status(d)["summary"]["health"] == "SUSPENDED", 60, what="SUSPENDED")
     rc = d.stop(timeout=60)
+    t.join(30)
     assert rc == 0, d.log_tail()
     assert log_lines(d, "closed while SUSPENDED.*never acknowledged.*dropped"), d.log_tail()
     (small_fs / "filler").unlink()
