@@ -12,6 +12,7 @@ use crate::props::DatasetRecord;
 use crate::txg::ImportedPool;
 use crate::{Error, Result};
 use block::crypt::{KeyFormat, MasterKey, WrappingKey, SALT_LEN};
+use meta::redb::ReadableDatabase;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -268,6 +269,131 @@ impl ImportedPool {
             }
         }
     }
+}
+
+/// Intent-log records of encrypted datasets whose key was not loaded at
+/// import, by (dataset, seq): kind | offset | length | sealed payload.
+const LOG_STASH: meta::redb::TableDefinition<(u64, u64), &[u8]> =
+    meta::redb::TableDefinition::new("crypt_log_stash");
+
+impl ImportedPool {
+    /// A log record of dataset `ds` that cannot be opened now.
+    pub(crate) fn log_needs_key(&self, ds: u64) -> bool {
+        let datasets = self.datasets.read();
+        crypt_of(&datasets, ds).is_some_and(|c| self.keys.get(c.root).is_none())
+    }
+}
+
+/// Keeps `recs` in the metadata store (durable before the import's txg trims the log).
+pub(crate) fn stash_records(p: &ImportedPool, recs: &[intent_log::LogRecord]) -> Result<()> {
+    if recs.is_empty() {
+        return Ok(());
+    }
+    let _meta = p.meta_lock.lock();
+    let tx = p.db().begin_write().map_err(crate::txg::meta_err)?;
+    {
+        let mut t = tx.open_table(LOG_STASH).map_err(crate::txg::meta_err)?;
+        for r in recs {
+            let mut v = Vec::with_capacity(17 + r.payload.len());
+            v.push(r.kind as u8);
+            v.extend_from_slice(&r.offset.to_le_bytes());
+            v.extend_from_slice(&r.length.to_le_bytes());
+            v.extend_from_slice(&r.payload);
+            t.insert((r.dataset, r.seq), v.as_slice())
+                .map_err(crate::txg::meta_err)?;
+        }
+    }
+    tx.commit().map_err(crate::txg::meta_err)?;
+    tracing::info!(
+        records = recs.len(),
+        "intent log records of encrypted datasets kept until their keys are loaded"
+    );
+    Ok(())
+}
+
+/// Replays the stashed records of `ids` (in log order), then commits and forgets them.
+fn replay_stash(p: &ImportedPool, ids: &[u64]) -> Result<usize> {
+    let mut recs = Vec::new();
+    {
+        let tx = p.db().begin_read().map_err(crate::txg::meta_err)?;
+        let t = match tx.open_table(LOG_STASH) {
+            Ok(t) => t,
+            Err(meta::redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(crate::txg::meta_err(e)),
+        };
+        for &ds in ids {
+            for row in t
+                .range((ds, 0)..=(ds, u64::MAX))
+                .map_err(crate::txg::meta_err)?
+            {
+                let (k, v) = row.map_err(crate::txg::meta_err)?;
+                let (ds, seq) = k.value();
+                let v = v.value();
+                let kind = v
+                    .first()
+                    .and_then(|k| intent_log::RecordKind::from_u8(*k))
+                    .filter(|_| v.len() >= 17)
+                    .ok_or_else(|| Error::Corrupt(format!("stashed log record {ds}/{seq}")))?;
+                let u64_at = |o: usize| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&v[o..o + 8]);
+                    u64::from_le_bytes(a)
+                };
+                recs.push(intent_log::LogRecord {
+                    seq,
+                    kind,
+                    dataset: ds,
+                    offset: u64_at(1),
+                    length: u64_at(9),
+                    payload: v[17..].to_vec(),
+                });
+            }
+        }
+    }
+    if recs.is_empty() {
+        return Ok(0);
+    }
+    recs.sort_by_key(|r| r.seq);
+    let n = recs.len();
+    let keys: Vec<(u64, u64)> = recs.iter().map(|r| (r.dataset, r.seq)).collect();
+    for r in recs {
+        p.replay(r)?;
+    }
+    p.sync_txg()?;
+    let _meta = p.meta_lock.lock();
+    let tx = p.db().begin_write().map_err(crate::txg::meta_err)?;
+    {
+        let mut t = tx.open_table(LOG_STASH).map_err(crate::txg::meta_err)?;
+        for k in keys {
+            t.remove(k).map_err(crate::txg::meta_err)?;
+        }
+    }
+    tx.commit().map_err(crate::txg::meta_err)?;
+    Ok(n)
+}
+
+/// At import: stashed records of datasets whose keys loaded from their
+/// keylocation (none of them was written since: a dataset with stashed
+/// records takes writes only once they are replayed).
+pub(crate) fn replay_loaded_stash(p: &ImportedPool) -> Result<()> {
+    let ids: Vec<u64> = {
+        let datasets = p.datasets.read();
+        datasets
+            .values()
+            .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| p.keys.get(c.root).is_some()))
+            .map(|r| r.id)
+            .collect()
+    };
+    if !ids.is_empty() {
+        let n = replay_stash(p, &ids)?;
+        if n > 0 {
+            tracing::info!(
+                records = n,
+                "kept intent log records of encrypted datasets replayed"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn log_aad(ds: u64, kind: u8, offset: u64) -> [u8; 21] {
@@ -723,15 +849,47 @@ impl crate::Engine {
         if noop {
             return Ok(());
         }
+        // Closed to writes until what the log kept for these datasets is replayed.
         p.keys.keys.write().insert(
             root,
             Loaded {
                 key: Arc::new(key),
-                unloading: false,
+                unloading: true,
             },
         );
-        tracing::info!(dataset = name, "encryption key loaded");
-        Ok(())
+        let ids: Vec<u64> = {
+            let datasets = p.datasets.read();
+            datasets
+                .values()
+                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| c.root == root))
+                .map(|r| r.id)
+                .collect()
+        };
+        let caught_up = replay_stash(&p, &ids).and_then(|n| {
+            let drained = crate::objects::drain_unlinked_where(&p, |_, id| ids.contains(&id))?;
+            if drained > 0 {
+                p.sync_txg()?;
+            }
+            Ok((n, drained))
+        });
+        match caught_up {
+            Ok((n, drained)) => {
+                if let Some(l) = p.keys.keys.write().get_mut(&root) {
+                    l.unloading = false;
+                }
+                tracing::info!(
+                    dataset = name,
+                    replayed = n,
+                    drained,
+                    "encryption key loaded"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                p.keys.keys.write().remove(&root);
+                Err(e)
+            }
+        }
     }
 
     /// `cistern unload-key DS`: refused while a dataset under the root is

@@ -1015,6 +1015,15 @@ pub(crate) fn replay(p: &ImportedPool, ds: u64, payload: &[u8]) -> Result<()> {
 /// as ZFS drains its unlinked set at mount. Runs at import, before anyone
 /// opens the pool. Returns how many were removed.
 pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
+    // Encrypted datasets without their key wait for load-key (crate::crypt).
+    drain_unlinked_where(p, |datasets, id| crate::crypt::key_loaded(p, datasets, id))
+}
+
+/// [`drain_unlinked`] of the datasets `which` selects.
+pub(crate) fn drain_unlinked_where(
+    p: &ImportedPool,
+    which: impl Fn(&BTreeMap<String, crate::props::DatasetRecord>, u64) -> bool,
+) -> Result<u64> {
     let sets: Vec<(u64, State)> = {
         let datasets = p.datasets.read();
         datasets
@@ -1022,6 +1031,7 @@ pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
             .filter(|r| {
                 matches!(r.kind, DatasetKind::Bucket | DatasetKind::Filesystem) && r.next_object > 0
             })
+            .filter(|r| which(&datasets, r.id))
             .map(|r| (r.id, state_of(&datasets, r)))
             .collect()
     };

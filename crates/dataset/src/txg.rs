@@ -377,14 +377,25 @@ impl ImportedPool {
         // Keys in files load first, so their datasets' log records replay.
         imported.load_file_keys();
         let replayed = records.len();
+        // Records of encrypted datasets whose key is not loaded cannot be
+        // opened: they move, still sealed, to the metadata store and replay
+        // at load-key (decision 0026).
+        let mut stash = Vec::new();
         for rec in records {
-            imported.replay(rec)?;
+            if imported.log_needs_key(rec.dataset) {
+                stash.push(rec);
+            } else {
+                imported.replay(rec)?;
+            }
         }
+        crate::crypt::stash_records(&imported, &stash)?;
         let drained = crate::objects::drain_unlinked(&imported)?;
         if drained > 0 {
             tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }
         imported.commit_txg_locked(None, true, &imported.meta_lock.lock())?;
+        // Records kept at an earlier import for keys loaded from files now.
+        crate::crypt::replay_loaded_stash(&imported)?;
         if replayed > 0 {
             tracing::info!(pool = %imported.pool.name, replayed, "intent log records committed");
         }
@@ -437,7 +448,7 @@ impl ImportedPool {
         Ok(())
     }
 
-    fn replay(&self, mut rec: LogRecord) -> Result<()> {
+    pub(crate) fn replay(&self, mut rec: LogRecord) -> Result<()> {
         if matches!(rec.kind, RecordKind::ObjectOp | RecordKind::Write)
             && self.datasets.read().values().any(|d| d.id == rec.dataset)
         {

@@ -237,7 +237,12 @@ pub(crate) fn apply(
     let len = op.len();
     // An encrypted dataset takes writes only while its key is loaded; checked
     // again under the open txg's lock, which unload-key takes (decision 0026).
-    let root = p.crypt_root(ds)?;
+    // Replay and the unlinked-set drain (no class) run while load-key holds
+    // the key closed to writes.
+    let root = match class {
+        Some(_) => p.crypt_root(ds)?,
+        None => None,
+    };
     if len == 0 {
         let mut open = p.open.lock();
         p.check_writable(ds, root)?;
