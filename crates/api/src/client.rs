@@ -467,11 +467,23 @@ impl Client {
         volsize: u64,
         properties: &[(String, String)],
     ) -> Result<DatasetInfo> {
+        self.create_volume_keyed(name, volsize, properties, None)
+    }
+
+    /// [`Client::create_volume`] with the key of a new encryption root.
+    pub fn create_volume_keyed(
+        &self,
+        name: &str,
+        volsize: u64,
+        properties: &[(String, String)],
+        key: Option<dataset::KeyMaterial>,
+    ) -> Result<DatasetInfo> {
         let body = CreateVolume {
             name: name.to_string(),
             volsize,
             properties: properties.to_vec(),
             kind: None,
+            key,
         };
         self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
     }
@@ -483,13 +495,40 @@ impl Client {
         kind: dataset::DatasetKind,
         properties: &[(String, String)],
     ) -> Result<DatasetInfo> {
+        self.create_dataset_keyed(name, kind, properties, None)
+    }
+
+    /// [`Client::create_dataset`] with the key of a new encryption root.
+    pub fn create_dataset_keyed(
+        &self,
+        name: &str,
+        kind: dataset::DatasetKind,
+        properties: &[(String, String)],
+        key: Option<dataset::KeyMaterial>,
+    ) -> Result<DatasetInfo> {
         let body = CreateVolume {
             name: name.to_string(),
             volsize: 0,
             properties: properties.to_vec(),
             kind: Some(kind),
+            key,
         };
         self.decode(self.agent.post(self.url("/v1/datasets")).send_json(&body))
+    }
+
+    /// `POST /v1/keys/load`.
+    pub fn load_key(&self, req: &crate::LoadKeyRequest) -> Result<crate::KeyResult> {
+        self.decode(self.agent.post(self.url("/v1/keys/load")).send_json(req))
+    }
+
+    /// `POST /v1/keys/unload`.
+    pub fn unload_key(&self, req: &crate::UnloadKeyRequest) -> Result<crate::KeyResult> {
+        self.decode(self.agent.post(self.url("/v1/keys/unload")).send_json(req))
+    }
+
+    /// `POST /v1/keys/change`.
+    pub fn change_key(&self, req: &crate::ChangeKeyRequest) -> Result<crate::KeyResult> {
+        self.decode(self.agent.post(self.url("/v1/keys/change")).send_json(req))
     }
 
     /// `GET /v1/mounts`.

@@ -130,6 +130,55 @@ pub struct CreateVolume {
     /// Absent: a volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<dataset::DatasetKind>,
+    /// The key of a new encryption root with keylocation=prompt (never logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<dataset::KeyMaterial>,
+}
+
+/// `POST /v1/keys/load`: `cistern load-key [-a] [-n] [-L LOCATION] [DS]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadKeyRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub all: bool,
+    #[serde(default)]
+    pub noop: bool,
+    #[serde(default)]
+    pub location: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<dataset::KeyMaterial>,
+}
+
+/// `POST /v1/keys/unload`: `cistern unload-key [-a] [DS]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnloadKeyRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// `POST /v1/keys/change`: `cistern change-key [-o keyformat=..] [-o keylocation=..] DS`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeKeyRequest {
+    pub name: String,
+    #[serde(default)]
+    pub properties: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<dataset::KeyMaterial>,
+}
+
+/// What `load-key`/`unload-key` did: the encryption roots changed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct KeyResult {
+    pub done: Vec<String>,
+    /// `-a`: roots that failed, with why.
+    #[serde(default)]
+    pub failed: Vec<(String, String)>,
 }
 
 /// `POST /v1/users`: `cistern user add NAME [--grant BUCKET=ro|rw]...`.

@@ -133,6 +133,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/clone", post(clone))
         .route("/v1/promote", post(promote))
         .route("/v1/rename", post(rename))
+        .route("/v1/keys/load", post(load_key))
+        .route("/v1/keys/unload", post(unload_key))
+        .route("/v1/keys/change", post(change_key))
         .route("/v1/inherit", post(inherit))
         .route("/v1/holds", get(holds).post(hold).delete(release))
         .route("/v1/diff", get(diff))
@@ -186,6 +189,7 @@ pub fn status_for(err: &dataset::Error) -> StatusCode {
         E::NotFound(_) => StatusCode::NOT_FOUND,
         E::AlreadyExists(_) | E::Busy(_) | E::ReadOnly(_) => StatusCode::CONFLICT,
         E::InvalidArgument(_) | E::NeedsUpgrade(_) => StatusCode::BAD_REQUEST,
+        E::KeyUnavailable(_) => StatusCode::FORBIDDEN,
         E::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
         E::Corrupt(_) | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -204,6 +208,7 @@ pub fn kind_for(err: &dataset::Error) -> &'static str {
         E::Corrupt(_) => "Corrupt",
         E::Io(_) => "Io",
         E::NeedsUpgrade(_) => "NeedsUpgrade",
+        E::KeyUnavailable(_) => "KeyUnavailable",
     }
 }
 
@@ -737,7 +742,7 @@ async fn create_volume(
         None | Some(dataset::DatasetKind::Volume) => {
             tracing::info!(name = %req.name, volsize = req.volsize, "creating volume");
             blocking(&st, move |e| {
-                e.create_volume(&req.name, req.volsize, &req.properties)
+                e.create_volume_keyed(&req.name, req.volsize, &req.properties, req.key.as_ref())
             })
             .await
             .map(created)
@@ -751,7 +756,8 @@ async fn create_volume(
             tracing::info!(name = %req.name, ?kind, "creating dataset");
             let mounts = st.mounts.clone();
             blocking(&st, move |e| {
-                let info = e.create_dataset(&req.name, kind, &req.properties)?;
+                let info =
+                    e.create_dataset_keyed(&req.name, kind, &req.properties, req.key.as_ref())?;
                 // As zfs create: a filesystem with a mountpoint is mounted.
                 if let (Some(m), dataset::DatasetKind::Filesystem) = (mounts, kind) {
                     m.mountpoint_changed(&req.name)?;
@@ -933,6 +939,96 @@ async fn rename(State(st): State<ApiState>, Json(req): Json<RenameRequest>) -> A
     blocking(&st, move |e| e.rename(&req.from, &req.to, req.recursive))
         .await
         .map(json)
+}
+
+/// `load-key`: loads the key(s); filesystems under them are mounted (as `zfs mount -l`).
+async fn load_key(
+    State(st): State<ApiState>,
+    Json(req): Json<crate::LoadKeyRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(name = ?req.name, all = req.all, noop = req.noop, "load-key");
+    let mounts = st.mounts.clone();
+    blocking(&st, move |e| {
+        let names = match (&req.name, req.all) {
+            (Some(n), false) => vec![n.clone()],
+            (None, true) => e.encryption_roots(),
+            _ => {
+                return Err(dataset::Error::InvalidArgument(
+                    "load-key: give one dataset or -a".into(),
+                ))
+            }
+        };
+        let mut out = crate::KeyResult::default();
+        for n in names {
+            let r = e.load_key(&n, req.location.as_deref(), req.key.as_ref(), req.noop);
+            match r {
+                Ok(()) => out.done.push(n),
+                Err(dataset::Error::AlreadyExists(_)) if req.all => {}
+                Err(err) if req.all => out.failed.push((n, err.to_string())),
+                Err(err) => return Err(err),
+            }
+        }
+        if !req.noop {
+            if let Some(m) = &mounts {
+                for n in &out.done {
+                    for d in e.list_datasets(Some(n))? {
+                        if d.kind == dataset::DatasetKind::Filesystem {
+                            m.mountpoint_changed(&d.name)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    })
+    .await
+    .map(json)
+}
+
+/// `unload-key`: refused while a dataset under the root is served (busy, as zfs).
+async fn unload_key(
+    State(st): State<ApiState>,
+    Json(req): Json<crate::UnloadKeyRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(name = ?req.name, all = req.all, "unload-key");
+    blocking(&st, move |e| {
+        let names = match (&req.name, req.all) {
+            (Some(n), false) => vec![n.clone()],
+            (None, true) => e.encryption_roots(),
+            _ => {
+                return Err(dataset::Error::InvalidArgument(
+                    "unload-key: give one dataset or -a".into(),
+                ))
+            }
+        };
+        let mut out = crate::KeyResult::default();
+        for n in names {
+            match e.unload_key(&n) {
+                Ok(()) => out.done.push(n),
+                Err(err) if req.all => out.failed.push((n, err.to_string())),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(out)
+    })
+    .await
+    .map(json)
+}
+
+async fn change_key(
+    State(st): State<ApiState>,
+    Json(req): Json<crate::ChangeKeyRequest>,
+) -> ApiResult<Response> {
+    tracing::info!(name = %req.name, "change-key");
+    blocking(&st, move |e| {
+        e.change_key(&req.name, &req.properties, req.key.as_ref())?;
+        Ok(crate::KeyResult {
+            done: vec![req.name.clone()],
+            failed: Vec::new(),
+        })
+    })
+    .await
+    .map(json)
 }
 
 async fn inherit(

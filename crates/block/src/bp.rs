@@ -5,16 +5,25 @@
 //! u32 lsize | u32 psize | u64 birth txg            (all little endian)
 //! per DVA: u32 group | u64 offset | u32 asize
 //! [u8; 32] checksum of the stored (physical) bytes
+//! version 2 only (an encrypted block, decision 0026):
+//!   u8 cipher (1 = aes-256-gcm) | [u8; 12] nonce | [u8; 16] tag
 //! ```
+//! An unencrypted block is still written as version 1, so pools without
+//! encryption stay readable by builds that predate version 2.
 //! An embedded pointer (decision 0017, as ZFS's BP_EMBEDDED) has no DVA
 //! (count 0) and carries its `psize` stored bytes after the checksum: tiny
 //! blocks and object attributes live in the metadata row, no data block.
 
 use crate::checksum::{Checksum, ChecksumAlgo};
 use crate::compress::CompressionAlgo;
+use crate::crypt::{BlockCrypt, CryptAlgo, NONCE_LEN, TAG_LEN};
 use pool::Dva;
 
+/// The version of an unencrypted block's pointer.
 pub const BP_VERSION: u8 = 1;
+/// The version of an encrypted block's pointer (nonce and tag after the checksum).
+pub const BP_VERSION_CRYPT: u8 = 2;
+const CRYPT_LEN: usize = 1 + NONCE_LEN + TAG_LEN;
 pub const MAX_DVAS: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +41,8 @@ pub struct BlockPointer {
     pub birth: u64,
     /// The stored bytes of an embedded block (no DVAs): in the metadata, not on the data region.
     pub embedded: Option<Vec<u8>>,
+    /// Encrypted blocks: the stored bytes are ciphertext (checksummed as stored).
+    pub crypt: Option<BlockCrypt>,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -55,9 +66,13 @@ impl BlockPointer {
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.dvas.len() <= MAX_DVAS);
         assert_eq!(self.dvas.is_empty(), self.embedded.is_some());
-        let mut out = Vec::with_capacity(20 + 16 * self.dvas.len() + 32);
+        let mut out = Vec::with_capacity(20 + 16 * self.dvas.len() + 32 + CRYPT_LEN);
         out.extend_from_slice(&[
-            BP_VERSION,
+            if self.crypt.is_some() {
+                BP_VERSION_CRYPT
+            } else {
+                BP_VERSION
+            },
             self.compression as u8,
             self.checksum_algo as u8,
             self.dvas.len() as u8,
@@ -71,6 +86,11 @@ impl BlockPointer {
             out.extend_from_slice(&d.asize.to_le_bytes());
         }
         out.extend_from_slice(&self.checksum);
+        if let Some(c) = &self.crypt {
+            out.push(c.algo as u8);
+            out.extend_from_slice(&c.nonce);
+            out.extend_from_slice(&c.tag);
+        }
         if let Some(e) = &self.embedded {
             out.extend_from_slice(e);
         }
@@ -80,9 +100,11 @@ impl BlockPointer {
     pub fn decode(b: &[u8]) -> Result<BlockPointer, BpDecodeError> {
         let short = BpDecodeError::Malformed("too short");
         let header = b.get(..20).ok_or(short.clone())?;
-        if header[0] != BP_VERSION {
-            return Err(BpDecodeError::Version(header[0]));
-        }
+        let encrypted = match header[0] {
+            BP_VERSION => false,
+            BP_VERSION_CRYPT => true,
+            v => return Err(BpDecodeError::Version(v)),
+        };
         let compression =
             CompressionAlgo::from_code(header[1]).ok_or(BpDecodeError::Malformed("compression"))?;
         let checksum_algo = ChecksumAlgo::from_code(header[2])
@@ -99,7 +121,9 @@ impl BlockPointer {
         };
         let psize = u32_at(8) as usize;
         let embedded = ndva == 0;
-        let expect = 20 + 16 * ndva + 32 + if embedded { psize } else { 0 };
+        let crypt_at = 20 + 16 * ndva + 32;
+        let body_at = crypt_at + if encrypted { CRYPT_LEN } else { 0 };
+        let expect = body_at + if embedded { psize } else { 0 };
         if b.len() != expect {
             return Err(short);
         }
@@ -113,6 +137,17 @@ impl BlockPointer {
                 }
             })
             .collect();
+        let crypt = if encrypted {
+            let algo =
+                CryptAlgo::from_code(b[crypt_at]).ok_or(BpDecodeError::Malformed("cipher"))?;
+            let mut nonce = [0u8; NONCE_LEN];
+            nonce.copy_from_slice(&b[crypt_at + 1..crypt_at + 1 + NONCE_LEN]);
+            let mut tag = [0u8; TAG_LEN];
+            tag.copy_from_slice(&b[crypt_at + 1 + NONCE_LEN..body_at]);
+            Some(BlockCrypt { algo, nonce, tag })
+        } else {
+            None
+        };
         let mut checksum = [0u8; 32];
         checksum.copy_from_slice(&b[20 + 16 * ndva..20 + 16 * ndva + 32]);
         Ok(BlockPointer {
@@ -123,7 +158,8 @@ impl BlockPointer {
             checksum_algo,
             checksum,
             birth: u64_at(12),
-            embedded: embedded.then(|| b[52..].to_vec()),
+            embedded: embedded.then(|| b[body_at..].to_vec()),
+            crypt,
         })
     }
 }

@@ -1,15 +1,18 @@
-//! The block pipeline. Write: compress -> checksum -> place. Read: fetch ->
-//! verify -> heal -> decompress.
+//! The block pipeline. Write: compress -> (encrypt) -> checksum -> place.
+//! Read: fetch -> verify -> heal -> (decrypt) -> decompress. The checksum is
+//! over the stored bytes, ciphertext for an encrypted block (decision 0026).
 
 mod bp;
 mod checksum;
 mod compress;
+pub mod crypt;
 
-pub use bp::{BlockPointer, BpDecodeError, BP_VERSION, MAX_DVAS};
+pub use bp::{BlockPointer, BpDecodeError, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
 pub use compress::{
     compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
 };
+pub use crypt::{BlockCrypt, BlockId, CryptError, MasterKey};
 
 use pool::{Dva, Pool, PoolError};
 use std::sync::Arc;
@@ -24,6 +27,13 @@ pub enum BlockError {
     NoSpace,
     #[error("embedded block fails its checksum")]
     EmbeddedChecksum,
+    /// An encrypted block read without its dataset's key.
+    #[error("encrypted block and the key is not loaded")]
+    KeyUnavailable,
+    /// Stored bytes that pass their checksum but fail the AEAD: a checksum-class
+    /// error (a pointer moved or forged), never returned as data.
+    #[error("encrypted block fails authentication")]
+    Authentication,
 }
 
 /// A block after compression and checksumming, not yet placed.
@@ -35,6 +45,7 @@ pub struct EncodedBlock {
     pub compression: CompressionAlgo,
     pub checksum_algo: ChecksumAlgo,
     pub checksum: Checksum,
+    pub crypt: Option<BlockCrypt>,
 }
 
 impl EncodedBlock {
@@ -53,6 +64,7 @@ impl EncodedBlock {
             checksum: self.checksum,
             birth,
             embedded: None,
+            crypt: self.crypt,
         }
     }
 
@@ -67,6 +79,7 @@ impl EncodedBlock {
             checksum: self.checksum,
             birth,
             embedded: Some(self.payload.to_vec()),
+            crypt: self.crypt,
         }
     }
 }
@@ -114,30 +127,119 @@ fn finish(
         compression,
         checksum_algo,
         checksum,
+        crypt: None,
     }
+}
+
+/// Where an encrypted block goes: its key and its place (the AEAD's associated data).
+#[derive(Clone, Copy)]
+pub struct Seal<'a> {
+    pub key: &'a MasterKey,
+    pub object: u64,
+    pub block: u64,
+    pub birth: u64,
+}
+
+/// [`encode`] then encrypt: compress, seal, checksum the ciphertext.
+pub fn encode_sealed(
+    data: &[u8],
+    compression: Compression,
+    checksum_algo: ChecksumAlgo,
+    seal: Seal<'_>,
+) -> EncodedBlock {
+    let (mut payload, algo) = match compress(compression, data) {
+        Some(c) => (c, compression.algo()),
+        None => (data.to_vec(), CompressionAlgo::Off),
+    };
+    let id = BlockId {
+        object: seal.object,
+        block: seal.block,
+        birth: seal.birth,
+        lsize: data.len() as u32,
+        psize: payload.len() as u32,
+        compression: algo as u8,
+    };
+    let crypt = seal.key.seal_block(&id, &mut payload);
+    let mut e = finish(Arc::new(payload), data.len(), algo, checksum_algo);
+    e.crypt = Some(crypt);
+    e
+}
+
+/// The key and place an encrypted block is opened with.
+#[derive(Clone, Copy)]
+pub struct Unseal<'a> {
+    pub key: Option<&'a MasterKey>,
+    pub object: u64,
+    pub block: u64,
+}
+
+/// Decrypts (if encrypted) and decompresses stored bytes that passed their checksum.
+fn open_verified(
+    bp: &BlockPointer,
+    mut stored: Vec<u8>,
+    unseal: Option<Unseal<'_>>,
+) -> Result<Vec<u8>, BlockError> {
+    if let Some(c) = &bp.crypt {
+        let u = unseal.ok_or(BlockError::KeyUnavailable)?;
+        let key = u.key.ok_or(BlockError::KeyUnavailable)?;
+        let id = BlockId {
+            object: u.object,
+            block: u.block,
+            birth: bp.birth,
+            lsize: bp.lsize,
+            psize: bp.psize,
+            compression: bp.compression as u8,
+        };
+        key.open_block(&id, c, &mut stored)
+            .map_err(|_| BlockError::Authentication)?;
+    }
+    if bp.compression == CompressionAlgo::Off {
+        return Ok(stored);
+    }
+    Ok(decompress(bp.compression, &stored, bp.lsize as usize)?)
 }
 
 /// Verifies stored bytes against the pointer and decompresses them; `None`
 /// if they are not the block's bytes.
 pub fn decode_verified(bp: &BlockPointer, stored: &[u8]) -> Option<Vec<u8>> {
+    decode_verified_keyed(bp, stored, None).and_then(|r| r.ok())
+}
+
+/// [`decode_verified`] for a block that may be encrypted: `None` if the
+/// bytes fail their checksum (try another copy), an error if they pass it
+/// but cannot be opened (no key, authentication) or decompressed.
+pub fn decode_verified_keyed(
+    bp: &BlockPointer,
+    stored: &[u8],
+    unseal: Option<Unseal<'_>>,
+) -> Option<Result<Vec<u8>, BlockError>> {
     if stored.len() != bp.psize as usize || bp.checksum_algo.compute(stored) != bp.checksum {
         return None;
     }
-    decompress(bp.compression, stored, bp.lsize as usize).ok()
+    Some(open_verified(bp, stored.to_vec(), unseal))
 }
 
 /// Fetches a block, verifies its checksum (healing bad copies from good
 /// ones), and decompresses it. Wrong data is never returned.
 pub fn read_block(pool: &Pool, bp: &BlockPointer) -> Result<Vec<u8>, BlockError> {
+    read_block_keyed(pool, bp, None)
+}
+
+/// [`read_block`] for a block that may be encrypted (`unseal`: its key and place).
+pub fn read_block_keyed(
+    pool: &Pool,
+    bp: &BlockPointer,
+    unseal: Option<Unseal<'_>>,
+) -> Result<Vec<u8>, BlockError> {
     if let Some(stored) = &bp.embedded {
         // Its copies are the metadata store's (checksummed per page, mirrored).
-        return decode_verified(bp, stored).ok_or(BlockError::EmbeddedChecksum);
+        return decode_verified_keyed(bp, stored, unseal).ok_or(BlockError::EmbeddedChecksum)?;
     }
     let mut last = None;
     for dva in &bp.dvas {
         let verify = |b: &[u8]| bp.checksum_algo.compute(b) == bp.checksum;
         match pool.read_verified(*dva, bp.psize as usize, verify) {
-            Ok(payload) => return Ok(decompress(bp.compression, &payload, bp.lsize as usize)?),
+            Ok(payload) => return open_verified(bp, payload, unseal),
             Err(e) => last = Some(e),
         }
     }
@@ -210,6 +312,7 @@ mod tests {
             checksum: [9; 32],
             birth: 42,
             embedded: None,
+            crypt: None,
         };
         let enc = bp.encode();
         assert_eq!(BlockPointer::decode(&enc).unwrap(), bp);
@@ -217,9 +320,9 @@ mod tests {
             BlockPointer::decode(&enc[..10]),
             Err(BpDecodeError::Malformed("too short"))
         );
-        let mut v2 = enc.clone();
-        v2[0] = 2;
-        assert_eq!(BlockPointer::decode(&v2), Err(BpDecodeError::Version(2)));
+        let mut v3 = enc.clone();
+        v3[0] = 3;
+        assert_eq!(BlockPointer::decode(&v3), Err(BpDecodeError::Version(3)));
     }
 
     #[test]
@@ -266,5 +369,92 @@ mod tests {
             read_block(&pool, &bp),
             Err(BlockError::Pool(PoolError::Unrecoverable { .. }))
         ));
+    }
+
+    #[test]
+    fn encrypted_blocks_use_pointer_version_2_and_plain_ones_stay_version_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Vdev::open_or_create(&dir.path().join("d0"), Some(128 << 20)).unwrap();
+        let pool = Pool::create("tank", vec![(LayoutKind::Disk, vec![dev])]).unwrap();
+        let key = MasterKey::generate().unwrap();
+        let data = b"secret pattern 0123456789 ".repeat(600);
+        let seal = Seal {
+            key: &key,
+            object: 1,
+            block: 3,
+            birth: 9,
+        };
+        let enc = encode_sealed(&data, Compression::Lz4, ChecksumAlgo::Blake3, seal);
+        assert!(!enc.payload.windows(14).any(|w| w == b"secret pattern"));
+        let bp = write_block(&pool, &enc, 9).unwrap();
+        let bytes = bp.encode();
+        assert_eq!(bytes[0], BP_VERSION_CRYPT);
+        let back = BlockPointer::decode(&bytes).unwrap();
+        assert_eq!(back, bp);
+        let unseal = |key| {
+            Some(Unseal {
+                key,
+                object: 1,
+                block: 3,
+            })
+        };
+        assert_eq!(
+            read_block_keyed(&pool, &bp, unseal(Some(&key))).unwrap(),
+            data
+        );
+        assert!(matches!(
+            read_block_keyed(&pool, &bp, unseal(None)),
+            Err(BlockError::KeyUnavailable)
+        ));
+        assert!(matches!(
+            read_block(&pool, &bp),
+            Err(BlockError::KeyUnavailable)
+        ));
+        // Another place (a swapped pointer) fails authentication.
+        let elsewhere = Some(Unseal {
+            key: Some(&key),
+            object: 1,
+            block: 4,
+        });
+        assert!(matches!(
+            read_block_keyed(&pool, &bp, elsewhere),
+            Err(BlockError::Authentication)
+        ));
+        // A flipped ciphertext byte fails the checksum: reported, never returned.
+        let at = pool.regions.data_offset + bp.dvas[0].offset;
+        pool.groups()[0].devices()[0]
+            .write_at(at + 5, b"Z")
+            .unwrap();
+        assert!(matches!(
+            read_block_keyed(&pool, &bp, unseal(Some(&key))),
+            Err(BlockError::Pool(PoolError::Unrecoverable { .. }))
+        ));
+        // An unencrypted block keeps the old pointer version.
+        let plain = write_block(
+            &pool,
+            &encode(&data, Compression::Lz4, ChecksumAlgo::Blake3),
+            9,
+        )
+        .unwrap();
+        assert_eq!(plain.encode()[0], BP_VERSION);
+    }
+
+    #[test]
+    fn a_version_1_pointer_written_by_earlier_builds_decodes() {
+        // Bytes as the pre-encryption encoder wrote them (one DVA, lz4).
+        let mut old = vec![1u8, 1, 1, 1];
+        old.extend_from_slice(&16384u32.to_le_bytes());
+        old.extend_from_slice(&3000u32.to_le_bytes());
+        old.extend_from_slice(&42u64.to_le_bytes());
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&8192u64.to_le_bytes());
+        old.extend_from_slice(&4096u32.to_le_bytes());
+        old.extend_from_slice(&[9u8; 32]);
+        let bp = BlockPointer::decode(&old).unwrap();
+        assert_eq!(
+            (bp.lsize, bp.psize, bp.birth, bp.crypt),
+            (16384, 3000, 42, None)
+        );
+        assert_eq!(bp.encode(), old);
     }
 }

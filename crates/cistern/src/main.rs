@@ -75,6 +75,14 @@ pub enum Command {
     Rename(cmd::dataset::RenameArgs),
     /// Stop setting a property locally (inherit it again): `cistern inherit [-r] PROP DS...`.
     Inherit(cmd::dataset::InheritArgs),
+    /// Load an encryption root's key: `cistern load-key [-n] [-L keylocation] -a | POOL/DS`
+    /// (keylocation=prompt: the key is read from standard input).
+    LoadKey(cmd::key::LoadKeyArgs),
+    /// Forget an encryption root's key (refused while its datasets are served): `cistern unload-key -a | POOL/DS`.
+    UnloadKey(cmd::key::UnloadKeyArgs),
+    /// Rewrap an encryption root's master key under a new key (no data is rewritten):
+    /// `cistern change-key [-l] [-o keyformat=..] [-o keylocation=..] POOL/DS`.
+    ChangeKey(cmd::key::ChangeKeyArgs),
     /// Share filesystems whose sharesmb/sharenfs ask for it: `cistern share -a | FILESYSTEM`.
     Share(cmd::share::ShareArgs),
     /// Take shares down until `share` or a restart: `cistern unshare -a | FILESYSTEM`.

@@ -990,6 +990,18 @@ impl Engine {
         volsize: u64,
         props_in: &[(String, String)],
     ) -> Result<DatasetInfo> {
+        self.create_volume_keyed(name, volsize, props_in, None)
+    }
+
+    /// [`Engine::create_volume`] with the key of a new encryption root
+    /// (`keylocation=prompt`; decision 0026).
+    pub fn create_volume_keyed(
+        &self,
+        name: &str,
+        volsize: u64,
+        props_in: &[(String, String)],
+        key: Option<&crate::KeyMaterial>,
+    ) -> Result<DatasetInfo> {
         let (pool_name, Some(_)) = split_dataset(name)? else {
             return Err(Error::InvalidArgument(format!(
                 "'{name}': a volume is named POOL/VOLUME"
@@ -997,6 +1009,8 @@ impl Engine {
         };
         let p = self.pool(pool_name)?;
         check_new_dataset(&p.datasets.read(), name)?;
+        let (mut crypt, props_in) = crate::crypt::prepare_create(&p, name, props_in, key)?;
+        let props_in = &props_in[..];
         let mut volblocksize = props::DEFAULT_VOLBLOCKSIZE;
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
@@ -1033,8 +1047,10 @@ impl Engine {
         local.retain(|_, v| v != "none");
         p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;
+        let crypt_rec = crate::crypt::record_for(id, &mut crypt)?;
         let rec = DatasetRecord {
             id,
+            crypt: crypt_rec,
             name: name.to_string(),
             kind: DatasetKind::Volume,
             volsize,
@@ -1048,6 +1064,7 @@ impl Engine {
             ..Default::default()
         };
         p.store_dataset(&rec)?;
+        crate::crypt::after_store(&p, id, crypt);
         tracing::info!(dataset = name, volsize, volblocksize, "volume created");
         self.dataset(name)
     }
@@ -1277,17 +1294,21 @@ impl Engine {
             }
             rec.id
         };
+        // An encrypted volume without its key is not served (decision 0026).
+        p.key_of(id)?;
         Ok(Arc::new(Volume::new(p, id, name.to_string())))
     }
 
     pub fn volume_names(&self) -> Vec<String> {
         let mut out = Vec::new();
         for p in self.inner.pools.read().values() {
+            let datasets = p.datasets.read();
             out.extend(
-                p.datasets
-                    .read()
+                datasets
                     .values()
                     .filter(|d| d.volblocksize != 0)
+                    // Not exported without its key (decision 0026).
+                    .filter(|d| crate::crypt::key_loaded(&p, &datasets, d.id))
                     .map(|d| d.name.clone()),
             );
         }
@@ -1552,6 +1573,7 @@ pub(crate) fn info(
     };
     let lineage = lineage(datasets, rec);
     let mut properties = props::properties(rec, &lineage, space);
+    properties.extend(crate::crypt::properties(p, datasets, rec));
     if !rec.is_snapshot() {
         let own = rec.physical_used + rec.snapshot_used;
         let more = [

@@ -25,6 +25,10 @@ pub enum Error {
     /// A pool in an older format; the message names `pool upgrade`.
     #[error("{0}")]
     NeedsUpgrade(String),
+    /// An encrypted dataset whose key is not loaded, or a wrong key given
+    /// (decision 0026); the message names the dataset.
+    #[error("{0}")]
+    KeyUnavailable(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -10,6 +10,7 @@ mod api_types;
 mod autosnap;
 mod blockmap;
 mod cache;
+pub mod crypt;
 mod dataset_admin;
 mod engine;
 mod error;
@@ -31,6 +32,7 @@ mod volume;
 
 pub use api_types::*;
 pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView, AUTO_PROPERTY};
+pub use crypt::KeyMaterial;
 pub use error::{Error, Result};
 pub use events::{post_event, Event};
 pub use history::{Caller, HistoryRecord};

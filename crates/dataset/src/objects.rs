@@ -492,7 +492,13 @@ fn attrs_outside_open(p: &ImportedPool, st: &State, obj: u64) -> Result<Option<O
         Some(v) => {
             let bp = block::BlockPointer::decode(&v)
                 .map_err(|e| Error::Corrupt(format!("object {obj} attributes: {e}")))?;
-            let bytes = block::read_block(&p.pool, &bp)
+            let key = p.key_of(st.ds())?;
+            let unseal = block::Unseal {
+                key: key.as_deref(),
+                object: obj,
+                block: ATTR_BLOCK,
+            };
+            let bytes = block::read_block_keyed(&p.pool, &bp, Some(unseal))
                 .map_err(|e| Error::Corrupt(format!("object {obj} attributes: {e}")))?;
             ObjectAttrs::decode(&bytes).map(Some)
         }
@@ -743,9 +749,18 @@ fn apply_op(
         class,
         |open| match change_all(open, ds, &prep, op) {
             // Logged as applied: creates carry the generation they got, so replay gives them the same.
-            Ok(applied) if log => p
-                .log
-                .append(RecordKind::ObjectOp, ds, 0, 0, &applied.encode()),
+            Ok(applied) if log => {
+                let plain = applied.encode();
+                // Names and payloads of an encrypted dataset are sealed (decision 0026).
+                let sealed = p.seal_log(ds, RecordKind::ObjectOp as u8, 0, &plain);
+                p.log.append(
+                    RecordKind::ObjectOp,
+                    ds,
+                    0,
+                    0,
+                    sealed.as_deref().unwrap_or(&plain),
+                )
+            }
             Ok(_) => 0,
             Err(e) => {
                 outcome = Err(e);
@@ -1000,6 +1015,15 @@ pub(crate) fn replay(p: &ImportedPool, ds: u64, payload: &[u8]) -> Result<()> {
 /// as ZFS drains its unlinked set at mount. Runs at import, before anyone
 /// opens the pool. Returns how many were removed.
 pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
+    // Encrypted datasets without their key wait for load-key (crate::crypt).
+    drain_unlinked_where(p, |datasets, id| crate::crypt::key_loaded(p, datasets, id))
+}
+
+/// [`drain_unlinked`] of the datasets `which` selects.
+pub(crate) fn drain_unlinked_where(
+    p: &ImportedPool,
+    which: impl Fn(&BTreeMap<String, crate::props::DatasetRecord>, u64) -> bool,
+) -> Result<u64> {
     let sets: Vec<(u64, State)> = {
         let datasets = p.datasets.read();
         datasets
@@ -1007,6 +1031,7 @@ pub(crate) fn drain_unlinked(p: &ImportedPool) -> Result<u64> {
             .filter(|r| {
                 matches!(r.kind, DatasetKind::Bucket | DatasetKind::Filesystem) && r.next_object > 0
             })
+            .filter(|r| which(&datasets, r.id))
             .map(|r| (r.id, state_of(&datasets, r)))
             .collect()
     };
@@ -1543,6 +1568,17 @@ impl crate::Engine {
         kind: DatasetKind,
         props_in: &[(String, String)],
     ) -> Result<crate::DatasetInfo> {
+        self.create_dataset_keyed(name, kind, props_in, None)
+    }
+
+    /// [`crate::Engine::create_dataset`] with the key of a new encryption root.
+    pub fn create_dataset_keyed(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        props_in: &[(String, String)],
+        key: Option<&crate::KeyMaterial>,
+    ) -> Result<crate::DatasetInfo> {
         if !matches!(kind, DatasetKind::Bucket | DatasetKind::Filesystem) {
             return Err(Error::InvalidArgument(format!(
                 "'{name}': create_dataset makes buckets and filesystems; volumes take a size (-V)"
@@ -1555,6 +1591,8 @@ impl crate::Engine {
         };
         let p = self.pool(pool_name)?;
         crate::engine::check_new_dataset(&p.datasets.read(), name)?;
+        let (mut crypt, props_in) = crate::crypt::prepare_create(&p, name, props_in, key)?;
+        let props_in = &props_in[..];
         let mut local = BTreeMap::new();
         for (k, v) in props_in {
             if matches!(k.as_str(), "volsize" | "volblocksize") {
@@ -1575,8 +1613,10 @@ impl crate::Engine {
         local.retain(|_, v| v != "none");
         p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;
+        let crypt_rec = crate::crypt::record_for(id, &mut crypt)?;
         let rec = crate::props::DatasetRecord {
             id,
+            crypt: crypt_rec,
             name: name.to_string(),
             kind,
             local,
@@ -1586,6 +1626,7 @@ impl crate::Engine {
             ..Default::default()
         };
         p.store_dataset(&rec)?;
+        crate::crypt::after_store(&p, id, crypt);
         tracing::info!(dataset = name, ?kind, "dataset created");
         self.dataset(name)
     }
@@ -1609,6 +1650,8 @@ impl crate::Engine {
                 }
             }
         };
+        // Not served without its key (decision 0026).
+        p.key_of(id)?;
         Ok(Arc::new(ObjectSet {
             pool: p,
             id,

@@ -110,6 +110,9 @@ pub struct DatasetRecord {
     /// handed out yet). Clones and snapshots carry their origin's.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub next_object: u64,
+    /// Encrypted datasets (decision 0026); absent on plain ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<crate::crypt::CryptRecord>,
 }
 
 fn is_zero(v: &u64) -> bool {

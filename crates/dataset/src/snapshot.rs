@@ -363,6 +363,8 @@ impl ImportedPool {
                         snapshot_of: Some(s.dataset),
                         holds: Default::default(),
                         next_object: head.next_object,
+                        // Keys come from the dataset (crypt::crypt_of).
+                        crypt: None,
                     };
                     head.written = 0;
                     recs.insert(snap.id, snap);

@@ -222,6 +222,8 @@ pub struct ImportedPool {
     pub(crate) health_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// When the object layer last wrote each dataset (`s3-quiet` snapshots).
     pub(crate) object_writes: crate::autosnap::WriteClock,
+    /// Loaded encryption keys (crate::crypt), in memory only.
+    pub(crate) keys: crate::crypt::KeyStore,
 }
 
 pub(crate) fn meta_err(e: impl std::fmt::Display) -> Error {
@@ -369,17 +371,31 @@ impl ImportedPool {
             health: crate::health::Health::new(props),
             health_thread: Mutex::new(None),
             object_writes: Default::default(),
+            keys: Default::default(),
         });
         let _ = slot.set(Arc::downgrade(&imported));
+        // Keys in files load first, so their datasets' log records replay.
+        imported.load_file_keys();
         let replayed = records.len();
+        // Records of encrypted datasets whose key is not loaded cannot be
+        // opened: they move, still sealed, to the metadata store and replay
+        // at load-key (decision 0026).
+        let mut stash = Vec::new();
         for rec in records {
-            imported.replay(rec)?;
+            if imported.log_needs_key(rec.dataset) {
+                stash.push(rec);
+            } else {
+                imported.replay(rec)?;
+            }
         }
+        crate::crypt::stash_records(&imported, &stash)?;
         let drained = crate::objects::drain_unlinked(&imported)?;
         if drained > 0 {
             tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }
         imported.commit_txg_locked(None, true, &imported.meta_lock.lock())?;
+        // Records kept at an earlier import for keys loaded from files now.
+        crate::crypt::replay_loaded_stash(&imported)?;
         if replayed > 0 {
             tracing::info!(pool = %imported.pool.name, replayed, "intent log records committed");
         }
@@ -432,7 +448,17 @@ impl ImportedPool {
         Ok(())
     }
 
-    fn replay(&self, rec: LogRecord) -> Result<()> {
+    pub(crate) fn replay(&self, mut rec: LogRecord) -> Result<()> {
+        if matches!(rec.kind, RecordKind::ObjectOp | RecordKind::Write)
+            && self.datasets.read().values().any(|d| d.id == rec.dataset)
+        {
+            // Sealed when logged if the dataset is encrypted (decision 0026).
+            if let Some(plain) =
+                self.open_log(rec.dataset, rec.kind as u8, rec.offset, &rec.payload)?
+            {
+                rec.payload = plain;
+            }
+        }
         if rec.kind == RecordKind::ObjectOp {
             return crate::objects::replay(self, rec.dataset, &rec.payload);
         }
@@ -653,6 +679,50 @@ impl ImportedPool {
         }
     }
 
+    /// `encode_one` of a block of an encrypted dataset: the same choices,
+    /// sealed with `key` and bound to (object, block, birth).
+    #[allow(clippy::too_many_arguments)]
+    fn encode_sealed(
+        &self,
+        k: &BlockKey,
+        txg: u64,
+        key: &block::MasterKey,
+        comp: Compression,
+        sum: ChecksumAlgo,
+        dirty: &Dirty,
+        merged: Option<&Arc<Vec<u8>>>,
+    ) -> Option<EncodedBlock> {
+        let seal = block::Seal {
+            key,
+            object: k.1,
+            block: k.2,
+            birth: txg,
+        };
+        if k.2 == crate::objects::ATTR_BLOCK {
+            return match dirty {
+                Dirty::Data(d) => Some(block::encode_sealed(d, Compression::Off, sum, seal)),
+                _ => None,
+            };
+        }
+        let data = match dirty {
+            Dirty::Data(d) => d.clone(),
+            Dirty::Partial(_) => merged?.clone(),
+            Dirty::Zero => {
+                let bs = self.block_size_of(k.0)?;
+                let zeros = vec![0u8; bs as usize];
+                return Some(block::encode_sealed(&zeros, comp.max_lz4(), sum, seal));
+            }
+            Dirty::Hole => return None,
+        };
+        if k.1 == crate::objects::VOLUME_OBJECT {
+            return Some(block::encode_sealed(&data, comp, sum, seal));
+        }
+        match crate::objects::trimmed_len(&data) {
+            0 => None,
+            n => Some(block::encode_sealed(&data[..n], comp, sum, seal)),
+        }
+    }
+
     fn write_txg(
         &self,
         txg: u64,
@@ -665,14 +735,33 @@ impl ImportedPool {
         let settings = self.pipeline_settings();
         let mut keys: Vec<BlockKey> = dirty.keys().copied().collect();
         keys.sort_unstable();
+        // Encrypted datasets' blocks are sealed with their root's key (decision 0026).
+        let crypt_keys = crate::crypt::commit_keys(self);
+        if let Some(k) = keys
+            .iter()
+            .find(|k| matches!(crypt_keys.get(&k.0), Some(None)))
+        {
+            // Writes are refused before a key goes (unload_key commits first).
+            tracing::error!(
+                dataset = k.0,
+                "dirty blocks of an encrypted dataset whose key is gone"
+            );
+            return Err(Error::KeyUnavailable(format!(
+                "dataset {}: dirty blocks and no key to seal them",
+                k.0
+            )));
+        }
         let merged = self.merge_partials(dirty)?;
 
-        // Compress and checksum, in parallel.
+        // Compress, (encrypt,) checksum, in parallel.
         let encode_one = |k: &BlockKey| -> Option<EncodedBlock> {
             let (comp, sum) = settings
                 .get(&k.0)
                 .copied()
                 .unwrap_or((Compression::Off, ChecksumAlgo::Blake3));
+            if let Some(Some(key)) = crypt_keys.get(&k.0) {
+                return self.encode_sealed(k, txg, key, comp, sum, &dirty[k], merged.get(k));
+            }
             if k.2 == crate::objects::ATTR_BLOCK {
                 // Attributes: always embedded, stored as they are.
                 return match &dirty[k] {

@@ -105,6 +105,15 @@ fn read_committed(
         }
         m
     };
+    // Encrypted datasets: blocks open with their root's key (decision 0026).
+    let key = p.key_of(ds)?;
+    let unseal = |b: u64| {
+        Some(block::Unseal {
+            key: key.as_deref(),
+            object: obj,
+            block: b,
+        })
+    };
     let lost = |b: u64, bp: &BlockPointer, e: &dyn std::fmt::Display| {
         crate::scrub::note_lost_block(p, (ds, obj, b, bp.birth));
         Error::Corrupt(format!(
@@ -120,7 +129,8 @@ fn read_committed(
             }
             // In the metadata row: no I/O.
             Some(bp) if bp.is_embedded() => {
-                let data = block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?;
+                let data =
+                    block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
                 out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
             }
             Some(bp) => match p.cache.get(&(ds, obj, b, bp.birth)) {
@@ -159,13 +169,15 @@ fn read_committed(
             .ok();
         for &(b, bp) in &fetch[i..j] {
             let at = (bp.dvas[0].offset - first.offset) as usize;
-            let quick = run
-                .as_ref()
-                .and_then(|r| block::decode_verified(bp, &r[at..at + bp.psize as usize]));
+            let quick = run.as_ref().and_then(|r| {
+                block::decode_verified_keyed(bp, &r[at..at + bp.psize as usize], unseal(b))
+            });
             let data = match quick {
-                Some(d) => d,
+                Some(d) => d.map_err(|e| lost(b, bp, &e))?,
                 // Slow path: try every copy, heal the bad ones, count the errors.
-                None => block::read_block(&p.pool, bp).map_err(|e| lost(b, bp, &e))?,
+                None => {
+                    block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?
+                }
             };
             let data = full_block(data, bs, ds, obj, b)?;
             p.counters
@@ -223,8 +235,18 @@ pub(crate) fn apply(
     mut then: impl FnMut(&mut OpenTxg) -> u64,
 ) -> Result<u64> {
     let len = op.len();
+    // An encrypted dataset takes writes only while its key is loaded; checked
+    // again under the open txg's lock, which unload-key takes (decision 0026).
+    // Replay and the unlinked-set drain (no class) run while load-key holds
+    // the key closed to writes.
+    let root = match class {
+        Some(_) => p.crypt_root(ds)?,
+        None => None,
+    };
     if len == 0 {
-        return Ok(then(&mut p.open.lock()));
+        let mut open = p.open.lock();
+        p.check_writable(ds, root)?;
+        return Ok(then(&mut open));
     }
     let bsz = bs as u64;
     let first = offset / bsz;
@@ -278,6 +300,7 @@ pub(crate) fn apply(
         if open.txg != txg {
             continue; // a txg started meanwhile: `existing` may be stale
         }
+        p.check_writable(ds, root)?;
         let weight = |d: Option<&Dirty>| match d {
             Some(Dirty::Data(_) | Dirty::Partial(_)) => full,
             Some(Dirty::Zero) => unit,
@@ -401,9 +424,12 @@ fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 
             let mut seq = 0;
             for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
                 let at = offset + (i * MAX_LOG_RECORD) as u64;
+                // An encrypted volume's data is sealed in the log too (decision 0026).
+                let sealed = p.seal_log(ds, RecordKind::Write as u8, at, chunk);
+                let payload = sealed.as_deref().unwrap_or(chunk);
                 seq = p
                     .log
-                    .append(RecordKind::Write, ds, at, chunk.len() as u64, chunk);
+                    .append(RecordKind::Write, ds, at, chunk.len() as u64, payload);
             }
             seq
         }

@@ -47,7 +47,7 @@ pub enum RecordKind {
 }
 
 impl RecordKind {
-    fn from_u8(v: u8) -> Option<Self> {
+    pub fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
             1 => RecordKind::Write,
             2 => RecordKind::Trim,

@@ -78,6 +78,8 @@ impl From<dataset::Error> for Errno {
             E::NoSpace(_) => libc::ENOSPC,
             E::ReadOnly(_) => libc::EROFS,
             E::Corrupt(_) | E::Io(_) | E::NeedsUpgrade(_) => libc::EIO,
+            // As ZFS: an encrypted dataset without its key.
+            E::KeyUnavailable(_) => libc::EACCES,
         };
         if errno == libc::EIO {
             tracing::warn!(error = %e, "filesystem request failed");

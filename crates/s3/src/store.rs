@@ -71,6 +71,7 @@ pub fn ds_err(e: dataset::Error) -> S3Error {
         e @ E::NeedsUpgrade(_) => {
             S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string())
         }
+        e @ E::KeyUnavailable(_) => S3Error::with_message(S3ErrorCode::AccessDenied, e.to_string()),
     }
 }
 

@@ -191,7 +191,8 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
             .iter()
             .map(|p| parse_assignment(p))
             .collect::<Result<Vec<_>>>()?;
-        client.create_dataset(&a.name, DatasetKind::Filesystem, &props)?;
+        let key = super::key::create_key(&a.name, &props)?;
+        client.create_dataset_keyed(&a.name, DatasetKind::Filesystem, &props, key)?;
         return Ok(());
     }
     let bucket = match (
@@ -231,7 +232,8 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         let s3_name = a.name.rsplit('/').next().unwrap_or_default();
         s3::access::check_bucket_name(s3_name)
             .with_context(|| format!("cannot create '{}'", a.name))?;
-        client.create_dataset(&a.name, DatasetKind::Bucket, &props)?;
+        let key = super::key::create_key(&a.name, &props)?;
+        client.create_dataset_keyed(&a.name, DatasetKind::Bucket, &props, key)?;
         return Ok(());
     }
     let volsize = a.volsize.unwrap_or_default();
@@ -244,7 +246,8 @@ pub fn create(client: &api::Client, a: CreateArgs) -> Result<()> {
         }
         props.push(("volblocksize".into(), b.to_string()));
     }
-    client.create_volume(&a.name, volsize, &props)?;
+    let key = super::key::create_key(&a.name, &props)?;
+    client.create_volume_keyed(&a.name, volsize, &props, key)?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The client commands: each talks to the daemon through [`api::Client`].
 
 pub mod dataset;
+pub mod key;
 pub mod mount;
 pub mod plan;
 pub mod policy;
@@ -37,6 +38,9 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Destroy(a) => dataset::destroy(client, a),
         Command::Rename(a) => dataset::rename(client, a),
         Command::Inherit(a) => dataset::inherit(client, a),
+        Command::LoadKey(a) => key::load_key(client, a),
+        Command::UnloadKey(a) => key::unload_key(client, a),
+        Command::ChangeKey(a) => key::change_key(client, a),
         Command::Share(a) => share::share(client, a),
         Command::Unshare(a) => share::unshare(client, a),
         Command::Version => version(client),
