@@ -18,6 +18,7 @@ fn start() -> Checkpoint {
         applied_seq: 1,
         replay_pos: 0,
         expect_seq: 1,
+        tag: 0,
     }
 }
 
