@@ -302,7 +302,7 @@ fn table(rows: &[Row], secs: f64, a: &IostatArgs) -> String {
             size_cell((d.write_bytes as f64 / secs) as u64, false)
         });
         if a.latency {
-            let avg = |ns: u64, ops: u64| if ops == 0 { 0 } else { ns / ops };
+            let avg = |ns: u64, ops: u64| ns.checked_div(ops).unwrap_or(0);
             row.push(latency(avg(d.read_wait_ns, d.read_ops), a.parsable));
             row.push(latency(avg(d.write_wait_ns, d.write_ops), a.parsable));
         }

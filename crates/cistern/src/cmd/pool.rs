@@ -1585,6 +1585,7 @@ mod tests {
     fn missing_device_shows_its_guid_and_old_path() {
         let mut s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
+            logs: vec![],
             groups: vec![GroupStatus {
                 name: "mirror-0".into(),
                 kind: GroupKind::Mirror,
@@ -1654,6 +1655,7 @@ mod tests {
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
+            logs: vec![],
             groups: vec![
                 GroupStatus {
                     name: "mirror-0".into(),
@@ -1699,6 +1701,22 @@ mod tests {
             text.contains("/d/b    FAULTED      0      0      2  too many errors\n"),
             "{text}"
         );
+        // Log devices follow under "logs", as zpool status shows them.
+        s.logs = vec![GroupStatus {
+            name: "mirror-2".into(),
+            kind: GroupKind::LogMirror,
+            state: "ONLINE".into(),
+            devices: vec![dev("/d/l0", 0), dev("/d/l1", 0)],
+        }];
+        let text = render_status_with(&s, false, 0);
+        let tail = text.split("/d/c").nth(1).unwrap_or_default();
+        let names: Vec<&str> = tail
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap_or(""))
+            .take(4)
+            .collect();
+        assert_eq!(names, ["logs", "mirror-2", "/d/l0", "/d/l1"], "{text}");
     }
 }
 
