@@ -338,6 +338,11 @@ impl Client {
         self.decode(self.agent.post(self.url("/v1/pools")).send_json(spec))
     }
 
+    /// `GET /v1/pools/{pool}/iostat`: cumulative per-device I/O counters.
+    pub fn pool_iostat(&self, pool: &str) -> Result<dataset::PoolIostat> {
+        self.decode(self.agent.get(self.pool_url(pool, "/iostat")).call())
+    }
+
     pub fn pool_status(&self, pool: &str) -> Result<PoolStatus> {
         self.decode(self.agent.get(self.pool_url(pool, "")).call())
     }
@@ -445,10 +450,22 @@ impl Client {
     }
 
     pub fn import_pool(&self, pool: &str, dirs: &[PathBuf], force: bool) -> Result<PoolStatus> {
+        self.import_pool_with(pool, dirs, force, false)
+    }
+
+    /// `missing_log`: `pool import -m` (a missing log device's records may be lost).
+    pub fn import_pool_with(
+        &self,
+        pool: &str,
+        dirs: &[PathBuf],
+        force: bool,
+        missing_log: bool,
+    ) -> Result<PoolStatus> {
         let body = ImportRequest {
             pool: pool.to_string(),
             dirs: dirs.to_vec(),
             force,
+            missing_log,
         };
         self.decode(self.agent.post(self.url("/v1/import")).send_json(&body))
     }

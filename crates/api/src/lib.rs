@@ -116,6 +116,10 @@ pub struct ImportRequest {
     /// stay still (never while they move).
     #[serde(default)]
     pub force: bool,
+    /// `-m`: import even though the log device (SLOG) is missing, losing the
+    /// sync writes only it held (zpool import -m).
+    #[serde(default)]
+    pub missing_log: bool,
 }
 
 /// `POST /v1/datasets`: `cistern create -V SIZE -o k=v NAME`, or

@@ -1,6 +1,6 @@
 //! Prometheus text exposition (format 0.0.4).
 
-use dataset::{PolicyCounters, PoolStats, PoolStatus, ScanFunction, ScanState};
+use dataset::{PolicyCounters, PoolIostat, PoolStats, PoolStatus, ScanFunction, ScanState};
 use std::fmt::Write as _;
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -113,6 +113,18 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_records as f64,
         ),
         (
+            "cistern_pool_log_syncs_total",
+            "counter",
+            "Durable (O_DSYNC) intent log writes.",
+            |s| s.log_syncs as f64,
+        ),
+        (
+            "cistern_pool_log_flushes_total",
+            "counter",
+            "Commit requests (FLUSH, FUA, fsync) answered durable by the intent log.",
+            |s| s.log_flushes as f64,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",
@@ -198,6 +210,65 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
 }
 
 /// Per-device error counters and states, and scrub/resilver progress.
+/// Per-device I/O counters (`pool iostat`): operations, bytes and disk
+/// wait, labelled by pool, device and class (`data` or `log`).
+pub fn render_iostat(pools: &[PoolIostat]) -> String {
+    type Get = fn(&dataset::DeviceIostat) -> f64;
+    let families: [(&str, &str, Get); 6] = [
+        (
+            "cistern_vdev_read_ops_total",
+            "Reads issued to the device.",
+            |d| d.read_ops as f64,
+        ),
+        (
+            "cistern_vdev_write_ops_total",
+            "Writes issued to the device.",
+            |d| d.write_ops as f64,
+        ),
+        (
+            "cistern_vdev_read_bytes_total",
+            "Bytes read from the device.",
+            |d| d.read_bytes as f64,
+        ),
+        (
+            "cistern_vdev_write_bytes_total",
+            "Bytes written to the device.",
+            |d| d.write_bytes as f64,
+        ),
+        (
+            "cistern_vdev_read_wait_seconds_total",
+            "Time spent in device reads.",
+            |d| d.read_wait_ns as f64 / 1e9,
+        ),
+        (
+            "cistern_vdev_write_wait_seconds_total",
+            "Time spent in device writes.",
+            |d| d.write_wait_ns as f64 / 1e9,
+        ),
+    ];
+    let mut w = MetricsWriter::new();
+    for (name, help, get) in families {
+        w.family(name, "counter", help);
+        for p in pools {
+            let all = p
+                .groups
+                .iter()
+                .map(|g| (g, "data"))
+                .chain(p.logs.iter().map(|g| (g, "log")));
+            for (g, class) in all {
+                for d in &g.devices {
+                    w.sample(
+                        name,
+                        &[("pool", &p.pool), ("device", &d.name), ("class", class)],
+                        get(d),
+                    );
+                }
+            }
+        }
+    }
+    w.finish()
+}
+
 pub fn render_pool_health(statuses: &[PoolStatus]) -> String {
     let mut w = MetricsWriter::new();
     let devices = || {

@@ -101,6 +101,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/pools", get(list_pools).post(create_pool))
         .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
+        .route("/v1/pools/{pool}/iostat", get(pool_iostat))
         .route("/v1/pools/{pool}/export", post(export_pool))
         .route("/v1/pools/{pool}/scrub", post(scrub_pool))
         .route("/v1/pools/{pool}/offline", post(offline_device))
@@ -389,6 +390,10 @@ async fn create_pool(
     blocking(&st, move |e| e.create_pool(spec))
         .await
         .map(created)
+}
+
+async fn pool_iostat(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
+    blocking(&st, move |e| e.pool_iostat(&pool)).await.map(json)
 }
 
 async fn pool_status(State(st): State<ApiState>, Path(pool): Path<String>) -> ApiResult<Response> {
@@ -695,7 +700,7 @@ async fn import_pool(
     tracing::info!(pool = %req.pool, "importing pool");
     let mounts = st.mounts.clone();
     blocking(&st, move |e| {
-        let status = e.import_pool(&req.pool, &req.dirs, req.force)?;
+        let status = e.import_pool_with(&req.pool, &req.dirs, req.force, req.missing_log)?;
         // As zpool import: filesystems with a mountpoint are mounted (failures logged).
         if let Some(m) = mounts {
             m.mount_all(Some(&status.summary.name));
@@ -1200,10 +1205,17 @@ async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {
             .iter()
             .filter_map(|p| e.pool_status(&p.name).ok())
             .collect();
-        Ok((e.stats(), statuses, e.policy_counters()))
+        let iostat: Vec<_> = e
+            .list_pools()
+            .iter()
+            .filter_map(|p| e.pool_iostat(&p.name).ok())
+            .collect();
+        Ok((e.stats(), (statuses, iostat), e.policy_counters()))
     })
     .await?;
+    let (health, iostat) = health;
     let mut text = crate::metrics::render_pool_stats(&stats);
+    text.push_str(&crate::metrics::render_iostat(&iostat));
     text.push_str(&crate::metrics::render_pool_health(&health));
     text.push_str(&crate::metrics::render_policy(&policy));
     for source in &st.extra_metrics {

@@ -17,6 +17,18 @@ pub enum GroupKind {
     Raidz1,
     Raidz2,
     Raidz3,
+    /// A separate intent-log device (SLOG, `log DEV`): holds only the log.
+    Log,
+    /// A mirrored SLOG (`log mirror A B`).
+    #[serde(rename = "log_mirror")]
+    LogMirror,
+}
+
+impl GroupKind {
+    /// A log group (SLOG), not a data group.
+    pub fn is_log(self) -> bool {
+        matches!(self, GroupKind::Log | GroupKind::LogMirror)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +134,9 @@ pub struct GroupStatus {
 pub struct PoolStatus {
     pub summary: PoolSummary,
     pub groups: Vec<GroupStatus>,
+    /// Separate intent-log groups (zpool status's "logs").
+    #[serde(default)]
+    pub logs: Vec<GroupStatus>,
     /// Human-readable notes ("errors: No known data errors").
     pub errors: Vec<String>,
     /// The scrub or resilver running, or the last one that ran.
@@ -280,6 +295,12 @@ pub struct PoolStats {
     pub log_commits: u64,
     pub log_records: u64,
     pub log_bytes: u64,
+    /// Durable (O_DSYNC) log writes: what a FLUSH costs the device.
+    #[serde(default)]
+    pub log_syncs: u64,
+    /// Commit requests (FLUSH, FUA, fsync...) answered durable.
+    #[serde(default)]
+    pub log_flushes: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -356,4 +377,51 @@ pub struct NameChange {
     /// `R` (a filesystem's rename): the new path; `name` is the old one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed_to: Option<String>,
+}
+
+/// Cumulative I/O counters of one device (`GET /v1/pools/{pool}/iostat`):
+/// `pool iostat` and the web UI take differences between two readings.
+/// Wait times are the time spent in the device's system call (disk wait);
+/// histograms count I/Os per power-of-two nanosecond bucket (bucket `i`:
+/// [2^i, 2^(i+1)) ns), as `zpool iostat -w`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceIostat {
+    pub name: String,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub read_wait_ns: u64,
+    pub write_wait_ns: u64,
+    pub read_hist: Vec<u64>,
+    pub write_hist: Vec<u64>,
+}
+
+/// One group (data or log) and its devices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupIostat {
+    /// As `pool status` names it (`mirror-0`, or the device of a single-device group).
+    pub name: String,
+    pub devices: Vec<DeviceIostat>,
+}
+
+/// A pool's I/O counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolIostat {
+    pub pool: String,
+    /// Milliseconds since the Unix epoch when read.
+    pub timestamp_ms: u64,
+    /// Milliseconds since the pool was imported (the counters' start).
+    pub uptime_ms: u64,
+    pub allocated: u64,
+    pub free: u64,
+    pub groups: Vec<GroupIostat>,
+    /// Separate log devices (SLOG).
+    #[serde(default)]
+    pub logs: Vec<GroupIostat>,
+    /// Intent log: durable writes, records, group commits and flushes served.
+    pub log_syncs: u64,
+    pub log_records: u64,
+    pub log_commits: u64,
+    pub log_flushes: u64,
 }

@@ -115,7 +115,7 @@ impl Engine {
         };
         let cache = engine.read_cache()?;
         for cached in cache.pools {
-            match engine.import_devices(&cached.devices, Some(cached.guid), false, None) {
+            match engine.import_devices(&cached.devices, Some(cached.guid), false, None, false) {
                 Ok(p) => {
                     tracing::info!(pool = %p.pool.name, "imported from cache file");
                     engine.inner.pools.write().insert(p.pool.name.clone(), p);
@@ -223,7 +223,22 @@ impl Engine {
                 "a pool needs at least one device in every group".into(),
             ));
         }
-        let groups = self.open_new_devices(&spec.groups, spec.create_size, spec.force)?;
+        if spec.groups.iter().filter(|g| g.kind.is_log()).count() > 1 {
+            return Err(Error::InvalidArgument(
+                "a pool takes one log group (a device or a mirror)".into(),
+            ));
+        }
+        if spec.groups.iter().all(|g| g.kind.is_log()) {
+            return Err(Error::InvalidArgument(
+                "a pool needs at least one data device besides its log".into(),
+            ));
+        }
+        let kinds: Vec<GroupKind> = spec.groups.iter().map(|g| g.kind).collect();
+        let mut groups = self.open_new_devices(&spec.groups, spec.create_size, spec.force)?;
+        let log_group = kinds
+            .iter()
+            .position(|k| k.is_log())
+            .map(|i| groups.remove(i));
         let pool = Arc::new(
             Pool::create(&spec.name, groups).map_err(|e| Error::InvalidArgument(e.to_string()))?,
         );
@@ -232,6 +247,9 @@ impl Engine {
             .and_then(|()| pool.set_exported(false))
             .map_err(|e| Error::Io(e.to_string()))?;
         let imported = ImportedPool::create(pool, self.inner.config.clone())?;
+        if let Some((kind, devs)) = log_group {
+            add_log(&imported, kind, devs)?;
+        }
         self.inner
             .pools
             .write()
@@ -269,11 +287,27 @@ impl Engine {
                 path.display()
             )));
         }
+        let logs = spec.groups.iter().filter(|g| g.kind.is_log()).count();
+        if logs > 1 || (logs == 1 && !p.pool.logs().is_empty()) {
+            return Err(Error::InvalidArgument(format!(
+                "pool '{pool}' takes one log group (a device or a mirror){}",
+                if logs == 1 {
+                    "; remove the present one first"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let kinds: Vec<GroupKind> = spec.groups.iter().map(|g| g.kind).collect();
         let groups = self.open_new_devices(&spec.groups, spec.create_size, spec.force)?;
-        for (kind, devs) in groups {
-            p.pool
-                .add_group(kind, devs)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        for (gk, (kind, devs)) in kinds.into_iter().zip(groups) {
+            if gk.is_log() {
+                add_log(&p, kind, devs)?;
+            } else {
+                p.pool
+                    .add_group(kind, devs)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            }
         }
         self.write_cache()?;
         history::store_vdev_paths(&p)?;
@@ -391,6 +425,7 @@ impl Engine {
         guid: Option<u64>,
         force: bool,
         upgrade: Option<&mut Vec<String>>,
+        missing_log: bool,
     ) -> Result<Arc<ImportedPool>> {
         let mut devs = Vec::new();
         for path in paths {
@@ -418,6 +453,9 @@ impl Engine {
             .max_by_key(|(_, l)| l.generation)
             .and_then(|(_, l)| l.owner.clone());
         let pool = Arc::new(Pool::open(devs).map_err(|e| Error::Io(e.to_string()))?);
+        if missing_log {
+            pool.accept_missing_log();
+        }
         if self.inner.pools.read().contains_key(&pool.name) {
             return Err(Error::AlreadyExists(format!(
                 "a pool named '{}' is already imported",
@@ -470,47 +508,28 @@ impl Engine {
             .iter()
             .map(|g| {
                 let i = g.index;
-                let children = g.children();
-                GroupStatus {
-                    name: match g.kind {
-                        LayoutKind::Disk => children
-                            .first()
-                            .and_then(|c| c.device.as_ref())
-                            .map(|d| d.path().display().to_string())
-                            .unwrap_or_else(|| format!("disk-{i}")),
-                        kind => format!("{}-{i}", kind.name()),
-                    },
-                    kind: kind_of(g.kind),
-                    state: g.state().as_str().to_string(),
-                    devices: children
-                        .iter()
-                        .map(|c| match &c.device {
-                            Some(d) => DeviceStatus {
-                                path: d.path().to_path_buf(),
-                                guid: c.guid,
-                                state: d.state().as_str().to_string(),
-                                read_errors: d.errors.read.load(Ordering::Relaxed),
-                                write_errors: d.errors.write.load(Ordering::Relaxed),
-                                checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
-                                resilvering: c.resilvering
-                                    && d.state() != pool::DeviceState::Offline,
-                                was: None,
-                                reason: d.reason(),
-                            },
-                            None => DeviceStatus {
-                                path: PathBuf::from(format!("(missing device {})", c.guid)),
-                                guid: c.guid,
-                                state: "UNAVAIL".into(),
-                                read_errors: 0,
-                                write_errors: 0,
-                                checksum_errors: 0,
-                                resilvering: c.resilvering,
-                                was: known.get(&c.guid).cloned(),
-                                reason: Some("cannot open".into()),
-                            },
-                        })
-                        .collect(),
-                }
+                let name = match g.kind {
+                    LayoutKind::Disk => g
+                        .children()
+                        .first()
+                        .and_then(|c| c.device.as_ref())
+                        .map(|d| d.path().display().to_string())
+                        .unwrap_or_else(|| format!("disk-{i}")),
+                    kind => format!("{}-{i}", kind.name()),
+                };
+                group_status(g, name, kind_of(g.kind), &known)
+            })
+            .collect();
+        let logs = p
+            .pool
+            .logs()
+            .iter()
+            .map(|g| {
+                let kind = match g.kind {
+                    LayoutKind::Mirror => GroupKind::LogMirror,
+                    _ => GroupKind::Log,
+                };
+                group_status(g, log_group_name(&p, g), kind, &known)
             })
             .collect();
         let (scan, data_errors) = scrub::status(&p);
@@ -528,6 +547,7 @@ impl Engine {
         Ok(PoolStatus {
             summary: summary(&p),
             groups,
+            logs,
             errors,
             scan,
             data_errors,
@@ -935,6 +955,18 @@ impl Engine {
     /// `cistern pool import -d DIR [-f] POOL`; `force` takes a pool another
     /// daemon seems to hold once its MMP stamps stay still (decision 0010).
     pub fn import_pool(&self, pool: &str, dirs: &[PathBuf], force: bool) -> Result<PoolStatus> {
+        self.import_pool_with(pool, dirs, force, false)
+    }
+
+    /// [`Engine::import_pool`]; `missing_log` (`-m`): a missing log device's
+    /// unreplayed records are given up instead of refusing the import.
+    pub fn import_pool_with(
+        &self,
+        pool: &str,
+        dirs: &[PathBuf],
+        force: bool,
+        missing_log: bool,
+    ) -> Result<PoolStatus> {
         let _admin = self.inner.admin.lock();
         let candidates: Vec<_> = self
             .scan(dirs)?
@@ -957,7 +989,8 @@ impl Engine {
                 )))
             }
         };
-        let p = match self.import_devices(&devices, Some(label.pool_guid), force, None) {
+        let p = match self.import_devices(&devices, Some(label.pool_guid), force, None, missing_log)
+        {
             Err(e @ Error::NeedsUpgrade(_)) => {
                 // Remembered, so `pool upgrade` finds its devices.
                 let mut awaiting = self.inner.awaiting_upgrade.lock();
@@ -1688,6 +1721,66 @@ fn layout_of(kind: GroupKind) -> LayoutKind {
         GroupKind::Raidz1 => LayoutKind::Raidz { parity: 1 },
         GroupKind::Raidz2 => LayoutKind::Raidz { parity: 2 },
         GroupKind::Raidz3 => LayoutKind::Raidz { parity: 3 },
+        GroupKind::Log => LayoutKind::Disk,
+        GroupKind::LogMirror => LayoutKind::Mirror,
+    }
+}
+
+/// Status of one group: its devices with their counters and states.
+fn group_status(
+    g: &pool::Group,
+    name: String,
+    kind: GroupKind,
+    known: &std::collections::HashMap<u64, PathBuf>,
+) -> GroupStatus {
+    let children = g.children();
+    GroupStatus {
+        name,
+        kind,
+        state: g.state().as_str().to_string(),
+        devices: children
+            .iter()
+            .map(|c| match &c.device {
+                Some(d) => DeviceStatus {
+                    path: d.path().to_path_buf(),
+                    guid: c.guid,
+                    state: d.state().as_str().to_string(),
+                    read_errors: d.errors.read.load(Ordering::Relaxed),
+                    write_errors: d.errors.write.load(Ordering::Relaxed),
+                    checksum_errors: d.errors.checksum.load(Ordering::Relaxed),
+                    resilvering: c.resilvering && d.state() != pool::DeviceState::Offline,
+                    was: None,
+                    reason: d.reason(),
+                },
+                None => DeviceStatus {
+                    path: PathBuf::from(format!("(missing device {})", c.guid)),
+                    guid: c.guid,
+                    state: "UNAVAIL".into(),
+                    read_errors: 0,
+                    write_errors: 0,
+                    checksum_errors: 0,
+                    resilvering: c.resilvering,
+                    was: known.get(&c.guid).cloned(),
+                    reason: Some("cannot open".into()),
+                },
+            })
+            .collect(),
+    }
+}
+
+/// A log group's name as `pool status` shows it: the device of a single
+/// log device, else `mirror-N` with N after the data groups (as zpool
+/// numbers top-level vdevs).
+fn log_group_name(p: &ImportedPool, g: &pool::Group) -> String {
+    let n = p.pool.groups().len() + g.index as usize;
+    match g.kind {
+        LayoutKind::Disk => g
+            .children()
+            .first()
+            .and_then(|c| c.device.as_ref())
+            .map(|d| d.path().display().to_string())
+            .unwrap_or_else(|| format!("log-{n}")),
+        kind => format!("{}-{n}", kind.name()),
     }
 }
 
@@ -1800,6 +1893,20 @@ impl Engine {
     pub fn remove_device(&self, pool: &str, target: &str) -> Result<PoolStatus> {
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
+        let log = p.pool.logs().into_iter().find(|g| {
+            log_group_name(&p, g) == target
+                || g.children().iter().any(|c| {
+                    c.guid.to_string() == target
+                        || format!("{:#x}", c.guid) == target
+                        || c.device.as_ref().is_some_and(|d| {
+                            d.path() == Path::new(target)
+                                || d.path().file_name().is_some_and(|n| n == target)
+                        })
+                })
+        });
+        if let Some(g) = log {
+            return self.remove_log(&p, &g, target);
+        }
         let groups = p.pool.groups();
         let index = match groups.iter().find(|g| {
             format!("{}-{}", g.kind.name(), g.index) == target
@@ -1907,6 +2014,7 @@ impl Engine {
                 Some(cached.guid),
                 false,
                 Some(&mut upgraded),
+                false,
             )?;
             self.inner
                 .awaiting_upgrade
@@ -1945,6 +2053,140 @@ impl Engine {
             label_version,
             label_version_supported: vdev::LABEL_VERSION,
             upgraded,
+        })
+    }
+}
+
+/// Adds a log group (SLOG) to an imported pool and moves the intent log
+/// onto it: the labels name it first, then a txg commits a checkpoint that
+/// points replay at it (decision 0030).
+fn add_log(p: &Arc<ImportedPool>, kind: LayoutKind, devs: Vec<Vdev>) -> Result<()> {
+    let tag = p
+        .pool
+        .add_log(kind, devs)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let region = p
+        .pool
+        .slog_region(tag)
+        .ok_or_else(|| Error::Io("log group added but not found".into()))?;
+    p.move_log(region)?;
+    tracing::info!(pool = %p.pool.name, tag, "intent log now on the log device");
+    Ok(())
+}
+
+impl Engine {
+    /// `pool remove POOL LOGDEV`: moves the intent log back to the main
+    /// devices (a committed txg whose checkpoint names them, so every record
+    /// on the log device is in the pool or no longer needed), then takes the
+    /// log group out of the labels.
+    fn remove_log(
+        &self,
+        p: &Arc<ImportedPool>,
+        g: &pool::Group,
+        target: &str,
+    ) -> Result<PoolStatus> {
+        let tag = Pool::log_tag(g);
+        if p.log.region_tag() == tag {
+            p.move_log(p.pool.log_region())?;
+        }
+        let removed = p
+            .pool
+            .remove_log(tag)
+            .map_err(|e| Error::InvalidArgument(format!("cannot remove {target}: {e}")))?;
+        history::store_vdev_paths(p)?;
+        let paths: Vec<String> = removed.iter().map(|d| d.display().to_string()).collect();
+        history::log_internal(p, &format!("vdev remove log {}", paths.join(" ")));
+        events::post_event(
+            &p.pool,
+            class::VDEV_REMOVE,
+            &[("vdev_path", paths.join(","))],
+        );
+        self.write_cache()?;
+        tracing::info!(pool = %p.pool.name, target, "log device removed");
+        self.pool_status(&p.pool.name)
+    }
+}
+
+fn device_iostat(name: String, d: Option<&Vdev>) -> DeviceIostat {
+    let Some(d) = d else {
+        return DeviceIostat {
+            name,
+            read_hist: vec![0; pool::LATENCY_BUCKETS],
+            write_hist: vec![0; pool::LATENCY_BUCKETS],
+            ..Default::default()
+        };
+    };
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    DeviceIostat {
+        name,
+        read_ops: l(&d.io.read_ops),
+        write_ops: l(&d.io.write_ops),
+        read_bytes: l(&d.io.read_bytes),
+        write_bytes: l(&d.io.write_bytes),
+        read_wait_ns: l(&d.io.read_nanos),
+        write_wait_ns: l(&d.io.write_nanos),
+        read_hist: d.io.read_hist.iter().map(l).collect(),
+        write_hist: d.io.write_hist.iter().map(l).collect(),
+    }
+}
+
+fn group_iostat(name: String, g: &pool::Group) -> GroupIostat {
+    GroupIostat {
+        name,
+        devices: g
+            .children()
+            .iter()
+            .map(|c| match &c.device {
+                Some(d) => device_iostat(d.path().display().to_string(), Some(d)),
+                None => device_iostat(format!("(missing device {})", c.guid), None),
+            })
+            .collect(),
+    }
+}
+
+impl Engine {
+    /// `GET /v1/pools/{pool}/iostat`: cumulative per-device counters.
+    pub fn pool_iostat(&self, pool: &str) -> Result<PoolIostat> {
+        let p = self.pool(pool)?;
+        let groups = p
+            .pool
+            .groups()
+            .iter()
+            .map(|g| {
+                let name = match g.kind {
+                    LayoutKind::Disk => g
+                        .children()
+                        .first()
+                        .and_then(|c| c.device.as_ref())
+                        .map(|d| d.path().display().to_string())
+                        .unwrap_or_else(|| format!("disk-{}", g.index)),
+                    kind => format!("{}-{}", kind.name(), g.index),
+                };
+                group_iostat(name, g)
+            })
+            .collect();
+        let logs = p
+            .pool
+            .logs()
+            .iter()
+            .map(|g| group_iostat(log_group_name(&p, g), g))
+            .collect();
+        let log = p.log.stats();
+        let allocated = p.pool.allocated();
+        Ok(PoolIostat {
+            pool: pool.to_string(),
+            timestamp_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            uptime_ms: p.imported_at.elapsed().as_millis() as u64,
+            allocated,
+            free: p.pool.size().saturating_sub(allocated),
+            groups,
+            logs,
+            log_syncs: log.syncs.load(Ordering::Relaxed),
+            log_records: log.records.load(Ordering::Relaxed),
+            log_commits: log.commits.load(Ordering::Relaxed),
+            log_flushes: log.flushes.load(Ordering::Relaxed),
         })
     }
 }

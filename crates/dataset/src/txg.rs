@@ -191,6 +191,9 @@ pub struct Counters {
 }
 
 pub struct ImportedPool {
+    /// When this daemon imported (or created) the pool: `pool iostat`'s
+    /// first report averages over the time since.
+    pub imported_at: Instant,
     pub pool: Arc<Pool>,
     /// The metadata store; replaced when a suspended pool resumes (redb
     /// refuses every write after a failed one until it is reopened).
@@ -327,14 +330,16 @@ impl ImportedPool {
                 }
             })
         };
+        let (region, cp) = log_region_for(&pool, cp)?;
         let (log, records) = IntentLog::open(
-            pool.log_region(),
+            region,
             pool.guid,
             cp,
             config.log_buffer_bytes as usize,
             request,
         );
         let imported = Arc::new(ImportedPool {
+            imported_at: Instant::now(),
             cache: BlockCache::new(config.block_cache_bytes as usize),
             pool,
             db: RwLock::new(Arc::new(db)),
@@ -554,6 +559,23 @@ impl ImportedPool {
                 (rec.id, (lineage.compression(), lineage.checksum()))
             })
             .collect()
+    }
+
+    /// Moves the intent log to `region` (a SLOG being added, or the main
+    /// devices' region before a log device is removed) and commits a txg
+    /// whose checkpoint names it: from then on replay reads only `region`,
+    /// and nothing in the old one is needed (decision 0030).
+    pub fn move_log(&self, region: pool::MirroredRegion) -> Result<()> {
+        let tag = region.log_tag();
+        let meta = self.meta_lock.lock();
+        self.log.switch_region(region);
+        self.commit_txg_locked(None, true, &meta)?;
+        if self.log.switch_pending() || self.log.region_tag() != tag {
+            return Err(Error::Io(
+                "the intent log did not move: the txg that moves it was not committed".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Commits the open txg. See the module documentation for the steps.
@@ -1050,6 +1072,10 @@ impl ImportedPool {
                 .map_err(meta_err)?;
             r.insert(RECORD_LOG_EXPECT_SEQ, cp.expect_seq)
                 .map_err(meta_err)?;
+            // Written only once a SLOG was ever used: older stores stay as they were.
+            if cp.tag != 0 || r.get(RECORD_LOG_TAG).map_err(meta_err)?.is_some() {
+                r.insert(RECORD_LOG_TAG, cp.tag).map_err(meta_err)?;
+            }
         }
         tx.commit().map_err(meta_err)?;
         if carries {
@@ -1293,6 +1319,8 @@ impl ImportedPool {
             log_commits: log.commits.load(Ordering::Relaxed),
             log_records: log.records.load(Ordering::Relaxed),
             log_bytes: log.bytes.load(Ordering::Relaxed),
+            log_syncs: log.syncs.load(Ordering::Relaxed),
+            log_flushes: log.flushes.load(Ordering::Relaxed),
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
             dirty_bytes,
@@ -1357,6 +1385,42 @@ impl ImportedPool {
     }
 }
 
+/// The log region replay reads: the main devices' region, or the SLOG the
+/// checkpoint names. A SLOG that is missing (or names no log group) may
+/// hold acknowledged writes: the import is refused unless the pool was
+/// exported cleanly (the last txg holds every record) or the caller
+/// accepts the loss (`pool import -m`); the log then starts afresh on
+/// the main devices.
+fn log_region_for(pool: &Arc<Pool>, cp: Checkpoint) -> Result<(pool::MirroredRegion, Checkpoint)> {
+    if cp.tag == 0 {
+        return Ok((pool.log_region(), cp));
+    }
+    if let Some(r) = pool.slog_region(cp.tag).filter(|r| r.available()) {
+        return Ok((r, cp));
+    }
+    let clean = pool.was_exported();
+    if !clean && !pool.missing_log_accepted() {
+        return Err(Error::Io(format!(
+            "cannot import '{}': its log device is missing and may hold acknowledged sync writes not yet in the pool; bring the log device back, or import with -m to discard them",
+            pool.name
+        )));
+    }
+    if clean {
+        tracing::info!(pool = %pool.name, "log device missing; the pool was exported cleanly, nothing to replay");
+    } else {
+        tracing::warn!(pool = %pool.name, "log device missing: its unreplayed records are discarded (-m)");
+    }
+    // Every sequence number on the main region is older than applied_seq
+    // (later ones went to the SLOG), so none is mistaken for a record.
+    let fresh = Checkpoint {
+        applied_seq: cp.applied_seq,
+        replay_pos: 0,
+        expect_seq: cp.applied_seq,
+        tag: 0,
+    };
+    Ok((pool.log_region(), fresh))
+}
+
 /// The committed state a pool starts from: last txg, log checkpoint and
 /// dataset records; the space map is rebuilt from every block pointer (a
 /// block claimed twice means the metadata is inconsistent).
@@ -1377,6 +1441,10 @@ fn load_committed(
         applied_seq: get(RECORD_LOG_APPLIED_SEQ)?,
         replay_pos: get(RECORD_LOG_REPLAY_POS)?,
         expect_seq: get(RECORD_LOG_EXPECT_SEQ)?,
+        tag: r
+            .get(RECORD_LOG_TAG)
+            .map_err(meta_err)?
+            .map_or(0, |v| v.value()),
     };
     let mut datasets = BTreeMap::new();
     for row in tx

@@ -140,6 +140,10 @@ struct State {
     replay_start: u64,
     closed: bool,
     failed: Option<String>,
+    /// Where records are written: the main devices' region or a SLOG.
+    region: MirroredRegion,
+    /// Set by [`IntentLog::switch_region`]: the next checkpoint moves the log there.
+    switch_to: Option<MirroredRegion>,
     /// Set while the pool is suspended with failmode=continue: a commit
     /// that would wait for a txg fails with this instead.
     failing: Option<String>,
@@ -153,17 +157,25 @@ pub struct Checkpoint {
     pub replay_pos: u64,
     /// The sequence number replay expects at `replay_pos`.
     pub expect_seq: u64,
+    /// Which region `replay_pos` is in: 0 for the main devices' log region,
+    /// else the tag of a log group (SLOG, [`pool::Pool::log_tag`]).
+    pub tag: u64,
 }
 
 #[derive(Default)]
 pub struct Stats {
+    /// Batches written (group commits).
     pub commits: AtomicU64,
     pub records: AtomicU64,
     pub bytes: AtomicU64,
+    /// Durable (O_DSYNC) writes issued, each counted once per region write
+    /// (a mirror's copies go out in parallel and count once).
+    pub syncs: AtomicU64,
+    /// Commit requests (FLUSH, FUA, fsync, S3 PUT...) answered durable.
+    pub flushes: AtomicU64,
 }
 
 pub struct IntentLog {
-    region: MirroredRegion,
     pool_guid: u64,
     state: Mutex<State>,
     changed: Condvar,
@@ -244,7 +256,6 @@ impl IntentLog {
         );
         let next_seq = seq.max(cp.applied_seq);
         let log = IntentLog {
-            region,
             pool_guid,
             state: Mutex::new(State {
                 next_seq,
@@ -259,6 +270,8 @@ impl IntentLog {
                 replay_start: cp.replay_pos,
                 closed: false,
                 failed: None,
+                region,
+                switch_to: None,
                 failing: None,
             }),
             changed: Condvar::new(),
@@ -325,12 +338,44 @@ impl IntentLog {
     /// Taken by a txg at the moment it stops accepting changes (under the
     /// caller's append lock): every record appended before is in that txg.
     pub fn checkpoint(&self) -> Checkpoint {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        if let Some(region) = st.switch_to.take() {
+            // The log moves: this txg holds every record so far, so none is
+            // written to the old region any more (a commit of one waits for
+            // the txg), and later records wait for it too before they go to
+            // the new region, whose start replay reads once the txg commits.
+            tracing::info!(from = ?st.region, to = ?region, seq = st.next_seq, "intent log moves");
+            st.region = region;
+            st.pending.clear();
+            st.pending_bytes = 0;
+            st.dropped_below = st.next_seq;
+            st.write_pos = 0;
+            st.replay_start = 0;
+            st.next_disk_seq = st.next_seq;
+        }
         Checkpoint {
             applied_seq: st.next_seq,
             replay_pos: st.write_pos,
             expect_seq: st.next_disk_seq,
+            tag: st.region.log_tag(),
         }
+    }
+
+    /// Moves the log to `region` (a SLOG being added, or the main devices'
+    /// region when one is removed) at the next txg's checkpoint. The caller
+    /// then commits a txg and checks [`IntentLog::region_tag`].
+    pub fn switch_region(&self, region: MirroredRegion) {
+        self.state.lock().switch_to = Some(region);
+    }
+
+    /// Tag of the region records go to now (0: the main devices).
+    pub fn region_tag(&self) -> u64 {
+        self.state.lock().region.log_tag()
+    }
+
+    /// A move asked for and not yet taken by a txg.
+    pub fn switch_pending(&self) -> bool {
+        self.state.lock().switch_to.is_some()
     }
 
     /// The txg that took `cp` is committed: records before it are dropped
@@ -338,7 +383,10 @@ impl IntentLog {
     pub fn applied(&self, cp: Checkpoint) {
         let mut st = self.state.lock();
         st.applied_seq = st.applied_seq.max(cp.applied_seq);
-        st.replay_start = cp.replay_pos;
+        // A checkpoint in the region the log left frees nothing in this one.
+        if cp.tag == st.region.log_tag() {
+            st.replay_start = cp.replay_pos;
+        }
         while st.pending.front().is_some_and(|p| p.seq < cp.applied_seq) {
             if let Some(p) = st.pending.pop_front() {
                 st.pending_bytes -= p.bytes.len();
@@ -362,6 +410,7 @@ impl IntentLog {
             // once a committed txg holds them all.
             let dropped_done = st.applied_seq >= st.dropped_below;
             if st.applied_seq > seq || (dropped_done && st.durable_seq > seq) {
+                self.stats.flushes.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
             if st.closed {
@@ -391,8 +440,9 @@ impl IntentLog {
                 Ok(writes) => {
                     st.pending_bytes = 0;
                     st.writer_active = true;
+                    let region = st.region.clone();
                     drop(st);
-                    let result = self.write_all(&writes);
+                    let result = self.write_all(&region, &writes);
                     st = self.state.lock();
                     st.writer_active = false;
                     match result {
@@ -437,7 +487,7 @@ impl IntentLog {
     /// region wraps or where records were dropped because a txg holds them.
     /// Err(true): not enough free log space now; Err(false): a record can never fit.
     fn place(&self, st: &mut State, batch: &[Pending]) -> Result<Vec<(u64, Vec<u8>)>, bool> {
-        let size = self.region.size();
+        let size = st.region.size();
         let header = HEADER as u64;
         let used = (st.write_pos + size - st.replay_start) % size;
         // Slack so that the writer never catches up with replay_start exactly.
@@ -491,10 +541,15 @@ impl IntentLog {
         Ok(writes)
     }
 
-    fn write_all(&self, writes: &[(u64, Vec<u8>)]) -> Result<(), PoolError> {
+    fn write_all(
+        &self,
+        region: &MirroredRegion,
+        writes: &[(u64, Vec<u8>)],
+    ) -> Result<(), PoolError> {
         // Durable writes (O_DSYNC) sync only these bytes, not txg data in flight.
         for (pos, bytes) in writes {
-            self.region.write_durable(*pos, bytes)?;
+            region.write_durable(*pos, bytes)?;
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -505,7 +560,7 @@ impl IntentLog {
     /// Fraction of the region that replay may still need, plus records in memory.
     pub fn fill(&self) -> f64 {
         let st = self.state.lock();
-        let size = self.region.size();
+        let size = st.region.size();
         let used = (st.write_pos + size - st.replay_start) % size;
         (used + st.pending_bytes as u64) as f64 / size as f64
     }

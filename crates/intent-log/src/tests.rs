@@ -18,6 +18,7 @@ fn start() -> Checkpoint {
         applied_seq: 1,
         replay_pos: 0,
         expect_seq: 1,
+        tag: 0,
     }
 }
 
@@ -176,4 +177,45 @@ fn records_dropped_past_the_memory_bound_wait_for_their_txg() {
     let (_, found) = IntentLog::open(p.log_region(), p.guid, cp, 64 << 10, Box::new(|| {}));
     let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, vec![next], "replay jumps over what the txg holds");
+}
+
+#[test]
+fn log_moves_to_a_log_device_at_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let slog = Vdev::open_or_create(&dir.path().join("l0"), Some(32 << 20)).unwrap();
+    let tag = p.add_log(LayoutKind::Disk, vec![slog]).unwrap();
+    let (log, _) = open(&p, start());
+    let a = log.append(RecordKind::Write, 7, 0, 3, b"old");
+    log.commit(a).unwrap();
+    log.switch_region(p.slog_region(tag).unwrap());
+    assert!(log.switch_pending());
+    // Appended before the move: carried by the txg that moves the log.
+    let b = log.append(RecordKind::Write, 7, 0, 3, b"mid");
+    let cp = log.checkpoint();
+    assert_eq!(log.region_tag(), tag);
+    assert_eq!(
+        (cp.tag, cp.replay_pos, cp.expect_seq, cp.applied_seq),
+        (tag, 0, b + 1, b + 1)
+    );
+    let c = log.append(RecordKind::Write, 7, 0, 3, b"new");
+    // Nothing is acknowledged from the new region before that txg commits.
+    let l2 = log.clone();
+    let waiter = std::thread::spawn(move || l2.commit(c));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!waiter.is_finished());
+    log.applied(cp);
+    waiter.join().unwrap().unwrap();
+    drop(log);
+    // Replay from the committed checkpoint reads the log device, from its start.
+    let (_, found) = IntentLog::open(
+        p.slog_region(tag).unwrap(),
+        p.guid,
+        cp,
+        32 << 20,
+        Box::new(|| {}),
+    );
+    let payloads: Vec<&[u8]> = found.iter().map(|r| r.payload.as_slice()).collect();
+    assert_eq!(payloads, vec![b"new".as_slice()]);
+    assert_eq!(found[0].seq, c);
 }

@@ -14,6 +14,10 @@ pub const RECORD_LOG_APPLIED_SEQ: &str = "log_applied_seq";
 pub const RECORD_LOG_REPLAY_POS: &str = "log_replay_pos";
 /// ...and the sequence number replay expects there.
 pub const RECORD_LOG_EXPECT_SEQ: &str = "log_expect_seq";
+/// ...in the region this tag names: absent or 0 the main devices' log
+/// region, else a log group (SLOG) by the guid of its first device
+/// (decision 0030; absent in stores written before it).
+pub const RECORD_LOG_TAG: &str = "log_tag";
 /// `policy_last_run.<dataset id>`: Unix seconds the snapshot policy last ran
 /// on that dataset (`dataset::autosnap`); absent = never.
 pub const RECORD_POLICY_LAST_RUN_PREFIX: &str = "policy_last_run.";

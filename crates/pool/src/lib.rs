@@ -21,7 +21,7 @@ pub use raidz::{MAX_RAIDZ_WIDTH, ROTATE_ROWS};
 pub use ratelog::RateLog;
 pub use vdev::{
     DeviceState, GroupLayout, Label, LayoutKind, MmpKind, MmpStamp, Owner, PoolState, ProbeFault,
-    Regions, Vdev, VdevError, LABEL_SIZE, SECTOR,
+    Regions, Vdev, VdevError, LABEL_SIZE, LATENCY_BUCKETS, SECTOR,
 };
 
 use parking_lot::{Mutex, RwLock};
@@ -35,6 +35,8 @@ use vdev::AlignedBuf;
 
 /// Smallest device a pool accepts.
 pub const MIN_DEVICE_SIZE: u64 = 64 << 20;
+/// Smallest log area of a log device (besides its two labels).
+pub const LOG_DEVICE_MIN: u64 = 16 << 20;
 
 /// Reads and writes of at least this many bytes per device go through
 /// O_DIRECT (decision 0004) and, with several devices, run in parallel.
@@ -293,6 +295,13 @@ pub struct Pool {
     pub guid: u64,
     pub regions: Regions,
     groups: RwLock<Vec<Arc<Group>>>,
+    /// Separate intent-log groups (SLOG; at most one, a disk or a mirror):
+    /// their devices hold only the log, from LABEL_SIZE on (decision 0030).
+    logs: RwLock<Vec<Arc<Group>>>,
+    /// The newest label said EXPORTED when the pool was assembled: the last
+    /// run committed everything, so its log holds nothing to replay.
+    was_exported: bool,
+    missing_log_ok: AtomicBool,
     allocator: Mutex<Allocator>,
     /// Serializes layout changes and label rewrites.
     admin: Mutex<()>,
@@ -449,14 +458,17 @@ fn prepare_device(dev: &Vdev, regions: &Regions) -> Result<(), PoolError> {
     Ok(())
 }
 
-fn label_version(groups: &[GroupLayout]) -> u32 {
+fn label_version(groups: &[GroupLayout], logs: &[GroupLayout]) -> u32 {
+    if !logs.is_empty() {
+        return vdev::LABEL_VERSION;
+    }
     groups
         .iter()
         .map(|g| {
             if g.resilvering.is_empty() {
                 g.kind.label_version()
             } else {
-                vdev::LABEL_VERSION
+                vdev::LABEL_VERSION_RAIDZ
             }
         })
         .max()
@@ -506,7 +518,7 @@ impl Pool {
                 children,
             }));
         }
-        let pool = Pool::assemble(name.to_string(), pool_guid, built, regions, 0);
+        let pool = Pool::assemble(name.to_string(), pool_guid, built, Vec::new(), regions, 0);
         pool.write_labels(false)?;
         Ok(pool)
     }
@@ -515,6 +527,7 @@ impl Pool {
         name: String,
         guid: u64,
         groups: Vec<Arc<Group>>,
+        logs: Vec<Arc<Group>>,
         regions: Regions,
         generation: u64,
     ) -> Pool {
@@ -525,6 +538,9 @@ impl Pool {
             guid,
             regions,
             groups: RwLock::new(groups),
+            logs: RwLock::new(logs),
+            was_exported: false,
+            missing_log_ok: AtomicBool::new(false),
             allocator: Mutex::new(allocator),
             admin: Mutex::new(()),
             generation: AtomicU64::new(generation),
@@ -617,16 +633,213 @@ impl Pool {
                 children,
             }));
         }
+        // Log groups may miss every device: whether the pool can do without
+        // them depends on the log checkpoint (the dataset layer decides).
+        let mut logs = Vec::new();
+        for (g, gl) in layout.logs.iter().enumerate() {
+            if !matches!(gl.kind, LayoutKind::Disk | LayoutKind::Mirror) {
+                return Err(PoolError::Layout(format!(
+                    "log group {g} is {}: only disks and mirrors hold a log",
+                    gl.kind.name()
+                )));
+            }
+            let mut children = Vec::new();
+            for guid in &gl.devices {
+                let dev = by_guid.remove(guid).map(Arc::new);
+                match &dev {
+                    None => {
+                        tracing::warn!(pool = %layout.pool_name, log_group = g, guid, "log device missing")
+                    }
+                    Some(d) if d.size() < gl.data_size + 2 * LABEL_SIZE => {
+                        d.set_failed(
+                            DeviceState::Faulted,
+                            format!(
+                                "log device is {} bytes, shorter than the {} its label says",
+                                d.size(),
+                                gl.data_size + 2 * LABEL_SIZE
+                            ),
+                        );
+                    }
+                    Some(_) => {}
+                }
+                children.push(Child::new(*guid, dev, false));
+            }
+            logs.push(Arc::new(Group {
+                index: g as u32,
+                kind: gl.kind,
+                data_size: gl.data_size,
+                children,
+            }));
+        }
         for (guid, dev) in by_guid {
             tracing::warn!(pool = %layout.pool_name, device = %dev.path().display(), guid, "device not in the pool's current layout (replaced?); ignored");
         }
-        Ok(Pool::assemble(
-            layout.pool_name,
+        let mut pool = Pool::assemble(
+            layout.pool_name.clone(),
             layout.pool_guid,
             groups,
+            logs,
             layout.regions,
             layout.generation,
-        ))
+        );
+        pool.was_exported = layout.pool_state() == PoolState::Exported;
+        Ok(pool)
+    }
+
+    /// The newest label said EXPORTED when the pool was assembled.
+    pub fn was_exported(&self) -> bool {
+        self.was_exported
+    }
+
+    /// `pool import -m`: a missing log device's unreplayed records may be lost.
+    pub fn accept_missing_log(&self) {
+        self.missing_log_ok.store(true, Ordering::Release);
+    }
+
+    pub fn missing_log_accepted(&self) -> bool {
+        self.missing_log_ok.load(Ordering::Acquire)
+    }
+
+    /// The separate log groups (SLOG), in index order.
+    pub fn logs(&self) -> Vec<Arc<Group>> {
+        self.logs.read().clone()
+    }
+
+    /// The log devices present.
+    pub fn log_devices(&self) -> Vec<Arc<Vdev>> {
+        self.logs.read().iter().flat_map(|g| g.devices()).collect()
+    }
+
+    /// The tag the log checkpoint stores for a log group: the guid of its
+    /// first device (log groups are never reshaped, so it is stable).
+    pub fn log_tag(group: &Group) -> u64 {
+        group.children.first().map_or(0, |c| c.guid())
+    }
+
+    /// The log group a checkpoint tag names, if the labels list it.
+    pub fn log_group_by_tag(&self, tag: u64) -> Option<Arc<Group>> {
+        self.logs
+            .read()
+            .iter()
+            .find(|g| Pool::log_tag(g) == tag)
+            .cloned()
+    }
+
+    /// `pool add POOL log DEV | log mirror A B`: a separate log group. Its
+    /// devices hold only the intent log, from LABEL_SIZE to the end label.
+    /// Every label names it before the caller moves the log there. Returns
+    /// the group's tag ([`Pool::log_tag`]).
+    pub fn add_log(&self, kind: LayoutKind, devices: Vec<Vdev>) -> Result<u64, PoolError> {
+        let _admin = self.admin.lock();
+        match (kind, devices.len()) {
+            (LayoutKind::Disk, 1) => {}
+            (LayoutKind::Mirror, n) if n >= 2 => {}
+            (LayoutKind::Mirror, _) => {
+                return Err(PoolError::Layout(
+                    "a log mirror needs at least two devices".into(),
+                ))
+            }
+            (LayoutKind::Disk, n) => {
+                return Err(PoolError::Layout(format!(
+                    "a log device is one device, not {n} (use `log mirror A B`)"
+                )))
+            }
+            (k, _) => {
+                return Err(PoolError::Layout(format!(
+                    "a log is a device or a mirror, not {}",
+                    k.name()
+                )))
+            }
+        }
+        if !self.logs.read().is_empty() {
+            return Err(PoolError::Layout(format!(
+                "pool {} already has a log group (remove it first)",
+                self.name
+            )));
+        }
+        let needed = 2 * LABEL_SIZE + LOG_DEVICE_MIN;
+        let present = self.device_paths();
+        for d in &devices {
+            if d.size() < needed {
+                return Err(PoolError::DeviceTooSmall {
+                    path: d.path().to_path_buf(),
+                    size: d.size(),
+                    needed,
+                });
+            }
+            if present.iter().any(|p| p == d.path()) {
+                return Err(PoolError::Layout(format!(
+                    "{} is already part of pool {}",
+                    d.path().display(),
+                    self.name
+                )));
+            }
+        }
+        let smallest = devices.iter().map(|d| d.size()).min().unwrap_or(0);
+        let data_size = (smallest - 2 * LABEL_SIZE) / SECTOR * SECTOR;
+        let mut children = Vec::new();
+        for dev in devices {
+            // Records a former pool left here never verify (the pool guid is
+            // in their checksum); zeroing the start keeps dumps readable.
+            dev.write_at(LABEL_SIZE, &vec![0u8; SECTOR as usize * 16])?;
+            children.push(Child::new(
+                rand::random::<u64>() | 1,
+                Some(Arc::new(dev)),
+                false,
+            ));
+        }
+        let group = Arc::new(Group {
+            index: 0,
+            kind,
+            data_size,
+            children,
+        });
+        let tag = Pool::log_tag(&group);
+        self.logs.write().push(group);
+        if let Err(e) = self.relabel() {
+            self.logs.write().pop();
+            return Err(e);
+        }
+        tracing::info!(pool = %self.name, kind = %kind.name(), tag, "log group added");
+        Ok(tag)
+    }
+
+    /// Takes the log group `tag` out of the layout and wipes its devices'
+    /// labels. The caller has moved the log off it first (a committed txg
+    /// whose checkpoint names another region), so nothing on it is needed.
+    pub fn remove_log(&self, tag: u64) -> Result<Vec<PathBuf>, PoolError> {
+        let _admin = self.admin.lock();
+        let removed = {
+            let mut logs = self.logs.write();
+            let Some(i) = logs.iter().position(|g| Pool::log_tag(g) == tag) else {
+                return Err(PoolError::NoSuchDevice {
+                    pool: self.name.clone(),
+                    guid: tag,
+                });
+            };
+            logs.remove(i)
+        };
+        self.relabel()?;
+        let mut paths = Vec::new();
+        for dev in removed.devices() {
+            if let Err(e) = dev.clear_label() {
+                tracing::warn!(device = %dev.path().display(), error = %e, "could not wipe the removed log device's label");
+            }
+            paths.push(dev.path().to_path_buf());
+        }
+        tracing::info!(pool = %self.name, tag, "log group removed");
+        Ok(paths)
+    }
+
+    /// The intent-log region on log group `tag` (a SLOG), if it is listed.
+    pub fn slog_region(self: &Arc<Self>, tag: u64) -> Option<MirroredRegion> {
+        let g = self.log_group_by_tag(tag)?;
+        Some(MirroredRegion {
+            pool: self.clone(),
+            offset: LABEL_SIZE,
+            size: g.data_size,
+            log_group: Some(g),
+        })
     }
 
     /// The groups, in index order (a snapshot: `pool add` may append more).
@@ -654,9 +867,11 @@ impl Pool {
             .collect()
     }
 
+    /// Paths of every device present, log devices included.
     pub fn device_paths(&self) -> Vec<PathBuf> {
         self.devices()
             .iter()
+            .chain(self.log_devices().iter())
             .map(|d| d.path().to_path_buf())
             .collect()
     }
@@ -697,19 +912,27 @@ impl Pool {
     fn write_labels(&self, exported: bool) -> Result<(), PoolError> {
         self.check_owner()?;
         let groups = self.groups();
+        let logs = self.logs();
         let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
-        let version = label_version(&layouts);
+        let log_layouts: Vec<GroupLayout> = logs.iter().map(|g| g.layout()).collect();
+        let version = label_version(&layouts, &log_layouts);
         let generation = self.generation.load(Ordering::Acquire);
         let mut written = 0;
         let mut last = None;
-        for g in &groups {
+        let all = groups
+            .iter()
+            .map(|g| (g, false))
+            .chain(logs.iter().map(|g| (g, true)));
+        for (g, is_log) in all {
             for (c, child) in g.children.iter().enumerate() {
                 let Some(dev) = child.device() else { continue };
                 if dev.state() == DeviceState::Faulted {
                     continue;
                 }
-                let label =
+                let mut label =
                     self.label_for(g, c, child.guid(), &layouts, version, generation, exported);
+                label.logs = log_layouts.clone();
+                label.log_device = is_log;
                 match dev.write_label(&label) {
                     Ok(()) => written += 1,
                     Err(e) => {
@@ -739,7 +962,7 @@ impl Pool {
 
     /// Wipes the labels: the devices are free for other use.
     pub fn wipe_labels(&self) -> Result<(), PoolError> {
-        for dev in self.devices() {
+        for dev in self.devices().into_iter().chain(self.log_devices()) {
             dev.clear_label()?;
         }
         Ok(())
@@ -1234,6 +1457,8 @@ impl Pool {
             }),
             owner: self.owner(),
             generation,
+            logs: Vec::new(),
+            log_device: false,
         }
     }
 
@@ -1244,17 +1469,25 @@ impl Pool {
     pub fn check_labels(&self) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
         let _admin = self.admin.lock();
         let groups = self.groups();
+        let logs = self.logs();
         let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
-        let version = label_version(&layouts);
+        let log_layouts: Vec<GroupLayout> = logs.iter().map(|g| g.layout()).collect();
+        let version = label_version(&layouts, &log_layouts);
         let generation = self.generation.load(Ordering::Acquire);
         let (mut fixed, mut failed) = (Vec::new(), Vec::new());
-        for g in &groups {
+        let all = groups
+            .iter()
+            .map(|g| (g, false))
+            .chain(logs.iter().map(|g| (g, true)));
+        for (g, is_log) in all {
             for (c, child) in g.children.iter().enumerate() {
                 let Some(dev) = child.device().filter(|d| is_live(d)) else {
                     continue;
                 };
-                let label =
+                let mut label =
                     self.label_for(g, c, child.guid(), &layouts, version, generation, false);
+                label.logs = log_layouts.clone();
+                label.log_device = is_log;
                 match dev.labels_match(&label) {
                     Ok(true) => {}
                     Ok(false) | Err(_) => match dev.write_label(&label) {
@@ -1343,11 +1576,6 @@ impl Pool {
     /// Devices the mirrored regions may be read from.
     fn region_readers(&self) -> Vec<Arc<Vdev>> {
         self.region_devices(Child::readable)
-    }
-
-    /// Devices the mirrored regions are written to (resilvering ones included).
-    fn region_writers(&self) -> Vec<Arc<Vdev>> {
-        self.region_devices(Child::writable)
     }
 
     fn region_devices(&self, pick: fn(&Child) -> Option<Arc<Vdev>>) -> Vec<Arc<Vdev>> {
@@ -1671,6 +1899,7 @@ impl Pool {
             pool: self.clone(),
             offset: self.regions.meta_offset,
             size: self.regions.meta_size,
+            log_group: None,
         }
     }
 
@@ -1680,6 +1909,7 @@ impl Pool {
             pool: self.clone(),
             offset: self.regions.log_offset,
             size: self.regions.log_size,
+            log_group: None,
         }
     }
 }
@@ -1719,6 +1949,9 @@ pub struct MirroredRegion {
     pool: Arc<Pool>,
     offset: u64,
     size: u64,
+    /// A SLOG: the region lies on this log group's devices only, not on
+    /// every data device.
+    log_group: Option<Arc<Group>>,
 }
 
 impl std::fmt::Debug for MirroredRegion {
@@ -1745,6 +1978,24 @@ impl MirroredRegion {
         self.offset
     }
 
+    /// Some device holding the region can be read.
+    pub fn available(&self) -> bool {
+        !self.holders(Child::readable).is_empty()
+    }
+
+    /// The log group's tag when the region is a SLOG, else 0 (the main devices).
+    pub fn log_tag(&self) -> u64 {
+        self.log_group.as_ref().map_or(0, |g| Pool::log_tag(g))
+    }
+
+    /// Devices that hold the region: readable (trusted) or writable ones.
+    fn holders(&self, pick: fn(&Child) -> Option<Arc<Vdev>>) -> Vec<Arc<Vdev>> {
+        match &self.log_group {
+            Some(g) => g.children.iter().filter_map(pick).collect(),
+            None => self.pool.region_devices(pick),
+        }
+    }
+
     fn check(&self, offset: u64, len: usize) -> Result<u64, VdevError> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(self.offset + offset),
@@ -1761,7 +2012,7 @@ impl MirroredRegion {
         let at = self.check(offset, data.len())?;
         self.pool.check_owner()?;
         let _shared = self.pool.region_lock.read();
-        let devices = self.pool.region_writers();
+        let devices = self.holders(Child::writable);
         let results = devices.iter().map(|d| d.write_at(at, data)).collect();
         settle_writes(&self.pool.name, 0, &devices, results)
     }
@@ -1771,7 +2022,7 @@ impl MirroredRegion {
         let at = self.check(offset, data.len())?;
         self.pool.check_owner()?;
         let _shared = self.pool.region_lock.read();
-        let devices = self.pool.region_writers();
+        let devices = self.holders(Child::writable);
         let results = on_each(&devices, |d| d.write_durable_at(at, data));
         settle_writes(&self.pool.name, 0, &devices, results)
     }
@@ -1792,7 +2043,7 @@ impl MirroredRegion {
         let at = self.check(offset, buf.len())?;
         let mut bad: Vec<(Arc<Vdev>, bool)> = Vec::new();
         let mut reason = String::from("no readable device");
-        for dev in self.pool.region_readers() {
+        for dev in self.holders(Child::readable) {
             match dev.read_at(at, buf) {
                 Ok(()) if verify(buf) => {
                     for (b, mismatch) in bad {
@@ -1864,7 +2115,11 @@ impl MirroredRegion {
         // (guid, device, resilvering, what it holds)
         type Copy = (u64, Arc<Vdev>, bool, Result<Vec<u8>, VdevError>);
         let mut copies: Vec<Copy> = Vec::new();
-        for g in self.pool.groups() {
+        let groups = match &self.log_group {
+            Some(g) => vec![g.clone()],
+            None => self.pool.groups(),
+        };
+        for g in groups {
             for c in &g.children {
                 let Some(dev) = c.writable() else { continue };
                 let mut buf = vec![0u8; len];

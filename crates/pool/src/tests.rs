@@ -577,7 +577,7 @@ fn add_group_grows_the_pool_and_labels_name_it() {
     for l in &labels {
         assert_eq!(l.groups.len(), 2);
         assert_eq!(l.groups[1].kind, raidz(2));
-        assert_eq!(l.version, vdev::LABEL_VERSION);
+        assert_eq!(l.version, vdev::LABEL_VERSION_RAIDZ);
     }
     // Import from the new group's devices plus one mirror side.
     let keep: Vec<PathBuf> = paths
@@ -683,4 +683,57 @@ fn raidz_run_throughput() {
             mb / t.elapsed().as_secs_f64()
         );
     }
+}
+
+#[test]
+fn log_group_is_labelled_reopened_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool =
+        Arc::new(Pool::create("tank", vec![(LayoutKind::Disk, devs(dir.path(), 1))]).unwrap());
+    let data_paths = pool.device_paths();
+    // A pool without a log device keeps writing the labels older builds read.
+    assert_eq!(reopen(&data_paths)[0].1.version, vdev::LABEL_VERSION_PLAIN);
+    let logs = devs_named(dir.path(), "l", 2);
+    assert!(pool
+        .add_log(LayoutKind::Disk, devs_named(dir.path(), "x", 2))
+        .is_err());
+    let tag = pool.add_log(LayoutKind::Mirror, logs).unwrap();
+    assert!(pool
+        .add_log(LayoutKind::Disk, devs_named(dir.path(), "y", 1))
+        .is_err());
+    let region = pool.slog_region(tag).unwrap();
+    assert_eq!(region.log_tag(), tag);
+    region.write_durable(4096, b"on the log device").unwrap();
+    let paths = pool.device_paths();
+    assert_eq!(paths.len(), 3);
+    drop(region);
+    drop(pool);
+    let labels = reopen(&paths);
+    for (_, l) in &labels {
+        assert_eq!(l.version, vdev::LABEL_VERSION);
+        assert_eq!(l.logs.len(), 1);
+        assert_eq!(l.logs[0].kind, LayoutKind::Mirror);
+    }
+    assert_eq!(labels.iter().filter(|(_, l)| l.log_device).count(), 2);
+    // Reopened with one log device missing: the region reads from the other.
+    let pool = Arc::new(Pool::open(reopen(&paths[..2])).unwrap());
+    let region = pool.slog_region(tag).unwrap();
+    assert!(region.available());
+    let mut buf = [0u8; 17];
+    region.read(4096, &mut buf).unwrap();
+    assert_eq!(&buf, b"on the log device");
+    assert_eq!(pool.logs()[0].missing().len(), 1);
+    drop(region);
+    drop(pool);
+    // Without any log device the pool still assembles (the dataset layer decides).
+    let pool = Arc::new(Pool::open(reopen(&data_paths)).unwrap());
+    assert!(!pool.slog_region(tag).unwrap().available());
+    drop(pool);
+    let pool = Arc::new(Pool::open(reopen(&paths)).unwrap());
+    let removed = pool.remove_log(tag).unwrap();
+    assert_eq!(removed.len(), 2);
+    assert!(pool.logs().is_empty());
+    assert_eq!(reopen(&data_paths)[0].1.version, vdev::LABEL_VERSION_PLAIN);
+    assert!(reopen(&data_paths)[0].1.logs.is_empty());
+    assert!(Vdev::open(&removed[0]).unwrap().read_label().is_err());
 }

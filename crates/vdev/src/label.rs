@@ -6,7 +6,10 @@
 //! Versions: 1 knows `disk` and `mirror` groups; 2 adds `raidz` groups (a
 //! version-1 reader would misread them, so labels of pools with a raidz
 //! group are written as version 2 and refused by name by older builds).
-//! Both are read by this build.
+//! 3 adds `logs` (separate intent-log devices, a SLOG; decision 0030): an
+//! older reader would replay the log from the main devices and miss the
+//! records on the log device, so such labels are written as version 3.
+//! All three are read by this build.
 
 use crate::mmp::{Owner, PoolState, MMP_SLOT_SIZE};
 use crate::{Vdev, VdevError};
@@ -15,7 +18,9 @@ use serde::{Deserialize, Serialize};
 /// Bytes reserved for each of the two labels.
 pub const LABEL_SIZE: u64 = 256 * 1024;
 /// Newest label version this build reads and writes.
-pub const LABEL_VERSION: u32 = 2;
+pub const LABEL_VERSION: u32 = 3;
+/// Version written for pools with a raidz group (or a device being rebuilt) and no log device.
+pub const LABEL_VERSION_RAIDZ: u32 = 2;
 /// Version written for pools whose layout a version-1 reader understands.
 pub const LABEL_VERSION_PLAIN: u32 = 1;
 const MAGIC: &[u8; 8] = b"CISTLABL";
@@ -61,7 +66,7 @@ impl LayoutKind {
     /// The label version needed to describe a group of this kind.
     pub fn label_version(self) -> u32 {
         match self {
-            LayoutKind::Raidz { .. } => LABEL_VERSION,
+            LayoutKind::Raidz { .. } => LABEL_VERSION_RAIDZ,
             _ => LABEL_VERSION_PLAIN,
         }
     }
@@ -130,6 +135,18 @@ pub struct Label {
     /// device it does not list (a replaced one) is ignored. Absent = 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub generation: u64,
+    /// Separate intent-log groups (SLOG, `pool add POOL log DEV`): a disk or
+    /// a mirror whose devices hold only the log, from LABEL_SIZE on. Absent
+    /// when empty (labels before version 3 have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<GroupLayout>,
+    /// This device is a log device: `group` indexes `logs`, not `groups`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub log_device: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -274,6 +291,8 @@ pub(crate) mod tests {
             state: Some(PoolState::Active),
             owner: Some(crate::mmp::tests::owner()),
             generation: 0,
+            logs: vec![],
+            log_device: false,
         }
     }
 
@@ -313,6 +332,23 @@ pub(crate) mod tests {
         };
         assert_eq!(*back, rz);
         assert_eq!(back.version, 2);
+        // Version 3: a log device names its log group; older labels have none.
+        assert!(l.logs.is_empty() && !l.log_device);
+        let mut slog = sample();
+        slog.logs = vec![GroupLayout {
+            kind: LayoutKind::Disk,
+            devices: vec![11],
+            data_size: 1 << 20,
+            resilvering: vec![],
+        }];
+        slog.log_device = true;
+        let Decoded::Label(back) = decode(&encode(&slog).unwrap()) else {
+            panic!("label with a log device not read back")
+        };
+        assert_eq!(*back, slog);
+        // Without logs the json has neither field (version 1/2 readers parse it).
+        let json = serde_json::to_string(&sample()).unwrap();
+        assert!(!json.contains("logs") && !json.contains("log_device"));
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod mmp;
 
 pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
-    LABEL_VERSION_PLAIN,
+    LABEL_VERSION_PLAIN, LABEL_VERSION_RAIDZ,
 };
 pub use mmp::{MmpKind, MmpStamp, Owner, PoolState, MMP_SLOT_OFFSET, MMP_SLOT_SIZE, MMP_VERSION};
 
@@ -85,6 +85,69 @@ pub struct ErrorCounters {
     pub checksum: AtomicU64,
 }
 
+/// Buckets of the latency histograms: bucket `i` counts I/Os that took
+/// [2^i, 2^(i+1)) ns, the last one everything slower (as `zpool iostat -w`).
+pub const LATENCY_BUCKETS: usize = 38;
+
+/// Cumulative I/O counters of one device for `pool iostat`: operations,
+/// bytes, time spent in the system call (disk wait) and its histogram.
+#[derive(Debug)]
+pub struct IoStats {
+    pub read_ops: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub read_nanos: AtomicU64,
+    pub write_nanos: AtomicU64,
+    pub read_hist: [AtomicU64; LATENCY_BUCKETS],
+    pub write_hist: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl Default for IoStats {
+    fn default() -> Self {
+        IoStats {
+            read_ops: AtomicU64::new(0),
+            write_ops: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
+            read_nanos: AtomicU64::new(0),
+            write_nanos: AtomicU64::new(0),
+            read_hist: std::array::from_fn(|_| AtomicU64::new(0)),
+            write_hist: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The histogram bucket of a latency of `nanos`.
+pub fn latency_bucket(nanos: u64) -> usize {
+    (63 - nanos.max(1).leading_zeros() as usize).min(LATENCY_BUCKETS - 1)
+}
+
+impl IoStats {
+    fn record(&self, write: bool, bytes: usize, started: std::time::Instant) {
+        let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let (ops, b, t, h) = if write {
+            (
+                &self.write_ops,
+                &self.write_bytes,
+                &self.write_nanos,
+                &self.write_hist,
+            )
+        } else {
+            (
+                &self.read_ops,
+                &self.read_bytes,
+                &self.read_nanos,
+                &self.read_hist,
+            )
+        };
+        ops.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes as u64, Ordering::Relaxed);
+        t.fetch_add(nanos, Ordering::Relaxed);
+        h[latency_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug)]
 pub struct Vdev {
     path: PathBuf,
@@ -100,6 +163,8 @@ pub struct Vdev {
     size: u64,
     state: AtomicU8,
     pub errors: ErrorCounters,
+    /// Operations, bytes and latencies for `pool iostat`.
+    pub io: IoStats,
     /// Why the device was last FAULTED or REMOVED (for `pool status` and the log).
     reason: parking_lot::Mutex<Option<String>>,
     /// (st_dev, st_ino) of the file opened, to notice the path being
@@ -166,6 +231,7 @@ impl Vdev {
             size,
             state: AtomicU8::new(DeviceState::Online as u8),
             errors: ErrorCounters::default(),
+            io: IoStats::default(),
             reason: parking_lot::Mutex::new(None),
             identity,
         })
@@ -262,7 +328,10 @@ impl Vdev {
     /// Reads exactly `buf.len()` bytes; a short read (truncated file) is an error.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VdevError> {
         self.check_range(offset, buf.len())?;
-        self.file.read_exact_at(buf, offset).map_err(|source| {
+        let started = std::time::Instant::now();
+        let r = self.file.read_exact_at(buf, offset);
+        self.io.record(false, buf.len(), started);
+        r.map_err(|source| {
             self.errors.read.fetch_add(1, Ordering::Relaxed);
             VdevError::Io {
                 path: self.path.clone(),
@@ -275,7 +344,10 @@ impl Vdev {
 
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
-        self.file.write_all_at(data, offset).map_err(|source| {
+        let started = std::time::Instant::now();
+        let r = self.file.write_all_at(data, offset);
+        self.io.record(true, data.len(), started);
+        r.map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);
             VdevError::Io {
                 path: self.path.clone(),
@@ -304,6 +376,7 @@ impl Vdev {
                     iov_len: b.len(),
                 })
                 .collect();
+            let started = std::time::Instant::now();
             // SAFETY: every iovec points into a live slice borrowed for this call.
             let n = unsafe {
                 libc::pwritev(
@@ -336,6 +409,7 @@ impl Vdev {
                     source,
                 });
             }
+            self.io.record(true, n as usize, started);
             // Skip what was written; a partially written buffer is resumed.
             let mut n = n as usize;
             at += n as u64;
@@ -361,8 +435,12 @@ impl Vdev {
             return self.write_at(offset, data.as_slice());
         };
         self.check_range(offset, data.len())?;
+        let started = std::time::Instant::now();
         match direct.write_all_at(data.as_slice(), offset) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.io.record(true, data.len(), started);
+                Ok(())
+            }
             // Some filesystems accept O_DIRECT at open and refuse it at write.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.write_at(offset, data.as_slice())
@@ -386,8 +464,12 @@ impl Vdev {
             return self.read_at(offset, buf.as_mut_slice());
         };
         self.check_range(offset, buf.len())?;
+        let started = std::time::Instant::now();
         match direct.read_exact_at(buf.as_mut_slice(), offset) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.io.record(false, buf.len(), started);
+                Ok(())
+            }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.read_at(offset, buf.as_mut_slice())
             }
@@ -406,17 +488,18 @@ impl Vdev {
     /// Writes and returns once those bytes are durable (O_DSYNC).
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
-        self.dsync_file
-            .write_all_at(data, offset)
-            .map_err(|source| {
-                self.errors.write.fetch_add(1, Ordering::Relaxed);
-                VdevError::Io {
-                    path: self.path.clone(),
-                    op: "write",
-                    offset,
-                    source,
-                }
-            })
+        let started = std::time::Instant::now();
+        let r = self.dsync_file.write_all_at(data, offset);
+        self.io.record(true, data.len(), started);
+        r.map_err(|source| {
+            self.errors.write.fetch_add(1, Ordering::Relaxed);
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "write",
+                offset,
+                source,
+            }
+        })
     }
 
     /// Makes every completed write durable (fdatasync).

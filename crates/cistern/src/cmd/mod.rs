@@ -1,6 +1,7 @@
 //! The client commands: each talks to the daemon through [`api::Client`].
 
 pub mod dataset;
+pub mod iostat;
 pub mod key;
 pub mod mount;
 pub mod plan;

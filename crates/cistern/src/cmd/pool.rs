@@ -48,8 +48,11 @@ pub enum PoolCommand {
     Attach(AttachArgs),
     /// Take a device out of its mirror.
     Detach(DeviceArgs),
-    /// Remove a top-level group (today: the last one, if it holds no data).
+    /// Remove a top-level group (today: the last one, if it holds no data),
+    /// or the log device (the log moves back to the pool's devices first).
     Remove(DeviceArgs),
+    /// I/O statistics: `cistern pool iostat [-v] [-l] [-w] [-H] [-p] [POOL] [INTERVAL [COUNT]]`.
+    Iostat(crate::cmd::iostat::IostatArgs),
     /// Show the commands that changed pools: `cistern pool history [-il] [POOL]...`.
     History(HistoryArgs),
     /// Show the pools' events (errors, state changes, scans): `[-fvHc] [POOL]`.
@@ -266,6 +269,10 @@ pub struct ImportArgs {
     /// activity check sees its MMP stamps stay still.
     #[arg(short = 'f', long = "force")]
     pub force: bool,
+    /// Import even though the log device is missing: sync writes that only
+    /// it held are lost (zpool import -m).
+    #[arg(short = 'm')]
+    pub missing_log: bool,
     /// Pool name or numeric id to import.
     pub pool: Option<String>,
 }
@@ -279,6 +286,7 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
         PoolCommand::Destroy(a) => Ok(client.destroy_pool_with(&a.pool, a.force)?),
         PoolCommand::Export(a) => Ok(client.export_pool_with(&a.pool, a.force)?),
         PoolCommand::Import(a) => import(client, a),
+        PoolCommand::Iostat(a) => crate::cmd::iostat::run(client, a),
         PoolCommand::Plan(a) => crate::cmd::plan::run(*a),
         PoolCommand::Scrub(a) => scrub(client, a),
         PoolCommand::Offline(a) => {
@@ -604,7 +612,7 @@ fn upgrade(client: &api::Client, a: UpgradeArgs) -> Result<()> {
         outln(&format!(
             "This build writes metadata format {} and device labels up to version {}.\n\
              Format history: metadata 1 (first release, no longer read), 2 (per-page checksums);\n\
-             labels 1 (disks and mirrors), 2 (raidz, resilvering devices).",
+             labels 1 (disks and mirrors), 2 (raidz, resilvering devices), 3 (log devices).",
             dataset::META_FORMAT,
             dataset::LABEL_VERSION
         ));
@@ -711,13 +719,19 @@ fn wait_scan(client: &api::Client, pool: &str, function: ScanFunction) -> Result
 pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
     let mut groups: Vec<GroupSpec> = Vec::new();
     let mut in_mirror = false;
+    // After `log`: the groups that follow are log devices (SLOG).
+    let mut in_log = false;
     let mut seen = HashSet::new();
     for w in words {
         match w.as_str() {
             "mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3" => {
                 in_mirror = true;
+                if in_log && w != "mirror" {
+                    bail!("a log is a device or a mirror, not {w}");
+                }
                 groups.push(GroupSpec {
                     kind: match w.as_str() {
+                        "mirror" if in_log => GroupKind::LogMirror,
                         "mirror" => GroupKind::Mirror,
                         "raidz2" => GroupKind::Raidz2,
                         "raidz3" => GroupKind::Raidz3,
@@ -727,7 +741,15 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
                 });
                 continue;
             }
-            "draid" | "spare" | "log" | "cache" | "special" | "dedup" => {
+            "log" => {
+                if in_log {
+                    bail!("'log' is given twice");
+                }
+                in_log = true;
+                in_mirror = false;
+                continue;
+            }
+            "draid" | "spare" | "cache" | "special" | "dedup" => {
                 bail!("'{w}' groups are not supported yet (use devices, mirror or raidz1/2/3)")
             }
             "" => bail!("empty device name"),
@@ -743,7 +765,11 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
             }
         } else {
             groups.push(GroupSpec {
-                kind: GroupKind::Disk,
+                kind: if in_log {
+                    GroupKind::Log
+                } else {
+                    GroupKind::Disk
+                },
                 devices: vec![path],
             });
         }
@@ -751,8 +777,11 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
     if groups.is_empty() {
         bail!("no devices given");
     }
+    if in_log && !groups.iter().any(|g| g.kind.is_log()) {
+        bail!("'log' must be followed by a device or `mirror A B`");
+    }
     for (i, g) in groups.iter().enumerate() {
-        if g.kind == GroupKind::Mirror && g.devices.len() < 2 {
+        if matches!(g.kind, GroupKind::Mirror | GroupKind::LogMirror) && g.devices.len() < 2 {
             bail!(
                 "mirror-{i} needs at least 2 devices, got {}",
                 g.devices.len()
@@ -1197,6 +1226,33 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
             }
         }
     }
+    // Log devices follow under a "logs" row without counters, as zpool status shows them.
+    let log_start = rows.len();
+    for g in &s.logs {
+        if g.kind == GroupKind::Log && g.devices.len() == 1 {
+            let d = &g.devices[0];
+            rows.push((
+                format!("  {}", device_name(d)),
+                &d.state,
+                [d.read_errors, d.write_errors, d.checksum_errors],
+            ));
+            notes.push((rows.len() - 1, d.reason.clone()));
+        } else {
+            rows.push((
+                format!("  {}", g.name),
+                &g.state,
+                sum(std::slice::from_ref(g)),
+            ));
+            for d in &g.devices {
+                rows.push((
+                    format!("    {}", device_name(d)),
+                    &d.state,
+                    [d.read_errors, d.write_errors, d.checksum_errors],
+                ));
+                notes.push((rows.len() - 1, d.reason.clone()));
+            }
+        }
+    }
     let mut t = Table::new(&["NAME", "STATE", "READ", "WRITE", "CKSUM"]);
     for i in 2..5 {
         t.align_right(i);
@@ -1209,6 +1265,11 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         }
     }
     for (i, (name, state, c)) in rows.into_iter().enumerate() {
+        if i == log_start && !s.logs.is_empty() {
+            let mut row = vec!["logs".to_string()];
+            row.resize(if any_note { 6 } else { 5 }, String::new());
+            t.push(row);
+        }
         let mut row = vec![
             name,
             state.to_string(),
@@ -1289,7 +1350,7 @@ fn import(client: &api::Client, a: ImportArgs) -> Result<()> {
     };
     match a.pool {
         Some(pool) => {
-            client.import_pool(&pool, &dirs, a.force)?;
+            client.import_pool_with(&pool, &dirs, a.force, a.missing_log)?;
             Ok(())
         }
         None => {
@@ -1359,6 +1420,22 @@ mod tests {
 
     fn spec(s: &str) -> Result<Vec<GroupSpec>> {
         parse_vdev_spec(&words(s), Path::new("/work"))
+    }
+
+    #[test]
+    fn log_groups() {
+        let g = spec("a b log c").unwrap();
+        assert_eq!(
+            g.iter().map(|g| g.kind).collect::<Vec<_>>(),
+            vec![GroupKind::Disk, GroupKind::Disk, GroupKind::Log]
+        );
+        let g = spec("mirror a b log mirror c d").unwrap();
+        assert_eq!(g[1].kind, GroupKind::LogMirror);
+        assert_eq!(g[1].devices.len(), 2);
+        assert!(spec("a log").is_err());
+        assert!(spec("a log raidz1 b c d").is_err());
+        assert!(spec("a log mirror c").is_err());
+        assert!(spec("a log b log c").is_err());
     }
 
     #[test]
@@ -1517,6 +1594,7 @@ mod tests {
     fn missing_device_shows_its_guid_and_old_path() {
         let mut s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
+            logs: vec![],
             groups: vec![GroupStatus {
                 name: "mirror-0".into(),
                 kind: GroupKind::Mirror,
@@ -1586,6 +1664,7 @@ mod tests {
         };
         let s = PoolStatus {
             summary: summary("tank", 8 << 30, 0),
+            logs: vec![],
             groups: vec![
                 GroupStatus {
                     name: "mirror-0".into(),
@@ -1631,6 +1710,22 @@ mod tests {
             text.contains("/d/b    FAULTED      0      0      2  too many errors\n"),
             "{text}"
         );
+        // Log devices follow under "logs", as zpool status shows them.
+        s.logs = vec![GroupStatus {
+            name: "mirror-2".into(),
+            kind: GroupKind::LogMirror,
+            state: "ONLINE".into(),
+            devices: vec![dev("/d/l0", 0), dev("/d/l1", 0)],
+        }];
+        let text = render_status_with(&s, false, 0);
+        let tail = text.split("/d/c").nth(1).unwrap_or_default();
+        let names: Vec<&str> = tail
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap_or(""))
+            .take(4)
+            .collect();
+        assert_eq!(names, ["logs", "mirror-2", "/d/l0", "/d/l1"], "{text}");
     }
 }
 
