@@ -3,6 +3,7 @@
 
 mod cmd;
 mod config;
+mod exposure;
 mod format;
 mod nbd_adapter;
 mod nbd_metrics;
