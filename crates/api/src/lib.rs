@@ -7,6 +7,7 @@
 //!
 //! | method | path | body in | body out |
 //! |---|---|---|---|
+//! | POST, DELETE | /v1/session | [`auth::Login`] | 204 + the UI's session cookie (login, logout) |
 //! | GET | /v1/health | | [`Health`] |
 //! | GET | /v1/pools | | `[PoolSummary]` |
 //! | POST | /v1/pools | `PoolSpec` | `PoolStatus` (201) |
@@ -60,6 +61,7 @@
 //! Errors are `{"error": "...", "kind": "NotFound"}` ([`ErrorBody`]) with a
 //! status mapped from [`dataset::Error`] (see [`status_for`]).
 
+pub mod auth;
 pub mod client;
 pub mod history;
 pub mod metrics;

@@ -37,6 +37,8 @@ pub struct ApiState {
     pub change_hooks: Vec<crate::shares::ChangeHook>,
     /// The FUSE mounts (`/v1/mounts`); None: this daemon mounts nothing.
     pub mounts: Option<fuse::Mounts>,
+    /// Who may call (crate::auth); None only in tests that run the router in-process.
+    pub auth: Option<crate::auth::Auth>,
 }
 
 impl ApiState {
@@ -48,7 +50,14 @@ impl ApiState {
             share_services: Vec::new(),
             change_hooks: Vec::new(),
             mounts: None,
+            auth: None,
         }
+    }
+
+    /// Requires the token (or the UI's session cookie) on every request.
+    pub fn with_auth(mut self, auth: crate::auth::Auth) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     pub fn with_mounts(mut self, mounts: fuse::Mounts) -> Self {
@@ -87,7 +96,8 @@ impl ApiState {
 
 /// The full API under `/v1`, plus `/metrics`.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let auth = state.auth.clone();
+    let routes = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/pools", get(list_pools).post(create_pool))
         .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
@@ -149,7 +159,24 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             crate::history::record,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: nothing runs for a request without credentials.
+    match auth {
+        Some(auth) => routes
+            .merge(
+                Router::new()
+                    .route(
+                        crate::auth::SESSION_PATH,
+                        post(crate::auth::login).delete(crate::auth::logout),
+                    )
+                    .with_state(auth.clone()),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                auth,
+                crate::auth::require,
+            )),
+        None => routes,
+    }
 }
 
 /// HTTP status for an engine error.
@@ -1102,4 +1129,46 @@ where
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// [`serve`] over HTTPS: handshakes (64 at once, 10 s each) run beside the
+/// server, which only sees finished TLS connections.
+pub async fn serve_tls<F>(
+    listener: tokio::net::TcpListener,
+    tls: std::sync::Arc<tls::rustls::ServerConfig>,
+    state: ApiState,
+    shutdown: F,
+) -> std::io::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let incoming = tls::Incoming::new(
+        listener,
+        tls::TlsAcceptor::from(tls),
+        64,
+        std::time::Duration::from_secs(10),
+        "API",
+    )?;
+    axum::serve(TlsListener(incoming), router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+struct TlsListener(tls::Incoming);
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tls::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.0.accept().await {
+            Some(c) => c,
+            // The accept task ended (it only does when dropped).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.0.local_addr())
+    }
 }

@@ -7,6 +7,9 @@
 //! state_dir = "/var/lib/cistern"
 //! log = "info,dataset=debug"
 //!
+//! [api]               # ApiSection: the token is STATE_DIR/api.token (0600)
+//! metrics_open = false
+//!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
 //! multihost_interval_ms = 1000   # or CISTERN_MMP_INTERVAL_MS (decision 0010)
@@ -70,6 +73,20 @@ pub struct Config {
     pub fuse: fuse::FuseConfig,
     /// `[nfs]`: the NFS server, run when this section (or `--nfs`) is there.
     pub nfs: Option<NfsSection>,
+    /// `[api]`: the management API's access rules.
+    pub api: ApiSection,
+}
+
+/// `[api]`: who may call the management API (api::auth). The token itself
+/// lives in STATE_DIR/api.token, never in the config.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// `/metrics` answers without the token (for a Prometheus without credentials).
+    pub metrics_open: bool,
+    /// HTTPS: PEM certificate chain and key (both or neither).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[nfs]`: where NFS listens and its bounds; unset keys keep `nfs::NfsConfig`'s defaults.
@@ -320,6 +337,7 @@ pub struct Resolved {
     pub api_tls: Option<std::sync::Arc<tls::rustls::ServerConfig>>,
     /// `--insecure` (crate::exposure).
     pub insecure: bool,
+    pub api_access: ApiSection,
 }
 
 #[derive(Debug, Clone)]
@@ -441,7 +459,11 @@ pub fn resolve(
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
         nbd_client_certs: cfg.nbd.tls_ca.is_some(),
-        api_tls: None,
+        api_tls: https(
+            "api",
+            cfg.api.tls_cert.as_deref(),
+            cfg.api.tls_key.as_deref(),
+        )?,
         insecure: flags.insecure,
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine,
@@ -449,6 +471,7 @@ pub fn resolve(
         smb: cfg.smb,
         fuse: cfg.fuse,
         nfs,
+        api_access: cfg.api,
     })
 }
 
@@ -471,6 +494,7 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     let t = s.trim();
     let t = t
         .strip_prefix("http://")
+        .or_else(|| t.strip_prefix("https://"))
         .or_else(|| t.strip_prefix("nbd://"))
         .unwrap_or(t);
     let t = t.trim_end_matches('/');

@@ -35,6 +35,31 @@ pub struct Cli {
     )]
     pub api: Option<String>,
 
+    /// The daemon's API token [env: CISTERN_TOKEN]; by default the one a
+    /// daemon of this user on this machine left in its runtime directory
+    #[arg(verbatim_doc_comment)]
+    #[arg(
+        long,
+        global = true,
+        env = "CISTERN_TOKEN",
+        value_name = "TOKEN",
+        hide_env = true,
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
+    /// PEM file of the CA an https:// daemon's certificate must chain to
+    /// [env: CISTERN_CA] (default: the system's CA bundle)
+    #[arg(verbatim_doc_comment)]
+    #[arg(
+        long,
+        global = true,
+        env = "CISTERN_CA",
+        value_name = "FILE",
+        hide_env = true
+    )]
+    pub ca: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -123,9 +148,16 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::cli::run(cmd),
         command => {
             output::init_client_logging();
-            let client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL))
+            let mut client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL))
                 .with_caller(cmd::pool::caller());
-            cmd::run(&client, command)
+            if let Some(t) = cli.token.clone() {
+                client = client.with_token(t);
+            }
+            match &cli.ca {
+                Some(ca) => client.with_ca(ca).map_err(anyhow::Error::from),
+                None => Ok(client),
+            }
+            .and_then(|client| cmd::run(&client, command))
         }
     };
     match result {

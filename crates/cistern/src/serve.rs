@@ -43,6 +43,8 @@ pub struct ServeArgs {
 pub struct Endpoints {
     pub nbd: SocketAddr,
     pub api: SocketAddr,
+    /// The API speaks HTTPS.
+    pub api_https: bool,
     /// None: S3 is not served.
     pub s3: Option<SocketAddr>,
     /// S3 speaks HTTPS.
@@ -61,7 +63,8 @@ impl Endpoints {
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api)
+        let scheme = if self.api_https { "https" } else { "http" };
+        format!("{scheme}://{}", self.api)
     }
 
     /// The S3 endpoint URL (path style), if S3 is served.
@@ -189,6 +192,7 @@ async fn serve(
     let endpoints = Endpoints {
         nbd: nbd_listener.local_addr()?,
         api: api_listener.local_addr()?,
+        api_https: r.api_tls.is_some(),
         s3: s3_listener.as_ref().map(|l| l.local_addr()).transpose()?,
         s3_https: r.s3.as_ref().is_some_and(|s| s.tls.is_some()),
         nfs: nfs_listener.as_ref().map(|l| l.local_addr()).transpose()?,
@@ -267,17 +271,29 @@ async fn serve(
             tracing::warn!("SMB shares not served: {e:#}");
         }
     }
+    let auth = api::auth::Auth::load_or_create(&state_dir)
+        .context("the API token")?
+        .with_metrics_open(r.api_access.metrics_open);
+    match api::auth::publish(endpoints.api, &auth) {
+        Ok(p) => tracing::debug!(path = %p.display(), "API token published for local CLIs"),
+        Err(e) => tracing::warn!("local CLIs will need --token: {e}"),
+    }
     let state = api::ApiState::new(engine.clone())
+        .with_auth(auth)
         .with_metrics(Arc::new(crate::nbd_metrics::render))
         .with_users(users.clone())
         .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
         .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
+    let api_tls = r.api_tls.clone();
     let mut api_task = tokio::spawn(async move {
-        api::server::serve(api_listener, state, async move {
+        let stop = async move {
             let _ = api_rx.wait_for(|stop| *stop).await;
-        })
-        .await
+        };
+        match api_tls {
+            Some(t) => api::server::serve_tls(api_listener, t, state, stop).await,
+            None => api::server::serve(api_listener, state, stop).await,
+        }
     });
 
     println!(
@@ -287,6 +303,10 @@ async fn serve(
     );
     println!("NBD: {}", endpoints.nbd_uri("<export>"));
     println!("API: {}", endpoints.api_url());
+    println!(
+        "API token: {}",
+        state_dir.join(api::auth::TOKEN_FILE).display()
+    );
     let mut s3_task = match (s3_listener, r.s3) {
         (Some(listener), Some(s3)) => {
             if let Some(url) = endpoints.s3_url() {
