@@ -36,6 +36,9 @@ pub enum ClientError {
     /// The daemon answered something we do not understand.
     #[error("unexpected answer from {url}: {reason}")]
     Protocol { url: String, reason: String },
+    /// The client's own TLS settings (`--ca`) are unusable.
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl ClientError {
@@ -62,6 +65,8 @@ pub struct Client {
     caller: Option<Caller>,
     /// Sent as `Authorization: Bearer` (crate::auth).
     token: Option<String>,
+    /// Whom an `https://` daemon's certificate must chain to.
+    tls: ureq::tls::TlsConfig,
 }
 
 impl Client {
@@ -82,31 +87,70 @@ impl Client {
         };
         // The token of a daemon this user runs here, if it published one.
         let token = crate::auth::token_for(&base);
+        // Only an https:// daemon needs roots (the system bundle is parsed then).
+        let roots = match base.starts_with("https://") {
+            true => system_roots().unwrap_or(ureq::tls::RootCerts::WebPki),
+            false => ureq::tls::RootCerts::WebPki,
+        };
+        let tls = tls_config(roots);
         Self {
-            agent: agent(timeout, None, token.clone()),
+            agent: agent(timeout, None, token.clone(), tls.clone()),
             base,
             timeout,
             caller: None,
             token,
+            tls,
         }
+    }
+
+    /// Trusts the CA certificates of the PEM file `ca` (`--ca`,
+    /// `CISTERN_CA`) for an `https://` daemon, instead of the system's.
+    pub fn with_ca(mut self, ca: &std::path::Path) -> Result<Self> {
+        let pem = std::fs::read(ca)
+            .map_err(|e| ClientError::Tls(format!("cannot read CA file {}: {e}", ca.display())))?;
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            return Err(ClientError::Tls(format!(
+                "CA file {} holds no PEM certificate",
+                ca.display()
+            )));
+        }
+        self.tls = tls_config(ureq::tls::RootCerts::new_with_certs(&certs));
+        self.agent = self.make_agent(self.timeout);
+        Ok(self)
+    }
+
+    fn make_agent(&self, timeout: Duration) -> ureq::Agent {
+        agent(
+            timeout,
+            self.caller.clone(),
+            self.token.clone(),
+            self.tls.clone(),
+        )
     }
 
     /// Sends who runs what with every request ([`crate::HEADER_COMMAND`]...),
     /// so that the pools' histories record it.
     pub fn with_caller(mut self, caller: Caller) -> Self {
         self.caller = Some(caller);
-        self.agent = agent(self.timeout, self.caller.clone(), self.token.clone());
+        self.agent = self.make_agent(self.timeout);
         self
     }
 
     /// The same daemon and credentials with another bound on each call.
     pub fn with_call_timeout(&self, timeout: Duration) -> Self {
         Self {
-            agent: agent(timeout, self.caller.clone(), self.token.clone()),
+            agent: self.make_agent(timeout),
             base: self.base.clone(),
             timeout,
             caller: self.caller.clone(),
             token: self.token.clone(),
+            tls: self.tls.clone(),
         }
     }
 
@@ -114,7 +158,7 @@ impl Client {
     /// discovered one.
     pub fn with_token(mut self, token: String) -> Self {
         self.token = Some(token);
-        self.agent = agent(self.timeout, self.caller.clone(), self.token.clone());
+        self.agent = self.make_agent(self.timeout);
         self
     }
 
@@ -889,8 +933,45 @@ fn percent_encode_segment(s: &str) -> String {
 
 /// The HTTP agent: errors as values, no proxy, bounded in time, and the
 /// caller's headers on every request when given.
-fn agent(timeout: Duration, caller: Option<Caller>, token: Option<String>) -> ureq::Agent {
+fn tls_config(roots: ureq::tls::RootCerts) -> ureq::tls::TlsConfig {
+    ureq::tls::TlsConfig::builder().root_certs(roots).build()
+}
+
+/// The system's CA bundle (`SSL_CERT_FILE`, else Debian's and Red Hat's
+/// paths); None: ureq's built-in Mozilla roots.
+fn system_roots() -> Option<ureq::tls::RootCerts> {
+    let candidates = std::env::var_os("SSL_CERT_FILE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
+        ]);
+    for path in candidates {
+        let Ok(pem) = std::fs::read(&path) else {
+            continue;
+        };
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if !certs.is_empty() {
+            return Some(ureq::tls::RootCerts::new_with_certs(&certs));
+        }
+    }
+    None
+}
+
+fn agent(
+    timeout: Duration,
+    caller: Option<Caller>,
+    token: Option<String>,
+    tls: ureq::tls::TlsConfig,
+) -> ureq::Agent {
     let mut config = ureq::Agent::config_builder()
+        .tls_config(tls)
         .http_status_as_error(false)
         .proxy(None)
         .timeout_connect(Some(Duration::from_secs(5)))

@@ -1238,3 +1238,45 @@ where
         .with_graceful_shutdown(shutdown)
         .await
 }
+
+/// [`serve`] over HTTPS: handshakes (64 at once, 10 s each) run beside the
+/// server, which only sees finished TLS connections.
+pub async fn serve_tls<F>(
+    listener: tokio::net::TcpListener,
+    tls: std::sync::Arc<tls::rustls::ServerConfig>,
+    state: ApiState,
+    shutdown: F,
+) -> std::io::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let incoming = tls::Incoming::new(
+        listener,
+        tls::TlsAcceptor::from(tls),
+        64,
+        std::time::Duration::from_secs(10),
+        "API",
+    )?;
+    axum::serve(TlsListener(incoming), router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+struct TlsListener(tls::Incoming);
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tls::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.0.accept().await {
+            Some(c) => c,
+            // The accept task ended (it only does when dropped).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.0.local_addr())
+    }
+}

@@ -84,6 +84,9 @@ pub struct Config {
 pub struct ApiSection {
     /// `/metrics` answers without the token (for a Prometheus without credentials).
     pub metrics_open: bool,
+    /// HTTPS: PEM certificate chain and key (both or neither).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[nfs]`: where NFS listens and its bounds; unset keys keep `nfs::NfsConfig`'s defaults.
@@ -180,6 +183,14 @@ pub struct NbdSection {
     pub shutdown_grace_secs: Option<f64>,
     pub revoke_grace_secs: Option<f64>,
     pub bad_client_log_interval_secs: Option<f64>,
+    /// "off" (default), "on" (STARTTLS offered; exports with nbd:clients
+    /// need it) or "require" (nothing but STARTTLS before TLS).
+    pub tls: Option<String>,
+    /// PEM certificate chain and key of the server.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: clients must present a certificate it signed.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl NbdSection {
@@ -227,7 +238,30 @@ impl NbdSection {
         if let Some(v) = self.shutdown_grace_secs {
             c.shutdown_grace = secs("shutdown_grace_secs", v)?;
         }
+        c.tls = self.tls()?;
         Ok(c)
+    }
+
+    /// `tls`, `tls_cert`, `tls_key`, `tls_ca`: the certificates are read now,
+    /// so a bad path or key stops the daemon at start with the file named.
+    fn tls(&self) -> Result<Option<nbd::Tls>> {
+        let require = match self.tls.as_deref().unwrap_or("off") {
+            "off" => {
+                if self.tls_ca.is_some() {
+                    bail!("[nbd] tls_ca is set but tls = \"off\": set tls = \"on\" or \"require\"");
+                }
+                return Ok(None);
+            }
+            "on" => false,
+            "require" => true,
+            other => bail!("[nbd] tls = \"{other}\": expected \"off\", \"on\" or \"require\""),
+        };
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            bail!("[nbd] tls = \"on\" or \"require\" needs tls_cert and tls_key (PEM files)");
+        };
+        let config = tls::server_config(cert, key, self.tls_ca.as_deref(), &[])
+            .context("[nbd] TLS settings")?;
+        Ok(Some(nbd::Tls { config, require }))
     }
 }
 
@@ -269,6 +303,8 @@ pub struct Overrides {
     pub nfs: Option<String>,
     /// Serve NFS (at DEFAULT_NFS_ADDR) even without `--nfs` or `[nfs]` (quickstart).
     pub nfs_by_default: bool,
+    /// `--insecure`: listeners beyond loopback without TLS are allowed (with a warning).
+    pub insecure: bool,
 }
 
 /// A listen address and whether the user asked for it (flag or config).
@@ -295,6 +331,12 @@ pub struct Resolved {
     pub fuse: fuse::FuseConfig,
     /// The NFS server, when it is on.
     pub nfs: Option<NfsResolved>,
+    /// `[nbd] tls_ca` is set: NBD clients must present a certificate.
+    pub nbd_client_certs: bool,
+    /// HTTPS for the management API (`[api] tls_cert`/`tls_key`).
+    pub api_tls: Option<std::sync::Arc<tls::rustls::ServerConfig>>,
+    /// `--insecure` (crate::exposure).
+    pub insecure: bool,
     pub api_access: ApiSection,
 }
 
@@ -310,6 +352,25 @@ pub struct S3Resolved {
     pub listen: Listen,
     pub service: s3::S3Config,
     pub anonymous: s3::access::Grants,
+    /// HTTPS (`tls_cert`/`tls_key`), read at start.
+    pub tls: Option<std::sync::Arc<tls::rustls::ServerConfig>>,
+}
+
+/// An HTTPS endpoint's certificate and key (both or neither), read now so a
+/// bad path or key stops the daemon at start with the file named.
+pub fn https(
+    section: &str,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<std::sync::Arc<tls::rustls::ServerConfig>>> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(
+            tls::server_config(cert, key, None, &[b"http/1.1"])
+                .with_context(|| format!("[{section}] TLS settings"))?,
+        )),
+        _ => bail!("[{section}] needs both tls_cert and tls_key (PEM files), or neither"),
+    }
 }
 
 /// Flags override the config; then the defaults. `default_state_dir` is used
@@ -351,10 +412,16 @@ pub fn resolve(
             let anonymous =
                 s3::access::parse_anonymous(section.anonymous.as_deref().unwrap_or("off"))
                     .context("bad [s3] anonymous")?;
+            let tls = https(
+                "s3",
+                section.service.tls_cert.as_deref(),
+                section.service.tls_key.as_deref(),
+            )?;
             Some(S3Resolved {
                 listen,
                 service: section.service,
                 anonymous,
+                tls,
             })
         }
     };
@@ -391,6 +458,13 @@ pub fn resolve(
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
         nbd_server: cfg.nbd.server_config()?,
+        nbd_client_certs: cfg.nbd.tls_ca.is_some(),
+        api_tls: https(
+            "api",
+            cfg.api.tls_cert.as_deref(),
+            cfg.api.tls_key.as_deref(),
+        )?,
+        insecure: flags.insecure,
         policies: dataset::policy::Policies::from_config(&cfg.policy)?,
         engine,
         s3,
@@ -420,6 +494,7 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     let t = s.trim();
     let t = t
         .strip_prefix("http://")
+        .or_else(|| t.strip_prefix("https://"))
         .or_else(|| t.strip_prefix("nbd://"))
         .unwrap_or(t);
     let t = t.trim_end_matches('/');

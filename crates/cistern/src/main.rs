@@ -3,6 +3,7 @@
 
 mod cmd;
 mod config;
+mod exposure;
 mod format;
 mod nbd_adapter;
 mod nbd_metrics;
@@ -46,6 +47,18 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub token: Option<String>,
+
+    /// PEM file of the CA an https:// daemon's certificate must chain to
+    /// [env: CISTERN_CA] (default: the system's CA bundle)
+    #[arg(verbatim_doc_comment)]
+    #[arg(
+        long,
+        global = true,
+        env = "CISTERN_CA",
+        value_name = "FILE",
+        hide_env = true
+    )]
+    pub ca: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -148,7 +161,11 @@ fn main() -> ExitCode {
             if let Some(t) = cli.token.clone() {
                 client = client.with_token(t);
             }
-            cmd::run(&client, command)
+            match &cli.ca {
+                Some(ca) => client.with_ca(ca).map_err(anyhow::Error::from),
+                None => Ok(client),
+            }
+            .and_then(|client| cmd::run(&client, command))
         }
     };
     match result {

@@ -4,8 +4,11 @@
 //! `cistern:changed:SNAP` per older snapshot of its volume: flag 1 marks
 //! ranges whose blocks changed since that snapshot.
 
+use dataset::props::{parse_nbd_clients, NBD_CLIENTS};
 use dataset::{Engine, EventKind, Extent, OpenHandle, ReadSegment, Volume, WriteMark};
-use nbd::{BlockExport, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent};
+use nbd::{
+    Access, BlockExport, Client, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent,
+};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -51,6 +54,51 @@ impl ExportProvider for EngineExports {
     fn open_from(&self, name: &str, peer: SocketAddr) -> Option<Arc<dyn BlockExport>> {
         open_logged(name, VolumeExport::held(&self.engine, name, peer))
     }
+
+    /// Exports the client may open (the others look absent).
+    fn list_for(&self, client: &Client) -> Vec<ExportInfo> {
+        self.list()
+            .into_iter()
+            .filter(|e| {
+                matches!(
+                    self.access(&e.name, client),
+                    Access::ReadWrite | Access::ReadOnly
+                )
+            })
+            .collect()
+    }
+
+    /// `nbd:clients` (inherited): when set, only TLS clients whose
+    /// certificate CN is listed may open the export, `:ro` ones read-only.
+    fn access(&self, name: &str, client: &Client) -> Access {
+        let Ok(value) = self.engine.property_value(name, NBD_CLIENTS) else {
+            // No such dataset: `open` says so.
+            return Access::ReadWrite;
+        };
+        access_for(&value, client)
+    }
+}
+
+/// What `nbd:clients = value` grants `client`.
+pub fn access_for(value: &str, client: &Client) -> Access {
+    let list = match parse_nbd_clients(value) {
+        Ok(None) => return Access::ReadWrite,
+        Ok(Some(list)) => list,
+        // Checked when set; a bad value that got in some other way shuts
+        // the door rather than opening it.
+        Err(e) => return Access::Denied(format!("bad nbd:clients value: {e}")),
+    };
+    if !client.tls {
+        return Access::TlsRequired;
+    }
+    let Some(cn) = client.common_name.as_deref() else {
+        return Access::Denied("no client certificate, and nbd:clients is set".into());
+    };
+    match list.iter().find(|c| c.common_name == cn) {
+        Some(c) if c.read_only => Access::ReadOnly,
+        Some(_) => Access::ReadWrite,
+        None => Access::Denied(format!("certificate CN '{cn}' is not in nbd:clients")),
+    }
 }
 
 fn open_logged(name: &str, r: dataset::Result<VolumeExport>) -> Option<Arc<dyn BlockExport>> {
@@ -61,6 +109,38 @@ fn open_logged(name: &str, r: dataset::Result<VolumeExport>) -> Option<Arc<dyn B
             tracing::warn!(export = %name, "cannot open volume: {e}");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod access_tests {
+    use super::*;
+
+    fn client(tls: bool, cn: Option<&str>) -> Client {
+        Client {
+            peer: "127.0.0.1:1".parse().unwrap(),
+            tls,
+            common_name: cn.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn grants() {
+        let alice = client(true, Some("alice"));
+        assert_eq!(access_for("-", &client(false, None)), Access::ReadWrite);
+        assert_eq!(access_for("none", &alice), Access::ReadWrite);
+        assert_eq!(access_for("alice", &alice), Access::ReadWrite);
+        assert_eq!(access_for("bob,alice:ro", &alice), Access::ReadOnly);
+        assert_eq!(
+            access_for("alice", &client(false, Some("alice"))),
+            Access::TlsRequired
+        );
+        assert!(matches!(access_for("bob", &alice), Access::Denied(_)));
+        assert!(matches!(
+            access_for("alice", &client(true, None)),
+            Access::Denied(_)
+        ));
+        assert!(matches!(access_for("a,,b", &alice), Access::Denied(_)));
     }
 }
 

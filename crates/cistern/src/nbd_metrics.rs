@@ -51,6 +51,16 @@ pub fn render() -> String {
             "NBD connections closed for not reading replies while the in-flight byte budget was exhausted.",
             s.stalled_evicted,
         ),
+        (
+            "cistern_nbd_tls_handshakes_total",
+            "NBD connections upgraded to TLS (NBD_OPT_STARTTLS).",
+            s.tls_handshakes,
+        ),
+        (
+            "cistern_nbd_tls_failures_total",
+            "NBD TLS handshakes that failed (bad or missing client certificate, bad client).",
+            s.tls_failed,
+        ),
     ];
     for (name, help, v) in counters {
         w.family(name, "counter", help);

@@ -56,6 +56,7 @@ pub fn main(args: QuickstartArgs, api_flag: Option<String>) -> Result<()> {
             s3_by_default: true,
             nfs: args.nfs,
             nfs_by_default: true,
+            insecure: false,
         },
         None,
     )?;

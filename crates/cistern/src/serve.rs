@@ -33,6 +33,9 @@ pub struct ServeArgs {
     /// TOML config file ([server] and [engine] sections); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Listen beyond loopback without TLS (labs only; logged as a warning).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// The addresses actually bound (ports resolved when 0 was asked for).
@@ -40,8 +43,12 @@ pub struct ServeArgs {
 pub struct Endpoints {
     pub nbd: SocketAddr,
     pub api: SocketAddr,
+    /// The API speaks HTTPS.
+    pub api_https: bool,
     /// None: S3 is not served.
     pub s3: Option<SocketAddr>,
+    /// S3 speaks HTTPS.
+    pub s3_https: bool,
     /// None: NFS is not served.
     pub nfs: Option<SocketAddr>,
     /// smbd's address (it starts with the first share); None: SMB is off.
@@ -56,12 +63,14 @@ impl Endpoints {
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api)
+        let scheme = if self.api_https { "https" } else { "http" };
+        format!("{scheme}://{}", self.api)
     }
 
     /// The S3 endpoint URL (path style), if S3 is served.
     pub fn s3_url(&self) -> Option<String> {
-        self.s3.map(|a| format!("http://{a}"))
+        let scheme = if self.s3_https { "https" } else { "http" };
+        self.s3.map(|a| format!("{scheme}://{a}"))
     }
 
     /// What libnfs (nfs-ls, nfs-cp) takes for a filesystem's export.
@@ -98,6 +107,7 @@ pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
             s3_by_default: false,
             nfs: args.nfs,
             nfs_by_default: false,
+            insecure: args.insecure,
         },
         None,
     )?;
@@ -117,18 +127,6 @@ pub fn init_logging(filter: &str) -> Result<()> {
         .with_writer(std::io::stderr)
         .try_init();
     Ok(())
-}
-
-fn warn_if_public(what: &str, l: &Listen) {
-    if !l.addr.ip().is_loopback() {
-        let risk = match what {
-            "NBD" => "anyone who can reach it can read and write every volume",
-            "S3" => "requests are signed but not encrypted (no TLS): put a TLS proxy in front",
-            "NFS" => "AUTH_UNIX trusts the uid a client claims: limit sharenfs to trusted hosts",
-            _ => "anyone who can reach it can manage (and destroy) every pool",
-        };
-        tracing::warn!("{what} listens on {}, beyond loopback: {risk}", l.addr);
-    }
 }
 
 async fn bind(what: &str, l: &Listen) -> Result<TcpListener> {
@@ -178,39 +176,25 @@ async fn serve(
     setup: Option<Setup>,
     announce: Option<Announce>,
 ) -> Result<()> {
+    // Nothing is exposed beyond loopback without protection (or --insecure).
+    crate::exposure::check(&r, r.insecure)?;
     // Bind first: a taken port fails before any pool is touched.
     let nbd_listener = bind("NBD", &r.nbd).await?;
     let api_listener = bind("the API", &r.api).await?;
-    if r.nbd.explicit {
-        warn_if_public("NBD", &r.nbd);
-    }
-    if r.api.explicit {
-        warn_if_public("API", &r.api);
-    }
     let s3_listener = match &r.s3 {
-        Some(s3) => {
-            let l = bind("S3", &s3.listen).await?;
-            if s3.listen.explicit {
-                warn_if_public("S3", &s3.listen);
-            }
-            Some(l)
-        }
+        Some(s3) => Some(bind("S3", &s3.listen).await?),
         None => None,
     };
     let nfs_listener = match &r.nfs {
-        Some(n) => {
-            let l = bind("NFS", &n.listen).await?;
-            if n.listen.explicit {
-                warn_if_public("NFS", &n.listen);
-            }
-            Some(l)
-        }
+        Some(n) => Some(bind("NFS", &n.listen).await?),
         None => None,
     };
     let endpoints = Endpoints {
         nbd: nbd_listener.local_addr()?,
         api: api_listener.local_addr()?,
+        api_https: r.api_tls.is_some(),
         s3: s3_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+        s3_https: r.s3.as_ref().is_some_and(|s| s.tls.is_some()),
         nfs: nfs_listener.as_ref().map(|l| l.local_addr()).transpose()?,
         smb: r.smb.enabled.then_some(r.smb.listen),
         state_dir: state_dir.clone(),
@@ -301,11 +285,15 @@ async fn serve(
         .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
         .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
+    let api_tls = r.api_tls.clone();
     let mut api_task = tokio::spawn(async move {
-        api::server::serve(api_listener, state, async move {
+        let stop = async move {
             let _ = api_rx.wait_for(|stop| *stop).await;
-        })
-        .await
+        };
+        match api_tls {
+            Some(t) => api::server::serve_tls(api_listener, t, state, stop).await,
+            None => api::server::serve(api_listener, state, stop).await,
+        }
     });
 
     println!(
@@ -325,11 +313,12 @@ async fn serve(
                 println!("S3: {url}");
             }
             let mut rx = stop_rx.clone();
-            Some(tokio::spawn(s3::serve(
+            Some(tokio::spawn(s3::serve_tls(
                 listener,
                 engine.clone(),
                 s3.service,
                 users.clone(),
+                s3.tls,
                 async move {
                     let _ = rx.wait_for(|stop| *stop).await;
                 },

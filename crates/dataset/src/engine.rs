@@ -1332,6 +1332,18 @@ impl Engine {
         Ok(Arc::new(Volume::new(p, id, name.to_string())))
     }
 
+    /// A property of a dataset or snapshot as it applies now (local,
+    /// inherited, or its default; `-` for an unset user property).
+    pub fn property_value(&self, name: &str, prop: &str) -> Result<String> {
+        let (pool, _) = split_dataset(name.split('@').next().unwrap_or(name))?;
+        let p = self.pool(pool)?;
+        let datasets = p.datasets.read();
+        let rec = datasets
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+        Ok(crate::txg::lineage(&datasets, rec).resolve(prop).0)
+    }
+
     pub fn volume_names(&self) -> Vec<String> {
         let mut out = Vec::new();
         for p in self.inner.pools.read().values() {

@@ -63,6 +63,61 @@ pub(crate) const FILESYSTEM_ONLY: &[&str] = &[
 /// (`module:name`) exist; `autosnap::policy_props` is the one reader.
 pub const SNAPSHOT_POLICY: &str = "snapshot:policy";
 pub const SNAPSHOT_SCHEDULE: &str = "snapshot:schedule";
+/// NBD access by client certificate (decision 0025): `CN[:ro],...`, or
+/// `none`. A user property (inherited, `cistern inherit` clears it) whose
+/// value is checked when set; [`parse_nbd_clients`] is the one reader.
+pub const NBD_CLIENTS: &str = "nbd:clients";
+/// The longest CN X.509 allows (ub-common-name) and the most entries.
+const MAX_CN_LEN: usize = 64;
+const MAX_NBD_CLIENTS: usize = 256;
+
+/// One grant of `nbd:clients`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdClient {
+    pub common_name: String,
+    pub read_only: bool,
+}
+
+/// `nbd:clients`: None for `none` or unset (`-`: anyone may open the
+/// export), else the certificate CNs that may, each `:ro` (read-only) or
+/// `:rw` (the default).
+pub fn parse_nbd_clients(value: &str) -> std::result::Result<Option<Vec<NbdClient>>, String> {
+    let value = value.trim();
+    if value == "none" || value == "-" {
+        return Ok(None);
+    }
+    let mut out: Vec<NbdClient> = Vec::new();
+    for entry in value.split(',') {
+        let entry = entry.trim();
+        let (cn, read_only) = match entry.rsplit_once(':') {
+            Some((cn, "ro")) => (cn.trim(), true),
+            Some((cn, "rw")) => (cn.trim(), false),
+            _ => (entry, false),
+        };
+        if cn.is_empty() {
+            return Err("empty client name (expected CN[:ro],CN[:ro],...)".into());
+        }
+        if cn.len() > MAX_CN_LEN {
+            return Err(format!(
+                "client name '{cn}' is longer than {MAX_CN_LEN} bytes"
+            ));
+        }
+        if cn.chars().any(|c| c.is_control()) {
+            return Err("client names cannot hold control characters".into());
+        }
+        if out.iter().any(|c| c.common_name == cn) {
+            return Err(format!("client '{cn}' is listed twice"));
+        }
+        if out.len() == MAX_NBD_CLIENTS {
+            return Err(format!("more than {MAX_NBD_CLIENTS} clients"));
+        }
+        out.push(NbdClient {
+            common_name: cn.to_string(),
+            read_only,
+        });
+    }
+    Ok(Some(out))
+}
 pub const DEFAULT_VOLBLOCKSIZE: u32 = 16 << 10;
 
 /// What the metadata store keeps per dataset (JSON in the DATASETS table).
@@ -193,7 +248,10 @@ pub fn check_kind(prop: &str, kind: DatasetKind) -> Result<()> {
 /// Checks and normalizes a value for a settable or create-time property.
 pub fn normalize(prop: &str, value: &str) -> Result<String> {
     // The policy properties are user properties (`module:name`) whose values are checked.
-    if crate::names::is_user_property(prop) && prop != SNAPSHOT_POLICY && prop != SNAPSHOT_SCHEDULE
+    if crate::names::is_user_property(prop)
+        && prop != SNAPSHOT_POLICY
+        && prop != SNAPSHOT_SCHEDULE
+        && prop != NBD_CLIENTS
     {
         crate::names::check_user_value(prop, value)?;
         return Ok(value.to_string());
@@ -287,6 +345,20 @@ pub fn normalize(prop: &str, value: &str) -> Result<String> {
                 Err(bad("expected a policy name or none".into()))
             }
         }
+        NBD_CLIENTS => match parse_nbd_clients(value).map_err(bad)? {
+            None => Ok("none".into()),
+            Some(list) => Ok(list
+                .iter()
+                .map(|c| {
+                    if c.read_only {
+                        format!("{}:ro", c.common_name)
+                    } else {
+                        c.common_name.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(",")),
+        },
         SNAPSHOT_SCHEDULE if value == "none" => Ok(value.to_string()),
         SNAPSHOT_SCHEDULE => policy::Schedule::parse(value)
             .map(|s| s.to_string())
@@ -744,6 +816,26 @@ mod tests {
     fn creation_times_read_like_zfs() {
         assert_eq!(format_time(0), "Thu Jan  1 00:00 1970");
         assert_eq!(format_time(1_795_240_643), "Sat Nov 21 05:57 2026");
+    }
+
+    #[test]
+    fn nbd_clients_are_checked() {
+        assert_eq!(
+            normalize(NBD_CLIENTS, " alice , bob:ro,carol:rw ").unwrap(),
+            "alice,bob:ro,carol"
+        );
+        assert_eq!(normalize(NBD_CLIENTS, "none").unwrap(), "none");
+        assert_eq!(
+            parse_nbd_clients("host:1:ro").unwrap().unwrap(),
+            vec![NbdClient {
+                common_name: "host:1".into(),
+                read_only: true
+            }]
+        );
+        for bad in ["", "a,,b", "a,a:ro", ":ro", &"x".repeat(65), "a\tb"] {
+            assert!(normalize(NBD_CLIENTS, bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_nbd_clients("-").unwrap().is_none());
     }
 
     #[test]

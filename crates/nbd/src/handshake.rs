@@ -3,7 +3,6 @@
 //! `NBD_OPT_GO`).
 
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -11,10 +10,12 @@ use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::proto::*;
-use crate::{BlockExport, ExportProvider};
+use crate::{Access, BlockExport, Client, ExportProvider};
 
 /// Most options one connection may send before we give up on it.
-const MAX_OPTIONS: usize = 65_536;
+pub(crate) const MAX_OPTIONS: usize = 65_536;
+/// Most options a client may send before STARTTLS when TLS is required.
+const MAX_OPTIONS_BEFORE_TLS: usize = 16;
 
 /// What the client chose.
 pub(crate) struct Negotiated {
@@ -29,6 +30,8 @@ pub(crate) struct Negotiated {
 pub(crate) enum Outcome {
     /// Enter transmission with this export.
     Transmission(Negotiated),
+    /// STARTTLS was acknowledged: upgrade, then haggle again.
+    StartTls,
     /// The client aborted, or the server is shutting down.
     Closed,
 }
@@ -70,15 +73,27 @@ struct State {
     meta: Option<MetaSelection>,
 }
 
-/// Runs the handshake over `rd`/`wr`. `wr` should be buffered: it is flushed
-/// after every complete option reply.
-pub(crate) async fn negotiate<R, W>(
-    rd: &mut R,
-    wr: &mut W,
-    peer: SocketAddr,
-    provider: &Arc<dyn ExportProvider>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<Outcome, HandshakeError>
+/// What the option loop knows about the connection.
+pub(crate) struct Ctx<'a> {
+    pub provider: &'a Arc<dyn ExportProvider>,
+    pub client: Client,
+    /// The server has TLS configured (STARTTLS is acknowledged).
+    pub tls_available: bool,
+    /// FORCEDTLS: nothing but STARTTLS and ABORT before the upgrade.
+    pub require: bool,
+    pub no_zeroes: bool,
+}
+
+impl Ctx<'_> {
+    /// Plaintext connection on a server that insists on TLS.
+    fn forced(&self) -> bool {
+        self.require && !self.client.tls
+    }
+}
+
+/// Sends the greeting and reads the client's flags: whether it asked for
+/// `NBD_FLAG_C_NO_ZEROES`.
+pub(crate) async fn greet<R, W>(rd: &mut R, wr: &mut W) -> Result<bool, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -98,13 +113,39 @@ where
     }
     // A client without FLAG_C_FIXED_NEWSTYLE gets fixed newstyle anyway (the
     // spec allows it; a plain-newstyle client only sends NBD_OPT_EXPORT_NAME).
+    Ok(client_flags & FLAG_C_NO_ZEROES != 0)
+}
+
+/// Runs the option haggling over `rd`/`wr` (after [`greet`], and again
+/// from scratch after STARTTLS). `wr` should be buffered: it is flushed
+/// after every complete option reply. `options_left` bounds the options of
+/// the whole connection.
+pub(crate) async fn negotiate<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    ctx: &Ctx<'_>,
+    shutdown: &mut watch::Receiver<bool>,
+    options_left: &mut usize,
+) -> Result<Outcome, HandshakeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let provider = ctx.provider;
+    let client = &ctx.client;
+    // Nothing negotiated before STARTTLS survives it (proto.md).
     let mut st = State {
         structured: false,
-        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        no_zeroes: ctx.no_zeroes,
         meta: None,
     };
+    let mut before_tls = 0usize;
 
-    for _ in 0..MAX_OPTIONS {
+    loop {
+        if *options_left == 0 {
+            break;
+        }
+        *options_left -= 1;
         let mut h = [0u8; OptionHeader::SIZE];
         tokio::select! {
             r = rd.read_exact(&mut h) => { r?; }
@@ -116,6 +157,17 @@ where
                 "bad option magic {:#018x}",
                 h.magic
             )));
+        }
+        if ctx.forced() {
+            // Before TLS only STARTTLS (no data) and ABORT make sense: a
+            // client that sends much or many is not worth reading.
+            before_tls += 1;
+            if h.len as usize > MAX_STRING_LEN || before_tls > MAX_OPTIONS_BEFORE_TLS {
+                return Err(HandshakeError::Protocol(format!(
+                    "option {} with {} bytes (option {before_tls}) before TLS",
+                    h.option, h.len
+                )));
+            }
         }
         if h.len > MAX_OPTION_LEN {
             if h.option == OPT_EXPORT_NAME {
@@ -151,16 +203,38 @@ where
             wr.flush().await?;
             continue;
         }
-        debug!(option = h.option, len = h.len, "option");
+        debug!(option = h.option, len = h.len, tls = client.tls, "option");
+
+        if ctx.forced() && h.option != OPT_STARTTLS && h.option != OPT_ABORT {
+            if h.option == OPT_EXPORT_NAME {
+                // It has no error reply: the connection ends (proto.md).
+                return Err(HandshakeError::Refused(
+                    "NBD_OPT_EXPORT_NAME before TLS (tls = require)".into(),
+                ));
+            }
+            send_err(
+                wr,
+                h.option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: send NBD_OPT_STARTTLS first",
+            )
+            .await?;
+            wr.flush().await?;
+            continue;
+        }
 
         match h.option {
             OPT_EXPORT_NAME => {
                 let name = parse_string(&data, "export name")
                     .map_err(|e| HandshakeError::Protocol(e.0))?;
-                let Some(r) = resolve(provider, &name, false, Some(peer)).await else {
-                    return Err(HandshakeError::Refused(format!(
-                        "NBD_OPT_EXPORT_NAME: no export {name:?}"
-                    )));
+                let r = match resolve(provider, &name, false, true, client).await {
+                    Ok(r) => r,
+                    Err(why) => {
+                        return Err(HandshakeError::Refused(format!(
+                            "NBD_OPT_EXPORT_NAME {name:?}: {}",
+                            why.describe()
+                        )))
+                    }
                 };
                 let flags = transmission_flags(r.read_only, st.structured);
                 let mut b = [0u8; 10 + EXPORT_NAME_ZEROES];
@@ -182,7 +256,8 @@ where
                     send_err(wr, h.option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data").await?;
                 } else {
                     let p = provider.clone();
-                    match tokio::task::spawn_blocking(move || p.list()).await {
+                    let c = client.clone();
+                    match tokio::task::spawn_blocking(move || p.list_for(&c)).await {
                         Ok(list) => {
                             for e in list {
                                 if e.name.len() > MAX_STRING_LEN {
@@ -200,13 +275,29 @@ where
                 }
             }
             OPT_STARTTLS => {
-                send_err(
-                    wr,
-                    h.option,
-                    REP_ERR_POLICY,
-                    "TLS is not supported by this server",
-                )
-                .await?;
+                if !data.is_empty() {
+                    send_err(
+                        wr,
+                        h.option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STARTTLS takes no data",
+                    )
+                    .await?;
+                } else if client.tls {
+                    send_err(wr, h.option, REP_ERR_INVALID, "TLS is already on").await?;
+                } else if !ctx.tls_available {
+                    send_err(
+                        wr,
+                        h.option,
+                        REP_ERR_POLICY,
+                        "TLS is not enabled on this server",
+                    )
+                    .await?;
+                } else {
+                    send(wr, h.option, REP_ACK, &[]).await?;
+                    wr.flush().await?;
+                    return Ok(Outcome::StartTls);
+                }
             }
             OPT_INFO | OPT_GO => {
                 let go = h.option == OPT_GO;
@@ -221,17 +312,30 @@ where
                 let want_desc = req.requests.contains(&INFO_DESCRIPTION);
                 // Only GO opens the export for transmission (the provider
                 // then counts this client among its holders).
-                let hold = go.then_some(peer);
-                let Some(r) = resolve(provider, &req.name, want_desc, hold).await else {
-                    send_err(
-                        wr,
-                        h.option,
-                        REP_ERR_UNKNOWN,
-                        &format!("no export named {:?}", req.name),
-                    )
-                    .await?;
-                    wr.flush().await?;
-                    continue;
+                let r = match resolve(provider, &req.name, want_desc, go, client).await {
+                    Ok(r) => r,
+                    Err(why) => {
+                        if let Refusal::Denied(m) = &why {
+                            info!(export = %req.name, client = ?client.common_name,
+                                tls = client.tls, "NBD client refused: {m}");
+                        }
+                        let (code, msg) = match why {
+                            Refusal::Unknown => {
+                                (REP_ERR_UNKNOWN, format!("no export named {:?}", req.name))
+                            }
+                            Refusal::TlsRequired => (
+                                REP_ERR_TLS_REQD,
+                                format!("export {:?} requires TLS", req.name),
+                            ),
+                            Refusal::Denied(_) => (
+                                REP_ERR_POLICY,
+                                format!("access to export {:?} denied", req.name),
+                            ),
+                        };
+                        send_err(wr, h.option, code, &msg).await?;
+                        wr.flush().await?;
+                        continue;
+                    }
                 };
                 let flags = transmission_flags(r.read_only, st.structured);
                 send(wr, h.option, REP_INFO, &info_export(r.size, flags)).await?;
@@ -267,7 +371,7 @@ where
                 }
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                meta_context(wr, provider, &mut st, h.option, &data).await?;
+                meta_context(wr, provider, client, &mut st, h.option, &data).await?;
             }
             other => {
                 send_err(
@@ -307,6 +411,7 @@ fn finish(st: &mut State, requested_name: &str, r: Resolved) -> Negotiated {
 async fn meta_context<W: AsyncWrite + Unpin>(
     wr: &mut W,
     provider: &Arc<dyn ExportProvider>,
+    client: &Client,
     st: &mut State,
     option: u32,
     data: &[u8],
@@ -329,14 +434,27 @@ async fn meta_context<W: AsyncWrite + Unpin>(
         Ok(r) => r,
         Err(e) => return send_err(wr, option, REP_ERR_INVALID, &e.0).await,
     };
-    let Some(r) = resolve(provider, &req.export, false, None).await else {
-        return send_err(
-            wr,
-            option,
-            REP_ERR_UNKNOWN,
-            &format!("no export named {:?}", req.export),
-        )
-        .await;
+    let r = match resolve(provider, &req.export, false, false, client).await {
+        Ok(r) => r,
+        Err(Refusal::Unknown) => {
+            return send_err(
+                wr,
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("no export named {:?}", req.export),
+            )
+            .await
+        }
+        // TLS_REQD is only for INFO/GO/EXPORT_NAME (proto.md).
+        Err(_) => {
+            return send_err(
+                wr,
+                option,
+                REP_ERR_POLICY,
+                &format!("access to export {:?} denied", req.export),
+            )
+            .await
+        }
     };
     let chosen = match match_meta_contexts(&r.contexts, &req.queries, !set) {
         Ok(c) => c,
@@ -359,42 +477,84 @@ async fn meta_context<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Looks an export up (on the blocking pool: providers may block).
-/// The empty name means the provider's `""` export if it has one, else the
-/// first export of `list()`.
-/// `hold`: the client that opens the export for transmission.
+/// Why an export was not resolved.
+#[derive(Debug)]
+enum Refusal {
+    Unknown,
+    TlsRequired,
+    Denied(String),
+}
+
+impl Refusal {
+    fn describe(&self) -> String {
+        match self {
+            Refusal::Unknown => "no such export".into(),
+            Refusal::TlsRequired => "the export requires TLS".into(),
+            Refusal::Denied(m) => format!("denied: {m}"),
+        }
+    }
+}
+
+/// Looks an export up (on the blocking pool: providers may block) and asks
+/// the provider what `client` may do with it. The empty name means the
+/// provider's `""` export if it has one, else the first export the client
+/// may list. `hold`: the client opens it for transmission.
 async fn resolve(
     provider: &Arc<dyn ExportProvider>,
     name: &str,
     want_description: bool,
-    hold: Option<SocketAddr>,
-) -> Option<Resolved> {
+    hold: bool,
+    client: &Client,
+) -> Result<Resolved, Refusal> {
     let p = provider.clone();
     let name = name.to_owned();
-    tokio::task::spawn_blocking(move || resolve_blocking(&*p, &name, want_description, hold))
-        .await
-        .ok()
-        .flatten()
+    let client = client.clone();
+    tokio::task::spawn_blocking(move || {
+        resolve_blocking(&*p, &name, want_description, hold, &client)
+    })
+    .await
+    .unwrap_or(Err(Refusal::Unknown))
 }
 
 fn resolve_blocking(
     p: &dyn ExportProvider,
     name: &str,
     want_description: bool,
-    hold: Option<SocketAddr>,
-) -> Option<Resolved> {
-    let open = |name: &str| match hold {
-        Some(peer) => p.open_from(name, peer),
-        None => p.open(name),
+    hold: bool,
+    client: &Client,
+) -> Result<Resolved, Refusal> {
+    let allowed = |name: &str| match p.access(name, client) {
+        Access::Denied(m) => Err(Refusal::Denied(m)),
+        Access::TlsRequired if !client.tls => Err(Refusal::TlsRequired),
+        Access::ReadOnly => Ok(true),
+        _ => Ok(false),
     };
+    let open = |name: &str| {
+        if hold {
+            p.open_from(name, client.peer)
+        } else {
+            p.open(name)
+        }
+    };
+    let mut read_only = allowed(name)?;
     let (name, export) = match open(name) {
         Some(e) => (name.to_owned(), e),
         None if name.is_empty() => {
-            let first = p.list().into_iter().next()?;
-            let e = open(&first.name)?;
+            let first = p
+                .list_for(client)
+                .into_iter()
+                .next()
+                .ok_or(Refusal::Unknown)?;
+            read_only = allowed(&first.name)?;
+            let e = open(&first.name).ok_or(Refusal::Unknown)?;
             (first.name, e)
         }
-        None => return None,
+        None => return Err(Refusal::Unknown),
+    };
+    let export: Arc<dyn BlockExport> = if read_only {
+        Arc::new(crate::ReadOnlyExport(export))
+    } else {
+        export
     };
     let description = if want_description {
         p.list()
@@ -411,7 +571,7 @@ fn resolve_blocking(
             contexts.push(c);
         }
     }
-    Some(Resolved {
+    Ok(Resolved {
         size: export.size(),
         read_only: export.read_only(),
         preferred_block: sanitize_preferred_block_size(export.preferred_block_size()),

@@ -18,8 +18,16 @@
 //! every server in the process; export them as Prometheus metrics.
 //!
 //! # Protocol notes
-//! - Fixed newstyle only; `NBD_FLAG_C_NO_ZEROES` honoured. No TLS
-//!   (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`).
+//! - Fixed newstyle only; `NBD_FLAG_C_NO_ZEROES` honoured.
+//! - TLS ([`ServerConfig::tls`]): `NBD_OPT_STARTTLS` upgrades the
+//!   connection (rustls; client certificates when the config asks for
+//!   them). Without it STARTTLS gets `NBD_REP_ERR_POLICY`. With
+//!   [`Tls::require`] (proto.md's FORCEDTLS) every option but STARTTLS and
+//!   ABORT gets `NBD_REP_ERR_TLS_REQD` before the upgrade, and
+//!   `NBD_OPT_EXPORT_NAME` closes the connection; otherwise (SELECTIVETLS)
+//!   exports the provider calls [`Access::TlsRequired`] are left out of
+//!   LIST and refused with `NBD_REP_ERR_TLS_REQD`. Who may open what:
+//!   [`ExportProvider::access`] with the [`Client`]'s certificate CN.
 //! - The empty export name `""` opens `provider.open("")` if that exists,
 //!   otherwise the first export of `provider.list()`.
 //! - Meta contexts: `base:allocation` plus [`BlockExport::extra_meta_contexts`].
@@ -50,7 +58,7 @@ mod transmission;
 #[cfg(test)]
 mod tests;
 
-pub use server::ServerConfig;
+pub use server::{ServerConfig, Tls};
 pub use stats::{stats, ServerStats, StatsSnapshot};
 
 /// Serves NBD on `listener` with the default [`ServerConfig`] until
@@ -158,6 +166,28 @@ pub trait BlockExport: Send + Sync + 'static {
     fn close(&self) {}
 }
 
+/// Who is asking: the peer, whether the connection is TLS, and the common
+/// name of its verified client certificate (if it sent one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    pub peer: std::net::SocketAddr,
+    pub tls: bool,
+    pub common_name: Option<String>,
+}
+
+/// What a [`Client`] may do with one export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    ReadWrite,
+    /// Served read-only (writes get `EPERM`) whatever the export says.
+    ReadOnly,
+    /// Only over TLS (the client gets `NBD_REP_ERR_TLS_REQD` before it).
+    TlsRequired,
+    /// Not for this client: `NBD_REP_ERR_POLICY` (the message is logged,
+    /// not sent).
+    Denied(String),
+}
+
 /// An export the server lists and opens by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
@@ -176,5 +206,64 @@ pub trait ExportProvider: Send + Sync + 'static {
     fn open_from(&self, name: &str, peer: std::net::SocketAddr) -> Option<Arc<dyn BlockExport>> {
         let _ = peer;
         self.open(name)
+    }
+    /// The exports `client` may see in `NBD_OPT_LIST` (default: all).
+    fn list_for(&self, client: &Client) -> Vec<ExportInfo> {
+        let _ = client;
+        self.list()
+    }
+    /// What `client` may do with the export `name` (asked before it is
+    /// opened; default: everything). An unknown name may answer anything:
+    /// the server asks `open` next.
+    fn access(&self, name: &str, client: &Client) -> Access {
+        let _ = (name, client);
+        Access::ReadWrite
+    }
+}
+
+/// An export served read-only to one client ([`Access::ReadOnly`]).
+pub(crate) struct ReadOnlyExport(pub Arc<dyn BlockExport>);
+
+impl BlockExport for ReadOnlyExport {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn preferred_block_size(&self) -> u32 {
+        self.0.preferred_block_size()
+    }
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        self.0.read(offset, len)
+    }
+    fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), ExportError> {
+        Err(ExportError::Perm("read-only grant".into()))
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.0.flush()
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), ExportError> {
+        Err(ExportError::Perm("read-only grant".into()))
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), ExportError> {
+        Err(ExportError::Perm("read-only grant".into()))
+    }
+    fn extra_meta_contexts(&self) -> Vec<String> {
+        self.0.extra_meta_contexts()
+    }
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError> {
+        self.0.block_status(context, offset, len)
+    }
+    fn revoked(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.0.revoked()
+    }
+    fn close(&self) {
+        self.0.close()
     }
 }

@@ -7,16 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::handshake::{self, HandshakeError, Outcome};
+use crate::handshake::{self, Ctx, HandshakeError, Outcome};
 use crate::limits::{HandshakeSlot, Shared};
+use crate::sink::Wire;
 use crate::stats::{stats, ServerStats};
 use crate::transmission;
-use crate::ExportProvider;
+use crate::{Client, ExportProvider};
 
 /// Buffers of a connection in the handshake: its messages are small (an
 /// option's data is read into its own buffer), and a socket that never
@@ -61,6 +63,18 @@ pub struct ServerConfig {
     /// Misbehaving clients are logged once per interval, the others counted
     /// in one summary line.
     pub bad_client_log_interval: Duration,
+    /// NBD_OPT_STARTTLS with this config; None: TLS off.
+    pub tls: Option<Tls>,
+}
+
+/// TLS for NBD (`[nbd] tls = "on"|"require"`).
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// Certificate, key and (when client certificates are required) the CA.
+    pub config: Arc<tls::rustls::ServerConfig>,
+    /// FORCEDTLS: nothing but STARTTLS before the upgrade; otherwise
+    /// (SELECTIVETLS) plaintext clients may use exports that do not need TLS.
+    pub require: bool,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +90,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             revoke_grace: Duration::from_secs(2),
             bad_client_log_interval: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -190,23 +205,19 @@ async fn connection(
     if let Err(e) = sock.set_nodelay(true) {
         debug!(%peer, "TCP_NODELAY: {e}");
     }
-    let (rd, wr) = sock.into_split();
-    let mut rd = BufReader::with_capacity(HANDSHAKE_BUFFER, rd);
-    let mut wr = BufWriter::with_capacity(HANDSHAKE_BUFFER, wr);
-
     let hs = tokio::select! {
         r = tokio::time::timeout(
             config.handshake_timeout,
-            handshake::negotiate(&mut rd, &mut wr, peer, &provider, &mut shutdown),
+            handshake(sock, peer, &provider, &mut shutdown, config),
         ) => Some(r),
         _ = slot.evicted() => None,
     };
     drop(slot);
     let failed = || ServerStats::add(&stats().handshakes_failed, 1);
     let log = &shared.log;
-    let neg = match hs {
-        Some(Ok(Ok(Outcome::Transmission(n)))) => n,
-        Some(Ok(Ok(Outcome::Closed))) => {
+    let (conn, neg) = match hs {
+        Some(Ok(Ok((conn, Outcome::Transmission(n))))) => (conn, n),
+        Some(Ok(Ok((_, Outcome::Closed | Outcome::StartTls)))) => {
             debug!(%peer, "connection closed during handshake");
             return;
         }
@@ -252,6 +263,116 @@ async fn connection(
             return;
         }
     };
+    match conn {
+        Conn::Plain(rd, wr) => {
+            transmit(
+                rd,
+                wr,
+                |w| Wire::Tcp(w),
+                peer,
+                neg,
+                shutdown,
+                config,
+                shared,
+            )
+            .await
+        }
+        Conn::Tls(rd, wr) => {
+            let wire = |w| Wire::Stream(tokio::sync::Mutex::new(Box::new(w)));
+            transmit(rd, wr, wire, peer, neg, shutdown, config, shared).await
+        }
+    }
+}
+
+type TlsRead = tokio::io::ReadHalf<tls::TlsStream<TcpStream>>;
+type TlsWrite = tokio::io::WriteHalf<tls::TlsStream<TcpStream>>;
+
+/// A connection at the end of its handshake, with the handshake's buffers.
+enum Conn {
+    Plain(BufReader<OwnedReadHalf>, BufWriter<OwnedWriteHalf>),
+    Tls(BufReader<TlsRead>, BufWriter<TlsWrite>),
+}
+
+/// Greeting, options, and (on STARTTLS) the TLS handshake and options again.
+async fn handshake(
+    sock: TcpStream,
+    peer: SocketAddr,
+    provider: &Arc<dyn ExportProvider>,
+    shutdown: &mut watch::Receiver<bool>,
+    config: &ServerConfig,
+) -> Result<(Conn, Outcome), HandshakeError> {
+    let (rd, wr) = sock.into_split();
+    let mut rd = BufReader::with_capacity(HANDSHAKE_BUFFER, rd);
+    let mut wr = BufWriter::with_capacity(HANDSHAKE_BUFFER, wr);
+    let no_zeroes = handshake::greet(&mut rd, &mut wr).await?;
+    let mut ctx = Ctx {
+        provider,
+        client: Client {
+            peer,
+            tls: false,
+            common_name: None,
+        },
+        tls_available: config.tls.is_some(),
+        require: config.tls.as_ref().is_some_and(|t| t.require),
+        no_zeroes,
+    };
+    let mut options_left = handshake::MAX_OPTIONS;
+    let out = handshake::negotiate(&mut rd, &mut wr, &ctx, shutdown, &mut options_left).await?;
+    let (Outcome::StartTls, Some(t)) = (&out, &config.tls) else {
+        return Ok((Conn::Plain(rd, wr), out));
+    };
+    // The client waits for our ACK before its ClientHello: bytes already
+    // buffered would be lost in the switch.
+    if !rd.buffer().is_empty() {
+        return Err(HandshakeError::Protocol(
+            "data sent after NBD_OPT_STARTTLS before its reply".into(),
+        ));
+    }
+    let sock = rd
+        .into_inner()
+        .reunite(wr.into_inner())
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let acceptor = tls::TlsAcceptor::from(t.config.clone());
+    let stream = match tls::accept(&acceptor, sock, config.handshake_timeout).await {
+        Ok(s) => s,
+        Err(tls::Error::Handshake(e)) => {
+            ServerStats::add(&stats().tls_failed, 1);
+            return Err(HandshakeError::Refused(format!(
+                "TLS handshake failed: {e}"
+            )));
+        }
+        Err(e) => return Err(HandshakeError::Refused(e.to_string())),
+    };
+    ServerStats::add(&stats().tls_handshakes, 1);
+    ctx.client.tls = true;
+    ctx.client.common_name = tls::peer_common_name(stream.get_ref().1);
+    debug!(%peer, client = ?ctx.client.common_name, "TLS on");
+    let (rd, wr) = tokio::io::split(stream);
+    let mut rd = BufReader::with_capacity(HANDSHAKE_BUFFER, rd);
+    let mut wr = BufWriter::with_capacity(HANDSHAKE_BUFFER, wr);
+    let out = handshake::negotiate(&mut rd, &mut wr, &ctx, shutdown, &mut options_left).await?;
+    if let Outcome::Transmission(n) = &out {
+        info!(%peer, export = %n.name, client = ?ctx.client.common_name, "TLS client");
+    }
+    Ok((Conn::Tls(rd, wr), out))
+}
+
+/// The transmission phase over the handshake's reader and writer.
+#[allow(clippy::too_many_arguments)]
+async fn transmit<R, W>(
+    rd: BufReader<R>,
+    mut wr: BufWriter<W>,
+    wire: impl FnOnce(W) -> Wire,
+    peer: SocketAddr,
+    neg: handshake::Negotiated,
+    shutdown: watch::Receiver<bool>,
+    config: &ServerConfig,
+    shared: &Arc<Shared>,
+) where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let log = &shared.log;
     // The handshake flushed its last reply; replies now bypass the buffer.
     if let Err(e) = wr.flush().await {
         info!(%peer, "connection lost after the handshake: {e}");
@@ -267,7 +388,7 @@ async fn connection(
     );
     let export = neg.name.clone();
     info!(%peer, export = %export, "client connected");
-    let end = transmission::run(rd, wr, neg, shutdown, config, shared).await;
+    let end = transmission::run(rd, wire(wr), Some(peer), neg, shutdown, config, shared).await;
     transmission::log_end(peer, &export, &end, log);
     info!(%peer, export = %export, "connection closed: {end}");
 }

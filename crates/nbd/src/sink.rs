@@ -9,6 +9,10 @@
 //! writes it out as the socket becomes writable; later replies queue behind
 //! it, so every reply stays contiguous and in completion order.
 //!
+//! Over TLS ([`Wire::Stream`]) every reply is encrypted anyway, so `send`
+//! copies it into the pending buffer and the drain task writes it through
+//! the TLS stream, many replies per record batch.
+//!
 //! Flow control: the permits of a queued reply are released only once its
 //! bytes are on the wire, so a client that stops reading stops the reader
 //! (see `transmission`), and memory stays bounded.
@@ -18,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
 
@@ -267,10 +272,24 @@ struct State {
     failed: bool,
     /// While draining: when the socket last took bytes (or draining began).
     progress: Option<Instant>,
+    /// Stream wire: bytes taken out of `pending` by the drain task and not
+    /// yet written.
+    writing: usize,
 }
 
+/// Where replies go: a plain TCP socket (written with non-blocking writev
+/// from whichever thread finished the request), or a stream such as TLS
+/// that only the drain task writes.
+pub(crate) enum Wire {
+    Tcp(OwnedWriteHalf),
+    Stream(tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>),
+}
+
+/// Bytes a stream drain writes between two progress stamps.
+const STREAM_PIECE: usize = 256 * 1024;
+
 pub(crate) struct Sink {
-    sock: OwnedWriteHalf,
+    sock: Wire,
     peer: Option<SocketAddr>,
     state: Mutex<State>,
     wake: Notify,
@@ -282,14 +301,14 @@ impl Sink {
     /// A sink over `sock`, its drain task, and a receiver that turns `true`
     /// if the socket breaks.
     pub(crate) fn start(
-        sock: OwnedWriteHalf,
+        sock: Wire,
+        peer: Option<SocketAddr>,
     ) -> (
         Arc<Sink>,
         tokio::task::JoinHandle<io::Result<()>>,
         watch::Receiver<bool>,
     ) {
         let (broken, broken_rx) = watch::channel(false);
-        let peer = sock.peer_addr().ok();
         let sink = Arc::new(Sink {
             sock,
             peer,
@@ -332,9 +351,9 @@ impl Sink {
             return;
         }
         let mut bufs: &mut [IoSlice<'_>] = &mut slices[..];
-        if !st.draining {
+        if let (false, Wire::Tcp(sock)) = (st.draining, &self.sock) {
             while !bufs.is_empty() {
-                match self.sock.try_write_vectored(bufs) {
+                match sock.try_write_vectored(bufs) {
                     Ok(0) => {
                         self.fail(&mut st, &io::ErrorKind::WriteZero.into());
                         return;
@@ -372,7 +391,7 @@ impl Sink {
     pub(crate) fn stalled_for(&self, d: Duration) -> Option<usize> {
         let st = self.lock();
         let stalled = st.draining && !st.failed && st.progress.is_some_and(|t| t.elapsed() >= d);
-        stalled.then(|| st.pending.len() - st.sent)
+        stalled.then(|| st.pending.len() - st.sent + st.writing)
     }
 
     /// Drops every queued reply and its permits, and ends the connection.
@@ -391,6 +410,18 @@ impl Sink {
 
 /// Writes `pending` out whenever the socket was full.
 async fn drain(sink: Arc<Sink>) -> io::Result<()> {
+    let sock = match &sink.sock {
+        Wire::Tcp(s) => s,
+        Wire::Stream(w) => {
+            let mut w = w.lock().await;
+            let r = drain_stream(&sink, &mut **w).await;
+            if r.is_ok() {
+                // TLS close_notify and FIN; a client that is gone does not matter.
+                let _ = tokio::time::timeout(Duration::from_secs(1), w.shutdown()).await;
+            }
+            return r;
+        }
+    };
     loop {
         // Wait for work (or the end).
         loop {
@@ -410,14 +441,14 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
         }
         // Drain.
         loop {
-            if let Err(e) = sink.sock.writable().await {
+            if let Err(e) = sock.writable().await {
                 let mut st = sink.lock();
                 sink.fail(&mut st, &e);
                 return Err(e);
             }
             let mut st = sink.lock();
             let State { pending, sent, .. } = &mut *st;
-            match sink.sock.try_write(&pending[*sent..]) {
+            match sock.try_write(&pending[*sent..]) {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     sink.fail(&mut st, &e);
@@ -447,6 +478,57 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
                 }
             }
         }
+    }
+}
+
+/// The drain of a stream wire: takes everything queued (bytes and their
+/// permits) in one go, writes it in pieces, and releases the permits once
+/// the stream took it.
+async fn drain_stream(sink: &Sink, w: &mut (dyn AsyncWrite + Send + Unpin)) -> io::Result<()> {
+    let mut broken = sink.broken.subscribe();
+    loop {
+        let (buf, held) = loop {
+            {
+                let mut st = sink.lock();
+                if st.failed {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                if st.draining && !st.pending.is_empty() {
+                    let buf = std::mem::take(&mut st.pending);
+                    st.writing = buf.len();
+                    st.sent = 0;
+                    break (buf, std::mem::take(&mut st.held));
+                }
+                st.draining = false;
+                if st.closing {
+                    return Ok(());
+                }
+            }
+            sink.wake.notified().await;
+        };
+        for piece in buf.chunks(STREAM_PIECE) {
+            let r = tokio::select! {
+                r = w.write_all(piece) => r,
+                _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
+            };
+            let mut st = sink.lock();
+            if let Err(e) = r {
+                sink.fail(&mut st, &e);
+                return Err(e);
+            }
+            st.writing -= piece.len();
+            st.progress = Some(Instant::now());
+        }
+        let r = tokio::select! {
+            r = w.flush() => r,
+            _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
+        };
+        if let Err(e) = r {
+            let mut st = sink.lock();
+            sink.fail(&mut st, &e);
+            return Err(e);
+        }
+        drop(held);
     }
 }
 

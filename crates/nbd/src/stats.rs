@@ -43,6 +43,11 @@ pub struct ServerStats {
     /// Connections closed because they did not read their replies while
     /// others waited for the daemon-wide byte budget.
     pub stalled_evicted: AtomicU64,
+    /// STARTTLS upgrades that completed.
+    pub tls_handshakes: AtomicU64,
+    /// STARTTLS upgrades whose TLS handshake failed (e.g. no or a wrong
+    /// client certificate).
+    pub tls_failed: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`] at one instant.
@@ -67,6 +72,8 @@ pub struct StatsSnapshot {
     pub errors: u64,
     pub handshakes_evicted: u64,
     pub stalled_evicted: u64,
+    pub tls_handshakes: u64,
+    pub tls_failed: u64,
 }
 
 static STATS: ServerStats = ServerStats::new();
@@ -98,6 +105,8 @@ impl ServerStats {
             errors: AtomicU64::new(0),
             handshakes_evicted: AtomicU64::new(0),
             stalled_evicted: AtomicU64::new(0),
+            tls_handshakes: AtomicU64::new(0),
+            tls_failed: AtomicU64::new(0),
         }
     }
 
@@ -123,6 +132,8 @@ impl ServerStats {
             errors: l(&self.errors),
             handshakes_evicted: l(&self.handshakes_evicted),
             stalled_evicted: l(&self.stalled_evicted),
+            tls_handshakes: l(&self.tls_handshakes),
+            tls_failed: l(&self.tls_failed),
         }
     }
 

@@ -248,8 +248,67 @@ impl Server {
 
 // ------------------------------------------------------------------ client
 
+/// A test client's socket: plain TCP, or TLS after STARTTLS.
+enum Io {
+    Tcp(TcpStream),
+    Tls(Box<tls::ClientTlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(self) -> TcpStream {
+        match self {
+            Io::Tcp(s) => s,
+            Io::Tls(_) => panic!("not a plain TCP client"),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Io {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Io {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
 struct C {
-    s: TcpStream,
+    s: Io,
 }
 
 impl C {
@@ -267,7 +326,7 @@ impl C {
             u16::from_be_bytes([g[16], g[17]]),
             FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
         );
-        C { s }
+        C { s: Io::Tcp(s) }
     }
     /// Connects and sends client flags FIXED_NEWSTYLE | NO_ZEROES.
     async fn new(addr: SocketAddr) -> C {
@@ -278,6 +337,7 @@ impl C {
     }
     async fn put(&mut self, b: &[u8]) {
         self.s.write_all(b).await.unwrap();
+        self.s.flush().await.unwrap();
     }
     async fn get(&mut self, n: usize) -> Vec<u8> {
         let mut b = vec![0u8; n];
@@ -1073,7 +1133,7 @@ async fn pipelined_requests_and_graceful_disc() {
         b.extend_from_slice(&pattern(4096, i as u8));
         buf.extend_from_slice(&b);
     }
-    let (mut rd, mut wr) = c.s.into_split();
+    let (mut rd, mut wr) = c.s.tcp().into_split();
     let writer = tokio::spawn(async move {
         wr.write_all(&buf).await.unwrap();
         wr
@@ -1096,7 +1156,7 @@ async fn pipelined_requests_and_graceful_disc() {
     }
     let wr = writer.await.unwrap();
     c = C {
-        s: rd.reunite(wr).unwrap(),
+        s: Io::Tcp(rd.reunite(wr).unwrap()),
     };
     // Reads of everything, pipelined, then DISC.
     for i in 0..n {
@@ -1451,7 +1511,7 @@ async fn stalled_session(addr: SocketAddr) -> TcpStream {
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(16 * 1024).unwrap();
     let s = sock.connect(addr).await.unwrap();
-    let mut c = C { s };
+    let mut c = C { s: Io::Tcp(s) };
     let mut g = [0u8; 18];
     c.s.read_exact(&mut g).await.unwrap();
     c.put(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
@@ -1460,7 +1520,7 @@ async fn stalled_session(addr: SocketAddr) -> TcpStream {
     for h in 0..48u64 {
         c.req(0, CMD_READ, h, 0, 1 << 20, &[]).await;
     }
-    c.s
+    c.s.tcp()
 }
 
 #[tokio::test]
@@ -1504,3 +1564,5 @@ fn bad_client_log_is_rate_limited() {
     log.flush();
     assert_eq!(log.suppressed(), 0);
 }
+
+mod tls_tests;

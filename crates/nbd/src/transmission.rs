@@ -18,14 +18,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Semaphore};
 use tracing::debug;
 
 use crate::handshake::Negotiated;
 use crate::limits::{BadClients, Shared};
 use crate::proto::*;
-use crate::sink::{Permits, ReadMode, Reply, Sink};
+use crate::sink::{Permits, ReadMode, Reply, Sink, Wire};
 use crate::stats::{stats, ServerStats};
 use crate::{BlockExport, ExportError, ReadChunk, ServerConfig, StatusExtent};
 
@@ -124,7 +123,8 @@ fn error_reply(structured: bool, handle: u64, f: Fail) -> Reply {
 /// read are sent (or the socket has failed) before this returns.
 pub(crate) async fn run<R>(
     mut rd: R,
-    wr: OwnedWriteHalf,
+    wr: Wire,
+    peer: Option<std::net::SocketAddr>,
     neg: Negotiated,
     mut shutdown: watch::Receiver<bool>,
     cfg: &ServerConfig,
@@ -146,7 +146,7 @@ where
         .max_in_flight_bytes
         .clamp(MAX_PAYLOAD as usize, Semaphore::MAX_PERMITS >> 1);
     let bytes = Arc::new(Semaphore::new(budget));
-    let (sink, drain, mut broken) = Sink::start(wr);
+    let (sink, drain, mut broken) = Sink::start(wr, peer);
     let _registered = shared.register_sink(&sink);
     let mut drain = AbortOnDrop(drain);
     let dispatcher = Arc::new(Dispatcher::new(

@@ -44,6 +44,9 @@ pub struct S3Config {
     pub max_connections: usize,
     /// Seconds a client may take to send a request's headers.
     pub header_timeout_secs: u64,
+    /// HTTPS: PEM certificate chain and key (both or neither).
+    pub tls_cert: Option<std::path::PathBuf>,
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Default for S3Config {
@@ -59,6 +62,8 @@ impl Default for S3Config {
             list_snapshots: false,
             max_connections: 1024,
             header_timeout_secs: 30,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -169,6 +174,21 @@ pub async fn serve(
     access: Arc<access::Users>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
+    serve_tls(listener, engine, cfg, access, None, shutdown).await
+}
+
+/// [`serve`], over HTTPS when `tls` is given (`tls::server_config` of
+/// `tls_cert`/`tls_key`): each connection's TLS handshake runs in its own
+/// task under the header timeout.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    engine: Arc<dataset::Engine>,
+    cfg: S3Config,
+    access: Arc<access::Users>,
+    tls: Option<Arc<tls::rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Error> {
+    let acceptor = tls.map(tls::TlsAcceptor::from);
     let cistern = Cistern::new(engine, cfg.clone());
     let sweeper = cistern.spawn_sweeper();
     let svc = build(cistern, &cfg, access)?;
@@ -202,21 +222,39 @@ pub async fn serve(
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         let svc = svc.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            // A client that never finishes its headers is dropped.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(sock), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "S3 connection ended");
+            match acceptor {
+                None => serve_connection(sock, svc, header_timeout, peer).await,
+                Some(a) => match tls::accept(&a, sock, header_timeout).await {
+                    Ok(s) => serve_connection(s, svc, header_timeout, peer).await,
+                    Err(e) => tracing::debug!(%peer, error = %e, "S3 TLS handshake failed"),
+                },
             }
         });
     }
     sweeper.abort();
     Ok(())
+}
+
+/// One HTTP/1.1 connection; a client that never finishes its headers is dropped.
+async fn serve_connection<IO>(
+    io: IO,
+    svc: s3s::service::S3Service,
+    header_timeout: std::time::Duration,
+    peer: std::net::SocketAddr,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, error = %e, "S3 connection ended");
+    }
 }
 
 #[cfg(test)]

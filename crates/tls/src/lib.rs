@@ -1,0 +1,290 @@
+//! TLS for every TCP front end (NBD's STARTTLS, the API and S3 over HTTPS):
+//! rustls with the ring provider and x509 certificates from PEM files.
+//! Why rustls and how each endpoint uses it: docs/decisions/0025-tls.md.
+//!
+//! - [`server_config`] reads a certificate chain and its key (and, when a CA
+//!   is given, requires every client to present a certificate it signed).
+//! - [`accept`] runs one server handshake under a deadline.
+//! - [`peer_common_name`] is the CN of the client's verified certificate
+//!   (what NBD's `nbd:clients` allow-list names).
+//! - [`Incoming`] turns a listener into a stream of finished TLS
+//!   connections, handshaking several at once (one slow client does not
+//!   hold up the others).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+
+pub use rustls;
+pub use tokio_rustls::server::TlsStream;
+pub use tokio_rustls::{TlsAcceptor, TlsConnector};
+/// A client-side TLS stream (tests and tools that talk to our servers).
+pub type ClientTlsStream<IO> = tokio_rustls::client::TlsStream<IO>;
+
+/// Why TLS could not be set up or a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {what} {}: {source}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {}: {msg}", path.display())]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        msg: String,
+    },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+    #[error("TLS handshake: {0}")]
+    Handshake(std::io::Error),
+    #[error("TLS handshake took longer than {0:?}")]
+    Timeout(Duration),
+}
+
+/// The crypto provider every config here uses (ring: AES-GCM with AES-NI,
+/// ChaCha20-Poly1305, no cmake in the build).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Every certificate in a PEM file (a chain: leaf first).
+pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
+    let pem = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Pem {
+            what,
+            path: path.to_path_buf(),
+            msg: format!("not a PEM certificate file: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(Error::Pem {
+            what,
+            path: path.to_path_buf(),
+            msg: "holds no CERTIFICATE block".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, Error> {
+    let pem = read("TLS key", path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| Error::Pem {
+        what: "TLS key",
+        path: path.to_path_buf(),
+        msg: format!("no usable private key: {e}"),
+    })
+}
+
+/// A root store holding every certificate of a PEM file.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, Error> {
+    let mut roots = RootCertStore::empty();
+    for c in load_certs("CA certificate", path)? {
+        roots.add(c).map_err(|e| Error::Pem {
+            what: "CA certificate",
+            path: path.to_path_buf(),
+            msg: format!("not a usable CA: {e}"),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// A server config from a certificate chain and key. `client_ca`: clients
+/// must present a certificate this CA signed (no certificate, or another
+/// CA's, fails the handshake). `alpn`: protocols offered (e.g. `http/1.1`).
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+    alpn: &[&[u8]],
+) -> Result<Arc<ServerConfig>, Error> {
+    let chain = load_certs("TLS certificate", cert)?;
+    let key = load_key(key)?;
+    let provider = provider();
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let roots = Arc::new(load_roots(ca)?);
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| Error::Config(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| Error::Config(format!("certificate and key do not match: {e}")))?;
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(cfg))
+}
+
+/// One server handshake, bounded by `timeout`.
+pub async fn accept<IO>(
+    acceptor: &TlsAcceptor,
+    io: IO,
+    timeout: Duration,
+) -> Result<TlsStream<IO>, Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(Error::Handshake(e)),
+        Err(_) => Err(Error::Timeout(timeout)),
+    }
+}
+
+/// The common name (CN) of the client's certificate, once verified; None
+/// without a client certificate (or without a CN in it).
+pub fn peer_common_name(conn: &rustls::ServerConnection) -> Option<String> {
+    let leaf = conn.peer_certificates()?.first()?;
+    common_name(leaf.as_ref())
+}
+
+/// The first CN of a DER certificate's subject.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
+}
+
+/// Finished TLS connections of one listener: a task accepts and runs up to
+/// `max_handshakes` handshakes at once (each under `timeout`; failures are
+/// logged at debug and dropped) and hands the finished ones over in order
+/// of completion.
+pub struct Incoming {
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Incoming {
+    pub fn new(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        max_handshakes: usize,
+        timeout: Duration,
+        what: &'static str,
+    ) -> std::io::Result<Incoming> {
+        let local = listener.local_addr()?;
+        let (tx, rx) = mpsc::channel(16);
+        let slots = Arc::new(Semaphore::new(max_handshakes.max(1)));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let (sock, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("{what}: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = sock.set_nodelay(true);
+                let done = tx.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match accept(&acceptor, sock, timeout).await {
+                        Ok(s) => {
+                            let _ = done.send((s, peer)).await;
+                        }
+                        Err(e) => tracing::debug!(%peer, "{what}: {e}"),
+                    }
+                });
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(Incoming { rx, local, task })
+    }
+
+    /// The next finished connection; None once the accept task ended.
+    pub async fn accept(&mut self) -> Option<(TlsStream<TcpStream>, SocketAddr)> {
+        self.rx.recv().await
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA, a server certificate for 127.0.0.1 it signed, and a client
+    /// certificate with CN `alice`, as PEM files in `dir`.
+    pub(crate) fn make_pki(dir: &Path) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let srv_key = KeyPair::generate().unwrap();
+        let srv = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+        let srv_cert = srv.signed_by(&srv_key, &ca_cert, &ca_key).unwrap();
+        let cl_key = KeyPair::generate().unwrap();
+        let mut cl = CertificateParams::new(Vec::<String>::new()).unwrap();
+        cl.distinguished_name.push(DnType::CommonName, "alice");
+        let cl_cert = cl.signed_by(&cl_key, &ca_cert, &ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.pem"), srv_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), srv_key.serialize_pem()).unwrap();
+        std::fs::write(dir.join("alice.pem"), cl_cert.pem()).unwrap();
+        std::fs::write(dir.join("alice.key"), cl_key.serialize_pem()).unwrap();
+    }
+
+    #[test]
+    fn loads_and_names() {
+        let d = tempfile::tempdir().unwrap();
+        make_pki(d.path());
+        let p = |n: &str| d.path().join(n);
+        server_config(&p("server.pem"), &p("server.key"), Some(&p("ca.pem")), &[]).unwrap();
+        let alice = load_certs("c", &p("alice.pem")).unwrap();
+        assert_eq!(common_name(alice[0].as_ref()).as_deref(), Some("alice"));
+        // The wrong key for the certificate, a key file that is not one,
+        // a missing file: errors that name the file.
+        let e = server_config(&p("server.pem"), &p("alice.key"), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("do not match"), "{e}");
+        let e = server_config(&p("server.pem"), &p("ca.pem"), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("ca.pem"), "{e}");
+        let e = server_config(&p("nope.pem"), &p("server.key"), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("nope.pem"), "{e}");
+        assert!(common_name(b"not der").is_none());
+    }
+}
