@@ -20,6 +20,9 @@
 //! | GET | /v1/dataset?name=N | | `DatasetInfo` |
 //! | PATCH | /v1/dataset?name=N | [`SetProperty`] | `DatasetInfo` |
 //! | DELETE | /v1/dataset?name=N | | 204 |
+//! | GET | /v1/datasets?root=R&type=T,..&offset=N&limit=M | | one page of `[DatasetInfo]`, total in `x-total-count` |
+//! | POST | /v1/rollback | [`RollbackRequest`] | `[String]` destroyed, or with `dry_run` a `RollbackPreview` |
+//! | GET | /v1/samples | | [`samples::History`]: the last hour of I/O rates and device counters |
 //! | POST | /v1/rename | [`RenameRequest`] | `[String]` new names |
 //! | POST | /v1/inherit | [`InheritRequest`] | 204 |
 //! | POST | /v1/pools/{pool}/scrub | [`ScrubRequest`] | `PoolStatus` |
@@ -63,6 +66,7 @@
 pub mod client;
 pub mod history;
 pub mod metrics;
+pub mod samples;
 pub mod server;
 pub mod shares;
 
@@ -167,6 +171,9 @@ pub struct RollbackRequest {
     /// Disconnect the dataset's clients instead of refusing (`-f`).
     #[serde(default)]
     pub force: bool,
+    /// Change nothing; answer a `dataset::RollbackPreview` (`rollback -n`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// `POST /v1/clone`.

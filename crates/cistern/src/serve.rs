@@ -294,7 +294,7 @@ async fn serve(
         .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
     let mut api_task = tokio::spawn(async move {
-        api::server::serve(api_listener, state, async move {
+        api::server::serve_with(api_listener, state, ui::router(), async move {
             let _ = api_rx.wait_for(|stop| *stop).await;
         })
         .await
