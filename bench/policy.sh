@@ -41,7 +41,7 @@ wait_port "$API" 30
 head -c 32M /dev/urandom >"$DIR/data"
 nbdcopy --flush "$DIR/data" "nbd://127.0.0.1:$NBD/tank/v"
 secs() { python3 -c 'import time; print(f"{time.monotonic():.3f}")'; }
-txgs() { curl -s "$CISTERN_API/metrics" | awk '/^cistern_pool_txg_commits_total/ {print $2}'; }
+txgs() { curl -s -H "Authorization: Bearer $(cat "$DIR/st/api.token")" "$CISTERN_API/metrics" | awk '/^cistern_pool_txg_commits_total/ {print $2}'; }
 t0=$(secs)
 python3 - "$N" <<'PY' | while read -r line; do "$BIN" snapshot $line >/dev/null; done
 import sys, datetime

@@ -35,7 +35,7 @@ CISTERN_BIN=${CISTERN_BIN:-$REPO/target/release/cistern}
 KEEP_FILES=${KEEP_FILES:-0}
 PASSWORD=smbtorture-bench
 
-for tool in smbd smbtorture smbpasswd curl; do
+for tool in smbd smbtorture smbpasswd; do
     command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] || { echo "$tool is not installed" >&2; exit 2; }
 done
 [[ $(id -u) == 0 ]] || { echo "needs root: smbd serves files as their owners" >&2; exit 2; }
@@ -66,8 +66,7 @@ cistern pool create -s 8G tank "$BENCH_DIR/disks/d0" >/dev/null
 # vfs.fruit_timemachine (its volsize check expects it). Time Machine adds the
 # FULL_SYNC volume capability, which vfs.fruit's AAPL check does not expect.
 share() { # share DATASET MOUNTPOINT [timemachine]
-    curl -fsS -X POST -H 'Content-Type: application/json' "$CISTERN_API/v1/datasets" \
-        -d "{\"name\":\"$1\",\"volsize\":0,\"kind\":\"filesystem\"}" >/dev/null
+    cistern create "$1" >/dev/null
     cistern set "mountpoint=$2" "$1"
     if [[ ${3:-} == timemachine ]]; then
         cistern set timemachine=on "$1"

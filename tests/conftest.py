@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import urllib.request
 import os
 import re
 import signal
@@ -127,6 +128,29 @@ class Daemon:
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def token(self) -> str:
+        """The API token the daemon created in its state directory."""
+        return (self.state_dir / "api.token").read_text().strip()
+
+    def api(self, method: str, path: str, body=None, timeout: float = 30):
+        """One authenticated API request; returns the decoded JSON (or None)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.api_url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+    def metrics(self) -> str:
+        """The Prometheus text of /metrics."""
+        req = urllib.request.Request(self.api_url + "/metrics", headers={"Authorization": f"Bearer {self.token}"})
+        return urllib.request.urlopen(req, timeout=10).read().decode()
 
     @property
     def nbd_addr(self) -> str:

@@ -16,7 +16,6 @@ import random
 import struct
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import nbd
@@ -82,7 +81,7 @@ def write_volume(d, name: str = "tank/vol0", seed: int = 1) -> bytes:
 
 
 def metric(d, name: str, pool: str = "tank") -> float:
-    body = urllib.request.urlopen(f"{d.api_url}/metrics", timeout=10).read().decode()
+    body = d.metrics()
     for line in body.splitlines():
         if line.startswith(name) and f'pool="{pool}"' in line:
             return float(line.rsplit(" ", 1)[1])
@@ -213,7 +212,7 @@ def test_bit_rot_is_healed_and_scrub_repairs_everything(make_daemon, disks, kind
             assert counts[dev.name] == 0, f"undamaged {dev.name} shows errors: {counts}"
     assert st["summary"]["health"] == "ONLINE", st["summary"]
     # The same counters in the Prometheus text.
-    body = urllib.request.urlopen(f"{d.api_url}/metrics", timeout=10).read().decode()
+    body = d.metrics()
     for dev in hit:
         line = next(l for l in body.splitlines() if l.startswith("cistern_device_errors_total")
                     and f'device="{dev}"' in l and 'kind="checksum"' in l)

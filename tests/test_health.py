@@ -17,7 +17,6 @@ import re
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import nbd
@@ -48,7 +47,7 @@ def wait_status(d, pred, what: str, pool: str = "tank", timeout: float = 60) -> 
 
 
 def metrics(d) -> str:
-    return urllib.request.urlopen(f"{d.api_url}/metrics", timeout=10).read().decode()
+    return d.metrics()
 
 
 def metric(d, name: str, **labels) -> float | None:

@@ -5,10 +5,8 @@ daemon's one NFS port; libnfs 4.0, Debian 12)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import urllib.request
 
 import pytest
 
@@ -45,14 +43,11 @@ class Nfs:
 
 def create_filesystem(daemon, name: str, **props):
     # The CLI makes volumes and buckets; filesystems through the API.
-    body = json.dumps(
-        {"name": name, "volsize": 0, "kind": "filesystem", "properties": list(props.items())}
-    ).encode()
-    req = urllib.request.Request(
-        f"{daemon.api_url}/v1/datasets", data=body, headers={"content-type": "application/json"}
+    daemon.api(
+        "POST",
+        "/v1/datasets",
+        {"name": name, "volsize": 0, "kind": "filesystem", "properties": list(props.items())},
     )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 201, r.read()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import time
-import urllib.request
 
 import pytest
 
@@ -35,7 +34,7 @@ def snapshots(d, ds: str = "tank/v") -> list[str]:
 
 
 def metric(d, name: str) -> float:
-    text = urllib.request.urlopen(d.api_url + "/metrics", timeout=10).read().decode()
+    text = d.metrics()
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])

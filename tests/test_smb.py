@@ -8,11 +8,9 @@ mount (the files are then checked through it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -59,12 +57,7 @@ class Smb:
 
     def create_fs(self, name: str) -> Path:
         """A filesystem dataset; returns its mountpoint (made by hand until the daemon mounts)."""
-        body = json.dumps({"name": name, "volsize": 0, "kind": "filesystem"}).encode()
-        req = urllib.request.Request(
-            f"{self.d.api_url}/v1/datasets", data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            assert r.status == 201
+        self.d.api("POST", "/v1/datasets", {"name": name, "volsize": 0, "kind": "filesystem"})
         path = self.mnt / name.split("/", 1)[1]
         if not DAEMON_MOUNTS:
             path.mkdir(parents=True)

@@ -9,7 +9,6 @@ import errno
 import os
 import re
 import subprocess
-import urllib.request
 
 import nbd
 import pytest
@@ -214,7 +213,7 @@ def test_ext4_guest_fills_the_pool_then_rm_and_fstrim_free_it(daemon, small_pool
 
 
 def _trims(d) -> int:
-    text = urllib.request.urlopen(d.api_url + "/metrics", timeout=10).read().decode()
+    text = d.metrics()
     m = re.search(r'^cistern_nbd_requests_total\{command="trim"\} (\d+)', text, re.M)
     assert m, "no trim counter in /metrics"
     return int(m.group(1))

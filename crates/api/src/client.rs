@@ -59,6 +59,9 @@ pub struct Client {
     base: String,
     agent: ureq::Agent,
     timeout: Duration,
+    caller: Option<Caller>,
+    /// Sent as `Authorization: Bearer` (crate::auth).
+    token: Option<String>,
 }
 
 impl Client {
@@ -77,17 +80,41 @@ impl Client {
         } else {
             format!("http://{base}")
         };
+        // The token of a daemon this user runs here, if it published one.
+        let token = crate::auth::token_for(&base);
         Self {
+            agent: agent(timeout, None, token.clone()),
             base,
-            agent: agent(timeout, None),
             timeout,
+            caller: None,
+            token,
         }
     }
 
     /// Sends who runs what with every request ([`crate::HEADER_COMMAND`]...),
     /// so that the pools' histories record it.
     pub fn with_caller(mut self, caller: Caller) -> Self {
-        self.agent = agent(self.timeout, Some(caller));
+        self.caller = Some(caller);
+        self.agent = agent(self.timeout, self.caller.clone(), self.token.clone());
+        self
+    }
+
+    /// The same daemon and credentials with another bound on each call.
+    pub fn with_call_timeout(&self, timeout: Duration) -> Self {
+        Self {
+            agent: agent(timeout, self.caller.clone(), self.token.clone()),
+            base: self.base.clone(),
+            timeout,
+            caller: self.caller.clone(),
+            token: self.token.clone(),
+        }
+    }
+
+    /// Authenticates with `token` (`--token`, `CISTERN_TOKEN`) instead of the
+    /// discovered one.
+    pub fn with_token(mut self, token: String) -> Self {
+        self.token = Some(token);
+        self.agent = agent(self.timeout, self.caller.clone(), self.token.clone());
         self
     }
 
@@ -818,18 +845,24 @@ fn percent_encode_segment(s: &str) -> String {
 
 /// The HTTP agent: errors as values, no proxy, bounded in time, and the
 /// caller's headers on every request when given.
-fn agent(timeout: Duration, caller: Option<Caller>) -> ureq::Agent {
+fn agent(timeout: Duration, caller: Option<Caller>, token: Option<String>) -> ureq::Agent {
     let mut config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
         .timeout_connect(Some(Duration::from_secs(5)))
         .timeout_global(Some(timeout));
+    let mut headers = Vec::new();
     if let Some(c) = caller {
-        let headers = [
+        headers.extend([
             (crate::HEADER_COMMAND, crate::encode_header(&c.command)),
             (crate::HEADER_USER, crate::encode_header(&c.user)),
             (crate::HEADER_HOST, crate::encode_header(&c.host)),
-        ];
+        ]);
+    }
+    if let Some(t) = token {
+        headers.push(("authorization", format!("Bearer {t}")));
+    }
+    if !headers.is_empty() {
         config = config.middleware(
             move |mut req: ureq::http::Request<ureq::SendBody>,
                   next: ureq::middleware::MiddlewareNext| {

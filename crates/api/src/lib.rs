@@ -7,6 +7,7 @@
 //!
 //! | method | path | body in | body out |
 //! |---|---|---|---|
+//! | POST, DELETE | /v1/session | [`auth::Login`] | 204 + the UI's session cookie (login, logout) |
 //! | GET | /v1/health | | [`Health`] |
 //! | GET | /v1/pools | | `[PoolSummary]` |
 //! | POST | /v1/pools | `PoolSpec` | `PoolStatus` (201) |
@@ -63,6 +64,7 @@
 //! Errors are `{"error": "...", "kind": "NotFound"}` ([`ErrorBody`]) with a
 //! status mapped from [`dataset::Error`] (see [`status_for`]).
 
+pub mod auth;
 pub mod client;
 pub mod history;
 pub mod metrics;
@@ -327,6 +329,19 @@ pub fn encode_header(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A query-string component: bytes other than unreserved ones as `%XX`.
+pub fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));

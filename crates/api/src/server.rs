@@ -39,6 +39,8 @@ pub struct ApiState {
     pub mounts: Option<fuse::Mounts>,
     /// The last hour of I/O samples (`/v1/samples`), taken while [`serve`] runs.
     pub samples: Arc<crate::samples::Samples>,
+    /// Who may call (crate::auth); None only in tests that run the router in-process.
+    pub auth: Option<crate::auth::Auth>,
 }
 
 impl ApiState {
@@ -51,7 +53,14 @@ impl ApiState {
             change_hooks: Vec::new(),
             mounts: None,
             samples: crate::samples::Samples::new(),
+            auth: None,
         }
+    }
+
+    /// Requires the token (or the UI's session cookie) on every request.
+    pub fn with_auth(mut self, auth: crate::auth::Auth) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     pub fn with_mounts(mut self, mounts: fuse::Mounts) -> Self {
@@ -95,7 +104,8 @@ pub fn router(state: ApiState) -> Router {
 
 /// The API plus `pages` (the web dashboard), behind the same middleware.
 pub fn router_with(state: ApiState, pages: Router<ApiState>) -> Router {
-    Router::new()
+    let auth = state.auth.clone();
+    let routes = Router::new()
         .merge(pages)
         .route("/v1/health", get(health))
         .route("/v1/samples", get(samples))
@@ -159,7 +169,24 @@ pub fn router_with(state: ApiState, pages: Router<ApiState>) -> Router {
             state.clone(),
             crate::history::record,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: nothing runs for a request without credentials.
+    match auth {
+        Some(auth) => routes
+            .merge(
+                Router::new()
+                    .route(
+                        crate::auth::SESSION_PATH,
+                        post(crate::auth::login).delete(crate::auth::logout),
+                    )
+                    .with_state(auth.clone()),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                auth,
+                crate::auth::require,
+            )),
+        None => routes,
+    }
 }
 
 /// HTTP status for an engine error.

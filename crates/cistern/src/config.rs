@@ -7,6 +7,9 @@
 //! state_dir = "/var/lib/cistern"
 //! log = "info,dataset=debug"
 //!
+//! [api]               # ApiSection: the token is STATE_DIR/api.token (0600)
+//! metrics_open = false
+//!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
 //! multihost_interval_ms = 1000   # or CISTERN_MMP_INTERVAL_MS (decision 0010)
@@ -70,6 +73,17 @@ pub struct Config {
     pub fuse: fuse::FuseConfig,
     /// `[nfs]`: the NFS server, run when this section (or `--nfs`) is there.
     pub nfs: Option<NfsSection>,
+    /// `[api]`: the management API's access rules.
+    pub api: ApiSection,
+}
+
+/// `[api]`: who may call the management API (api::auth). The token itself
+/// lives in STATE_DIR/api.token, never in the config.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// `/metrics` answers without the token (for a Prometheus without credentials).
+    pub metrics_open: bool,
 }
 
 /// `[nfs]`: where NFS listens and its bounds; unset keys keep `nfs::NfsConfig`'s defaults.
@@ -281,6 +295,7 @@ pub struct Resolved {
     pub fuse: fuse::FuseConfig,
     /// The NFS server, when it is on.
     pub nfs: Option<NfsResolved>,
+    pub api_access: ApiSection,
 }
 
 #[derive(Debug, Clone)]
@@ -382,6 +397,7 @@ pub fn resolve(
         smb: cfg.smb,
         fuse: cfg.fuse,
         nfs,
+        api_access: cfg.api,
     })
 }
 

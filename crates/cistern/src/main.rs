@@ -34,6 +34,19 @@ pub struct Cli {
     )]
     pub api: Option<String>,
 
+    /// The daemon's API token [env: CISTERN_TOKEN]; by default the one a
+    /// daemon of this user on this machine left in its runtime directory
+    #[arg(verbatim_doc_comment)]
+    #[arg(
+        long,
+        global = true,
+        env = "CISTERN_TOKEN",
+        value_name = "TOKEN",
+        hide_env = true,
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -122,8 +135,11 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::cli::run(cmd),
         command => {
             output::init_client_logging();
-            let client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL))
+            let mut client = api::Client::new(cli.api.as_deref().unwrap_or(api::DEFAULT_API_URL))
                 .with_caller(cmd::pool::caller());
+            if let Some(t) = cli.token.clone() {
+                client = client.with_token(t);
+            }
             cmd::run(&client, command)
         }
     };

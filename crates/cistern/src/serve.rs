@@ -287,7 +287,17 @@ async fn serve(
             tracing::warn!("SMB shares not served: {e:#}");
         }
     }
+    let auth = api::auth::Auth::load_or_create(&state_dir)
+        .context("the API token")?
+        .with_metrics_open(r.api_access.metrics_open);
+    // The dashboard's login page and its assets open without the token.
+    let auth = ui::PUBLIC.iter().fold(auth, |a, p| a.with_public(*p));
+    match api::auth::publish(endpoints.api, &auth) {
+        Ok(p) => tracing::debug!(path = %p.display(), "API token published for local CLIs"),
+        Err(e) => tracing::warn!("local CLIs will need --token: {e}"),
+    }
     let state = api::ApiState::new(engine.clone())
+        .with_auth(auth)
         .with_metrics(Arc::new(crate::nbd_metrics::render))
         .with_users(users.clone())
         .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
@@ -307,6 +317,14 @@ async fn serve(
     );
     println!("NBD: {}", endpoints.nbd_uri("<export>"));
     println!("API: {}", endpoints.api_url());
+    println!(
+        "API token: {}",
+        state_dir.join(api::auth::TOKEN_FILE).display()
+    );
+    println!(
+        "Web UI: {}/ (log in with the API token)",
+        endpoints.api_url().trim_end_matches('/')
+    );
     let mut s3_task = match (s3_listener, r.s3) {
         (Some(listener), Some(s3)) => {
             if let Some(url) = endpoints.s3_url() {

@@ -13,6 +13,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_cistern");
 struct Daemon {
     child: Option<Child>,
     api: String,
+
     nbd: String,
     stdout: Vec<String>,
     stderr_path: PathBuf,
@@ -188,12 +189,24 @@ fn free_port() -> u16 {
 }
 
 /// Raw HTTP/1.1 request; returns (status, body).
-fn http(api: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+/// One API request with the daemon's token.
+fn http(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
+    let file = d
+        .stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("API token: "))
+        .expect("the daemon printed where its token is");
+    let token = std::fs::read_to_string(file.trim()).expect("token file");
+    http_as(&d.api, Some(token.trim()), method, path, body)
+}
+
+fn http_as(api: &str, token: Option<&str>, method: &str, path: &str, body: &str) -> (u16, String) {
     let addr = api.trim_start_matches("http://");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let mut s = TcpStream::connect(addr).expect("connect API");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();
@@ -501,34 +514,36 @@ fn serve_and_drive_the_cli() {
     d.fails(&["set", "volsize=12Q", "tank/vol0"]);
 
     // The API itself: JSON errors, a 400 for a bad body, metrics.
-    let (code, body) = http(&d.api, "GET", "/v1/dataset?name=tank/nope", "");
+    let (code, body) = http(&d, "GET", "/v1/dataset?name=tank/nope", "");
     assert_eq!(code, 404, "{body}");
     let e: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(e["kind"], "NotFound");
-    let (code, body) = http(&d.api, "POST", "/v1/datasets", "{not json");
+    let (code, body) = http(&d, "POST", "/v1/datasets", "{not json");
     assert_eq!(code, 400, "{body}");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["kind"],
         "BadRequest"
     );
-    let (code, _) = http(&d.api, "POST", "/v1/datasets", r#"{"name":"tank/x"}"#);
+    let (code, _) = http(&d, "POST", "/v1/datasets", r#"{"name":"tank/x"}"#);
     assert_eq!(code, 400);
-    let (code, _) = http(&d.api, "GET", "/v1/dataset", "");
+    let (code, _) = http(&d, "GET", "/v1/dataset", "");
     assert_eq!(code, 400);
-    let (code, body) = http(
-        &d.api,
-        "POST",
-        "/v1/pools",
-        r#"{"name":"tank","groups":[]}"#,
-    );
+    let (code, body) = http(&d, "POST", "/v1/pools", r#"{"name":"tank","groups":[]}"#);
     assert_eq!(code, 400, "{body}");
-    let (code, body) = http(&d.api, "GET", "/v1/health", "");
+    // Without the token, or with a wrong one: 401, and nothing happens.
+    let (code, body) = http_as(&d.api, None, "DELETE", "/v1/pools/tank", "");
+    assert_eq!(code, 401, "{body}");
+    let (code, _) = http_as(&d.api, Some("0bad"), "GET", "/v1/pools", "");
+    assert_eq!(code, 401);
+    let (code, _) = http_as(&d.api, None, "GET", "/metrics", "");
+    assert_eq!(code, 401, "/metrics is closed unless [api] metrics_open");
+    let (code, body) = http(&d, "GET", "/v1/health", "");
     assert_eq!(code, 200);
     assert!(body.contains("\"ok\""));
-    let (code, body) = http(&d.api, "GET", "/v1/nothing", "");
+    let (code, body) = http(&d, "GET", "/v1/nothing", "");
     assert_eq!(code, 404, "{body}");
     let importable = http(
-        &d.api,
+        &d,
         "GET",
         &format!("/v1/import?dir={}", disks.display()),
         "",
@@ -584,7 +599,7 @@ fn serve_and_drive_the_cli() {
     );
 
     // Metrics (late: a scrape that hangs in the engine would wedge the pool).
-    let (code, metrics) = http(&d.api, "GET", "/metrics", "");
+    let (code, metrics) = http(&d, "GET", "/metrics", "");
     assert_eq!(code, 200);
     assert!(
         metrics.contains("cistern_pool_txg_commits_total{pool=\"tank\"}"),

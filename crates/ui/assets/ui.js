@@ -98,7 +98,7 @@ async function api(method, path, body, cli) {
     method, headers: h, credentials: "same-origin",
     body: body === undefined || body === null ? undefined : JSON.stringify(body),
   });
-  if (r.status === 401) {
+  if (r.status === 401 && path !== "/v1/session") {
     location.href = "/login?next=" + encodeURIComponent(location.pathname + location.search);
     throw new Error("not logged in");
   }

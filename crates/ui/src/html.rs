@@ -147,8 +147,8 @@ pub fn page(title: &str, active: &str, pools: &[String], body: &str) -> String {
          <title>{t} - Cistern</title><link rel=\"icon\" href=\"/ui/logo.svg\">\
          <link rel=\"stylesheet\" href=\"/ui/ui.css\"></head><body>\
          <header><a class=\"brand\" href=\"/\"><img src=\"/ui/logo.svg\" alt=\"\">Cistern</a>\
-         <nav>{nav}</nav><form class=\"logout\" method=\"post\" action=\"/logout\">\
-         <button type=\"submit\">Log out</button></form></header>\
+         <nav>{nav}</nav><form class=\"api logout\" data-method=\"DELETE\" data-path=\"/v1/session\" \
+         data-then=\"goto:/login\"><button type=\"submit\">Log out</button></form></header>\
          <main><h1>{t}</h1>{body}</main>\
          <dialog id=\"confirm\"><h2 id=\"confirm-title\"></h2><div id=\"confirm-text\"></div>\
          <div id=\"confirm-preview\"></div><div class=\"buttons\">\
@@ -157,6 +157,22 @@ pub fn page(title: &str, active: &str, pools: &[String], body: &str) -> String {
          <div id=\"toast\" role=\"status\"></div>\
          <script src=\"/ui/ui.js\"></script></body></html>",
         t = esc(title),
+    )
+}
+
+/// The login page: no navigation, nothing about the pools.
+pub fn login_page(form: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Log in - Cistern</title><link rel=\"icon\" href=\"/ui/logo.svg\">\
+         <link rel=\"stylesheet\" href=\"/ui/ui.css\"></head><body>\
+         <header><span class=\"brand\"><img src=\"/ui/logo.svg\" alt=\"\">Cistern</span></header>\
+         <main><section class=\"card login\"><h1>Log in</h1>\
+         <p>Paste the API token. The daemon keeps it in <code>STATE_DIR/api.token</code> \
+         (mode 0600; <code>cistern serve</code> prints where), e.g. <code>sudo cat /var/lib/cistern/api.token</code>.</p>\
+         {form}</section></main><div id=\"toast\" role=\"status\"></div>\
+         <script src=\"/ui/ui.js\"></script></body></html>"
     )
 }
 

@@ -15,6 +15,10 @@ use axum::Router;
 
 pub use html::esc;
 
+/// Paths that answer without the token or a session: the login page and
+/// the stylesheet, script and logo it uses (nothing about the pools).
+pub const PUBLIC: &[&str] = &["/login", "/ui/"];
+
 const CSS: &str = include_str!("../assets/ui.css");
 const JS: &str = include_str!("../assets/ui.js");
 const LOGO: &str = include_str!("../assets/logo.svg");
@@ -33,7 +37,8 @@ pub fn router() -> Router<ApiState> {
         .route("/users", get(pages::users))
         .route("/shares", get(pages::shares))
         .route("/bench", get(pages::bench))
-        .route("/ui/bench/{file}", get(pages::bench_file))
+        .route("/bench/chart/{file}", get(pages::bench_file))
+        .route("/login", get(pages::login))
         .route("/ui/ui.css", get(|| asset("text/css; charset=utf-8", CSS)))
         .route(
             "/ui/ui.js",

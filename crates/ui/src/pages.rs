@@ -379,8 +379,9 @@ fn create_pool_form() -> String {
         "<section class=\"card\"><h2>Create a pool</h2>{}</section>",
         a.form(
             "<label>Name <input name=\"name\" required pattern=\"[A-Za-z][A-Za-z0-9_.:-]*\"></label>\
-             <label>Layout <select name=\"kind\"><option>mirror</option><option>disk</option>\
-             <option>raidz1</option><option>raidz2</option><option>raidz3</option></select></label>\
+             <label>Layout <select name=\"kind\"><option value=\"mirror\">mirror</option>\
+             <option value=\"disk\">disk (stripe)</option><option value=\"raidz1\">raidz1</option>\
+             <option value=\"raidz2\">raidz2</option><option value=\"raidz3\">raidz3</option></select></label>\
              <label>Devices (absolute paths, comma-separated) <input name=\"devices\" size=\"60\" required></label>\
              <label>Create missing files sparse, of size <input name=\"create_size\" placeholder=\"e.g. 10G\" size=\"8\"></label>\
              <button type=\"submit\">Create pool</button>"
@@ -1361,6 +1362,32 @@ pub async fn shares(State(st): State<ApiState>) -> Response {
     .await
 }
 
+// ------------------------------------------------------------------ login
+
+#[derive(Deserialize, Default)]
+pub struct LoginQuery {
+    next: Option<String>,
+}
+
+/// The login page: the admin pastes the API token; the script sends it to
+/// `POST /v1/session`, which sets the session cookie (api::auth).
+pub async fn login(Query(q): Query<LoginQuery>) -> Response {
+    // Only a path on this site (no `//host` or scheme): no open redirect.
+    let next = q
+        .next
+        .filter(|n| n.starts_with('/') && !n.starts_with("//") && !n.contains('\\'))
+        .unwrap_or_else(|| "/".into());
+    let form = Action::new("POST", "/v1/session", "")
+        .body(json!({"token": "${token}"}))
+        .then(&format!("goto:{next}"))
+        .class("login-form")
+        .form(
+            "<label>API token <textarea name=\"token\" rows=\"3\" cols=\"44\" required autocomplete=\"off\" \
+             spellcheck=\"false\" autofocus></textarea></label><button type=\"submit\">Log in</button>",
+        );
+    html_response(StatusCode::OK, html::login_page(&form))
+}
+
 // ------------------------------------------------------------------ bench
 
 fn bench_dir(e: &Engine) -> std::path::PathBuf {
@@ -1415,7 +1442,7 @@ pub async fn bench(State(st): State<ApiState>) -> Response {
                 mbps = v.get("mb_per_s").and_then(|x| x.as_f64()).unwrap_or(0.0),
             );
             if dir.join(&svg).is_file() {
-                let _ = write!(o, "<img class=\"bench\" alt=\"X or better chart\" src=\"/ui/bench/{}\">", url(&svg));
+                let _ = write!(o, "<img class=\"bench\" alt=\"X or better chart\" src=\"/bench/chart/{}\">", url(&svg));
             }
             o.push_str("</section>");
         }

@@ -62,7 +62,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
 /// answers (as `zfs version` prints the userland and the kernel module's).
 fn version(client: &api::Client) -> Result<()> {
     crate::output::outln(&format!("cistern-{}", env!("CARGO_PKG_VERSION")));
-    let quick = api::Client::with_timeout(client.base_url(), std::time::Duration::from_secs(5));
+    let quick = client.with_call_timeout(std::time::Duration::from_secs(5));
     match quick.health() {
         Ok(h) => crate::output::outln(&format!("cistern-daemon-{}", h.version)),
         Err(e) => tracing::info!("no daemon version: {e}"),

@@ -337,9 +337,18 @@ pub fn caller() -> dataset::Caller {
         })
         .unwrap_or_else(|| "cistern".into());
     let mut command = prog;
+    // Secrets given on the command line never reach the pool's history.
+    let mut secret_next = false;
     for a in args {
         command.push(' ');
-        command.push_str(&shell_quote(&a));
+        if secret_next {
+            command.push_str("<redacted>");
+        } else if a.starts_with("--token=") {
+            command.push_str("--token=<redacted>");
+        } else {
+            command.push_str(&shell_quote(&a));
+        }
+        secret_next = a == "--token";
     }
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
