@@ -27,6 +27,9 @@ APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd nbdfuse fio fuse3 qemu-utils e2fs
 # Filesystem checkers (tests/test_fs_tools.py, test_fuse.py, test_nfs.py); the benches' own
 # references (bonnie++, postmark, bindfs, nfs-ganesha) are installed by bench/fs.sh and bench/nfs.sh.
 APT_PACKAGES+=(attr acl rsync libnfs-utils)
+# The web dashboard in a real browser (tests/test_ui.py, Selenium): Debian's own
+# Chromium and its driver, never a downloaded browser.
+APT_PACKAGES+=(chromium chromium-driver)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' && return 0
@@ -67,7 +70,8 @@ if ! "$VENV/bin/python" -c 'import nbd' 2>/dev/null; then
     exit 1
 fi
 # boto3 and awscli drive the S3 tests; awscrt gives botocore CRC32C checksums.
-PY_PACKAGES=(pytest boto3 awscli awscrt)
+# selenium drives Chromium for tests/test_ui.py.
+PY_PACKAGES=(pytest boto3 awscli awscrt selenium)
 pip_missing=()
 for m in "${PY_PACKAGES[@]}"; do
     "$VENV/bin/python" -c "import $m" 2>/dev/null || pip_missing+=("$m")

@@ -295,12 +295,32 @@ pub async fn require(State(auth): State<Auth>, req: Request, next: Next) -> Resp
             "Unauthorized",
             "the API token was refused",
         ),
+        // A browser opening a dashboard page goes to the login page instead.
+        Credential::None if is_page(req.method(), req.uri().path()) => {
+            let next = req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            let to = format!("/login?next={}", crate::encode_query(&next));
+            (
+                StatusCode::SEE_OTHER,
+                [(header::LOCATION, to.as_str())],
+                "log in first",
+            )
+                .into_response()
+        }
         Credential::None => refuse(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
             "this API needs `Authorization: Bearer TOKEN` (the token is in the daemon's state directory, api.token)",
         ),
     }
+}
+
+/// A GET of a web dashboard page (anything outside `/v1/` and `/metrics`).
+fn is_page(method: &Method, path: &str) -> bool {
+    *method == Method::GET && !path.starts_with("/v1/") && path != "/metrics"
 }
 
 fn refuse(status: StatusCode, kind: &str, msg: &str) -> Response {

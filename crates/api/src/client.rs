@@ -749,6 +749,18 @@ impl Client {
             snapshot: snapshot.to_string(),
             recursive,
             force,
+            dry_run: false,
+        };
+        self.decode(self.agent.post(self.url("/v1/rollback")).send_json(&body))
+    }
+
+    /// `rollback -n`: what a rollback (-r) to `snapshot` would destroy and discard.
+    pub fn rollback_preview(&self, snapshot: &str) -> Result<dataset::RollbackPreview> {
+        let body = RollbackRequest {
+            snapshot: snapshot.to_string(),
+            recursive: true,
+            force: false,
+            dry_run: true,
         };
         self.decode(self.agent.post(self.url("/v1/rollback")).send_json(&body))
     }

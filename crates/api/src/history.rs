@@ -113,6 +113,15 @@ pub async fn record(State(st): State<ApiState>, req: Request, next: Next) -> Res
         }
     };
     let pool = pool_from(&segments, query.as_deref(), &bytes);
+    // A dry run (`destroy -n`, a rollback preview) changes nothing.
+    let dry_run = query
+        .as_deref()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "dry_run=true"))
+        || serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("dry_run").and_then(|d| d.as_bool()))
+            .unwrap_or(false);
+    let pool = pool.filter(|_| !dry_run);
     let resp = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;

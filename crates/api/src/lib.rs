@@ -21,6 +21,9 @@
 //! | GET | /v1/dataset?name=N | | `DatasetInfo` |
 //! | PATCH | /v1/dataset?name=N | [`SetProperty`] | `DatasetInfo` |
 //! | DELETE | /v1/dataset?name=N | | 204 |
+//! | GET | /v1/datasets?root=R&type=T,..&offset=N&limit=M | | one page of `[DatasetInfo]`, total in `x-total-count` |
+//! | POST | /v1/rollback | [`RollbackRequest`] | `[String]` destroyed, or with `dry_run` a `RollbackPreview` |
+//! | GET | /v1/samples | | [`samples::History`]: the last hour of I/O rates and device counters |
 //! | POST | /v1/rename | [`RenameRequest`] | `[String]` new names |
 //! | POST | /v1/inherit | [`InheritRequest`] | 204 |
 //! | POST | /v1/pools/{pool}/scrub | [`ScrubRequest`] | `PoolStatus` |
@@ -65,6 +68,7 @@ pub mod auth;
 pub mod client;
 pub mod history;
 pub mod metrics;
+pub mod samples;
 pub mod server;
 pub mod shares;
 
@@ -222,6 +226,9 @@ pub struct RollbackRequest {
     /// Disconnect the dataset's clients instead of refusing (`-f`).
     #[serde(default)]
     pub force: bool,
+    /// Change nothing; answer a `dataset::RollbackPreview` (`rollback -n`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// `POST /v1/clone`.
@@ -375,6 +382,19 @@ pub fn encode_header(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A query-string component: bytes other than unreserved ones as `%XX`.
+pub fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));

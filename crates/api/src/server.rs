@@ -37,6 +37,8 @@ pub struct ApiState {
     pub change_hooks: Vec<crate::shares::ChangeHook>,
     /// The FUSE mounts (`/v1/mounts`); None: this daemon mounts nothing.
     pub mounts: Option<fuse::Mounts>,
+    /// The last hour of I/O samples (`/v1/samples`), taken while [`serve`] runs.
+    pub samples: Arc<crate::samples::Samples>,
     /// Who may call (crate::auth); None only in tests that run the router in-process.
     pub auth: Option<crate::auth::Auth>,
 }
@@ -50,6 +52,7 @@ impl ApiState {
             share_services: Vec::new(),
             change_hooks: Vec::new(),
             mounts: None,
+            samples: crate::samples::Samples::new(),
             auth: None,
         }
     }
@@ -96,9 +99,16 @@ impl ApiState {
 
 /// The full API under `/v1`, plus `/metrics`.
 pub fn router(state: ApiState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The API plus `pages` (the web dashboard), behind the same middleware.
+pub fn router_with(state: ApiState, pages: Router<ApiState>) -> Router {
     let auth = state.auth.clone();
     let routes = Router::new()
+        .merge(pages)
         .route("/v1/health", get(health))
+        .route("/v1/samples", get(samples))
         .route("/v1/pools", get(list_pools).post(create_pool))
         .route("/v1/pools/{pool}", get(pool_status).delete(destroy_pool))
         .route("/v1/pools/{pool}/iostat", get(pool_iostat))
@@ -715,12 +725,55 @@ async fn import_pool(
 #[serde(deny_unknown_fields)]
 struct RootQuery {
     root: Option<String>,
+    /// `filesystem,volume,bucket,snapshot` (any of them): only these kinds.
+    #[serde(rename = "type")]
+    kinds: Option<String>,
+    /// Paging (snapshots in creation order per dataset): the answer carries
+    /// the count before paging in [`HEADER_TOTAL`].
+    offset: Option<usize>,
+    limit: Option<usize>,
+    /// As `list -d N`.
+    depth: Option<usize>,
+}
+
+/// `GET /v1/datasets` with `type`, `offset` or `limit`: the number of
+/// datasets that matched before paging.
+pub const HEADER_TOTAL: &str = "x-total-count";
+
+/// Parses `?type=volume,snapshot` (as `cistern list -t`).
+pub fn parse_kinds(s: &str) -> Result<Vec<dataset::DatasetKind>, String> {
+    use dataset::DatasetKind as K;
+    s.split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| match t {
+            "filesystem" => Ok(K::Filesystem),
+            "volume" => Ok(K::Volume),
+            "snapshot" | "snap" => Ok(K::Snapshot),
+            "bucket" => Ok(K::Bucket),
+            other => Err(format!(
+                "unknown type '{other}' (filesystem, volume, bucket, snapshot)"
+            )),
+        })
+        .collect()
 }
 
 async fn list_datasets(State(st): State<ApiState>, Q(q): Q<RootQuery>) -> ApiResult<Response> {
-    blocking(&st, move |e| e.list_datasets(q.root.as_deref()))
-        .await
-        .map(json)
+    if q.kinds.is_none() && q.offset.is_none() && q.limit.is_none() && q.depth.is_none() {
+        return blocking(&st, move |e| e.list_datasets(q.root.as_deref()))
+            .await
+            .map(json);
+    }
+    let kinds = parse_kinds(q.kinds.as_deref().unwrap_or("")).map_err(ApiError::bad_request)?;
+    let (offset, limit) = (q.offset.unwrap_or(0), q.limit.unwrap_or(usize::MAX));
+    let (total, page) = blocking(&st, move |e| {
+        e.list_datasets_page(q.root.as_deref(), &kinds, q.depth, offset, limit)
+    })
+    .await?;
+    let mut r = json(page);
+    if let Ok(v) = header::HeaderValue::from_str(&total.to_string()) {
+        r.headers_mut().insert(HEADER_TOTAL, v);
+    }
+    Ok(r)
 }
 
 /// `sharenfs` options are checked when set, so a typo is an error here and
@@ -915,6 +968,11 @@ async fn rollback(
     State(st): State<ApiState>,
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Response> {
+    if req.dry_run {
+        return blocking(&st, move |e| e.rollback_preview(&req.snapshot))
+            .await
+            .map(json);
+    }
     tracing::info!(snapshot = %req.snapshot, recursive = req.recursive, force = req.force, "rollback");
     blocking(&st, move |e| {
         e.rollback_with(&req.snapshot, req.recursive, req.force)
@@ -1198,6 +1256,16 @@ async fn unmount(
     .map(json)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolQuery {
+    pool: Option<String>,
+}
+
+async fn samples(State(st): State<ApiState>, Q(q): Q<PoolQuery>) -> ApiResult<Response> {
+    Ok(json(st.samples.history(q.pool.as_deref())))
+}
+
 async fn metrics(State(st): State<ApiState>) -> ApiResult<Response> {
     let (stats, health, policy) = blocking(&st, |e| {
         let statuses: Vec<_> = e
@@ -1234,32 +1302,45 @@ pub async fn serve<F>(
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, None, state, Router::new(), shutdown).await
 }
 
-/// [`serve`] over HTTPS: handshakes (64 at once, 10 s each) run beside the
-/// server, which only sees finished TLS connections.
-pub async fn serve_tls<F>(
+/// [`serve`] with `pages` (the web dashboard) next to the API, over TLS
+/// when `tls` is given (`[api] tls_cert`/`tls_key`); samples I/O for
+/// `/v1/samples` while it runs.
+pub async fn serve_with<F>(
     listener: tokio::net::TcpListener,
-    tls: std::sync::Arc<tls::rustls::ServerConfig>,
+    tls: Option<std::sync::Arc<tls::rustls::ServerConfig>>,
     state: ApiState,
+    pages: Router<ApiState>,
     shutdown: F,
 ) -> std::io::Result<()>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    let incoming = tls::Incoming::new(
-        listener,
-        tls::TlsAcceptor::from(tls),
-        64,
-        std::time::Duration::from_secs(10),
-        "API",
-    )?;
-    axum::serve(TlsListener(incoming), router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let sampler = crate::samples::spawn(state.engine.clone(), state.samples.clone());
+    let app = router_with(state, pages);
+    let r = match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(tls) => {
+            let incoming = tls::Incoming::new(
+                listener,
+                tls::TlsAcceptor::from(tls),
+                64,
+                std::time::Duration::from_secs(10),
+                "API",
+            )?;
+            axum::serve(TlsListener(incoming), app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    sampler.abort();
+    r
 }
 
 struct TlsListener(tls::Incoming);

@@ -274,6 +274,8 @@ async fn serve(
     let auth = api::auth::Auth::load_or_create(&state_dir)
         .context("the API token")?
         .with_metrics_open(r.api_access.metrics_open);
+    // The dashboard's login page and its assets open without the token.
+    let auth = ui::PUBLIC.iter().fold(auth, |a, p| a.with_public(*p));
     match api::auth::publish(endpoints.api, &auth) {
         Ok(p) => tracing::debug!(path = %p.display(), "API token published for local CLIs"),
         Err(e) => tracing::warn!("local CLIs will need --token: {e}"),
@@ -290,10 +292,7 @@ async fn serve(
         let stop = async move {
             let _ = api_rx.wait_for(|stop| *stop).await;
         };
-        match api_tls {
-            Some(t) => api::server::serve_tls(api_listener, t, state, stop).await,
-            None => api::server::serve(api_listener, state, stop).await,
-        }
+        api::server::serve_with(api_listener, api_tls, state, ui::router(), stop).await
     });
 
     println!(
@@ -306,6 +305,10 @@ async fn serve(
     println!(
         "API token: {}",
         state_dir.join(api::auth::TOKEN_FILE).display()
+    );
+    println!(
+        "Web UI: {}/ (log in with the API token)",
+        endpoints.api_url().trim_end_matches('/')
     );
     let mut s3_task = match (s3_listener, r.s3) {
         (Some(listener), Some(s3)) => {

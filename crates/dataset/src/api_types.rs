@@ -348,6 +348,18 @@ pub struct DestroyReport {
     pub dry_run: bool,
 }
 
+/// `POST /v1/rollback` with `dry_run`: what a rollback (-r) would do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RollbackPreview {
+    pub snapshot: String,
+    /// Newer snapshots destroyed with it (oldest first); `-r` is needed if any.
+    pub destroys: Vec<String>,
+    /// Bytes only those snapshots hold, freed with them.
+    pub frees_snapshot_bytes: u64,
+    /// Bytes of the dataset changed since the snapshot, discarded.
+    pub discards_changed_bytes: u64,
+}
+
 /// One run of changed bytes in a `diff`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ChangedRange {

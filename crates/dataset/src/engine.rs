@@ -1135,6 +1135,84 @@ impl Engine {
         Ok(out)
     }
 
+    /// One page of [`Engine::list_datasets`]: the datasets at or below `root`
+    /// of the given kinds (empty: all), in name order except that snapshots
+    /// of one dataset are in creation order (newest last), and the total
+    /// before paging. `depth` as `list -d`: 1 is the root's children and
+    /// snapshots. Properties are computed only for the page, so a page of a
+    /// pool with 10,000 snapshots costs what the page holds.
+    pub fn list_datasets_page(
+        &self,
+        root: Option<&str>,
+        kinds: &[DatasetKind],
+        depth: Option<usize>,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(usize, Vec<DatasetInfo>)> {
+        let pools: Vec<Arc<ImportedPool>> = match root {
+            Some(r) => vec![self.pool(split_dataset(r)?.0)?],
+            None => self.inner.pools.read().values().cloned().collect(),
+        };
+        let mut total = 0;
+        let mut out = Vec::new();
+        let mut sorted: Vec<(String, Arc<ImportedPool>)> = pools
+            .into_iter()
+            .map(|p| (p.pool.name.clone(), p))
+            .collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut policies = HashMap::new();
+        for (_, p) in sorted {
+            let datasets = p.datasets.read();
+            if let Some(r) = root {
+                if !datasets.contains_key(r) {
+                    return Err(Error::NotFound(format!("dataset '{r}'")));
+                }
+            }
+            // Depth below the root (a snapshot one more than its dataset), if below it.
+            let below = |name: &str| -> Option<usize> {
+                let level = |n: &str| {
+                    n.split('@').next().unwrap_or(n).matches('/').count()
+                        + usize::from(n.contains('@'))
+                };
+                match root {
+                    None => Some(level(name) + 1),
+                    Some(r) if name == r => Some(0),
+                    Some(r) => name
+                        .strip_prefix(r)
+                        .filter(|rest| rest.starts_with('/') || rest.starts_with('@'))
+                        .map(|_| level(name) - level(r)),
+                }
+            };
+            let mut recs: Vec<&DatasetRecord> = datasets
+                .values()
+                .filter(|r| {
+                    below(&r.name).is_some_and(|d| depth.is_none_or(|max| d <= max))
+                        && (kinds.is_empty() || kinds.contains(&r.kind))
+                })
+                .collect();
+            // Sort key: the dataset's name, then snapshots by creation.
+            recs.sort_by(|a, b| {
+                let ka = a.name.split_once('@').map_or(a.name.as_str(), |x| x.0);
+                let kb = b.name.split_once('@').map_or(b.name.as_str(), |x| x.0);
+                ka.cmp(kb)
+                    .then(a.is_snapshot().cmp(&b.is_snapshot()))
+                    .then(a.created_txg.cmp(&b.created_txg))
+                    .then(a.name.cmp(&b.name))
+            });
+            let start = offset.saturating_sub(total).min(recs.len());
+            let room = limit.saturating_sub(out.len());
+            for rec in recs.iter().skip(start).take(room) {
+                let mut i = info(&p, &datasets, rec);
+                if rec.is_snapshot() {
+                    self.add_auto_property(&datasets, &mut i, &mut policies);
+                }
+                out.push(i);
+            }
+            total += recs.len();
+        }
+        Ok((total, out))
+    }
+
     pub fn dataset(&self, name: &str) -> Result<DatasetInfo> {
         let (pool, _) = split_dataset(name)?;
         let p = self.pool(pool)?;

@@ -457,6 +457,43 @@ impl Engine {
         Ok(later.into_iter().map(|l| l.1).collect())
     }
 
+    /// What `rollback -r SNAP` would do, changing nothing: the newer
+    /// snapshots it destroys, the bytes only they hold (freed with them),
+    /// and the bytes of the dataset changed since SNAP (discarded).
+    pub fn rollback_preview(&self, snapshot: &str) -> Result<RollbackPreview> {
+        let (pool, _) = split_dataset(snapshot)?;
+        let (ds, _) = split_snapshot(snapshot)?;
+        let p = self.pool(pool)?;
+        let (later, frees) = {
+            let datasets = p.datasets.read();
+            let snap = datasets
+                .get(snapshot)
+                .filter(|d| d.is_snapshot())
+                .ok_or_else(|| Error::NotFound(format!("snapshot '{snapshot}'")))?;
+            let later: Vec<&DatasetRecord> = snapshots_of(&datasets, ds)
+                .into_iter()
+                .filter(|s| s.created_txg > snap.created_txg)
+                .collect();
+            let ids: Vec<u64> = later.iter().map(|s| s.id).collect();
+            let frees = if ids.is_empty() {
+                0
+            } else {
+                p.destroy_estimate(&datasets, &ids)?
+            };
+            (
+                later.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+                frees,
+            )
+        };
+        let changed = self.diff(snapshot, None)?.changed_bytes;
+        Ok(RollbackPreview {
+            snapshot: snapshot.to_string(),
+            destroys: later,
+            frees_snapshot_bytes: frees,
+            discards_changed_bytes: changed,
+        })
+    }
+
     /// `cistern clone SNAP NEW`: a writable dataset that starts as the
     /// snapshot and shares its blocks until it overwrites them.
     pub fn clone_snapshot(
