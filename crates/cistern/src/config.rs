@@ -12,6 +12,8 @@
 //!
 //! [engine]            # dataset::EngineConfig
 //! txg_timeout_secs = 5.0
+//! cache_max_bytes = "4G"         # the ARC; 0 = 1/4 of RAM or cgroup limit (decision 0029)
+//! cache_min_bytes = "256M"       # memory pressure shrinks it no further
 //! multihost_interval_ms = 1000   # or CISTERN_MMP_INTERVAL_MS (decision 0010)
 //!
 //! [nbd]               # nbd::ServerConfig
@@ -623,7 +625,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.engine.dirty_max_bytes, 128 << 20);
-        assert_eq!(cfg.engine.block_cache_bytes, 1 << 20);
+        assert_eq!(
+            cfg.engine.block_cache_bytes,
+            1 << 20,
+            "the old name still parses"
+        );
+        let cfg = Config::parse("[engine]\ncache_max_bytes = \"2G\"\ncache_min_bytes = \"64M\"\n")
+            .unwrap();
+        assert_eq!(cfg.engine.block_cache_bytes, 2 << 30);
+        assert_eq!(cfg.engine.cache_min_bytes, 64 << 20);
         assert_eq!(cfg.engine.scan_rate_bytes, 3 << 29);
         assert_eq!(cfg.nbd.max_in_flight_bytes, Some(64 << 20));
         let err = Config::parse("[engine]\nmeta_cache_bytes = \"12Q\"\n").unwrap_err();
@@ -665,7 +675,9 @@ mod tests {
         for key in [
             "txg_timeout_secs",
             "dirty_max_bytes",
-            "block_cache_bytes",
+            "cache_max_bytes",
+            "cache_min_bytes",
+            "prefetch_max_bytes",
             "meta_cache_bytes",
             "log_buffer_bytes",
             "scan_rate_bytes",

@@ -154,6 +154,29 @@ pub struct PoolStatus {
     /// Why the pool is SUSPENDED, if it is.
     #[serde(default)]
     pub suspended: Option<String>,
+    /// The memory the pool's caches and buffers hold and their bounds.
+    #[serde(default)]
+    pub memory: Option<MemoryUse>,
+}
+
+/// Bounds and current use of a pool's memory (decision 0029): what
+/// `pool status --json` reports and RSS is measured against.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// The ARC: counters, size, target, min and max.
+    pub arc: crate::cache::ArcStats,
+    pub prefetch_in_flight: u64,
+    pub prefetch_max: u64,
+    /// redb's page cache bound.
+    pub meta_cache_max: u64,
+    /// Intent-log records held for a FLUSH: now and bound.
+    pub log_buffer_max: u64,
+    /// Changed data waiting for a txg: now and bound (up to two txgs' worth
+    /// are in memory while one commits).
+    pub dirty: u64,
+    pub dirty_max: u64,
+    /// The sum of the bounds (2 x dirty_max for the open and the syncing txg).
+    pub bounds_total: u64,
 }
 
 /// What a scan does.
@@ -306,6 +329,14 @@ pub struct PoolStats {
     pub dirty_bytes: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// The ARC: counters, current size and bounds (decision 0029).
+    #[serde(default)]
+    pub arc: crate::cache::ArcStats,
+    /// Read-ahead bytes in flight and their bound.
+    #[serde(default)]
+    pub prefetch_in_flight: u64,
+    #[serde(default)]
+    pub prefetch_max: u64,
     pub checksum_errors: u64,
     pub allocated: u64,
     pub size: u64,

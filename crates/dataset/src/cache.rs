@@ -1,43 +1,134 @@
-//! A bounded cache of decompressed, verified blocks, keyed by
-//! (dataset, object, block, birth txg): a block version never changes, so an entry
-//! can never be stale. Eviction is first-in first-out.
+//! The ARC: a bounded, scan-resistant cache of verified, decompressed
+//! blocks (quick_cache's S3-FIFO/CLOCK-Pro policy: a block read once waits in
+//! a small cold queue, a block read twice moves to the hot one, so a one-pass
+//! scan does not push out the working set; decision 0029).
+//!
+//! Keyed by (dataset, object, block, birth txg, first checksum word): a block
+//! version never changes, and the checksum word makes a key that names other
+//! bytes (a dataset id or txg reused after a rollback, a destroy or a crash)
+//! a different key, so an entry is never stale.
+//!
+//! The bound moves between `cache_min_bytes` and `cache_max_bytes`: the
+//! memory monitor (crate::memory) lowers the target under memory pressure
+//! and raises it back when the pressure is gone.
 
-use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use quick_cache::sync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub type Key = (u64, u64, u64, u64);
+pub type Key = (u64, u64, u64, u64, u64);
 
-pub struct BlockCache {
-    limit: usize,
-    inner: Mutex<Inner>,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+/// Bytes an entry costs beside its data (key, Arc, Vec header, slot).
+const ENTRY_OVERHEAD: u64 = 96;
+
+/// The first 8 bytes of a block checksum, as part of the cache key.
+pub fn checksum_word(sum: &[u8; 32]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&sum[..8]);
+    u64::from_le_bytes(w)
 }
 
-struct Inner {
-    map: HashMap<Key, Arc<Vec<u8>>>,
-    order: VecDeque<Key>,
-    bytes: usize,
+#[derive(Clone)]
+struct BlockWeighter;
+
+impl Weighter<Key, Arc<Vec<u8>>> for BlockWeighter {
+    fn weight(&self, _key: &Key, val: &Arc<Vec<u8>>) -> u64 {
+        val.capacity() as u64 + ENTRY_OVERHEAD
+    }
+}
+
+/// Counts evictions (the L2ARC would be fed from here).
+#[derive(Clone, Default)]
+struct Evictions(Arc<AtomicU64>);
+
+impl Lifecycle<Key, Arc<Vec<u8>>> for Evictions {
+    type RequestState = ();
+    fn on_evict(&self, _state: &mut (), _key: Key, _val: Arc<Vec<u8>>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Counters and bounds of the ARC, for `pool status --json` and metrics
+/// (and for a `pool iostat` line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ArcStats {
+    /// Demand reads found in the cache.
+    pub hits: u64,
+    /// Demand reads that went to the devices.
+    pub misses: u64,
+    /// Blocks read ahead by prefetch (from the devices into the cache).
+    pub prefetch_reads: u64,
+    /// Blocks prefetch found already cached.
+    pub prefetch_cached: u64,
+    /// Prefetch requests dropped because the in-flight bound was reached.
+    pub prefetch_dropped: u64,
+    /// Sequential streams detected.
+    pub prefetch_streams: u64,
+    pub evictions: u64,
+    /// Bytes cached now (data plus per-entry overhead).
+    pub size: u64,
+    /// The current bound (between min and max; lower under memory pressure).
+    pub target: u64,
+    pub min: u64,
+    pub max: u64,
+    /// Times the memory monitor lowered the target.
+    pub shrinks: u64,
+    pub entries: u64,
+}
+
+pub struct BlockCache {
+    cache: Cache<Key, Arc<Vec<u8>>, BlockWeighter, DefaultHashBuilder, Evictions>,
+    evictions: Evictions,
+    min: u64,
+    max: u64,
+    target: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub prefetch_reads: AtomicU64,
+    pub prefetch_cached: AtomicU64,
+    pub prefetch_dropped: AtomicU64,
+    pub prefetch_streams: AtomicU64,
+    pub shrinks: AtomicU64,
 }
 
 impl BlockCache {
-    pub fn new(limit: usize) -> Self {
+    /// A cache bounded by `max` bytes that the memory monitor may shrink to `min`.
+    pub fn new(min: u64, max: u64) -> Self {
+        let min = min.min(max);
+        // Few shards for a small cache: an entry must fit one shard's share.
+        let shards = (max / (16 << 20)).clamp(1, 16).next_power_of_two() as usize;
+        let options = quick_cache::OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity(((max / 65536) as usize).clamp(64, 1 << 20))
+            .weight_capacity(max.max(1))
+            .build()
+            .expect("cache options are valid");
+        let evictions = Evictions::default();
         BlockCache {
-            limit,
-            inner: Mutex::new(Inner {
-                map: HashMap::new(),
-                order: VecDeque::new(),
-                bytes: 0,
-            }),
+            cache: Cache::with_options(
+                options,
+                BlockWeighter,
+                DefaultHashBuilder::default(),
+                evictions.clone(),
+            ),
+            evictions,
+            min,
+            max,
+            target: AtomicU64::new(max),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            prefetch_reads: AtomicU64::new(0),
+            prefetch_cached: AtomicU64::new(0),
+            prefetch_dropped: AtomicU64::new(0),
+            prefetch_streams: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
         }
     }
 
+    /// A demand read: counted as a hit or a miss.
     pub fn get(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
-        let got = self.inner.lock().map.get(key).cloned();
+        let got = self.cache.get(key);
         let counter = if got.is_some() {
             &self.hits
         } else {
@@ -47,34 +138,68 @@ impl BlockCache {
         got
     }
 
+    /// Whether a block is cached, without counting or touching its recency (prefetch).
+    pub fn contains(&self, key: &Key) -> bool {
+        self.cache.contains_key(key)
+    }
+
     pub fn insert(&self, key: Key, data: Arc<Vec<u8>>) {
-        if data.len() > self.limit {
-            return;
-        }
-        let mut inner = self.inner.lock();
-        if inner.map.contains_key(&key) {
-            return;
-        }
-        inner.bytes += data.len();
-        inner.map.insert(key, data);
-        inner.order.push_back(key);
-        while inner.bytes > self.limit {
-            let Some(old) = inner.order.pop_front() else {
-                break;
-            };
-            if let Some(d) = inner.map.remove(&old) {
-                inner.bytes -= d.len();
-            }
-        }
+        self.cache.insert(key, data);
     }
 
     /// Drops every entry of a dataset (it was destroyed).
     pub fn forget_dataset(&self, dataset: u64) {
-        let mut inner = self.inner.lock();
-        inner.map.retain(|k, _| k.0 != dataset);
-        let Inner { map, order, bytes } = &mut *inner;
-        order.retain(|k| map.contains_key(k));
-        *bytes = map.values().map(|d| d.len()).sum();
+        self.cache.retain(|k, _| k.0 != dataset);
+    }
+
+    /// Sets the bound (clamped to [min, max]); evicts down to it at once.
+    pub fn set_target(&self, bytes: u64) {
+        self.set_target_within(bytes, u64::MAX);
+    }
+
+    /// Sets the bound clamped to [min, max] and then to `ceiling` (a cgroup
+    /// limit wins over `cache_min_bytes`).
+    pub fn set_target_within(&self, bytes: u64, ceiling: u64) {
+        let t = bytes.clamp(self.min, self.max).min(ceiling);
+        let old = self.target.swap(t, Ordering::Relaxed);
+        if t < old {
+            self.shrinks.fetch_add(1, Ordering::Relaxed);
+        }
+        if t != old {
+            self.cache.set_capacity(t.max(1));
+        }
+    }
+
+    pub fn target(&self) -> u64 {
+        self.target.load(Ordering::Relaxed)
+    }
+
+    pub fn bounds(&self) -> (u64, u64) {
+        (self.min, self.max)
+    }
+
+    /// Bytes held now.
+    pub fn size(&self) -> u64 {
+        self.cache.weight()
+    }
+
+    pub fn stats(&self) -> ArcStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ArcStats {
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            prefetch_reads: l(&self.prefetch_reads),
+            prefetch_cached: l(&self.prefetch_cached),
+            prefetch_dropped: l(&self.prefetch_dropped),
+            prefetch_streams: l(&self.prefetch_streams),
+            evictions: l(&self.evictions.0),
+            size: self.size(),
+            target: self.target(),
+            min: self.min,
+            max: self.max,
+            shrinks: l(&self.shrinks),
+            entries: self.cache.len() as u64,
+        }
     }
 }
 
@@ -84,12 +209,73 @@ mod tests {
 
     #[test]
     fn stays_within_its_bound() {
-        let c = BlockCache::new(10_000);
+        let c = BlockCache::new(0, 100_000);
         for i in 0..100 {
-            c.insert((1, 1, i, 1), Arc::new(vec![0; 4096]));
+            c.insert((1, 1, i, 1, 0), Arc::new(vec![0; 4096]));
         }
-        assert!(c.inner.lock().bytes <= 10_000);
-        assert!(c.get(&(1, 1, 99, 1)).is_some());
-        assert!(c.get(&(1, 1, 0, 1)).is_none());
+        assert!(c.size() <= 100_000, "{}", c.size());
+        assert!(c.get(&(1, 1, 99, 1, 0)).is_some());
+        assert!(c.get(&(1, 1, 0, 1, 0)).is_none());
+        assert!(c.stats().evictions > 0);
+    }
+
+    #[test]
+    fn a_scan_does_not_evict_the_working_set() {
+        let c = BlockCache::new(0, 4 << 20);
+        let block = || Arc::new(vec![1u8; 16384]);
+        // Working set: 64 blocks (1 MiB), read several times.
+        for _ in 0..3 {
+            for i in 0..64 {
+                if c.get(&(1, 1, i, 1, 0)).is_none() {
+                    c.insert((1, 1, i, 1, 0), block());
+                }
+            }
+        }
+        // A one-pass scan of 16 MiB (4x the cache), interleaved with the working set.
+        let hits_before = c.stats().hits;
+        let mut ws_reads = 0u64;
+        for s in 0..1024u64 {
+            c.insert((1, 2, s, 1, 0), block());
+            if s % 16 == 0 {
+                for i in 0..64 {
+                    ws_reads += 1;
+                    if c.get(&(1, 1, i, 1, 0)).is_none() {
+                        c.insert((1, 1, i, 1, 0), block());
+                    }
+                }
+            }
+        }
+        let hits = c.stats().hits - hits_before;
+        assert!(
+            hits * 100 >= ws_reads * 90,
+            "working-set hit rate {hits}/{ws_reads} during a scan"
+        );
+    }
+
+    #[test]
+    fn shrinks_to_the_target_and_grows_back() {
+        let c = BlockCache::new(1 << 20, 8 << 20);
+        for i in 0..512 {
+            c.insert((1, 1, i, 1, 0), Arc::new(vec![0; 16384]));
+        }
+        assert!(c.size() > 4 << 20);
+        c.set_target(0);
+        assert_eq!(c.target(), 1 << 20, "not below min");
+        assert!(c.size() <= 1 << 20, "{}", c.size());
+        assert_eq!(c.stats().shrinks, 1);
+        c.set_target(u64::MAX);
+        assert_eq!(c.target(), 8 << 20, "not above max");
+        for i in 0..512 {
+            c.insert((1, 1, i, 1, 0), Arc::new(vec![0; 16384]));
+        }
+        assert!(c.size() > 4 << 20, "grew back");
+    }
+
+    #[test]
+    fn a_different_checksum_is_a_different_block() {
+        let c = BlockCache::new(0, 1 << 20);
+        c.insert((1, 1, 0, 5, 111), Arc::new(vec![1; 16]));
+        assert!(c.get(&(1, 1, 0, 5, 222)).is_none());
+        assert_eq!(c.get(&(1, 1, 0, 5, 111)).unwrap()[0], 1);
     }
 }

@@ -554,6 +554,7 @@ impl Engine {
             status: text.as_ref().map(|t| t.0.clone()),
             action: text.map(|t| t.1),
             suspended: p.health.suspension().map(|s| s.cause),
+            memory: Some(p.memory_use()),
         })
     }
 

@@ -9,7 +9,7 @@
 mod api_types;
 mod autosnap;
 mod blockmap;
-mod cache;
+pub mod cache;
 pub mod crypt;
 mod dataset_admin;
 mod engine;
@@ -18,9 +18,11 @@ pub mod events;
 mod health;
 pub mod history;
 mod holders;
+pub mod memory;
 pub mod names;
 pub mod objects;
 mod owner;
+mod prefetch;
 pub mod props;
 mod scrub;
 mod snapshot;
@@ -45,6 +47,7 @@ pub use policy::EventKind;
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;
 pub const LABEL_VERSION: u32 = vdev::LABEL_VERSION;
 
+use serde::Deserialize as _;
 pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::sync::Arc;
 
@@ -57,9 +60,24 @@ pub struct EngineConfig {
     /// Dirty data that forces an early txg commit, bytes.
     #[serde(deserialize_with = "props::de_size")]
     pub dirty_max_bytes: u64,
-    /// Bound of the decompressed-block read cache, bytes.
-    #[serde(deserialize_with = "props::de_size")]
+    /// Most bytes the ARC (verified, decompressed blocks) of a pool may
+    /// hold; "auto" ([`CACHE_AUTO`], the default) sizes it from memory: 1/4
+    /// of RAM or of the cgroup limit (decision 0029); 0 caches nothing.
+    /// `block_cache_bytes` is its old name.
+    #[serde(
+        rename = "cache_max_bytes",
+        alias = "block_cache_bytes",
+        deserialize_with = "de_size_or_auto",
+        serialize_with = "ser_size_or_auto"
+    )]
     pub block_cache_bytes: u64,
+    /// Least bytes memory pressure shrinks the ARC to; 0: 1/32 of RAM or of
+    /// the cgroup limit (at least 16M).
+    #[serde(deserialize_with = "props::de_size")]
+    pub cache_min_bytes: u64,
+    /// Bound of prefetch (read-ahead) reads in flight per pool, bytes; 0 turns prefetch off.
+    #[serde(deserialize_with = "props::de_size")]
+    pub prefetch_max_bytes: u64,
     /// Bound of redb's page cache, bytes.
     #[serde(deserialize_with = "props::de_size")]
     pub meta_cache_bytes: u64,
@@ -86,6 +104,32 @@ pub struct EngineConfig {
     pub embed_max_bytes: u64,
 }
 
+/// `cache_max_bytes = "auto"`: sized from the machine's (or cgroup's) memory.
+pub const CACHE_AUTO: u64 = u64::MAX;
+
+fn de_size_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        N(i64),
+        S(String),
+    }
+    match V::deserialize(d)? {
+        V::S(s) if s == "auto" => Ok(CACHE_AUTO),
+        V::S(s) => props::parse_size(&s).map_err(serde::de::Error::custom),
+        V::N(n) => u64::try_from(n)
+            .map_err(|_| serde::de::Error::custom(format!("invalid size {n}: negative"))),
+    }
+}
+
+fn ser_size_or_auto<S: serde::Serializer>(v: &u64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    if *v == CACHE_AUTO {
+        s.serialize_str("auto")
+    } else {
+        s.serialize_u64(*v)
+    }
+}
+
 impl EngineConfig {
     pub fn mmp(&self) -> pool::MmpConfig {
         pool::MmpConfig {
@@ -99,7 +143,9 @@ impl Default for EngineConfig {
         Self {
             txg_timeout_secs: 5.0,
             dirty_max_bytes: 128 << 20,
-            block_cache_bytes: 128 << 20,
+            block_cache_bytes: CACHE_AUTO,
+            cache_min_bytes: 0,
+            prefetch_max_bytes: 32 << 20,
             meta_cache_bytes: 64 << 20,
             log_buffer_bytes: 32 << 20,
             scan_rate_bytes: 0,

@@ -213,7 +213,10 @@ pub struct ImportedPool {
     pub meta_lock: Mutex<()>,
     ctl: Mutex<SyncCtl>,
     ctl_changed: Condvar,
-    pub cache: BlockCache,
+    /// The ARC (crate::cache), under the memory monitor (crate::memory).
+    pub cache: Arc<BlockCache>,
+    /// Read-ahead of sequential readers into the ARC.
+    pub(crate) prefetch: crate::prefetch::Prefetcher,
     pub config: EngineConfig,
     pub counters: Counters,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -340,7 +343,14 @@ impl ImportedPool {
         );
         let imported = Arc::new(ImportedPool {
             imported_at: Instant::now(),
-            cache: BlockCache::new(config.block_cache_bytes as usize),
+            cache: {
+                let (min, max) =
+                    crate::memory::arc_bounds(config.cache_min_bytes, config.block_cache_bytes);
+                let c = Arc::new(BlockCache::new(min, max));
+                crate::memory::register(&c);
+                c
+            },
+            prefetch: crate::prefetch::Prefetcher::new(config.prefetch_max_bytes),
             pool,
             db: RwLock::new(Arc::new(db)),
             log,
@@ -381,6 +391,7 @@ impl ImportedPool {
         let _ = slot.set(Arc::downgrade(&imported));
         // Keys in files load first, so their datasets' log records replay.
         imported.load_file_keys();
+        let _ = imported.prefetch.pool.set(Arc::downgrade(&imported));
         let replayed = records.len();
         // Records of encrypted datasets whose key is not loaded cannot be
         // opened: they move, still sealed, to the metadata store and replay
@@ -889,8 +900,11 @@ impl ImportedPool {
                     Dirty::Partial(_) => merged.get(k),
                     _ => None,
                 };
-                if let (Some(_), Some(d)) = (&placed[i], data) {
-                    self.cache.insert((k.0, k.1, k.2, txg), d.clone());
+                if let (Some(bp), Some(d)) = (&placed[i], data) {
+                    if !bp.is_embedded() {
+                        self.cache
+                            .insert(crate::volume::arc_key(k.0, k.1, k.2, bp), d.clone());
+                    }
                 }
             }
         }
@@ -1297,6 +1311,28 @@ impl ImportedPool {
         Ok(())
     }
 
+    /// Bounds and use of this pool's caches and buffers (`pool status --json`).
+    pub fn memory_use(&self) -> crate::MemoryUse {
+        let arc = self.cache.stats();
+        let c = &self.config;
+        let dirty = self.open.lock().dirty_bytes;
+        let prefetch_max = self.prefetch.max_bytes();
+        crate::MemoryUse {
+            arc,
+            prefetch_in_flight: self.prefetch.in_flight(),
+            prefetch_max,
+            meta_cache_max: c.meta_cache_bytes,
+            log_buffer_max: c.log_buffer_bytes,
+            dirty,
+            dirty_max: c.dirty_max_bytes,
+            bounds_total: arc.max
+                + prefetch_max
+                + c.meta_cache_bytes
+                + c.log_buffer_bytes
+                + 2 * c.dirty_max_bytes,
+        }
+    }
+
     pub fn stats(&self) -> PoolStats {
         let alloc = self.pool.allocator();
         let (allocated, size) = (alloc.allocated(), self.pool.size());
@@ -1326,6 +1362,9 @@ impl ImportedPool {
             dirty_bytes,
             cache_hits: self.cache.hits.load(Ordering::Relaxed),
             cache_misses: self.cache.misses.load(Ordering::Relaxed),
+            arc: self.cache.stats(),
+            prefetch_in_flight: self.prefetch.in_flight(),
+            prefetch_max: self.prefetch.max_bytes(),
             checksum_errors: self
                 .pool
                 .devices()

@@ -18,8 +18,6 @@ use std::sync::Arc;
 const MAX_LOG_RECORD: usize = 1 << 20;
 /// Most blocks one `allocation` call looks at (the reply covers a prefix).
 const MAX_STATUS_BLOCKS: u64 = 1 << 16;
-/// Reads that fetch more blocks than this from disk do not fill the cache.
-const SCAN_BLOCKS: usize = 8;
 /// Largest single read of adjacent blocks.
 const MAX_READ_RUN: u64 = 8 << 20;
 
@@ -69,7 +67,7 @@ pub(crate) fn read_outside_open(
             None => committed.push(b),
         }
     }
-    read_committed(p, view, chain, obj, bs, &committed, &mut out)?;
+    read_committed(p, view, chain, obj, bs, &committed, &mut out, false)?;
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
         out.insert(
@@ -80,7 +78,23 @@ pub(crate) fn read_outside_open(
     Ok(out)
 }
 
-/// Committed contents of `committed` blocks as `chain` sees them, into `out`.
+/// Reads committed blocks into the ARC ahead of a sequential reader
+/// (crate::prefetch); what is cached already is left alone.
+pub(crate) fn prefetch_committed(
+    p: &ImportedPool,
+    view: &View,
+    chain: &Chain,
+    obj: u64,
+    bs: u32,
+    blocks: &[u64],
+) -> Result<()> {
+    let mut out = HashMap::new();
+    read_committed(p, view, chain, obj, bs, blocks, &mut out, true)
+}
+
+/// Committed contents of `committed` blocks as `chain` sees them, into `out`
+/// (a `prefetch` counts apart from demand reads and fills only the ARC).
+#[allow(clippy::too_many_arguments)]
 fn read_committed(
     p: &ImportedPool,
     view: &View,
@@ -89,6 +103,7 @@ fn read_committed(
     bs: u32,
     committed: &[u64],
     out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
+    prefetch: bool,
 ) -> Result<()> {
     let ds = chain.data_id();
     let (Some(&lo), Some(&hi)) = (committed.iter().min(), committed.iter().max()) else {
@@ -127,13 +142,23 @@ fn read_committed(
             None => {
                 out.insert(b, None);
             }
-            // In the metadata row: no I/O.
+            // In the metadata row: no I/O (nothing to prefetch).
             Some(bp) if bp.is_embedded() => {
+                if prefetch {
+                    continue;
+                }
                 let data =
                     block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
                 out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
             }
-            Some(bp) => match p.cache.get(&(ds, obj, b, bp.birth)) {
+            Some(bp) if prefetch => {
+                if p.cache.contains(&arc_key(ds, obj, b, bp)) {
+                    p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    fetch.push((b, bp));
+                }
+            }
+            Some(bp) => match p.cache.get(&arc_key(ds, obj, b, bp)) {
                 Some(hit) => {
                     out.insert(b, Some(hit));
                 }
@@ -142,10 +167,6 @@ fn read_committed(
         }
     }
     fetch.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
-    // Scan resistance: a large read (a backup, a copy) would push every hot
-    // block out of the FIFO cache for data read once; only small reads and
-    // read-modify-write bases are kept.
-    let keep_in_cache = fetch.len() <= SCAN_BLOCKS;
     let mut i = 0;
     while i < fetch.len() {
         // A run: blocks whose first copies lie back to back on one group.
@@ -184,14 +205,27 @@ fn read_committed(
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
             let data = Arc::new(data);
-            if keep_in_cache {
-                p.cache.insert((ds, obj, b, bp.birth), data.clone());
+            p.cache.insert(arc_key(ds, obj, b, bp), data.clone());
+            if prefetch {
+                p.cache.prefetch_reads.fetch_add(1, Ordering::Relaxed);
+            } else {
+                out.insert(b, Some(data));
             }
-            out.insert(b, Some(data));
         }
         i = j;
     }
     Ok(())
+}
+
+/// The ARC key of a block version (crate::cache).
+pub(crate) fn arc_key(ds: u64, obj: u64, b: u64, bp: &BlockPointer) -> crate::cache::Key {
+    (
+        ds,
+        obj,
+        b,
+        bp.birth,
+        crate::cache::checksum_word(&bp.checksum),
+    )
 }
 
 /// A stored block as a whole block: an object's last block is stored only
@@ -508,6 +542,8 @@ pub(crate) fn read_range(
         let view = p.view()?;
         read_outside_open(p, &view, chain, obj, !snapshot, bs, &outside)?
     };
+    p.prefetch
+        .observe(&p.cache, chain, obj, bs, snapshot, first, last);
     let mut out: Vec<ReadSegment> = Vec::new();
     for (i, b) in (first..=last).enumerate() {
         let data = match &in_open[i] {

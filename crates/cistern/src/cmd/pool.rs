@@ -1293,6 +1293,21 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         o.push_str(&format!("action: {act}\n"));
     }
     o.push_str(&format!("   txg: {}\n", s.summary.txg));
+    if let (true, Some(m)) = (verbose, &s.memory) {
+        let a = &m.arc;
+        let reads = (a.hits + a.misses).max(1);
+        o.push_str(&format!(
+            "   arc: {} of {} (min {}, max {}), {:.1}% hits ({} hits, {} misses), {} prefetched\n",
+            human_size(a.size),
+            human_size(a.target),
+            human_size(a.min),
+            human_size(a.max),
+            a.hits as f64 * 100.0 / reads as f64,
+            a.hits,
+            a.misses,
+            a.prefetch_reads
+        ));
+    }
     if let Some(scan) = &s.scan {
         o.push_str(&render_scan(scan, now));
     }
@@ -1593,6 +1608,7 @@ mod tests {
     #[test]
     fn missing_device_shows_its_guid_and_old_path() {
         let mut s = PoolStatus {
+            memory: None,
             summary: summary("tank", 8 << 30, 0),
             logs: vec![],
             groups: vec![GroupStatus {
@@ -1663,6 +1679,7 @@ mod tests {
             reason: None,
         };
         let s = PoolStatus {
+            memory: None,
             summary: summary("tank", 8 << 30, 0),
             logs: vec![],
             groups: vec![

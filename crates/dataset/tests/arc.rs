@@ -1,0 +1,208 @@
+//! The ARC and prefetch: never a stale or unverified block (rewrite,
+//! rollback, heal, destroy and recreate), and sequential reads read ahead.
+
+use dataset::*;
+use std::path::Path;
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        txg_timeout_secs: 3600.0,
+        multihost_interval_ms: 50,
+        block_cache_bytes: 64 << 20,
+        cache_min_bytes: 16 << 20,
+        ..EngineConfig::default()
+    }
+}
+
+fn mirror_pool(engine: &Engine, dir: &Path) {
+    let spec = PoolSpec {
+        name: "tank".into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Mirror,
+            devices: vec![dir.join("d0"), dir.join("d1")],
+        }],
+        create_size: Some(256 << 20),
+        force: false,
+    };
+    engine.create_pool(spec).unwrap();
+}
+
+fn read_all(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for seg in vol.read(offset, len).unwrap() {
+        match seg {
+            ReadSegment::Data(d) => out.extend_from_slice(&d),
+            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    assert_eq!(out.len() as u64, len);
+    out
+}
+
+#[track_caller]
+fn all(got: &[u8], byte: u8, ctx: &str) {
+    if let Some(i) = got.iter().position(|b| *b != byte) {
+        panic!("{ctx}: byte {i} is {} not {byte}", got[i]);
+    }
+}
+
+fn hits(engine: &Engine) -> u64 {
+    engine.stats()[0].arc.hits
+}
+
+#[test]
+fn rewrite_and_rollback_are_never_served_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    mirror_pool(&engine, dir.path());
+    engine
+        .create_volume("tank/v", 4 << 20, &[("compression".into(), "lz4".into())])
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    vol.write(0, &vec![1u8; 1 << 20], false).unwrap();
+    engine.sync_all().unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 1, "first version");
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    vol.write(0, &vec![2u8; 1 << 20], false).unwrap();
+    engine.sync_all().unwrap();
+    let before = hits(&engine);
+    all(&read_all(&vol, 0, 1 << 20), 2, "rewritten");
+    assert!(hits(&engine) > before, "the rewrite is served from the ARC");
+    // The snapshot still reads its own version (both are cached now).
+    let snap = engine.open_volume("tank/v@a").unwrap();
+    all(&read_all(&snap, 0, 1 << 20), 1, "the snapshot");
+    all(&read_all(&snap, 0, 1 << 20), 1, "the snapshot, cached");
+    engine.rollback("tank/v@a", false).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back");
+    // Written again after the rollback: a new version, never the discarded one.
+    vol.write(0, &vec![3u8; 1 << 20], false).unwrap();
+    all(
+        &read_all(&vol, 0, 1 << 20),
+        3,
+        "rewritten after rollback (open txg)",
+    );
+    engine.sync_all().unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 3, "rewritten after rollback");
+    engine.rollback("tank/v@a", false).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back twice");
+    // Same again after an export and import (a fresh ARC, txgs go on).
+    drop(vol);
+    engine.export_pool("tank").unwrap();
+    engine
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    vol.write(0, &vec![4u8; 1 << 20], false).unwrap();
+    engine.sync_all().unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 4, "after import");
+    engine.rollback("tank/v@a", false).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back after import");
+}
+
+#[test]
+fn destroy_and_recreate_is_never_served_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    mirror_pool(&engine, dir.path());
+    for round in 1..=3u8 {
+        engine
+            .create_volume("tank/v", 1 << 20, &[("compression".into(), "off".into())])
+            .unwrap();
+        let vol = engine.open_volume("tank/v").unwrap();
+        all(&read_all(&vol, 0, 1 << 20), 0, "a new volume reads zeros");
+        vol.write(0, &vec![round; 1 << 20], false).unwrap();
+        engine.sync_all().unwrap();
+        all(&read_all(&vol, 0, 1 << 20), round, "written");
+        all(&read_all(&vol, 0, 1 << 20), round, "cached");
+        drop(vol);
+        engine
+            .destroy("tank/v", &DestroyOptions::default())
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_healed_block_is_cached_as_its_verified_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    {
+        let engine = Engine::open(&state, config()).unwrap();
+        mirror_pool(&engine, dir.path());
+        engine
+            .create_volume("tank/v", 1 << 20, &[("compression".into(), "off".into())])
+            .unwrap();
+        let vol = engine.open_volume("tank/v").unwrap();
+        vol.write(0, &data, false).unwrap();
+        engine.shutdown().unwrap();
+    }
+    // Corrupt one side of the mirror behind the engine's back.
+    let label = pool::Vdev::open(&dir.path().join("d0"))
+        .unwrap()
+        .read_label()
+        .unwrap();
+    let d0 = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("d0"))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    for k in 0..16u64 {
+        d0.write_all_at(&[0x5a; 64], label.regions.data_offset + k * 65536 + 100)
+            .unwrap();
+    }
+    let engine = Engine::open(&state, config()).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    assert!(read_all(&vol, 0, 1 << 20) == data, "healed read");
+    let before = hits(&engine);
+    assert!(read_all(&vol, 0, 1 << 20) == data, "cached after the heal");
+    assert!(hits(&engine) > before, "the second read came from the ARC");
+    let st = engine.pool_status("tank").unwrap();
+    let cksum: u64 = st.groups[0].devices.iter().map(|d| d.checksum_errors).sum();
+    assert!(cksum > 0, "the corruption was seen");
+}
+
+#[test]
+fn sequential_reads_are_prefetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let data: Vec<u8> = (0..(16u32 << 20)).map(|i| (i / 4096 % 253) as u8).collect();
+    {
+        let engine = Engine::open(&state, config()).unwrap();
+        mirror_pool(&engine, dir.path());
+        engine
+            .create_volume("tank/v", 16 << 20, &[("compression".into(), "lz4".into())])
+            .unwrap();
+        engine
+            .open_volume("tank/v")
+            .unwrap()
+            .write(0, &data, false)
+            .unwrap();
+        engine.shutdown().unwrap();
+    }
+    let engine = Engine::open(&state, config()).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let chunk = 128u64 << 10;
+    for i in 0..(16u64 << 20) / chunk {
+        let got = read_all(&vol, i * chunk, chunk);
+        assert!(
+            got[..] == data[(i * chunk) as usize..((i + 1) * chunk) as usize],
+            "chunk {i}"
+        );
+        // Give the read-ahead threads a moment now and then (bounded).
+        if i % 16 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let st = engine.stats()[0].clone();
+    assert!(st.arc.prefetch_streams >= 1, "{:?}", st.arc);
+    assert!(st.arc.prefetch_reads > 0, "{:?}", st.arc);
+    assert!(
+        st.arc.hits > st.arc.misses,
+        "most blocks were read ahead: {:?}",
+        st.arc
+    );
+    assert!(st.prefetch_in_flight <= st.prefetch_max);
+}
