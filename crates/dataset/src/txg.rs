@@ -382,6 +382,7 @@ impl ImportedPool {
         });
         let _ = slot.set(Arc::downgrade(&imported));
         let _ = imported.prefetch.pool.set(Arc::downgrade(&imported));
+        crate::cache_devices::open_recorded(&imported);
         let replayed = records.len();
         for rec in records {
             imported.replay(rec)?;
