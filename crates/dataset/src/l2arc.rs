@@ -77,13 +77,16 @@ struct Index {
     bytes: u64,
 }
 
+/// A block offered to the feed.
+type Offered = (Key, Arc<Vec<u8>>);
+
 pub struct L2Device {
     pub path: PathBuf,
     pub guid: u64,
     file: File,
     capacity: u64,
     index: Mutex<Index>,
-    feed: Mutex<Option<SyncSender<(Key, Arc<Vec<u8>>)>>>,
+    feed: Mutex<Option<SyncSender<Offered>>>,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -254,7 +257,7 @@ impl L2Device {
             }
             pos += n as u64;
         }
-        found.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        found.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         let mut idx = self.index.lock();
         let mut taken: BTreeMap<u64, u64> = BTreeMap::new(); // start -> end
         let overlaps = |taken: &BTreeMap<u64, u64>, s: u64, e: u64| {
