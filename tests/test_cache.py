@@ -89,6 +89,86 @@ def test_rewrite_and_rollback_read_back_right(make_daemon, disks):
         assert h.pread(4 * MiB, 0) == a, "rollback served the discarded version"
 
 
+# ------------------------------------------------------------- L2ARC
+
+
+def pread_all(h, n: int) -> bytes:
+    """Reads [0, n) in 4 MiB requests (NBD payloads are bounded)."""
+    return b"".join(h.pread(min(4 * MiB, n - o), o) for o in range(0, n, 4 * MiB))
+
+
+def cache_devs(d) -> list[dict]:
+    st = status_json(d)
+    if "pools" in st:
+        st = st["pools"]["tank"]
+    return st.get("cache", [])
+
+
+def test_l2arc_add_restart_corruption_remove_and_missing(make_daemon, disks, tmp_path):
+    cfg = (
+        "[engine]\ntxg_timeout_secs = 0.2\ncache_max_bytes = \"16M\"\ncache_min_bytes = \"16M\"\n"
+        "prefetch_max_bytes = 0\nl2arc_write_max_bytes = \"1G\"\n"
+    )
+    d = make_daemon(config=cfg)
+    d.cli("pool", "create", "-s", "1G", "tank", "mirror", disks / "d0", disks / "d1")
+    d.cli("create", "-V", "64M", "-o", "compression=off", "tank/v")
+    vol = helpers.Volume(d, "tank/v")
+    data = helpers.pattern("l2", 48 * MiB)
+    with vol.connected() as h:
+        for o in range(0, len(data), 4 * MiB):
+            h.pwrite(data[o : o + 4 * MiB], o)
+        h.flush()
+    time.sleep(0.6)
+    l2 = tmp_path / "l2.img"
+    with open(l2, "wb") as f:
+        f.truncate(128 * MiB)
+    bad = d.cli("pool", "add", "tank", "cache", disks / "d0", check=False)
+    assert bad.returncode != 0, "a pool member is not a cache device"
+    d.cli("pool", "add", "tank", "cache", l2)
+    out = d.cli("pool", "status", "tank").stdout
+    assert "\tcache\n" in out and str(l2) in out, out
+    with vol.connected() as h:
+        for _ in range(2):  # through a 16 MiB ARC: blocks leave it for the cache device
+            assert pread_all(h, 48 * MiB) == data
+    helpers.wait_until(lambda: cache_devs(d)[0]["entries"] >= 1000, timeout=30, what="the L2ARC feed")
+
+    d.restart()
+    helpers.wait_until(
+        lambda: cache_devs(d) and cache_devs(d)[0]["state"] == "ONLINE" and cache_devs(d)[0]["entries"] > 0,
+        timeout=30,
+        what="the cache device to open after a restart",
+    )
+    with vol.connected() as h:
+        assert pread_all(h, 48 * MiB) == data
+    assert metric(d, "cistern_l2arc_hits_total") > 0, "no L2ARC hits after a restart"
+
+    # A lying cache device: bytes flipped all over it; data stays right.
+    with open(l2, "r+b") as f:
+        for k in range(1, 128 * MiB // 4096 - 1):
+            f.seek(k * 4096 + 700)
+            f.write(b"\x5a" * 32)
+    with vol.connected() as h:
+        assert pread_all(h, 48 * MiB) == data, "wrong data from a corrupted cache device"
+    assert metric(d, "cistern_l2arc_checksum_errors_total") > 0
+
+    d.cli("pool", "remove", "tank", l2)
+    assert cache_devs(d) == []
+    with vol.connected() as h:
+        assert pread_all(h, 48 * MiB) == data
+
+    # A missing cache device never stops the import.
+    d.cli("pool", "add", "tank", "cache", l2)
+    d.stop()
+    l2.unlink()
+    d.start()
+    helpers.wait_until(
+        lambda: cache_devs(d) and cache_devs(d)[0]["state"] == "UNAVAIL", timeout=30, what="UNAVAIL cache device"
+    )
+    assert "UNAVAIL" in d.cli("pool", "status", "tank").stdout
+    with vol.connected() as h:
+        assert pread_all(h, 48 * MiB) == data
+
+
 # ------------------------------------------------------------- memory pressure
 
 

@@ -485,6 +485,15 @@ impl Client {
         self.decode(self.agent.post(self.pool_url(pool, "/add")).send_json(spec))
     }
 
+    /// `POST /v1/pools/{pool}/cache`: add L2ARC cache devices.
+    pub fn pool_add_cache(&self, pool: &str, spec: &dataset::CacheAddSpec) -> Result<PoolStatus> {
+        self.decode(
+            self.agent
+                .post(self.pool_url(pool, "/cache"))
+                .send_json(spec),
+        )
+    }
+
     pub fn importable_pools(&self, dirs: &[PathBuf]) -> Result<Vec<ImportablePool>> {
         let mut req = self.agent.get(self.url("/v1/import"));
         for d in dirs {

@@ -185,6 +185,36 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.arc.prefetch_streams as f64,
         ),
         (
+            "cistern_l2arc_hits_total",
+            "counter",
+            "Reads served from L2ARC cache devices.",
+            |s| s.arc.l2_hits as f64,
+        ),
+        (
+            "cistern_l2arc_misses_total",
+            "counter",
+            "ARC misses the L2ARC did not hold either.",
+            |s| s.arc.l2_misses as f64,
+        ),
+        (
+            "cistern_l2arc_checksum_errors_total",
+            "counter",
+            "L2ARC records that failed their hash (served from the pool instead).",
+            |s| s.arc.l2_checksum_errors as f64,
+        ),
+        (
+            "cistern_l2arc_size_bytes",
+            "gauge",
+            "Bytes of records held on L2ARC cache devices.",
+            |s| s.arc.l2_size as f64,
+        ),
+        (
+            "cistern_l2arc_write_bytes_total",
+            "counter",
+            "Bytes written to L2ARC cache devices.",
+            |s| s.arc.l2_write_bytes as f64,
+        ),
+        (
             "cistern_arc_evictions_total",
             "counter",
             "Blocks evicted from the ARC.",

@@ -123,6 +123,7 @@ pub fn router_with(state: ApiState, pages: Router<ApiState>) -> Router {
         )
         .route("/v1/pools/{pool}/replace", post(replace_device))
         .route("/v1/pools/{pool}/add", post(add_groups))
+        .route("/v1/pools/{pool}/cache", post(add_cache_devices))
         .route("/v1/pools/{pool}/attach", post(attach_device))
         .route("/v1/pools/{pool}/detach", post(detach_device))
         .route("/v1/pools/{pool}/remove", post(remove_device))
@@ -542,6 +543,17 @@ async fn add_groups(
 ) -> ApiResult<Response> {
     tracing::info!(%pool, groups = spec.groups.len(), "add");
     blocking(&st, move |e| e.add_groups(&pool, spec))
+        .await
+        .map(json)
+}
+
+async fn add_cache_devices(
+    State(st): State<ApiState>,
+    Path(pool): Path<String>,
+    Json(spec): Json<dataset::CacheAddSpec>,
+) -> ApiResult<Response> {
+    tracing::info!(%pool, devices = spec.devices.len(), "add cache");
+    blocking(&st, move |e| e.add_cache_devices(&pool, spec))
         .await
         .map(json)
 }

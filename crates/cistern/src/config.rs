@@ -678,6 +678,7 @@ mod tests {
             "cache_max_bytes",
             "cache_min_bytes",
             "prefetch_max_bytes",
+            "l2arc_write_max_bytes",
             "meta_cache_bytes",
             "log_buffer_bytes",
             "scan_rate_bytes",

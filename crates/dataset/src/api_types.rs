@@ -157,6 +157,18 @@ pub struct PoolStatus {
     /// The memory the pool's caches and buffers hold and their bounds.
     #[serde(default)]
     pub memory: Option<MemoryUse>,
+    /// L2ARC cache devices (`pool add POOL cache DEV`), open or UNAVAIL.
+    #[serde(default)]
+    pub cache: Vec<crate::l2arc::L2Stats>,
+}
+
+/// What `cistern pool add POOL cache DEV...` asks for (`POST /v1/pools/{pool}/cache`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheAddSpec {
+    pub devices: Vec<PathBuf>,
+    /// `-f`: overwrite a device that carries another pool's label.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Bounds and current use of a pool's memory (decision 0029): what

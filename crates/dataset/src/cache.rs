@@ -12,6 +12,8 @@
 //! memory monitor (crate::memory) lowers the target under memory pressure
 //! and raises it back when the pressure is gone.
 
+use crate::l2arc::{L2Device, L2Stats};
+use parking_lot::{Mutex, RwLock};
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,14 +40,24 @@ impl Weighter<Key, Arc<Vec<u8>>> for BlockWeighter {
     }
 }
 
-/// Counts evictions (the L2ARC would be fed from here).
+type L2List = Arc<RwLock<Vec<Arc<L2Device>>>>;
+
+/// Counts evictions and offers what leaves the ARC to the L2ARC feed.
 #[derive(Clone, Default)]
-struct Evictions(Arc<AtomicU64>);
+struct Evictions {
+    count: Arc<AtomicU64>,
+    l2: L2List,
+}
 
 impl Lifecycle<Key, Arc<Vec<u8>>> for Evictions {
     type RequestState = ();
-    fn on_evict(&self, _state: &mut (), _key: Key, _val: Arc<Vec<u8>>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+    fn on_evict(&self, _state: &mut (), key: Key, val: Arc<Vec<u8>>) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let l2 = self.l2.read();
+        if !l2.is_empty() {
+            let i = (key.2 ^ key.4) as usize % l2.len();
+            l2[i].offer(key, val);
+        }
     }
 }
 
@@ -75,6 +87,18 @@ pub struct ArcStats {
     /// Times the memory monitor lowered the target.
     pub shrinks: u64,
     pub entries: u64,
+    /// L2ARC, over its cache devices: hits, misses, records that failed
+    /// their hash (served as misses), bytes held and written.
+    #[serde(default)]
+    pub l2_hits: u64,
+    #[serde(default)]
+    pub l2_misses: u64,
+    #[serde(default)]
+    pub l2_checksum_errors: u64,
+    #[serde(default)]
+    pub l2_size: u64,
+    #[serde(default)]
+    pub l2_write_bytes: u64,
 }
 
 pub struct BlockCache {
@@ -90,6 +114,9 @@ pub struct BlockCache {
     pub prefetch_dropped: AtomicU64,
     pub prefetch_streams: AtomicU64,
     pub shrinks: AtomicU64,
+    l2_misses: AtomicU64,
+    /// Cache devices recorded in the pool but not open (UNAVAIL).
+    l2_missing: Mutex<Vec<L2Stats>>,
 }
 
 impl BlockCache {
@@ -123,6 +150,8 @@ impl BlockCache {
             prefetch_dropped: AtomicU64::new(0),
             prefetch_streams: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
+            l2_misses: AtomicU64::new(0),
+            l2_missing: Mutex::new(Vec::new()),
         }
     }
 
@@ -158,9 +187,10 @@ impl BlockCache {
     }
 
     /// Sets the bound clamped to [min, max] and then to `ceiling` (a cgroup
-    /// limit wins over `cache_min_bytes`).
+    /// limit wins over `cache_min_bytes`: the floor is then a quarter of it).
     pub fn set_target_within(&self, bytes: u64, ceiling: u64) {
-        let t = bytes.clamp(self.min, self.max).min(ceiling);
+        let min = self.min.min(ceiling / 4);
+        let t = bytes.clamp(min, self.max).min(ceiling);
         let old = self.target.swap(t, Ordering::Relaxed);
         if t < old {
             self.shrinks.fetch_add(1, Ordering::Relaxed);
@@ -183,16 +213,64 @@ impl BlockCache {
         self.cache.weight()
     }
 
+    /// Starts feeding a cache device and reading from it.
+    pub fn attach_l2(&self, dev: Arc<L2Device>) {
+        self.l2_missing.lock().retain(|m| m.guid != dev.guid);
+        let mut l2 = self.evictions.l2.write();
+        l2.retain(|d| d.guid != dev.guid);
+        l2.push(dev);
+    }
+
+    /// Takes a cache device out (`pool remove`); it is forgotten if missing.
+    pub fn detach_l2(&self, guid: u64) -> Option<Arc<L2Device>> {
+        self.l2_missing.lock().retain(|m| m.guid != guid);
+        let mut l2 = self.evictions.l2.write();
+        let i = l2.iter().position(|d| d.guid == guid)?;
+        Some(l2.remove(i))
+    }
+
+    pub fn note_missing_l2(&self, st: L2Stats) {
+        let mut m = self.l2_missing.lock();
+        m.retain(|x| x.guid != st.guid);
+        m.push(st);
+    }
+
+    /// A block from a cache device (verified against its record's hash).
+    pub fn l2_get(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
+        let l2 = self.evictions.l2.read();
+        if l2.is_empty() {
+            return None;
+        }
+        let got = l2.iter().find(|d| d.contains(key)).and_then(|d| d.get(key));
+        if got.is_none() {
+            self.l2_misses.fetch_add(1, Ordering::Relaxed);
+        }
+        got.map(Arc::new)
+    }
+
+    /// Every cache device, open ones first (`pool status`'s cache section).
+    pub fn l2_status(&self) -> Vec<L2Stats> {
+        let mut v: Vec<L2Stats> = self.evictions.l2.read().iter().map(|d| d.stats()).collect();
+        v.extend(self.l2_missing.lock().iter().cloned());
+        v
+    }
+
     pub fn stats(&self) -> ArcStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let l2 = self.l2_status();
         ArcStats {
+            l2_hits: l2.iter().map(|d| d.hits).sum(),
+            l2_misses: l(&self.l2_misses),
+            l2_checksum_errors: l2.iter().map(|d| d.checksum_errors).sum(),
+            l2_size: l2.iter().map(|d| d.size).sum(),
+            l2_write_bytes: l2.iter().map(|d| d.write_bytes).sum(),
             hits: l(&self.hits),
             misses: l(&self.misses),
             prefetch_reads: l(&self.prefetch_reads),
             prefetch_cached: l(&self.prefetch_cached),
             prefetch_dropped: l(&self.prefetch_dropped),
             prefetch_streams: l(&self.prefetch_streams),
-            evictions: l(&self.evictions.0),
+            evictions: l(&self.evictions.count),
             size: self.size(),
             target: self.target(),
             min: self.min,

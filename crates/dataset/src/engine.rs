@@ -555,6 +555,7 @@ impl Engine {
             action: text.map(|t| t.1),
             suspended: p.health.suspension().map(|s| s.cause),
             memory: Some(p.memory_use()),
+            cache: p.cache.l2_status(),
         })
     }
 
@@ -1982,6 +1983,9 @@ impl Engine {
     /// `pool remove POOL DEV|GROUP`: removes a whole top-level group,
     /// where the layout allows (today: the last group, holding no data).
     pub fn remove_device(&self, pool: &str, target: &str) -> Result<PoolStatus> {
+        if let Some(status) = self.remove_cache_device(pool, target)? {
+            return Ok(status);
+        }
         let _admin = self.inner.admin.lock();
         let p = self.pool(pool)?;
         let log = p.pool.logs().into_iter().find(|g| {

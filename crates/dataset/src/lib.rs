@@ -11,6 +11,7 @@ mod autosnap;
 mod blockmap;
 pub mod cache;
 pub mod crypt;
+mod cache_devices;
 mod dataset_admin;
 mod engine;
 mod error;
@@ -18,6 +19,7 @@ pub mod events;
 mod health;
 pub mod history;
 mod holders;
+pub mod l2arc;
 pub mod memory;
 pub mod names;
 pub mod objects;
@@ -78,6 +80,9 @@ pub struct EngineConfig {
     /// Bound of prefetch (read-ahead) reads in flight per pool, bytes; 0 turns prefetch off.
     #[serde(deserialize_with = "props::de_size")]
     pub prefetch_max_bytes: u64,
+    /// Bytes per second written to each L2ARC cache device (ZFS: l2arc_write_max).
+    #[serde(deserialize_with = "props::de_size")]
+    pub l2arc_write_max_bytes: u64,
     /// Bound of redb's page cache, bytes.
     #[serde(deserialize_with = "props::de_size")]
     pub meta_cache_bytes: u64,
@@ -146,6 +151,7 @@ impl Default for EngineConfig {
             block_cache_bytes: CACHE_AUTO,
             cache_min_bytes: 0,
             prefetch_max_bytes: 32 << 20,
+            l2arc_write_max_bytes: 64 << 20,
             meta_cache_bytes: 64 << 20,
             log_buffer_bytes: 32 << 20,
             scan_rate_bytes: 0,

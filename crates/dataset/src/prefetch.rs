@@ -116,23 +116,27 @@ impl Prefetcher {
         let mut jobs: Vec<(u64, u64)> = Vec::new();
         {
             let mut streams = self.streams.lock();
+            // Requests of one reader arrive out of order (iodepth > 1): a
+            // read anywhere between a window behind the stream and its
+            // read-ahead continues it.
+            let slack = (MAX_WINDOW / bsz).max(1);
             let found = streams.iter_mut().find(|s| {
                 s.ds == ds
                     && s.obj == obj
                     && s.snapshot == snapshot
-                    && first <= s.next
-                    && last + 1 >= s.next
+                    && first <= s.ahead.max(s.next) + slack
+                    && last + 1 + slack >= s.next
             });
             match found {
                 Some(s) => {
                     let len = last + 1 - first;
                     let max_window = (MAX_WINDOW.min(self.max_bytes / 2) / bsz).max(1);
                     s.window = (s.window * 2).max(len * 2).min(max_window);
-                    s.next = last + 1;
+                    s.next = s.next.max(last + 1);
                     s.used = now;
-                    let start = s.ahead.max(last + 1);
-                    let end = last + s.window; // inclusive
-                                               // Read ahead only once half the window has been consumed (fewer, bigger jobs).
+                    let start = s.ahead.max(s.next);
+                    let end = s.next - 1 + s.window; // inclusive
+                                                     // Read ahead only once half the window has been consumed (fewer, bigger jobs).
                     if end >= start && end + 1 - start >= s.window / 2 {
                         let per_job = (MAX_JOB / bsz).max(1);
                         let mut b = start;

@@ -392,6 +392,7 @@ impl ImportedPool {
         // Keys in files load first, so their datasets' log records replay.
         imported.load_file_keys();
         let _ = imported.prefetch.pool.set(Arc::downgrade(&imported));
+        crate::cache_devices::open_recorded(&imported);
         let replayed = records.len();
         // Records of encrypted datasets whose key is not loaded cannot be
         // opened: they move, still sealed, to the metadata store and replay

@@ -152,18 +152,31 @@ fn read_committed(
                 out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
             }
             Some(bp) if prefetch => {
-                if p.cache.contains(&arc_key(ds, obj, b, bp)) {
+                let key = arc_key(ds, obj, b, bp);
+                if p.cache.contains(&key) {
+                    p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
+                } else if let Some(d) = l2_block(p, &key, bs) {
+                    p.cache.insert(key, d);
                     p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
                 } else {
                     fetch.push((b, bp));
                 }
             }
-            Some(bp) => match p.cache.get(&arc_key(ds, obj, b, bp)) {
-                Some(hit) => {
-                    out.insert(b, Some(hit));
+            Some(bp) => {
+                let key = arc_key(ds, obj, b, bp);
+                match p.cache.get(&key) {
+                    Some(hit) => {
+                        out.insert(b, Some(hit));
+                    }
+                    None => match l2_block(p, &key, bs) {
+                        Some(d) => {
+                            p.cache.insert(key, d.clone());
+                            out.insert(b, Some(d));
+                        }
+                        None => fetch.push((b, bp)),
+                    },
                 }
-                None => fetch.push((b, bp)),
-            },
+            }
         }
     }
     fetch.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
@@ -215,6 +228,12 @@ fn read_committed(
         i = j;
     }
     Ok(())
+}
+
+/// A block from the L2ARC, if a cache device holds it whole (ARC entries
+/// are full blocks; anything else is a miss).
+fn l2_block(p: &ImportedPool, key: &crate::cache::Key, bs: u32) -> Option<Arc<Vec<u8>>> {
+    p.cache.l2_get(key).filter(|d| d.len() == bs as usize)
 }
 
 /// The ARC key of a block version (crate::cache).

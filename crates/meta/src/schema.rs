@@ -107,6 +107,9 @@ pub const VDEV_PATHS: TableDefinition<u64, &str> = TableDefinition::new("vdev_pa
 /// `comment`): name -> value. Absent means the default. Created at the
 /// first import by a build that knows it (older pools have no such table).
 pub const POOL_PROPS: TableDefinition<&str, &str> = TableDefinition::new("pool_props");
+/// L2ARC cache devices of the pool: device guid -> path (decision 0029).
+/// Created by the first `pool add POOL cache DEV`; older builds ignore it.
+pub const CACHE_DEVICES: TableDefinition<u64, &str> = TableDefinition::new("cache_devices");
 
 /// `cistern policy history`: sequence number -> JSON record of one snapshot
 /// policy run on a dataset of this pool (`dataset::autosnap`), the newest

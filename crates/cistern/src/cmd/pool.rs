@@ -824,6 +824,9 @@ fn cwd() -> Result<PathBuf> {
 }
 
 fn add(client: &api::Client, a: AddArgs) -> Result<()> {
+    if a.vdevs.first().map(String::as_str) == Some("cache") {
+        return add_cache(client, a);
+    }
     let groups = parse_vdev_spec(&a.vdevs, &cwd()?)?;
     if !a.force {
         refuse_devices_of_other_pools(client, &groups)?;
@@ -834,6 +837,37 @@ fn add(client: &api::Client, a: AddArgs) -> Result<()> {
         force: a.force,
     };
     client.pool_add(&a.pool, &spec)?;
+    Ok(())
+}
+
+/// `cistern pool add POOL cache DEV...`: L2ARC devices (decision 0029).
+fn add_cache(client: &api::Client, a: AddArgs) -> Result<()> {
+    let cwd = cwd()?;
+    let devices: Vec<PathBuf> = a.vdevs[1..]
+        .iter()
+        .map(|d| absolute(Path::new(d), &cwd))
+        .collect();
+    if devices.is_empty() {
+        bail!("name at least one cache device after 'cache'");
+    }
+    if let Some(bad) = a.vdevs[1..].iter().find(|w| {
+        matches!(
+            w.as_str(),
+            "mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3" | "log" | "cache" | "spare"
+        )
+    }) {
+        bail!("cache devices are single devices: '{bad}' cannot follow 'cache'");
+    }
+    for d in &devices {
+        if !d.exists() {
+            bail!("{}: no such device", d.display());
+        }
+    }
+    let spec = dataset::CacheAddSpec {
+        devices,
+        force: a.force,
+    };
+    client.pool_add_cache(&a.pool, &spec)?;
     Ok(())
 }
 
@@ -1331,6 +1365,23 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         }
         o.push('\n');
     }
+    // L2ARC devices, as zpool's "cache" section (READ/WRITE/CKSUM: read
+    // failures are not kept apart; CKSUM counts records that failed their hash).
+    if !s.cache.is_empty() {
+        o.push_str("\tcache\n");
+        for c in &s.cache {
+            o.push_str(&format!(
+                "\t  {}  {}  0 0 {}  ({} of {}, {} hits, {} misses)\n",
+                c.path.display(),
+                c.state,
+                c.checksum_errors,
+                human_size(c.size),
+                human_size(c.capacity),
+                c.hits,
+                c.misses
+            ));
+        }
+    }
     o.push('\n');
     if verbose && !s.data_errors.is_empty() {
         o.push_str("errors: Permanent errors have been detected in the following datasets:\n\n");
@@ -1609,6 +1660,7 @@ mod tests {
     fn missing_device_shows_its_guid_and_old_path() {
         let mut s = PoolStatus {
             memory: None,
+            cache: vec![],
             summary: summary("tank", 8 << 30, 0),
             logs: vec![],
             groups: vec![GroupStatus {
@@ -1680,6 +1732,7 @@ mod tests {
         };
         let s = PoolStatus {
             memory: None,
+            cache: vec![],
             summary: summary("tank", 8 << 30, 0),
             logs: vec![],
             groups: vec![
