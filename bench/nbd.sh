@@ -19,6 +19,8 @@
 #   JOBS=8              jobs (= connections) of randwrite-4k-flush
 #   COMPRESS_PCT=50     fio --buffer_compress_percentage (how compressible the data is)
 #   TARGETS="nbdkit cistern:off:16K cistern:lz4:16K cistern:off:4K cistern:lz4:4K"
+#                       cistern-enc:COMP:VBS: the same volume encrypted (aes-256-gcm,
+#                       a hex key in a file); the report adds its ratio to cistern:COMP:VBS
 #   POOL_LAYOUT=single  or "mirror" (two files on the same disk)
 #   BENCH_DIR=bench/out/nbd-<time>   where files, logs and fio JSON go (same disk)
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
@@ -130,8 +132,9 @@ bench_nbdkit() {
     [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
 }
 
-bench_cistern() { # compression volblocksize
-    local comp="$1" vbs="$2" name="cistern-$1-$2"
+bench_cistern() { # compression volblocksize [enc]
+    local comp="$1" vbs="$2" enc="${3:-}" name="cistern-$1-$2"
+    [[ -n "$enc" ]] && name="cistern-enc-$1-$2"
     local dir="$BENCH_DIR/$name" nbd_port api_port pid
     mkdir -p "$dir/disks"
     nbd_port=$(free_port)
@@ -147,7 +150,12 @@ bench_cistern() { # compression volblocksize
     local devs=("$dir/disks/d0")
     [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
     "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
-    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/vol >/dev/null
+    local crypt=()
+    if [[ -n "$enc" ]]; then
+        od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$dir/volume.key"
+        crypt=(-o encryption=on -o keyformat=hex -o "keylocation=file://$dir/volume.key")
+    fi
+    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" "${crypt[@]}" bench/vol >/dev/null
     local uri="nbd://127.0.0.1:$nbd_port/bench/vol"
     for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
         echo "   $name $t" >&2
@@ -172,6 +180,10 @@ for t in $TARGETS; do
     cistern:*:*)
         IFS=: read -r _ comp vbs <<<"$t"
         bench_cistern "$comp" "$vbs"
+        ;;
+    cistern-enc:*:*)
+        IFS=: read -r _ comp vbs <<<"$t"
+        bench_cistern "$comp" "$vbs" enc
         ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
@@ -198,6 +210,17 @@ for test in ("randwrite-4k-flush", "seqwrite-1m", "seqread-1m"):
             ratio = f"{float(r[key]) / float(base[test][key]):.2f}x"
         sp = sp99 if float(sp99) > 0 else "-"
         print(f"{test:<20} {target:<20} {iops:>9} {mbs:>9} {p99:>8} {sp:>9} {ratio:>9}")
+enc = [r for r in rows if r[1].startswith("cistern-enc-")]
+if enc:
+    print()
+    print("encrypted vs plain (same compression and volblocksize), main figure:")
+    for r in enc:
+        test, target = r[0], r[1]
+        plain = next((p for p in rows if p[0] == test and p[1] == target.replace("cistern-enc-", "cistern-")), None)
+        key = 2 if test.startswith("randwrite") else 3
+        if plain and float(plain[key]) > 0:
+            ratio = float(r[key]) / float(plain[key])
+            print(f"  {test:<20} {target:<20} {ratio:.2f}x  (cost {100 * (1 - ratio):+.0f}%)")
 print()
 print("peak RSS (VmHWM) / RSS at the end, MiB:")
 for t, v in rss.items():
@@ -205,5 +228,7 @@ for t, v in rss.items():
     print(f"  {t:<20} {h:>6} / {r}")
 print()
 print("ratio = Cistern / nbdkit on IOPS (4K) or MB/s (1M); targets: >= 1.0x on 4K+flush, >= 0.8x sequential")
+if enc:
+    print("encryption target: at most 15% cost on sequential throughput (AES-NI: grep -c aes /proc/cpuinfo)")
 EOF
 echo "(raw fio JSON, logs: $BENCH_DIR)" >&2
