@@ -148,7 +148,11 @@ def test_encrypted_volume_keeps_data_off_the_devices_and_keys_gate_the_export(mi
 
 def test_children_and_clones_share_the_encryption_root(mirror):
     d, _ = mirror
+    d.cli("create", "-V", "1M", "tank/plain")
+    # A pool without encryption keeps metadata format 3 (older builds read it).
+    assert "metadata 3," in d.cli("pool", "upgrade", "tank").stdout
     create_encrypted(d, "tank/enc")
+    assert "metadata 4," in d.cli("pool", "upgrade", "tank").stdout
     d.cli("create", "-V", "1M", "tank/enc/child")
     assert d.props("tank/enc/child")["encryptionroot"] == "tank/enc"
     assert d.props("tank/enc/child")["keystatus"] == "available"
@@ -303,3 +307,52 @@ def test_a_prompt_key_volume_killed_keeps_its_log_until_load_key(make_daemon, di
     d.cli("load-key", "tank/secret", input=PASS + "\n")
     assert read(d, "tank/secret", MiB) == data
     assert not device_contains(devs, MARK + b"0011-")
+
+
+def _fuse_missing() -> str | None:
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return "the daemon mounts as root in this suite"
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
+        return "no FUSE here"
+    return None
+
+
+@pytest.mark.skipif(_fuse_missing() is not None, reason=_fuse_missing() or "")
+def test_encrypted_filesystem_round_trips_through_fuse(mirror, tmp_path):
+    import subprocess
+
+    d, devs = mirror
+    mnt = tmp_path / "mnt"
+    create_encrypted(d, "tank/home")
+    d.cli("mount", "tank/home", mnt)
+    try:
+        body = secret_pattern(13, 512 * KiB)
+        (mnt / "report.bin").write_bytes(body)
+        (mnt / "note.txt").write_bytes(MARK + b"0014-a small file, embedded in metadata")
+        (mnt / "link").symlink_to("target-" + (MARK + b"0015").decode())
+        with open(mnt / "report.bin", "rb") as f:
+            import os
+
+            os.fsync(f.fileno())
+        assert (mnt / "report.bin").read_bytes() == body
+        # Busy while mounted.
+        p = d.cli("unload-key", "tank/home", check=False)
+        assert p.returncode != 0 and "busy" in p.stderr, p.stderr
+    finally:
+        d.cli("unmount", "-f", mnt, check=False)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+    d.stop()
+    for tag in (b"0013-", b"0014-", b"0015"):
+        assert not device_contains(devs, MARK + tag), tag
+    d.start()
+    d.cli("load-key", "tank/home", input=PASS + "\n")
+    d.cli("mount", "tank/home", mnt)
+    try:
+        assert (mnt / "report.bin").read_bytes() == body
+        assert (mnt / "link").readlink().name.startswith("target-")
+    finally:
+        d.cli("unmount", "-f", mnt, check=False)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)

@@ -399,3 +399,35 @@ mod tests {
         assert_eq!(format!("{master:?}"), "MasterKey(..)");
     }
 }
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release -p block -- --ignored --nocapture seal_speed`
+    #[test]
+    #[ignore]
+    fn seal_speed() {
+        let k = MasterKey::generate().unwrap();
+        let mut data = vec![7u8; 16 << 10];
+        let id = BlockId {
+            object: 1,
+            block: 1,
+            birth: 1,
+            lsize: 16384,
+            psize: 16384,
+            compression: 0,
+        };
+        let t = std::time::Instant::now();
+        let n = 16384;
+        for _ in 0..n {
+            let c = k.seal_block(&id, &mut data);
+            k.open_block(&id, &c, &mut data).unwrap();
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "seal+open: {:.0} MB/s each way",
+            (n * 16384) as f64 / s / 1e6
+        );
+    }
+}

@@ -12,7 +12,7 @@ use crate::props::DatasetRecord;
 use crate::txg::ImportedPool;
 use crate::{Error, Result};
 use block::crypt::{KeyFormat, MasterKey, WrappingKey, SALT_LEN};
-use meta::redb::ReadableDatabase;
+use meta::redb::{ReadableDatabase, ReadableTable};
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -123,12 +123,12 @@ pub(crate) fn crypt_of(datasets: &BTreeMap<String, DatasetRecord>, id: u64) -> O
     let rec = datasets.values().find(|d| d.id == id)?;
     let data = rec.data_id();
     if data == rec.id {
-        return rec.crypt.clone();
+        return rec.crypt.as_deref().cloned();
     }
     datasets
         .values()
         .find(|d| d.id == data)
-        .and_then(|d| d.crypt.clone())
+        .and_then(|d| d.crypt.as_deref().cloned())
 }
 
 /// Dataset `id` is not encrypted or its key is loaded.
@@ -632,6 +632,9 @@ pub(crate) fn for_create(
     )))
 }
 
+/// The encryption of a dataset being created (a new root: its pending key).
+pub(crate) type NewCrypt = Option<(CryptRecord, Option<PendingRoot>)>;
+
 /// A new encryption root before its record id is known.
 pub(crate) struct PendingRoot {
     master: Arc<MasterKey>,
@@ -668,6 +671,29 @@ pub(crate) fn load_new_root(p: &ImportedPool, id: u64, r: PendingRoot) {
     );
 }
 
+/// Records metadata format 4 (`meta::META_FORMAT_ENCRYPTION`) before the
+/// pool's first encryption root exists: builds before encryption refuse it.
+fn mark_encryption_active(p: &ImportedPool) -> Result<()> {
+    use meta::schema::{POOL_RECORDS, RECORD_FORMAT};
+    let _meta = p.meta_lock.lock();
+    let tx = p.db().begin_write().map_err(crate::txg::meta_err)?;
+    {
+        let mut r = tx.open_table(POOL_RECORDS).map_err(crate::txg::meta_err)?;
+        let now = r
+            .get(RECORD_FORMAT)
+            .map_err(crate::txg::meta_err)?
+            .map_or(0, |v| v.value());
+        if now >= meta::META_FORMAT_ENCRYPTION {
+            return Ok(());
+        }
+        r.insert(RECORD_FORMAT, meta::META_FORMAT_ENCRYPTION)
+            .map_err(crate::txg::meta_err)?;
+    }
+    tx.commit().map_err(crate::txg::meta_err)?;
+    tracing::info!(pool = %p.pool.name, "metadata format 4: encryption in use (builds before it refuse this pool)");
+    Ok(())
+}
+
 /// Sets up the encryption of a new dataset record (`create`); returns the
 /// properties left for the caller. Call [`after_store`] once stored.
 pub(crate) fn prepare_create(
@@ -675,12 +701,12 @@ pub(crate) fn prepare_create(
     name: &str,
     props: &[(String, String)],
     material: Option<&KeyMaterial>,
-) -> Result<(
-    Option<(CryptRecord, Option<PendingRoot>)>,
-    Vec<(String, String)>,
-)> {
+) -> Result<(NewCrypt, Vec<(String, String)>)> {
     let (o, rest) = take_options(props)?;
     let c = for_create(p, &p.datasets.read(), name, &o, material)?;
+    if matches!(c, Some((_, Some(_)))) {
+        mark_encryption_active(p)?;
+    }
     if c.is_none() && material.is_some() {
         return Err(Error::InvalidArgument(format!(
             "cannot create '{name}': a key was given but the dataset is not encrypted"
@@ -690,26 +716,19 @@ pub(crate) fn prepare_create(
 }
 
 /// The crypt record of a new dataset with id `id` (wraps a new root's key for it).
-pub(crate) fn record_for(
-    id: u64,
-    c: &mut Option<(CryptRecord, Option<PendingRoot>)>,
-) -> Result<Option<CryptRecord>> {
+pub(crate) fn record_for(id: u64, c: &mut NewCrypt) -> Result<Option<Box<CryptRecord>>> {
     match c {
         None => Ok(None),
         Some((rec, pending)) => {
             if let Some(r) = pending {
                 finish_root(id, rec, r)?;
             }
-            Ok(Some(rec.clone()))
+            Ok(Some(Box::new(rec.clone())))
         }
     }
 }
 
-pub(crate) fn after_store(
-    p: &ImportedPool,
-    id: u64,
-    c: Option<(CryptRecord, Option<PendingRoot>)>,
-) {
+pub(crate) fn after_store(p: &ImportedPool, id: u64, c: NewCrypt) {
     if let Some((_, Some(r))) = c {
         load_new_root(p, id, r);
     }

@@ -1433,7 +1433,7 @@ impl Engine {
                     .values()
                     .filter(|d| d.volblocksize != 0)
                     // Not exported without its key (decision 0026).
-                    .filter(|d| crate::crypt::key_loaded(&p, &datasets, d.id))
+                    .filter(|d| crate::crypt::key_loaded(p, &datasets, d.id))
                     .map(|d| d.name.clone()),
             );
         }
@@ -2144,7 +2144,9 @@ impl Engine {
         Ok(PoolVersions {
             pool: pool.to_string(),
             meta_format,
-            meta_format_supported: meta::META_FORMAT_VERSION,
+            // Format 4 is 3 with encryption in use: current, not an upgrade.
+            meta_format_supported: meta::META_FORMAT_VERSION
+                .max(meta_format.min(meta::META_FORMAT_ENCRYPTION)),
             label_version,
             label_version_supported: vdev::LABEL_VERSION,
             upgraded,

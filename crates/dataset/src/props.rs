@@ -167,7 +167,7 @@ pub struct DatasetRecord {
     pub next_object: u64,
     /// Encrypted datasets (decision 0026); absent on plain ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub crypt: Option<crate::crypt::CryptRecord>,
+    pub crypt: Option<Box<crate::crypt::CryptRecord>>,
 }
 
 fn is_zero(v: &u64) -> bool {

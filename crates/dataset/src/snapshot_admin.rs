@@ -575,11 +575,11 @@ impl Engine {
                 // A clone reads its origin's blocks: it shares the origin's
                 // encryption root and key (as zfs).
                 crypt: crate::crypt::crypt_of(&datasets, snap.id).map(|c| {
-                    crate::crypt::CryptRecord {
+                    Box::new(crate::crypt::CryptRecord {
                         root: c.root,
                         algo: c.algo,
                         wrap: None,
-                    }
+                    })
                 }),
                 ..Default::default()
             }

@@ -17,12 +17,17 @@ pub const META_FORMAT_VERSION: u64 = 3;
 /// The oldest format `open` accepts: older ones are converted by
 /// `dataset` (`pool upgrade`, decision 0017) before anything else reads them.
 pub const META_FORMAT_UPGRADABLE: u64 = 2;
+/// Format 3 with encrypted datasets (decision 0026): recorded when a pool's
+/// first encryption root is created (as a ZFS feature becomes active), so
+/// builds before encryption refuse the pool by name instead of replaying
+/// sealed intent-log records as data. New pools are still created as 3.
+pub const META_FORMAT_ENCRYPTION: u64 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
     #[error("metadata store: {0}")]
     Store(String),
-    #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_VERSION})")]
+    #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_ENCRYPTION})")]
     Newer { found: u64 },
     #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_UPGRADABLE} and later); import the pool with the build that created it and copy its data to a new pool")]
     Older { found: u64, what: &'static str },
@@ -88,7 +93,7 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         v
     };
     match found {
-        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_VERSION).contains(&v) => Ok(db),
+        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_ENCRYPTION).contains(&v) => Ok(db),
         Some(v) if v < META_FORMAT_VERSION => Err(MetaError::Older {
             found: v,
             what: "older table layout",

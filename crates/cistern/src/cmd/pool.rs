@@ -611,7 +611,8 @@ fn upgrade(client: &api::Client, a: UpgradeArgs) -> Result<()> {
     if a.verbose {
         outln(&format!(
             "This build writes metadata format {} and device labels up to version {}.\n\
-             Format history: metadata 1 (first release, no longer read), 2 (per-page checksums);\n\
+             Format history: metadata 1 (first release, no longer read), 2 (per-page checksums),\n\
+             3 (objects), 4 (3 with an encryption root: older builds refuse it);\n\
              labels 1 (disks and mirrors), 2 (raidz, resilvering devices), 3 (log devices).",
             dataset::META_FORMAT,
             dataset::LABEL_VERSION
