@@ -4,6 +4,13 @@
 #
 #   bash bench/nbd.sh                       # all targets, 15 s per timed test
 #   RUNTIME=5 TARGETS="nbdkit cistern:off:16K" bash bench/nbd.sh
+#   RUNTIME=5 TARGETS="cistern:off:16K cistern-tls:off:16K" bash bench/nbd.sh   # TLS vs plaintext
+#
+# cistern-tls:COMP:VBS is the same target with `[nbd] tls = "require"` and
+# client certificates (made with openssl in the bench dir); fio's nbd engine
+# (libnbd) connects with nbds:// and finds its certificates in
+# $HOME/.pki/libnbd, so HOME points at the bench dir for those fio runs. The
+# summary prints the TLS / plaintext ratio when both targets ran.
 #
 # Tests (each target gets a fresh 1 GiB volume / file):
 #   randwrite-4k-flush  8 jobs (8 connections), 4 KiB random writes, each
@@ -91,9 +98,24 @@ rss() { # pid -> "VmHWM VmRSS" in MiB
 
 
 # ---------------------------------------------------------------- fio
+# fio_as ARGS: fio, or for a TLS target fio with HOME=$FIO_HOME so libnbd
+# finds the client certificate in $HOME/.pki/libnbd. libnbd ignores HOME
+# for root (it reads /etc/pki/libnbd), so root runs fio as nobody there.
+fio_as() {
+    if [[ -z "${FIO_HOME:-}" ]]; then
+        fio "$@"
+    elif [[ "$(id -u)" == 0 ]]; then
+        setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$FIO_HOME" fio "$@"
+    else
+        HOME="$FIO_HOME" fio "$@"
+    fi
+}
+
 # run_fio TARGET TEST URI -> JSON in $BENCH_DIR/TARGET.TEST.json, a row in results.tsv
 run_fio() {
     local target="$1" test="$2" uri="$3" out="$BENCH_DIR/${1//[:\/]/_}.$2.json"
+    # fio may run as nobody (fio_as): the file it writes is made here.
+    : >"$out" && chmod 666 "$out"
     local common=(--ioengine=nbd "--uri=$uri" --output-format=json "--output=$out"
         "--buffer_compress_percentage=$COMPRESS_PCT" --buffer_compress_chunk=4k --refill_buffers)
     case "$test" in
@@ -110,17 +132,17 @@ run_fio() {
     randwrite-4k-flush)
         local per_job
         per_job=$(python3 -c "import sys; s=sys.argv[1].upper(); u={'K':1<<10,'M':1<<20,'G':1<<30,'T':1<<40}; n=int(float(s[:-1])*u[s[-1]]) if s[-1] in u else int(s); print(n//$JOBS//4096*4096)" "$SIZE")
-        fio --name="$test" "${common[@]}" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 \
+        fio_as --name="$test" "${common[@]}" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 \
             --numjobs="$JOBS" --size="$per_job" --offset_increment="$per_job" \
             --time_based --runtime="$RUNTIME" --ramp_time=1 --group_reporting >"$out.log" 2>&1
         ;;
     seqwrite-1m)
-        fio --name="$test" "${common[@]}" --rw=write --bs=1M --iodepth=8 --numjobs=1 \
+        fio_as --name="$test" "${common[@]}" --rw=write --bs=1M --iodepth=8 --numjobs=1 \
             --size="$SIZE" --runtime=$((RUNTIME * 4)) --end_fsync=1 >"$out.log" 2>&1
         ;;
     seqread-1m)
         drop_caches
-        fio --name="$test" "${common[@]}" --rw=read --bs=1M --iodepth=8 --numjobs=1 \
+        fio_as --name="$test" "${common[@]}" --rw=read --bs=1M --iodepth=8 --numjobs=1 \
             --size="$SIZE" --time_based --runtime="$RUNTIME" >"$out.log" 2>&1
         ;;
     esac || { echo "fio $test on $target failed:" >&2; cat "$out.log" >&2; return 1; }
@@ -177,19 +199,47 @@ print(s["log_syncs"], s["log_flushes"], s["log_records"])
 EOF
 }
 
-bench_cistern() { # compression volblocksize [slog|enc]
-    local comp="$1" vbs="$2" slog="" enc="" name="cistern-$1-$2${3:+-$3}"
+# make_pki DIR: a CA, a server certificate for 127.0.0.1 and a client
+# certificate (CN bench) in DIR/home/.pki/libnbd, where libnbd looks.
+make_pki() {
+    local d="$1" c="$1/home/.pki/libnbd"
+    mkdir -p "$c"
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+    openssl req -x509 "${ec[@]}" -keyout "$d/ca-key.pem" -out "$c/ca-cert.pem" -days 2 -subj "/CN=bench CA" \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+    openssl req "${ec[@]}" -keyout "$d/server-key.pem" -out "$d/server.csr" -subj "/CN=localhost" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/server.ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$c/ca-cert.pem" -CAkey "$d/ca-key.pem" -CAcreateserial \
+        -out "$d/server-cert.pem" -days 2 -extfile "$d/server.ext" 2>/dev/null
+    openssl req "${ec[@]}" -keyout "$c/client-key.pem" -out "$d/client.csr" -subj "/CN=bench" 2>/dev/null
+    printf 'extendedKeyUsage=clientAuth\n' >"$d/client.ext"
+    openssl x509 -req -in "$d/client.csr" -CA "$c/ca-cert.pem" -CAkey "$d/ca-key.pem" -CAcreateserial \
+        -out "$c/client-cert.pem" -days 2 -extfile "$d/client.ext" 2>/dev/null
+    printf '[nbd]\ntls = "require"\ntls_cert = "%s"\ntls_key = "%s"\ntls_ca = "%s"\n' \
+        "$d/server-cert.pem" "$d/server-key.pem" "$c/ca-cert.pem" >"$d/cistern.toml"
+}
+
+bench_cistern() { # compression volblocksize [slog|enc|tls]
+    local comp="$1" vbs="$2" slog="" enc="" tls="" name="cistern-$1-$2${3:+-$3}"
     case "${3:-}" in
     slog) slog=slog ;;
     enc) enc=enc name="cistern-enc-$1-$2" ;;
+    tls) tls=tls name="cistern-tls-$1-$2" ;;
     esac
-    local dir="$BENCH_DIR/$name" nbd_port api_port pid
+    local dir="$BENCH_DIR/$name" nbd_port api_port pid config=() scheme=nbd
     mkdir -p "$dir/disks"
+    if [[ -n "$tls" ]]; then
+        make_pki "$dir/pki"
+        chmod -R a+rX "$dir/pki" && chmod a+x "$BENCH_DIR" "$dir"
+        config=(--config "$dir/pki/cistern.toml")
+        scheme=nbds
+        export FIO_HOME="$dir/pki/home"
+    fi
     nbd_port=$(free_port)
     api_port=$(free_port)
     while [[ "$api_port" == "$nbd_port" ]]; do api_port=$(free_port); done
     "$CISTERN_BIN" serve --state-dir "$dir/state" --nbd "127.0.0.1:$nbd_port" --api "127.0.0.1:$api_port" \
-        >"$dir/daemon.log" 2>&1 &
+        "${config[@]}" >"$dir/daemon.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     wait_port "$api_port" 60
@@ -215,7 +265,7 @@ bench_cistern() { # compression volblocksize [slog|enc]
         crypt=(-o encryption=on -o keyformat=hex -o "keylocation=file://$dir/volume.key")
     fi
     "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" "${crypt[@]}" bench/vol >/dev/null
-    local uri="nbd://127.0.0.1:$nbd_port/bench/vol"
+    local uri="$scheme://127.0.0.1:$nbd_port/bench/vol"
     for t in "${tests[@]}"; do
         echo "   $name $t" >&2
         local before after
@@ -230,7 +280,7 @@ bench_cistern() { # compression volblocksize [slog|enc]
     printf 'rss\t%s\t%s\n' "$name" "$(rss "$pid")" >>"$RESULTS"
     "$CISTERN_BIN" get compressratio,used,logicalused bench/vol >"$dir/props.txt" 2>&1 ||
         "$CISTERN_BIN" get all bench/vol >"$dir/props.txt" 2>&1 || true
-    unset CISTERN_API CISTERN_TOKEN
+    unset CISTERN_API CISTERN_TOKEN FIO_HOME
     cleanup
     [[ -z "$slogfile" ]] || rm -f "$slogfile"
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
@@ -252,6 +302,14 @@ for t in $TARGETS; do
     cistern-enc:*:*)
         IFS=: read -r _ comp vbs <<<"$t"
         bench_cistern "$comp" "$vbs" enc
+        ;;
+    cistern-tls:*:*)
+        IFS=: read -r _ comp vbs <<<"$t"
+        bench_cistern "$comp" "$vbs" tls
+        ;;
+    cistern-tls:*:*)
+        IFS=: read -r _ comp vbs <<<"$t"
+        bench_cistern "$comp" "$vbs" tls
         ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
@@ -296,6 +354,15 @@ if enc:
         if plain and float(plain[key]) > 0:
             ratio = float(r[key]) / float(plain[key])
             print(f"  {test:<20} {target:<20} {ratio:.2f}x  (cost {100 * (1 - ratio):+.0f}%)")
+tls = [(r, p) for r in rows if r[1].startswith("cistern-tls-")
+       for p in rows if p[0] == r[0] and p[1] == "cistern-" + r[1][len("cistern-tls-"):]]
+if tls:
+    print()
+    print(f"{'TLS / plaintext':<20} {'target':<20} {'ratio':>9}")
+    for r, p in tls:
+        key = 2 if r[0].startswith("randwrite") else 3
+        if float(p[key]) > 0:
+            print(f"{r[0]:<20} {r[1]:<20} {float(r[key]) / float(p[key]):>8.2f}x")
 print()
 if logs:
     print("intent log during randwrite-4k-flush (group commit):")
@@ -312,5 +379,7 @@ print("ratio = Cistern / nbdkit on IOPS (4K) or MB/s (1M); issue 15 targets >= 1
 print("vs raw = IOPS / the same 4K job on a raw file with fdatasync (the disk's limit); :slog targets put the log on tmpfs")
 if enc:
     print("encryption target: at most 15% cost on sequential throughput (AES-NI: grep -c aes /proc/cpuinfo)")
+if tls:
+    print("TLS / plaintext: same volume settings, fio's nbd engine over nbds:// (libnbd, GnuTLS) vs nbd://; target >= 0.8x sequential")
 EOF
 echo "(raw fio JSON, logs: $BENCH_DIR)" >&2

@@ -692,12 +692,37 @@ mod tests {
             "api",
             "state_dir",
             "log",
+            "tls",
+            "tls_cert",
+            "tls_key",
+            "tls_ca",
         ] {
             assert!(
                 live.contains(&format!("\n{key} = ")),
                 "{key} missing from packaging/cistern.toml"
             );
         }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_at_start() {
+        let err = |text: &str| {
+            let cfg = Config::parse(text).unwrap();
+            format!(
+                "{:#}",
+                resolve(cfg, Overrides::default(), Some(Path::new("/x"))).unwrap_err()
+            )
+        };
+        assert!(err("[nbd]\ntls = \"maybe\"\n").contains("expected \"off\""));
+        assert!(err("[nbd]\ntls = \"on\"\n").contains("needs tls_cert and tls_key"));
+        assert!(err("[nbd]\ntls_ca = \"/ca.pem\"\n").contains("tls = \"off\""));
+        let e = err("[nbd]\ntls = \"require\"\ntls_cert = \"/nonexistent.pem\"\ntls_key = \"/k\"\n");
+        assert!(e.contains("/nonexistent.pem"), "{e}");
+        assert!(err("[api]\ntls_cert = \"/c.pem\"\n").contains("both tls_cert and tls_key"));
+        assert!(err("[s3]\ntls_key = \"/k.pem\"\n").contains("both tls_cert and tls_key"));
+        // Without TLS keys everything stays off.
+        let r = resolve(Config::default(), Overrides::default(), Some(Path::new("/x"))).unwrap();
+        assert!(r.nbd_server.tls.is_none() && r.api_tls.is_none());
     }
 
     #[test]

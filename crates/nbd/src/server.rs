@@ -265,17 +265,7 @@ async fn connection(
     };
     match conn {
         Conn::Plain(rd, wr) => {
-            transmit(
-                rd,
-                wr,
-                |w| Wire::Tcp(w),
-                peer,
-                neg,
-                shutdown,
-                config,
-                shared,
-            )
-            .await
+            transmit(rd, wr, Wire::Tcp, peer, neg, shutdown, config, shared).await
         }
         Conn::Tls(rd, wr) => {
             let wire = |w| Wire::Stream(tokio::sync::Mutex::new(Box::new(w)));
