@@ -190,6 +190,11 @@ def login(b, d):
 
 def test_dashboard(make_daemon, tmp_path, browser):
     b = browser
+    t0 = time.monotonic()
+
+    def phase(what):
+        print(f"[{time.monotonic() - t0:5.1f}s] {what}")
+
     disks = tmp_path / "disks"
     disks.mkdir()
     d = make_daemon(config=CONFIG)
@@ -210,6 +215,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     filler = threading.Thread(target=fill_big_pool, args=(d, disks, big), daemon=True)
     filler.start()
 
+    phase("logged in")
     # A pool through the overview's form (the confirmation says what it does).
     b.get(base + "/")
     form = css(b, "form[data-path='/v1/pools']")
@@ -220,6 +226,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     reloaded(b)
     wait(lambda: b.find_elements(By.ID, "pool-tank"), what="pool tank on the overview")
 
+    phase("pool made")
     # A volume through the datasets page.
     b.get(base + "/datasets")
     form = css(b, "form[data-path='/v1/datasets']")
@@ -231,6 +238,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     assert d.prop("tank/vol0", "volsize") == str(64 * MiB)
     assert d.prop("tank/vol0", "compression") == "off"
 
+    phase("volume made")
     # Data over NBD, a snapshot from the page.
     first, second = helpers.pattern("first", 2 * MiB), helpers.pattern("second", 2 * MiB)
     with helpers.connected(d.uri("tank/vol0")) as h:
@@ -259,7 +267,9 @@ def test_dashboard(make_daemon, tmp_path, browser):
     assert helpers.parse_size(used) >= 2 * MiB, used
     shot(b, "03-snapshots")
 
+    phase("snapshot USED grew")
     # Rollback through the page: the preview says what is discarded.
+    b.execute_script("window.__before = 1")
     css(b, f"{row} button.rollback").click()
     text = confirm(b, "04-rollback-confirmation")
     assert "Discards 2.00M changed since tank/vol0@before" in text, text
@@ -267,6 +277,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     with helpers.connected(d.uri("tank/vol0")) as h:
         assert h.pread(2 * MiB, 0) == first
 
+    phase("rolled back")
     # One mirror copy damaged under the daemon: a scrub from the page finds and repairs it.
     d1 = disks / "d1"
     data_offset = read_label(d1)["regions"]["data_offset"]
@@ -296,6 +307,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     time.sleep(1)
     shot(b, "01-overview")
 
+    phase("scrub seen")
     # Properties with their sources; set one through the page.
     b.get(base + "/dataset?name=tank/vol0")
     assert css(b, "tr[data-prop='compression'] td.source").text == "local"
@@ -308,6 +320,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
     assert d.prop("tank/vol0", "compression") == "zstd"
     shot(b, "05-dataset")
 
+    phase("properties")
     # S3 keys: the secret once, never again.
     b.get(base + "/users")
     form = css(b, "form[data-path='/v1/users']")
@@ -334,6 +347,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
         b.get(base + path)
         shot(b, name)
 
+    phase("other pages")
     # Cross-site requests: the session cookie with a foreign Origin is refused,
     # with our own Origin accepted; no cookie, no token: refused.
     jar = "; ".join(f"{c['name']}={c['value']}" for c in b.get_cookies())
@@ -344,10 +358,11 @@ def test_dashboard(make_daemon, tmp_path, browser):
     assert s in (401, 403), (s, out)
     s, out = http(d, "POST", "/v1/snapshots", body)
     assert s == 401, (s, out)
-    assert "tank/vol0@csrf" not in d.cli("list", "-t", "snapshot", "-H", "-o", "name").stdout
+    assert "tank/vol0@csrf" not in d.cli("list", "-t", "snapshot", "-H", "-o", "name", "-r", "tank/vol0").stdout
     s, out = http(d, "POST", "/v1/snapshots", body, {"Cookie": jar, "Origin": base})
     assert s == 201, (s, out)
 
+    phase("cross-site checks")
     # 100 datasets and 10,000 snapshots: pages are paged on the server.
     filler.join(timeout=120)
     assert not filler.is_alive(), "filling pool big took over 2 minutes"
@@ -365,7 +380,7 @@ def test_dashboard(make_daemon, tmp_path, browser):
             shot(b, name)
     b.get(base + "/snapshots?name=big/ds42")
     assert len(b.find_elements(By.CSS_SELECTOR, "tr[data-snapshot]")) == 50
-    assert "100 snapshots" in css(b, "main").text
+    assert "100 snapshot(s)" in css(b, "main").text
     b.get(base + "/snapshots?name=big/ds42&page=1")
     rows = b.find_elements(By.CSS_SELECTOR, "tr[data-snapshot]")
     assert [r.get_attribute("data-snapshot") for r in rows][0] == "big/ds42@s049"

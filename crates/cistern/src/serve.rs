@@ -275,7 +275,7 @@ async fn serve(
         .context("the API token")?
         .with_metrics_open(r.api_access.metrics_open);
     // The dashboard's login page and its assets open without the token.
-    let auth = ui::PUBLIC.iter().fold(auth, |a, p| a.with_public(*p));
+    let auth = ui::PUBLIC.iter().fold(auth, |a, p| a.with_public(p));
     match api::auth::publish(endpoints.api, &auth) {
         Ok(p) => tracing::debug!(path = %p.display(), "API token published for local CLIs"),
         Err(e) => tracing::warn!("local CLIs will need --token: {e}"),

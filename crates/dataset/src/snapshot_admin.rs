@@ -130,14 +130,12 @@ impl Engine {
             let ids: Vec<u64> = wanted.iter().map(|w| w.0).collect();
             p.check_snapshot(&datasets, &ids)?;
         }
-        let mut list = Vec::new();
-        for (dataset, name) in wanted {
-            list.push(NewSnapshot {
-                dataset,
-                id: p.next_dataset_id()?,
-                name,
-            });
-        }
+        let first = p.next_dataset_ids(wanted.len() as u64)?;
+        let list: Vec<NewSnapshot> = wanted
+            .into_iter()
+            .zip(first..)
+            .map(|((dataset, name), id)| NewSnapshot { dataset, id, name })
+            .collect();
         let created: Vec<String> = list.iter().map(|s| s.name.clone()).collect();
         p.commit_txg(Some(Action::Snapshot(list)))?;
         tracing::info!(snapshots = ?created, "snapshot taken");

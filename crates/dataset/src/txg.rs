@@ -1283,6 +1283,12 @@ impl ImportedPool {
 
     /// A new dataset id, persisted so ids are never reused.
     pub fn next_dataset_id(&self) -> Result<u64> {
+        self.next_dataset_ids(1)
+    }
+
+    /// Reserves `n` dataset ids in one metadata commit; answers the first
+    /// (`snapshot -r` of 100 datasets: one commit, not 100).
+    pub fn next_dataset_ids(&self, n: u64) -> Result<u64> {
         let _meta = self.meta_lock.lock();
         let tx = self.db().begin_write().map_err(meta_err)?;
         let id = {
@@ -1292,7 +1298,8 @@ impl ImportedPool {
                 .map_err(meta_err)?
                 .map(|v| v.value())
                 .unwrap_or(1);
-            r.insert(RECORD_NEXT_DATASET, id + 1).map_err(meta_err)?;
+            r.insert(RECORD_NEXT_DATASET, id + n.max(1))
+                .map_err(meta_err)?;
             id
         };
         tx.commit().map_err(meta_err)?;

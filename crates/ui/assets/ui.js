@@ -244,11 +244,11 @@ function niceMax(v) {
 }
 
 // series: [{name, color, points: [[t, v], ...]}]; fmt formats the y axis.
-function drawChart(svg, series, fmt, now) {
+function drawChart(svg, series, fmt, now, floor) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const W = 600, H = 170, L = 62, R = 8, T = 10, B = 34;
   const t0 = now - 3600;
-  const max = niceMax(Math.max(0, ...series.flatMap(s => s.points.map(p => p[1]))));
+  const max = niceMax(Math.max(floor || 1, ...series.flatMap(s => s.points.map(p => p[1]))));
   const x = t => L + (W - L - R) * Math.max(0, t - t0) / 3600;
   const y = v => T + (H - T - B) * (1 - v / max);
   for (let i = 0; i <= 4; i++) {
@@ -292,12 +292,12 @@ async function refreshCharts() {
       drawChart(svg, [
         { name: "read", color: "#3d8fc6", points: pool.map(s => [s.t, s.read_bps]) },
         { name: "write", color: "#e0a030", points: pool.map(s => [s.t, s.write_bps]) },
-      ], rate, now);
+      ], rate, now, 1024);
     } else if (kind === "nbd-iops") {
       drawChart(svg, [
         { name: "read IOPS", color: "#3d8fc6", points: h.nbd.map(s => [s.t, s.read_iops]) },
         { name: "write IOPS", color: "#e0a030", points: h.nbd.map(s => [s.t, s.write_iops]) },
-      ], count, now);
+      ], count, now, 10);
     } else if (kind === "device") {
       const dev = svg.dataset.device;
       const pick = (s, k) => { const d = s.devices.find(d => d.path === dev); return d ? d[k] : 0; };
@@ -305,7 +305,7 @@ async function refreshCharts() {
         { name: "READ", color: "#3d8fc6", points: pool.map(s => [s.t, pick(s, "read_errors")]) },
         { name: "WRITE", color: "#7a62c4", points: pool.map(s => [s.t, pick(s, "write_errors")]) },
         { name: "CKSUM", color: "#b3261e", points: pool.map(s => [s.t, pick(s, "checksum_errors")]) },
-      ], count, now);
+      ], count, now, 4);
     }
   }
 }

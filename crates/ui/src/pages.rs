@@ -267,8 +267,30 @@ fn policy_failures(e: &Engine, now: i64) -> HashMap<String, Vec<(i64, String)>> 
     out
 }
 
-/// Space of a pool from its datasets: (data, snapshots, free, compressratio).
-fn pool_space(e: &Engine, pool: &str) -> Result<(u64, u64, u64, String), dataset::Error> {
+/// Space of a pool from its datasets, for its bar.
+struct PoolSpace {
+    data: u64,
+    reserved: u64,
+    snapshots: u64,
+    free: u64,
+    ratio: String,
+}
+
+impl PoolSpace {
+    fn bar(&self) -> String {
+        bar(
+            &[
+                ("data", self.data, "data"),
+                ("snap", self.snapshots, "snapshots"),
+                ("resv", self.reserved, "reserved, not yet written"),
+                ("free", self.free, "free"),
+            ],
+            self.data + self.snapshots + self.reserved + self.free,
+        )
+    }
+}
+
+fn pool_space(e: &Engine, pool: &str) -> Result<PoolSpace, dataset::Error> {
     let (_, list) = e.list_datasets_page(
         Some(pool),
         &[
@@ -281,11 +303,16 @@ fn pool_space(e: &Engine, pool: &str) -> Result<(u64, u64, u64, String), dataset
         usize::MAX,
     )?;
     let root = list.iter().find(|d| d.name == pool);
-    let snaps: u64 = list.iter().map(|d| num(d, "usedbysnapshots")).sum();
+    let snapshots: u64 = list.iter().map(|d| num(d, "usedbysnapshots")).sum();
+    let reserved: u64 = list.iter().map(|d| num(d, "usedbyrefreservation")).sum();
     let used = root.map_or(0, |r| num(r, "used"));
-    let avail = root.map_or(0, |r| num(r, "available"));
-    let ratio = root.map_or("-".into(), |r| prop(r, "compressratio").to_string());
-    Ok((used.saturating_sub(snaps), snaps, avail, ratio))
+    Ok(PoolSpace {
+        data: used.saturating_sub(snapshots + reserved),
+        reserved,
+        snapshots,
+        free: root.map_or(0, |r| num(r, "available")),
+        ratio: root.map_or("-".into(), |r| prop(r, "compressratio").to_string()),
+    })
 }
 
 fn alerts_html(alerts: &[Alert]) -> String {
@@ -325,7 +352,7 @@ pub async fn overview(State(st): State<ApiState>) -> Response {
         let mut cards = String::new();
         for p in &pools {
             let s = e.pool_status(&p.name)?;
-            let (data, snaps, free, ratio) = pool_space(e, &p.name)?;
+            let space = pool_space(e, &p.name)?;
             let alerts = pool_alerts(
                 &s,
                 failures.get(&p.name).map_or(&[][..], |v| v.as_slice()),
@@ -345,12 +372,9 @@ pub async fn overview(State(st): State<ApiState>) -> Response {
                 h = esc(&p.health),
                 size = size(p.size),
                 alloc = size(p.allocated),
-                ratio = esc(&ratio),
+                ratio = esc(&space.ratio),
                 txg = p.txg,
-                bar = bar(
-                    &[("data", data, "data"), ("snap", snaps, "snapshots"), ("free", free, "free")],
-                    data + snaps + free
-                ),
+                bar = space.bar(),
                 charts = charts_html(&p.name),
             );
             all_alerts.extend(alerts);
@@ -409,7 +433,7 @@ pub async fn pool(
         let s = e.pool_status(&pool)?;
         let now = html::now();
         let failures = policy_failures(e, now);
-        let (data, snaps, free, ratio) = pool_space(e, &pool)?;
+        let space = pool_space(e, &pool)?;
         let sum = &s.summary;
         let mut o = String::new();
         let _ = write!(
@@ -424,12 +448,9 @@ pub async fn pool(
             al = size(sum.allocated),
             fr = size(sum.free),
             frag = sum.fragmentation.map_or("-".into(), |f| format!("{f}%")),
-            ratio = esc(&ratio),
+            ratio = esc(&space.ratio),
             txg = sum.txg,
-            bar = bar(
-                &[("data", data, "data"), ("snap", snaps, "snapshots"), ("free", free, "free")],
-                data + snaps + free
-            ),
+            bar = space.bar(),
         );
         if let Some(st) = &s.status {
             let _ = write!(o, "<p><b>status:</b> {}</p>", esc(st));
@@ -893,7 +914,7 @@ fn create_dataset_form(pool: &str) -> String {
              <option value=\"filesystem\">filesystem</option><option value=\"bucket\">bucket</option></select></label>\
              <label>Name <input name=\"name\" value=\"{}/\" size=\"24\" required></label>\
              <label>Size (volumes) <input name=\"volsize\" placeholder=\"e.g. 1G\" size=\"8\"></label>\
-             <label>Properties (one <code>name=value</code> a line) <textarea name=\"properties\" rows=\"2\" cols=\"32\" \
+             <label><span>Properties (one <code>name=value</code> a line)</span><textarea name=\"properties\" rows=\"2\" cols=\"32\" \
              placeholder=\"compression=zstd\"></textarea></label>\
              <button type=\"submit\">Create</button>",
             esc(pool)
@@ -1016,14 +1037,16 @@ pub async fn snapshots(State(st): State<ApiState>, Query(q): Query<PageQuery>) -
         list.reverse();
         let u = url(&name);
         let mut o = format!(
-            "<section class=\"card\"><h2>{n}</h2><p class=\"kv\"><span>{own_total} snapshots</span>\
+            "<section class=\"card\"><h2>{n}</h2><p class=\"kv\"><span>{own_total} snapshot(s)</span>\
              <span>they use {snapused}</span><span>written since the newest: {written}</span>\
              <span><a href=\"/dataset?name={u}\">properties</a></span></p>",
             n = esc(&name),
             snapused = esc(prop(&d, "usedbysnapshots")),
             written = esc(prop(&d, "written")),
         );
-        let default_name = format!("manual-{}", time(html::now()).replace([' ', ':'], "").replace("UTC", "Z"));
+        let stamp = time(html::now());
+        // manual-2026-11-26T1405Z
+        let default_name = format!("manual-{}T{}{}Z", &stamp[..10], &stamp[11..13], &stamp[14..16]);
         o.push_str(
             &Action::new("POST", "/v1/snapshots", format!("cistern snapshot {name}@${{snap}}"))
                 .body(json!({"names": [format!("{name}@${{snap}}")], "recursive": "${bool:recursive}"}))
@@ -1287,7 +1310,7 @@ pub async fn users(State(st): State<ApiState>) -> Response {
                 .body(json!({"name": "${name}", "grants": "${grants:grants}"}))
                 .then("secret")
                 .form("<label>Name <input name=\"name\" required size=\"14\"></label>\
-                       <label>Grants (<code>bucket=ro|rw</code>, comma-separated; <code>*</code> for every bucket) \
+                       <label><span>Grants (<code>bucket=ro|rw</code>, comma-separated; <code>*</code>: every bucket)</span>\
                        <input name=\"grants\" size=\"24\" placeholder=\"photos=rw,logs=ro\"></label>\
                        <button type=\"submit\">Add user</button>")
         );
