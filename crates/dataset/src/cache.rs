@@ -47,12 +47,18 @@ type L2List = Arc<RwLock<Vec<Arc<L2Device>>>>;
 struct Evictions {
     count: Arc<AtomicU64>,
     l2: L2List,
+    /// Datasets whose blocks never leave memory: the ARC holds encrypted
+    /// datasets' plaintext, which must not reach a cache device (decision 0026).
+    private: Arc<RwLock<std::collections::HashSet<u64>>>,
 }
 
 impl Lifecycle<Key, Arc<Vec<u8>>> for Evictions {
     type RequestState = ();
     fn on_evict(&self, _state: &mut (), key: Key, val: Arc<Vec<u8>>) {
         self.count.fetch_add(1, Ordering::Relaxed);
+        if self.private.read().contains(&key.0) {
+            return;
+        }
         let l2 = self.l2.read();
         if !l2.is_empty() {
             let i = (key.2 ^ key.4) as usize % l2.len();
@@ -165,6 +171,14 @@ impl BlockCache {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         got
+    }
+
+    /// Keeps dataset `ds`'s blocks out of the L2ARC (its plaintext stays in
+    /// memory); called before any of its blocks is cached.
+    pub fn keep_in_memory(&self, ds: u64) {
+        if !self.evictions.private.read().contains(&ds) {
+            self.evictions.private.write().insert(ds);
+        }
     }
 
     /// Whether a block is cached, without counting or touching its recency (prefetch).

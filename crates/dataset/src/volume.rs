@@ -122,6 +122,9 @@ fn read_committed(
     };
     // Encrypted datasets: blocks open with their root's key (decision 0026).
     let key = p.key_of(ds)?;
+    if key.is_some() {
+        p.cache.keep_in_memory(ds);
+    }
     let unseal = |b: u64| {
         Some(block::Unseal {
             key: key.as_deref(),
