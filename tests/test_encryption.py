@@ -14,7 +14,7 @@ from pathlib import Path
 import nbd
 import pytest
 
-from helpers import KiB, MiB, connected
+from helpers import KiB, MiB, connected, wait_until
 from test_faults import corrupt, read_label, scrub, status, devices, wait_committed
 
 PASS = "correct horse battery"
@@ -356,3 +356,30 @@ def test_encrypted_filesystem_round_trips_through_fuse(mirror, tmp_path):
     finally:
         d.cli("unmount", "-f", mnt, check=False)
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+
+
+def test_encrypted_plaintext_never_reaches_a_cache_device(make_daemon, disks, tmp_path):
+    """The ARC holds decrypted blocks; what it evicts feeds the L2ARC. An
+    encrypted dataset's blocks must stay in memory (a plain one's do go, so
+    the test can fail)."""
+    d = make_daemon(config=(
+        "[engine]\ntxg_timeout_secs = 0.2\ncache_max_bytes = \"16M\"\ncache_min_bytes = \"16M\"\n"
+        "prefetch_max_bytes = 0\nl2arc_write_max_bytes = \"1G\"\n"
+    ))
+    d.cli("pool", "create", "-s", "512M", "tank", disks / "d0")
+    l2 = tmp_path / "l2.img"
+    with open(l2, "wb") as f:
+        f.truncate(256 * MiB)
+    d.cli("pool", "add", "tank", "cache", l2)
+    n = 40 * MiB
+    create_encrypted(d, "tank/secret", "-V", str(n), "-o", "compression=off")
+    d.cli("create", "-V", str(n), "-o", "compression=off", "tank/plain")
+    secret, plain = secret_pattern(11, n), secret_pattern(12, n)
+    write(d, "tank/secret", secret)
+    write(d, "tank/plain", plain)
+    wait_committed(d)
+    for _ in range(2):  # through a 16 MiB ARC: evicted blocks are offered to the cache device
+        assert read(d, "tank/plain", n) == plain
+        assert read(d, "tank/secret", n) == secret
+    wait_until(lambda: device_contains([l2], MARK + b"0012-"), 30, what="the plain volume's blocks on the L2ARC")
+    assert not device_contains([l2], MARK + b"0011-"), "encrypted plaintext written to the cache device"
