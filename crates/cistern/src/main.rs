@@ -2,7 +2,7 @@
 //! that talks to it over the management API.
 
 mod cmd;
-mod config;
+use cistern::config;
 mod format;
 mod nbd_adapter;
 mod nbd_metrics;

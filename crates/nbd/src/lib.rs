@@ -39,6 +39,8 @@
 
 use std::sync::Arc;
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod limits;
 pub mod proto;
