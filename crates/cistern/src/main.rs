@@ -2,8 +2,8 @@
 //! that talks to it over the management API.
 
 mod cmd;
-mod config;
 mod exposure;
+use cistern::config;
 mod format;
 mod nbd_adapter;
 mod nbd_metrics;

@@ -114,6 +114,81 @@ fn parse_header(b: &[u8], expect_seq: u64) -> Option<(RecordKind, u64, u64, u64,
     Some((kind, u64_at(16), u64_at(24), u64_at(32), payload_len))
 }
 
+/// What replay found: the records, and where the next record goes.
+struct Replay {
+    records: Vec<LogRecord>,
+    pos: u64,
+    seq: u64,
+}
+
+/// Walks the records of a region of `size` bytes from `cp` (see
+/// [`IntentLog::open`]). `read(pos, buf, verify)` fills `buf` from `pos`
+/// with a copy that `verify` accepts and says whether it found one.
+/// Every position and sequence number comes from the region, so the
+/// arithmetic on them is checked: a record that would overflow ends replay.
+fn replay(
+    size: u64,
+    pool_guid: u64,
+    cp: Checkpoint,
+    mut read: impl FnMut(u64, &mut [u8], &dyn Fn(&[u8]) -> bool) -> bool,
+) -> Replay {
+    let mut records = Vec::new();
+    let mut seq = cp.expect_seq;
+    let mut pos = cp.replay_pos;
+    let mut scanned = 0u64;
+    let fits = |pos: u64, len: u64| pos.checked_add(len).is_some_and(|end| end <= size);
+    // Bounded: a lap of the region plus one jump per record at most.
+    while scanned <= size.saturating_mul(2) && fits(pos, HEADER as u64) {
+        let mut header = [0u8; HEADER];
+        let verify_header = |b: &[u8]| parse_header(b, seq).is_some();
+        if !read(pos, &mut header, &verify_header) {
+            break;
+        }
+        let Some((kind, dataset, offset, length, payload_len)) = parse_header(&header, seq) else {
+            break;
+        };
+        let total = HEADER + payload_len;
+        if !fits(pos, total as u64) {
+            break;
+        }
+        let mut rec = vec![0u8; total];
+        let verify = |b: &[u8]| {
+            parse_header(b, seq).is_some()
+                && checksum(pool_guid, &b[..48], &b[HEADER..]) == b[48..80]
+        };
+        if !read(pos, &mut rec, &verify) {
+            break;
+        }
+        scanned += total as u64;
+        if kind == RecordKind::Jump {
+            if !fits(offset, HEADER as u64) || length < seq {
+                break;
+            }
+            pos = offset;
+            seq = length;
+            continue;
+        }
+        if seq >= cp.applied_seq {
+            records.push(LogRecord {
+                seq,
+                kind,
+                dataset,
+                offset,
+                length,
+                payload: rec.split_off(HEADER),
+            });
+        }
+        // The last sequence number cannot be followed by another record.
+        let Some(next) = seq.checked_add(1) else {
+            pos += total as u64;
+            break;
+        };
+        seq = next;
+        pos += total as u64;
+    }
+    Replay { records, pos, seq }
+}
+
 struct Pending {
     seq: u64,
     bytes: Vec<u8>,
@@ -197,58 +272,9 @@ impl IntentLog {
         request_txg: Box<dyn Fn() + Send + Sync>,
     ) -> (Arc<IntentLog>, Vec<LogRecord>) {
         let size = region.size();
-        let mut records = Vec::new();
-        let mut seq = cp.expect_seq;
-        let mut pos = cp.replay_pos;
-        let mut scanned = 0u64;
-        // Bounded: a lap of the region plus one jump per record at most.
-        while scanned <= 2 * size && pos + HEADER as u64 <= size {
-            let mut header = [0u8; HEADER];
-            let verify_header = |b: &[u8]| parse_header(b, seq).is_some();
-            if region
-                .read_verified(pos, &mut header, verify_header)
-                .is_err()
-            {
-                break;
-            }
-            let Some((kind, dataset, offset, length, payload_len)) = parse_header(&header, seq)
-            else {
-                break;
-            };
-            let total = HEADER + payload_len;
-            if pos + total as u64 > size {
-                break;
-            }
-            let mut rec = vec![0u8; total];
-            let verify = |b: &[u8]| {
-                parse_header(b, seq).is_some()
-                    && checksum(pool_guid, &b[..48], &b[HEADER..]) == b[48..80]
-            };
-            if region.read_verified(pos, &mut rec, verify).is_err() {
-                break;
-            }
-            scanned += total as u64;
-            if kind == RecordKind::Jump {
-                if offset + HEADER as u64 > size || length < seq {
-                    break;
-                }
-                pos = offset;
-                seq = length;
-                continue;
-            }
-            if seq >= cp.applied_seq {
-                records.push(LogRecord {
-                    seq,
-                    kind,
-                    dataset,
-                    offset,
-                    length,
-                    payload: rec.split_off(HEADER),
-                });
-            }
-            seq += 1;
-            pos += total as u64;
-        }
+        let Replay { records, pos, seq } = replay(size, pool_guid, cp, |pos, buf, verify| {
+            region.read_verified(pos, buf, verify).is_ok()
+        });
         tracing::info!(
             records = records.len(),
             from_seq = cp.applied_seq,
@@ -595,3 +621,45 @@ impl IntentLog {
 
 #[cfg(test)]
 mod tests;
+
+/// Entry points for the fuzz targets (`fuzz/`, decision 0027); not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Appends one record as [`IntentLog::append`] writes it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode_record(
+        pool_guid: u64,
+        kind: RecordKind,
+        seq: u64,
+        dataset: u64,
+        offset: u64,
+        length: u64,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) {
+        encode(pool_guid, kind, seq, dataset, offset, length, payload, out)
+    }
+
+    /// The record kind of a kind byte.
+    pub fn record_kind(v: u8) -> Option<RecordKind> {
+        RecordKind::from_u8(v)
+    }
+
+    /// Replays a log region held in memory as [`IntentLog::open`] does:
+    /// the records, the position of the next record and its sequence number.
+    pub fn replay(region: &[u8], pool_guid: u64, cp: Checkpoint) -> (Vec<LogRecord>, u64, u64) {
+        let r = super::replay(region.len() as u64, pool_guid, cp, |pos, buf, verify| {
+            let Some(src) = usize::try_from(pos)
+                .ok()
+                .and_then(|p| region.get(p..p.checked_add(buf.len())?))
+            else {
+                return false;
+            };
+            buf.copy_from_slice(src);
+            verify(buf)
+        });
+        (r.records, r.pos, r.seq)
+    }
+}

@@ -47,6 +47,8 @@
 
 use std::sync::Arc;
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod limits;
 pub mod proto;

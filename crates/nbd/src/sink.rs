@@ -249,8 +249,7 @@ impl<'a> Encoder<'a> {
     }
 }
 
-/// Encodes a reply into one contiguous byte vector (tests and the slow path).
-#[cfg(test)]
+/// Encodes a reply into one contiguous byte vector (tests and the fuzzer).
 pub(crate) fn encode_to_vec(r: &Reply) -> Vec<u8> {
     let mut e = Encoder::new();
     e.encode(r);

@@ -24,7 +24,7 @@ use tracing::debug;
 use crate::handshake::Negotiated;
 use crate::limits::{BadClients, Shared};
 use crate::proto::*;
-use crate::sink::{Permits, ReadMode, Reply, Sink, Wire};
+use crate::sink::{encode_to_vec, Permits, ReadMode, Reply, Sink, Wire};
 use crate::stats::{stats, ServerStats};
 use crate::{BlockExport, ExportError, ReadChunk, ServerConfig, StatusExtent};
 
@@ -302,30 +302,17 @@ where
         }
 
         // ---- checks that need no export call, then the payload
-        match req.command {
-            Command::Unknown(t) => {
-                early(Fail::new(EINVAL, format!("unknown command {t}")), permits);
+        match check_header(&req, structured) {
+            Ok(()) => {}
+            Err(Refused::Answer(f)) => {
+                early(f, permits);
                 continue;
             }
-            Command::Write if req.len > MAX_PAYLOAD => {
-                // The payload cannot be skipped safely: answer, then hard disconnect.
-                let msg = format!(
-                    "write of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
-                    req.len
-                );
-                early(Fail::new(EINVAL, msg.clone()), permits);
+            Err(Refused::Disconnect(f)) => {
+                let msg = f.message.clone();
+                early(f, permits);
                 break End::Protocol(msg);
             }
-            Command::Read if req.len > MAX_PAYLOAD => {
-                let errno = if structured { EOVERFLOW } else { EINVAL };
-                let msg = format!(
-                    "read of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
-                    req.len
-                );
-                early(Fail::new(errno, msg), permits);
-                continue;
-            }
-            _ => {}
         }
 
         let payload = if req.command == Command::Write {
@@ -343,15 +330,8 @@ where
             Vec::new()
         };
 
-        let bad = req.flags & !req.command.allowed_flags(structured);
-        if bad != 0 {
-            early(
-                Fail::new(
-                    EINVAL,
-                    format!("flags {bad:#x} are not valid for {}", req.command.name()),
-                ),
-                permits,
-            );
+        if let Err(f) = check_flags(&req, structured) {
+            early(f, permits);
             continue;
         }
 
@@ -409,6 +389,112 @@ where
             )),
         },
     }
+}
+
+/// A request refused before its payload is read or the export is called.
+enum Refused {
+    /// Answer with this error and go on with the next request.
+    Answer(Fail),
+    /// Answer, then hard disconnect: the payload cannot be skipped safely.
+    Disconnect(Fail),
+}
+
+/// Checks of a request header that need neither its payload nor the export.
+fn check_header(req: &Request, structured: bool) -> Result<(), Refused> {
+    match req.command {
+        Command::Unknown(t) => Err(Refused::Answer(Fail::new(
+            EINVAL,
+            format!("unknown command {t}"),
+        ))),
+        Command::Write if req.len > MAX_PAYLOAD => Err(Refused::Disconnect(Fail::new(
+            EINVAL,
+            format!(
+                "write of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
+                req.len
+            ),
+        ))),
+        Command::Read if req.len > MAX_PAYLOAD => {
+            let errno = if structured { EOVERFLOW } else { EINVAL };
+            Err(Refused::Answer(Fail::new(
+                errno,
+                format!(
+                    "read of {} bytes exceeds the maximum payload {MAX_PAYLOAD}",
+                    req.len
+                ),
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Command flags the command does not take (checked once the payload is read).
+fn check_flags(req: &Request, structured: bool) -> Result<(), Fail> {
+    let bad = req.flags & !req.command.allowed_flags(structured);
+    if bad != 0 {
+        return Err(Fail::new(
+            EINVAL,
+            format!("flags {bad:#x} are not valid for {}", req.command.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// The transmission phase without a socket, for the fuzzer (crate::fuzzing):
+/// decodes requests from `stream` as [`run`] does (header, the same checks,
+/// the WRITE payload), executes each on `export` and returns the encoded
+/// replies. Stops where [`run`] would end the connection.
+pub(crate) fn run_on_bytes(
+    export: Arc<dyn BlockExport>,
+    structured: bool,
+    contexts: Vec<(u32, String)>,
+    mut stream: &[u8],
+) -> Vec<Vec<u8>> {
+    let session = Session {
+        export,
+        structured,
+        contexts,
+        revoked: None,
+    };
+    let mut replies = Vec::new();
+    while stream.len() >= Request::SIZE {
+        let (hdr, rest) = stream.split_at(Request::SIZE);
+        stream = rest;
+        let mut h = [0u8; Request::SIZE];
+        h.copy_from_slice(hdr);
+        let Ok(req) = Request::parse(&h) else { break };
+        if req.command == Command::Disc {
+            break;
+        }
+        let refused = match check_header(&req, structured) {
+            Ok(()) => None,
+            Err(Refused::Answer(f)) => Some((f, false)),
+            Err(Refused::Disconnect(f)) => Some((f, true)),
+        };
+        if let Some((f, disconnect)) = refused {
+            replies.push(encode_to_vec(&error_reply(structured, req.handle, f)));
+            if disconnect {
+                break;
+            }
+            continue;
+        }
+        let payload = if req.command == Command::Write {
+            let n = req.len as usize;
+            if stream.len() < n {
+                break;
+            }
+            let (p, rest) = stream.split_at(n);
+            stream = rest;
+            p.to_vec()
+        } else {
+            Vec::new()
+        };
+        let reply = match check_flags(&req, structured) {
+            Ok(()) => execute(&session, &req, payload),
+            Err(f) => error_reply(structured, req.handle, f),
+        };
+        replies.push(encode_to_vec(&reply));
+    }
+    replies
 }
 
 /// Aborts the task when dropped (so an aborted connection takes its drain

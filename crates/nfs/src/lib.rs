@@ -21,6 +21,8 @@
 //! LICENSE-nfs3_server): see the notes at the top of `rpc.rs` and `proc.rs`.
 
 pub mod exports;
+#[doc(hidden)]
+pub mod fuzzing;
 mod proc;
 pub mod rpc;
 

@@ -37,9 +37,13 @@ const MISS_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 // ------------------------------------------------------------ handles
 
 fn fh(e: &Export, ino: u64, generation: u64) -> nfs_fh3 {
+    fh_of(e.guid, e.dataset_id(), ino, generation)
+}
+
+pub(crate) fn fh_of(pool_guid: u64, dataset: u64, ino: u64, generation: u64) -> nfs_fh3 {
     let mut b = Vec::with_capacity(FH_LEN);
     b.extend_from_slice(&[FH_VERSION, 0, 0, 0]);
-    for v in [e.guid, e.dataset_id(), ino, generation] {
+    for v in [pool_guid, dataset, ino, generation] {
         b.extend_from_slice(&v.to_be_bytes());
     }
     nfs_fh3 {
@@ -48,7 +52,7 @@ fn fh(e: &Export, ino: u64, generation: u64) -> nfs_fh3 {
 }
 
 /// (pool guid, dataset id, inode, generation).
-fn parse_fh(h: &[u8]) -> Result<[u64; 4], nfsstat3> {
+pub(crate) fn parse_fh(h: &[u8]) -> Result<[u64; 4], nfsstat3> {
     if h.len() != FH_LEN || h[0] != FH_VERSION {
         return Err(nfsstat3::NFS3ERR_BADHANDLE);
     }

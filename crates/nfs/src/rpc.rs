@@ -175,11 +175,148 @@ impl Call {
 
     /// Decodes the arguments; all of the record must be used.
     pub fn args<T: Unpack>(&mut self) -> Result<T, String> {
+        let start = (self.args.position() as usize).min(self.args.get_ref().len());
+        check_opaque_lengths(
+            (self.prog, self.vers, self.proc_),
+            &self.args.get_ref()[start..],
+        )?;
         let (v, _) = T::unpack(&mut self.args).map_err(|e| e.to_string())?;
         if self.args.position() != self.args.get_ref().len() as u64 {
             return Err("bytes left after the arguments".into());
         }
         Ok(v)
+    }
+}
+
+/// One field of a procedure's arguments, as far as lengths go.
+#[derive(Clone, Copy)]
+enum F {
+    /// Fixed size, in bytes.
+    Fixed(usize),
+    /// A variable-length opaque or string (file handle, name, path, data).
+    Opaque,
+    /// sattr3: optional mode, uid, gid, size, then atime and mtime.
+    Sattr,
+    /// sattrguard3: optional ctime.
+    Guard,
+    /// createhow3: UNCHECKED/GUARDED sattr3, or EXCLUSIVE verifier.
+    CreateHow,
+    /// mknoddata3: device attributes and numbers, sattr3, or nothing.
+    MknodData,
+}
+
+/// The argument layout of each procedure the server answers (RFC 1813,
+/// MOUNT v3, portmap v2): only to find the opaque lengths.
+fn layout(call: (u32, u32, u32)) -> &'static [F] {
+    use nfs3_types::{mount, nfs3, portmap};
+    use F::*;
+    match call {
+        (portmap::PROGRAM, portmap::VERSION, 3) => &[Fixed(16)],
+        (mount::PROGRAM, mount::VERSION, 1 | 2) => &[Opaque],
+        (nfs3::PROGRAM, nfs3::VERSION, p) => match p {
+            1 | 5 | 18..=20 => &[Opaque],
+            2 => &[Opaque, Sattr, Guard],
+            3 | 12 | 13 => &[Opaque, Opaque],
+            4 => &[Opaque, Fixed(4)],
+            6 | 21 => &[Opaque, Fixed(12)],
+            7 => &[Opaque, Fixed(16), Opaque],
+            8 => &[Opaque, Opaque, CreateHow],
+            9 => &[Opaque, Opaque, Sattr],
+            10 => &[Opaque, Opaque, Sattr, Opaque],
+            11 => &[Opaque, Opaque, MknodData],
+            14 => &[Opaque, Opaque, Opaque, Opaque],
+            15 => &[Opaque, Opaque, Opaque],
+            16 => &[Opaque, Fixed(20)],
+            17 => &[Opaque, Fixed(24)],
+            _ => &[],
+        },
+        _ => &[],
+    }
+}
+
+/// Refuses arguments that declare an opaque longer than what is left of
+/// the record, before nfs3_types decodes them: its decoder allocates the
+/// declared length first (up to 4 GiB per field, which can abort the
+/// daemon on a small host). Anything else malformed (a short record, a bad
+/// discriminant) is left to the decoder, which stops at the same place.
+fn check_opaque_lengths(call: (u32, u32, u32), args: &[u8]) -> Result<(), String> {
+    let mut w = Walker { args, at: 0 };
+    match layout(call).iter().try_for_each(|f| w.field(*f)) {
+        Err(Stop::TooLong(msg)) => Err(msg),
+        Ok(()) | Err(Stop::Short) => Ok(()),
+    }
+}
+
+enum Stop {
+    /// The record ends (or a discriminant is bad) before the layout does.
+    Short,
+    TooLong(String),
+}
+
+struct Walker<'a> {
+    args: &'a [u8],
+    at: usize,
+}
+
+impl Walker<'_> {
+    fn u32(&mut self) -> Result<u32, Stop> {
+        be_u32(self.args, &mut self.at).ok_or(Stop::Short)
+    }
+
+    fn skip(&mut self, n: usize) -> Result<(), Stop> {
+        self.at = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.args.len())
+            .ok_or(Stop::Short)?;
+        Ok(())
+    }
+
+    fn sattr(&mut self) -> Result<(), Stop> {
+        for size in [4, 4, 4, 8] {
+            if self.u32()? != 0 {
+                self.skip(size)?;
+            }
+        }
+        for _ in 0..2 {
+            if self.u32()? == 2 {
+                self.skip(8)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn field(&mut self, f: F) -> Result<(), Stop> {
+        match f {
+            F::Fixed(n) => self.skip(n),
+            F::Opaque => {
+                let len = self.u32()? as usize;
+                let left = self.args.len() - self.at;
+                if len > left {
+                    return Err(Stop::TooLong(format!(
+                        "an opaque of {len} bytes where {left} are left in the record"
+                    )));
+                }
+                self.skip(len.div_ceil(4) * 4)
+            }
+            F::Sattr => self.sattr(),
+            F::Guard => match self.u32()? {
+                0 => Ok(()),
+                _ => self.skip(8),
+            },
+            F::CreateHow => match self.u32()? {
+                0 | 1 => self.sattr(),
+                _ => self.skip(8),
+            },
+            F::MknodData => match self.u32()? {
+                3 | 4 => {
+                    self.sattr()?;
+                    self.skip(8)
+                }
+                6 | 7 => self.sattr(),
+                _ => Err(Stop::Short),
+            },
+        }
     }
 }
 
@@ -289,5 +426,48 @@ mod tests {
         let mut long = b;
         long[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(decode_unix(&long), None);
+    }
+
+    fn call(proc_: u32, args: &[u32], tail: &[u8]) -> Call {
+        let mut r = Vec::new();
+        // xid, CALL, rpcvers 2, NFS 3, proc, AUTH_NULL, empty, AUTH_NULL verifier, empty
+        for v in [1u32, 0, 2, 100_003, 3, proc_, 0, 0, 0, 0] {
+            r.extend_from_slice(&v.to_be_bytes());
+        }
+        for v in args {
+            r.extend_from_slice(&v.to_be_bytes());
+        }
+        r.extend_from_slice(tail);
+        Call::parse(r).expect("a call")
+    }
+
+    #[test]
+    fn opaque_lengths_past_the_record_are_refused_before_decoding() {
+        use nfs3_types::nfs3::{GETATTR3args, WRITE3args};
+        // GETATTR with a handle that claims 4 GiB - 16: refused by length.
+        let e = call(1, &[u32::MAX - 15], &[0; 8])
+            .args::<GETATTR3args>()
+            .unwrap_err();
+        assert!(e.contains("opaque of 4294967280 bytes"), "{e}");
+        // WRITE whose data claims more than the record holds.
+        let fh = [0u8; 36];
+        let mut w = call(7, &[36], &fh);
+        w.args.get_mut().extend_from_slice(&[0; 8]); // offset
+        for v in [5u32, 0, 1 << 30] {
+            w.args.get_mut().extend_from_slice(&v.to_be_bytes());
+        }
+        let e = w.args::<WRITE3args<'static>>().unwrap_err();
+        assert!(e.contains("opaque of 1073741824 bytes"), "{e}");
+        // The same WRITE with its 5 bytes (padded to 8) decodes.
+        let mut w = call(7, &[36], &fh);
+        w.args.get_mut().extend_from_slice(&[0; 8]);
+        for v in [5u32, 0, 5] {
+            w.args.get_mut().extend_from_slice(&v.to_be_bytes());
+        }
+        w.args.get_mut().extend_from_slice(b"hello\0\0\0");
+        let a = w.args::<WRITE3args<'static>>().expect("decodes");
+        assert_eq!(&a.data[..], b"hello");
+        // A short record is left to the decoder, which says so.
+        assert!(call(1, &[36], &[0; 4]).args::<GETATTR3args>().is_err());
     }
 }

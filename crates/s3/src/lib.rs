@@ -12,6 +12,8 @@ pub mod store;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+#[doc(hidden)]
+pub use service::fuzzing;
 pub use service::Cistern;
 
 /// The `[s3]` section of the config.

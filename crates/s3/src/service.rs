@@ -2534,6 +2534,40 @@ fn check_content_md5(claimed: Option<&str>, md5: &[u8; 16]) -> S3Result<()> {
     Ok(())
 }
 
+/// Entry points for the fuzz targets (`fuzz/`, decision 0027): what this
+/// crate parses from requests itself (s3s parses the XML bodies and the
+/// HTTP framing). Not part of the API.
+pub mod fuzzing {
+    use super::*;
+
+    /// `x-amz-tagging`; `Err`: the S3 error code.
+    pub fn tagging_header(s: &str) -> Result<Vec<(String, String)>, String> {
+        parse_tagging_header(s).map_err(|e| format!("{:?}", e.code()))
+    }
+
+    /// `x-amz-copy-source-range` against an object of `size` bytes.
+    pub fn copy_range(r: &str, size: u64) -> Result<(u64, u64), String> {
+        parse_copy_range(r, size).map_err(|e| format!("{:?}", e.code()))
+    }
+
+    /// A ListObjectsV2 continuation token, and how one is made.
+    pub fn decode_token(s: &str) -> Result<String, String> {
+        token_decode(s).map_err(|e| format!("{:?}", e.code()))
+    }
+    pub fn encode_token(s: &str) -> String {
+        token_encode(s)
+    }
+
+    pub fn key(s: &str) -> Result<(), String> {
+        check_key(s).map_err(|e| format!("{:?}", e.code()))
+    }
+
+    /// A Content-MD5 header against the body's digest.
+    pub fn content_md5(claimed: &str, md5: &[u8; 16]) -> Result<(), String> {
+        check_content_md5(Some(claimed), md5).map_err(|e| format!("{:?}", e.code()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -187,8 +187,12 @@ enum Decoded {
 }
 
 fn decode(buf: &[u8]) -> Decoded {
-    if &buf[..8] != MAGIC {
-        return if buf[..HEADER].iter().all(|&b| b == 0) {
+    // Callers read LABEL_SIZE bytes; anything shorter is no label.
+    let Some(head) = buf.get(..HEADER) else {
+        return Decoded::Damaged;
+    };
+    if &head[..8] != MAGIC {
+        return if head.iter().all(|&b| b == 0) {
             Decoded::Blank
         } else {
             Decoded::Damaged
@@ -199,7 +203,7 @@ fn decode(buf: &[u8]) -> Decoded {
         return Decoded::Newer(version);
     }
     let len = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
-    let Some(json) = buf.get(HEADER..HEADER + len) else {
+    let Some(json) = HEADER.checked_add(len).and_then(|end| buf.get(HEADER..end)) else {
         return Decoded::Damaged;
     };
     if blake3::hash(json).as_bytes() != &buf[16..48] {
@@ -209,6 +213,25 @@ fn decode(buf: &[u8]) -> Decoded {
         Ok(label) => Decoded::Label(Box::new(label)),
         Err(_) => Decoded::Damaged,
     }
+}
+
+/// Decodes one label area (the fuzzing entry, decision 0027): `Ok(None)`
+/// blank, errors as [`read_label`] gives them for a device named `path`.
+pub(crate) fn decode_area(path: &str, buf: &[u8]) -> Result<Option<Label>, LabelError> {
+    match decode(buf) {
+        Decoded::Label(label) => Ok(Some(*label)),
+        Decoded::Blank => Ok(None),
+        Decoded::Damaged => Err(LabelError::Damaged(path.to_owned())),
+        Decoded::Newer(version) => Err(LabelError::UnsupportedVersion {
+            path: path.to_owned(),
+            version,
+        }),
+    }
+}
+
+/// The label area as written at both ends of a device (LABEL_SIZE bytes).
+pub(crate) fn encode_area(label: &Label) -> Result<Vec<u8>, LabelError> {
+    encode(label)
 }
 
 pub(crate) fn read_label(vdev: &Vdev) -> Result<Label, LabelError> {

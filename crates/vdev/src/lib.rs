@@ -7,6 +7,31 @@ pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
     LABEL_VERSION_PLAIN, LABEL_VERSION_RAIDZ,
 };
+/// Entry points for the fuzz targets (`fuzz/`, decision 0027); not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::{Label, LabelError, MmpStamp};
+
+    /// One label area as read from a device: `Ok(None)` when blank.
+    pub fn decode_label(area: &[u8]) -> Result<Option<Label>, LabelError> {
+        crate::label::decode_area("fuzz", area)
+    }
+
+    /// The label area written at both ends of a device.
+    pub fn encode_label(label: &Label) -> Result<Vec<u8>, LabelError> {
+        crate::label::encode_area(label)
+    }
+
+    /// The MMP slot: `None` when blank, damaged or newer.
+    pub fn decode_mmp(slot: &[u8]) -> Option<MmpStamp> {
+        crate::mmp::decode(slot)
+    }
+
+    pub fn encode_mmp(stamp: &MmpStamp) -> Vec<u8> {
+        crate::mmp::encode(stamp).as_slice().to_vec()
+    }
+}
+
 pub use mmp::{MmpKind, MmpStamp, Owner, PoolState, MMP_SLOT_OFFSET, MMP_SLOT_SIZE, MMP_VERSION};
 
 use std::fs::{File, OpenOptions};

@@ -69,7 +69,7 @@ pub struct MmpStamp {
     pub owner: Owner,
 }
 
-fn encode(stamp: &MmpStamp) -> AlignedBuf {
+pub(crate) fn encode(stamp: &MmpStamp) -> AlignedBuf {
     let mut buf = AlignedBuf::zeroed(MMP_SLOT_SIZE as usize);
     // A stamp is a few hundred bytes; a hostname is at most 255 (serde_json never fails here).
     let json = serde_json::to_vec(stamp).unwrap_or_default();
@@ -85,12 +85,14 @@ fn encode(stamp: &MmpStamp) -> AlignedBuf {
 
 /// `None`: blank, damaged or of a newer version (a torn slot is as good as
 /// none; the next stamp rewrites it).
-fn decode(b: &[u8]) -> Option<MmpStamp> {
-    if &b[..8] != MAGIC || u32::from_le_bytes([b[8], b[9], b[10], b[11]]) != MMP_VERSION {
+pub(crate) fn decode(b: &[u8]) -> Option<MmpStamp> {
+    if b.get(..HEADER)?[..8] != MAGIC[..]
+        || u32::from_le_bytes([b[8], b[9], b[10], b[11]]) != MMP_VERSION
+    {
         return None;
     }
     let len = u32::from_le_bytes([b[12], b[13], b[14], b[15]]) as usize;
-    let json = b.get(HEADER..HEADER + len)?;
+    let json = b.get(HEADER..HEADER.checked_add(len)?)?;
     if blake3::hash(json).as_bytes() != &b[16..48] {
         return None;
     }
