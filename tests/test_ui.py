@@ -342,6 +342,11 @@ def test_dashboard(make_daemon, tmp_path, browser):
     b.get(base + "/bench")
     assert b.find_elements(By.CSS_SELECTOR, "img.bench")
     wait(lambda: b.execute_script("return document.querySelector('img.bench').naturalWidth > 0"), what="the chart")
+    # The provisioning table: nodes like this one for a target, as `cistern bench provision`.
+    b.get(base + "/bench?target=1000000&confidence=0.99")
+    assert "Provisioning" in b.page_source and "best case" in b.page_source
+    rows = b.find_elements(By.XPATH, "//h2[text()='Provisioning']/following-sibling::table//tr[td]")
+    assert rows and rows[0].find_elements(By.TAG_NAME, "td")[2].text.isdigit(), b.page_source[-2000:]
     shot(b, "09-bench")
     for path, name in (("/policies", "08-policies"), ("/shares", "10-shares")):
         b.get(base + path)

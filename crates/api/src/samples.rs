@@ -1,7 +1,7 @@
 //! The last hour of I/O rates per pool and of each device's state and
 //! error counters, sampled from the counters the daemon already keeps
 //! (`PoolStats` read/write bytes, the NBD server's request counters,
-//! `pool status`): what the web dashboard's live charts draw
+//! `pool status`, the per-device counters of `pool iostat`): what the web dashboard's live charts draw
 //! (`GET /v1/samples`). Bounded: [`KEEP`] samples per pool and for NBD.
 
 use dataset::Engine;
@@ -23,6 +23,15 @@ pub struct DeviceSample {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// Operations and bytes per second to this device over the interval (`pool iostat`).
+    #[serde(default)]
+    pub read_iops: f64,
+    #[serde(default)]
+    pub write_iops: f64,
+    #[serde(default)]
+    pub read_bps: f64,
+    #[serde(default)]
+    pub write_bps: f64,
 }
 
 /// One pool over one interval.
@@ -55,8 +64,14 @@ pub struct History {
     pub pools: BTreeMap<String, Vec<PoolSample>>,
 }
 
-/// The counters at one sample: when, per pool (read, write) bytes, NBD counters.
-type Counters = (Instant, HashMap<String, (u64, u64)>, [u64; 4]);
+/// The counters at one sample: when, per pool (read, write) bytes, NBD
+/// counters, per (pool, device path) [read ops, write ops, read bytes, write bytes].
+type Counters = (
+    Instant,
+    HashMap<String, (u64, u64)>,
+    [u64; 4],
+    HashMap<(String, String), [u64; 4]>,
+);
 
 #[derive(Default)]
 struct Rings {
@@ -105,7 +120,16 @@ impl Samples {
         ];
         let mut counters = HashMap::new();
         let mut devices: HashMap<String, Vec<DeviceSample>> = HashMap::new();
+        let mut device_io: HashMap<(String, String), [u64; 4]> = HashMap::new();
         for s in &stats {
+            if let Ok(io) = engine.pool_iostat(&s.pool) {
+                for d in io.groups.iter().chain(&io.logs).flat_map(|g| &g.devices) {
+                    device_io.insert(
+                        (s.pool.clone(), d.name.clone()),
+                        [d.read_ops, d.write_ops, d.read_bytes, d.write_bytes],
+                    );
+                }
+            }
             counters.insert(s.pool.clone(), (s.read_bytes, s.write_bytes));
             if let Ok(st) = engine.pool_status(&s.pool) {
                 let devs = st
@@ -118,13 +142,17 @@ impl Samples {
                         read_errors: d.read_errors,
                         write_errors: d.write_errors,
                         checksum_errors: d.checksum_errors,
+                        read_iops: 0.0,
+                        write_iops: 0.0,
+                        read_bps: 0.0,
+                        write_bps: 0.0,
                     })
                     .collect();
                 devices.insert(s.pool.clone(), devs);
             }
         }
         let mut r = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((then, last_pools, last_nbd)) = &r.last {
+        if let Some((then, last_pools, last_nbd, last_io)) = &r.last {
             let secs = now.duration_since(*then).as_secs_f64().max(1e-3);
             let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
             let nbd = NbdSample {
@@ -135,6 +163,17 @@ impl Samples {
                 write_bps: rate(nbd_now[3], last_nbd[3]),
             };
             let mut pools = Vec::new();
+            for (pool, devs) in devices.iter_mut() {
+                for d in devs {
+                    let key = (pool.clone(), d.path.clone());
+                    if let (Some(now_io), Some(then_io)) = (device_io.get(&key), last_io.get(&key)) {
+                        d.read_iops = rate(now_io[0], then_io[0]);
+                        d.write_iops = rate(now_io[1], then_io[1]);
+                        d.read_bps = rate(now_io[2], then_io[2]);
+                        d.write_bps = rate(now_io[3], then_io[3]);
+                    }
+                }
+            }
             for s in &stats {
                 let (lr, lw) = last_pools
                     .get(&s.pool)
@@ -158,7 +197,7 @@ impl Samples {
                 push(r.pools.entry(name).or_default(), sample);
             }
         }
-        r.last = Some((now, counters, nbd_now));
+        r.last = Some((now, counters, nbd_now, device_io));
     }
 
     /// Everything kept, or one pool's.

@@ -206,13 +206,23 @@ pub fn handshake(client: &[u8]) -> (HandshakeEnd, Vec<u8>) {
                 .build()
                 .expect("a current-thread runtime builds")
         });
-        rt.block_on(handshake::negotiate(
-            &mut rd,
-            &mut out,
-            peer,
-            &provider,
-            &mut shutdown,
-        ))
+        rt.block_on(async {
+            let no_zeroes = handshake::greet(&mut rd, &mut out).await?;
+            // A plaintext server without TLS: STARTTLS gets ERR_POLICY.
+            let ctx = handshake::Ctx {
+                provider: &provider,
+                client: crate::Client {
+                    peer,
+                    tls: false,
+                    common_name: None,
+                },
+                tls_available: false,
+                require: false,
+                no_zeroes,
+            };
+            let mut options_left = handshake::MAX_OPTIONS;
+            handshake::negotiate(&mut rd, &mut out, &ctx, &mut shutdown, &mut options_left).await
+        })
     });
     let end = match end {
         Ok(Outcome::Transmission(n)) => HandshakeEnd::Transmission {
@@ -221,6 +231,7 @@ pub fn handshake(client: &[u8]) -> (HandshakeEnd, Vec<u8>) {
             contexts: n.contexts.len(),
         },
         Ok(Outcome::Closed) => HandshakeEnd::Closed,
+        Ok(Outcome::StartTls) => HandshakeEnd::Error("STARTTLS acknowledged without TLS".into()),
         Err(e) => HandshakeEnd::Error(e.to_string()),
     };
     // Every reply the server sent is well formed: the greeting, then

@@ -298,6 +298,13 @@ async function refreshCharts() {
         { name: "read IOPS", color: "#3d8fc6", points: h.nbd.map(s => [s.t, s.read_iops]) },
         { name: "write IOPS", color: "#e0a030", points: h.nbd.map(s => [s.t, s.write_iops]) },
       ], count, now, 10);
+    } else if (kind === "device-io") {
+      const dev = svg.dataset.device;
+      const pick = (s, k) => { const d = s.devices.find(d => d.path === dev); return d ? (d[k] || 0) : 0; };
+      drawChart(svg, [
+        { name: "read ops/s", color: "#3d8fc6", points: pool.map(s => [s.t, pick(s, "read_iops")]) },
+        { name: "write ops/s", color: "#e0a030", points: pool.map(s => [s.t, pick(s, "write_iops")]) },
+      ], count, now, 10);
     } else if (kind === "device") {
       const dev = svg.dataset.device;
       const pick = (s, k) => { const d = s.devices.find(d => d.path === dev); return d ? d[k] : 0; };

@@ -669,22 +669,29 @@ fn devices_html(s: &PoolStatus) -> String {
             );
         }
     }
-    o.push_str("</table><h3>Per-device error counters, last hour</h3><div class=\"charts\">");
-    for g in &s.groups {
-        for d in &g.devices {
-            let path = d.path.display().to_string();
-            let _ = write!(
-                o,
-                "<figure><figcaption>{}</figcaption><svg class=\"chart small\" data-chart=\"device\" data-pool=\"{}\" \
-                 data-device=\"{}\" viewBox=\"0 0 600 170\"></svg></figure>",
-                esc(&path),
-                esc(pool),
-                esc(&path)
-            );
+    o.push_str("</table>");
+    for (title, kind) in [
+        ("Per-device I/O, last hour (operations/s)", "device-io"),
+        ("Per-device error counters, last hour", "device"),
+    ] {
+        let _ = write!(o, "<h3>{title}</h3><div class=\"charts\">");
+        for g in &s.groups {
+            for d in &g.devices {
+                let path = d.path.display().to_string();
+                let _ = write!(
+                    o,
+                    "<figure><figcaption>{}</figcaption><svg class=\"chart small\" data-chart=\"{kind}\" data-pool=\"{}\" \
+                     data-device=\"{}\" viewBox=\"0 0 600 170\"></svg></figure>",
+                    esc(&path),
+                    esc(pool),
+                    esc(&path)
+                );
+            }
         }
+        o.push_str("</div>");
     }
-    o.push_str("</div><p class=\"note\">Per-device I/O rates and latency come with <code>pool iostat</code>; \
-                until then the charts show each device's READ/WRITE/CKSUM error counters.</p></section>");
+    o.push_str("<p class=\"note\">The same counters as <code>cistern pool iostat -v</code> \
+                (latency histograms: <code>pool iostat -w</code>).</p></section>");
     o
 }
 
@@ -1417,8 +1424,79 @@ fn bench_dir(e: &Engine) -> std::path::PathBuf {
     e.state_dir().join("bench")
 }
 
-pub async fn bench(State(st): State<ApiState>) -> Response {
-    render(&st, "Bench results", "/bench".into(), |_, e| {
+/// `/bench?target=IOPS&confidence=C`: the provisioning question asked of the saved runs.
+#[derive(Debug, Deserialize)]
+pub struct BenchQuery {
+    pub target: Option<f64>,
+    pub confidence: Option<f64>,
+}
+
+/// The provisioning table of `cistern bench provision` over every saved run
+/// with per-second samples: nodes needed for `target` IOPS with `confidence`.
+fn provision_html(runs: &[&std::path::PathBuf], target: f64, confidence: f64) -> String {
+    use bench::provision::{estimate, Params};
+    // Fewer trials than the CLI's default: the page must answer at once;
+    // the exact column does not depend on them.
+    let p = Params {
+        target,
+        confidence,
+        seed: 1,
+        trials: 2_000,
+        buckets: 200,
+    };
+    let mut o = format!(
+        "<section class=\"card\"><h2>Provisioning</h2>\
+         <form method=\"get\" action=\"/bench\" class=\"inline\">\
+         <label>target IOPS <input name=\"target\" type=\"number\" min=\"1\" value=\"{target:.0}\"></label> \
+         <label>confidence <input name=\"confidence\" type=\"number\" step=\"0.001\" min=\"0.5\" max=\"0.9999\" value=\"{confidence}\"></label> \
+         <button>Recompute</button></form>\
+         <p>Nodes like the measured one needed for {target:.0} IOPS in a second with {pct:.1}% confidence \
+         (the same estimates as <code>cistern bench provision --target-iops {target:.0} --confidence {confidence}</code>).</p>\
+         <table><tr><th>run</th><th>seconds</th><th>best case</th><th>Monte Carlo</th><th>exact</th>\
+         <th>all-dip bound</th><th>ratio to best</th></tr>",
+        pct = confidence * 100.0
+    );
+    let cell = |r: &Result<(u64, f64), String>| match r {
+        Ok((n, _)) => n.to_string(),
+        Err(_) => "n/a".into(),
+    };
+    for path in runs {
+        let Ok(s) = bench::iops::load_samples(path) else { continue };
+        match estimate(&s.name, &s.per_second, &p) {
+            Ok(e) => {
+                let _ = write!(
+                    o,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    esc(&e.name),
+                    e.seconds,
+                    e.best_case,
+                    cell(&e.monte_carlo),
+                    cell(&e.exact),
+                    e.all_dip.map_or("none".into(), |n| n.to_string()),
+                    e.ratio().map_or("n/a".into(), |r| format!("{r:.2}"))
+                );
+            }
+            Err(err) => {
+                let _ = write!(
+                    o,
+                    "<tr><td>{}</td><td colspan=\"6\">{}</td></tr>",
+                    esc(&s.name),
+                    esc(&err.to_string())
+                );
+            }
+        }
+    }
+    o.push_str("</table></section>");
+    o
+}
+
+pub async fn bench(State(st): State<ApiState>, Query(q): Query<BenchQuery>) -> Response {
+    let target = q.target.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(100_000.0);
+    let confidence = q
+        .confidence
+        .filter(|c| *c > 0.0 && *c < 1.0)
+        .unwrap_or(0.99);
+    render(&st, "Bench results", "/bench".into(), move |_, e| {
         let dir = bench_dir(e);
         let mut o = format!(
             "<section class=\"card\"><p>Saved <code>cistern bench iops</code> runs in <code>{}</code> \
@@ -1439,6 +1517,9 @@ pub async fn bench(State(st): State<ApiState>) -> Response {
             o.push_str("<p>No saved runs yet.</p>");
         }
         o.push_str("</section>");
+        if !runs.is_empty() {
+            o.push_str(&provision_html(&runs, target, confidence));
+        }
         for p in runs {
             let Ok(text) = std::fs::read_to_string(p) else { continue };
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
