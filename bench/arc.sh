@@ -141,7 +141,7 @@ m = s['memory']
 print($1)"
 }
 read_bytes() {
-    curl -s "$CISTERN_API/metrics" | awk '/^cistern_pool_read_bytes_total\{pool="bench"\}/ {printf "%d", $2}'
+    curl -s -H "Authorization: Bearer $(cat "$DIR/state/api.token")" "$CISTERN_API/metrics" | awk '/^cistern_pool_read_bytes_total\{pool="bench"\}/ {printf "%d", $2}'
 }
 
 start_daemon

@@ -166,7 +166,8 @@ impl Samples {
             for (pool, devs) in devices.iter_mut() {
                 for d in devs {
                     let key = (pool.clone(), d.path.clone());
-                    if let (Some(now_io), Some(then_io)) = (device_io.get(&key), last_io.get(&key)) {
+                    if let (Some(now_io), Some(then_io)) = (device_io.get(&key), last_io.get(&key))
+                    {
                         d.read_iops = rate(now_io[0], then_io[0]);
                         d.write_iops = rate(now_io[1], then_io[1]);
                         d.read_bps = rate(now_io[2], then_io[2]);

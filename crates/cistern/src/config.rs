@@ -716,12 +716,18 @@ mod tests {
         assert!(err("[nbd]\ntls = \"maybe\"\n").contains("expected \"off\""));
         assert!(err("[nbd]\ntls = \"on\"\n").contains("needs tls_cert and tls_key"));
         assert!(err("[nbd]\ntls_ca = \"/ca.pem\"\n").contains("tls = \"off\""));
-        let e = err("[nbd]\ntls = \"require\"\ntls_cert = \"/nonexistent.pem\"\ntls_key = \"/k\"\n");
+        let e =
+            err("[nbd]\ntls = \"require\"\ntls_cert = \"/nonexistent.pem\"\ntls_key = \"/k\"\n");
         assert!(e.contains("/nonexistent.pem"), "{e}");
         assert!(err("[api]\ntls_cert = \"/c.pem\"\n").contains("both tls_cert and tls_key"));
         assert!(err("[s3]\ntls_key = \"/k.pem\"\n").contains("both tls_cert and tls_key"));
         // Without TLS keys everything stays off.
-        let r = resolve(Config::default(), Overrides::default(), Some(Path::new("/x"))).unwrap();
+        let r = resolve(
+            Config::default(),
+            Overrides::default(),
+            Some(Path::new("/x")),
+        )
+        .unwrap();
         assert!(r.nbd_server.tls.is_none() && r.api_tls.is_none());
     }
 

@@ -164,6 +164,8 @@ fn arbitrary_label(u: &mut Unstructured<'_>) -> arbitrary::Result<vdev::Label> {
         state,
         owner,
         generation: u.arbitrary()?,
+        logs: Vec::new(),
+        log_device: u.arbitrary()?,
     })
 }
 
@@ -261,6 +263,16 @@ fn arbitrary_bp(u: &mut Unstructured<'_>) -> arbitrary::Result<block::BlockPoint
         checksum: u.arbitrary()?,
         birth: u.arbitrary()?,
         embedded,
+        // Version 2 pointers (encrypted blocks) carry a nonce and a tag.
+        crypt: if u.arbitrary()? {
+            Some(block::BlockCrypt {
+                algo: block::crypt::CryptAlgo::Aes256Gcm,
+                nonce: u.arbitrary()?,
+                tag: u.arbitrary()?,
+            })
+        } else {
+            None
+        },
     })
 }
 
@@ -284,6 +296,7 @@ pub fn intent_log(data: &[u8]) {
             applied_seq: 1,
             replay_pos: 0,
             expect_seq: 1,
+            tag: 0,
         };
         check_replay(rest, cp);
         return;
@@ -373,12 +386,14 @@ fn structured_log(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
             applied_seq: u.arbitrary()?,
             replay_pos: u.arbitrary()?,
             expect_seq: u.arbitrary()?,
+            tag: 0,
         }
     } else {
         intent_log::Checkpoint {
             applied_seq: start_seq,
             replay_pos: 0,
             expect_seq: start_seq,
+            tag: 0,
         }
     };
     let replayed = check_replay(&region, cp);

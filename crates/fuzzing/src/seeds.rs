@@ -154,6 +154,8 @@ fn nbd_transmission() -> Vec<(&'static str, Vec<u8>)> {
 
 fn sample_label() -> vdev::Label {
     vdev::Label {
+        logs: Vec::new(),
+        log_device: false,
         version: vdev::LABEL_VERSION,
         pool_name: "tank".into(),
         pool_guid: 0x1234_5678_9abc_def0,

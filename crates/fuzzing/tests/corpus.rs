@@ -131,6 +131,7 @@ fn seeds_reach_what_they_encode() {
         applied_seq: 1,
         replay_pos: 0,
         expect_seq: 1,
+        tag: 0,
     };
     let (records, _, next) =
         intent_log::fuzzing::replay(&seed("intent_log", "region")[1..], fuzzing::LOG_GUID, cp);

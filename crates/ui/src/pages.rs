@@ -690,8 +690,10 @@ fn devices_html(s: &PoolStatus) -> String {
         }
         o.push_str("</div>");
     }
-    o.push_str("<p class=\"note\">The same counters as <code>cistern pool iostat -v</code> \
-                (latency histograms: <code>pool iostat -w</code>).</p></section>");
+    o.push_str(
+        "<p class=\"note\">The same counters as <code>cistern pool iostat -v</code> \
+                (latency histograms: <code>pool iostat -w</code>).</p></section>",
+    );
     o
 }
 
@@ -1461,7 +1463,9 @@ fn provision_html(runs: &[&std::path::PathBuf], target: f64, confidence: f64) ->
         Err(_) => "n/a".into(),
     };
     for path in runs {
-        let Ok(s) = bench::iops::load_samples(path) else { continue };
+        let Ok(s) = bench::iops::load_samples(path) else {
+            continue;
+        };
         match estimate(&s.name, &s.per_second, &p) {
             Ok(e) => {
                 let _ = write!(
@@ -1491,7 +1495,10 @@ fn provision_html(runs: &[&std::path::PathBuf], target: f64, confidence: f64) ->
 }
 
 pub async fn bench(State(st): State<ApiState>, Query(q): Query<BenchQuery>) -> Response {
-    let target = q.target.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(100_000.0);
+    let target = q
+        .target
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .unwrap_or(100_000.0);
     let confidence = q
         .confidence
         .filter(|c| *c > 0.0 && *c < 1.0)
