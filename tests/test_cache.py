@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ def memory(d, pool="tank") -> dict:
 
 
 def metric(d, name: str) -> float:
-    body = urllib.request.urlopen(f"{d.api_url}/metrics", timeout=10).read().decode()
+    body = d.metrics()
     m = re.search(rf"^{name}\{{pool=\"tank\"\}} (\S+)$", body, re.M)
     assert m, f"{name} not in metrics"
     return float(m.group(1))

@@ -5,8 +5,6 @@ tests/test_crash.py::test_kill9_under_flush_fua_load[log*]."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 
 from helpers import connected, pattern
 
@@ -30,8 +28,7 @@ def check(d, vol: str, seed: str, blocks: int):
 
 
 def iostat_api(d, pool: str) -> dict:
-    with urllib.request.urlopen(f"{d.api_url}/v1/pools/{pool}/iostat", timeout=30) as r:
-        return json.loads(r.read())
+    return d.api("GET", f"/v1/pools/{pool}/iostat")
 
 
 def pool_status(d, pool: str) -> dict:
@@ -152,8 +149,7 @@ def test_iostat_output(make_daemon, disks):
     assert len(out) == 2 * len(names), out
     hist = d.cli("pool", "iostat", "-w", "tank").stdout
     assert "disk_wait" in hist and ("us" in hist or "ms" in hist), hist
-    with urllib.request.urlopen(f"{d.api_url}/metrics", timeout=30) as r:
-        metrics = r.read().decode()
+    metrics = d.metrics()
     assert f'cistern_vdev_write_ops_total{{pool="tank",device="{disks / "l0"}",class="log"}}' in metrics
     assert "cistern_pool_log_syncs_total" in metrics and "cistern_pool_log_flushes_total" in metrics
     bad = d.cli("pool", "iostat", "tank", "-1", check=False)

@@ -630,12 +630,12 @@ mod tests {
             1 << 20,
             "the old name still parses"
         );
+        assert_eq!(cfg.engine.scan_rate_bytes, 3 << 29);
+        assert_eq!(cfg.nbd.max_in_flight_bytes, Some(64 << 20));
         let cfg = Config::parse("[engine]\ncache_max_bytes = \"2G\"\ncache_min_bytes = \"64M\"\n")
             .unwrap();
         assert_eq!(cfg.engine.block_cache_bytes, 2 << 30);
         assert_eq!(cfg.engine.cache_min_bytes, 64 << 20);
-        assert_eq!(cfg.engine.scan_rate_bytes, 3 << 29);
-        assert_eq!(cfg.nbd.max_in_flight_bytes, Some(64 << 20));
         let err = Config::parse("[engine]\nmeta_cache_bytes = \"12Q\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("12Q"), "{err:#}");
         assert!(Config::parse("[engine]\nmeta_cache_bytes = -5\n").is_err());
@@ -654,7 +654,8 @@ mod tests {
                 l.strip_prefix("# ")
                     .filter(|r| {
                         r.split_once(" = ").is_some_and(|(k, _)| {
-                            k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                            k.chars()
+                                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                         })
                     })
                     .unwrap_or(l)

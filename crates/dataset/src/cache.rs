@@ -174,7 +174,8 @@ impl BlockCache {
     }
 
     /// Keeps dataset `ds`'s blocks out of the L2ARC (its plaintext stays in
-    /// memory); called before any of its blocks is cached.
+    /// memory); called before any of its blocks is cached (the txg's insert
+    /// of what it wrote, the read path's of what it read).
     pub fn keep_in_memory(&self, ds: u64) {
         if !self.evictions.private.read().contains(&ds) {
             self.evictions.private.write().insert(ds);

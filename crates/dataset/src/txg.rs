@@ -902,6 +902,10 @@ impl ImportedPool {
                     _ => None,
                 };
                 if let (Some(bp), Some(d)) = (&placed[i], data) {
+                    if bp.crypt.is_some() {
+                        // Plaintext of an encrypted dataset: never to a cache device.
+                        self.cache.keep_in_memory(k.0);
+                    }
                     if !bp.is_embedded() {
                         self.cache
                             .insert(crate::volume::arc_key(k.0, k.1, k.2, bp), d.clone());
