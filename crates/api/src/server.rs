@@ -1016,6 +1016,23 @@ async fn rename(State(st): State<ApiState>, Json(req): Json<RenameRequest>) -> A
         .map(json)
 }
 
+/// The datasets a key command acts on: the one named, or with `-a` every
+/// encryption root.
+fn key_targets(
+    e: &Engine,
+    name: Option<&String>,
+    all: bool,
+    what: &str,
+) -> Result<Vec<String>, dataset::Error> {
+    match (name, all) {
+        (Some(n), false) => Ok(vec![n.clone()]),
+        (None, true) => Ok(e.encryption_roots()),
+        _ => Err(dataset::Error::InvalidArgument(format!(
+            "{what}: give one dataset or -a"
+        ))),
+    }
+}
+
 /// `load-key`: loads the key(s); filesystems under them are mounted (as `zfs mount -l`).
 async fn load_key(
     State(st): State<ApiState>,
@@ -1024,15 +1041,7 @@ async fn load_key(
     tracing::info!(name = ?req.name, all = req.all, noop = req.noop, "load-key");
     let mounts = st.mounts.clone();
     blocking(&st, move |e| {
-        let names = match (&req.name, req.all) {
-            (Some(n), false) => vec![n.clone()],
-            (None, true) => e.encryption_roots(),
-            _ => {
-                return Err(dataset::Error::InvalidArgument(
-                    "load-key: give one dataset or -a".into(),
-                ))
-            }
-        };
+        let names = key_targets(e, req.name.as_ref(), req.all, "load-key")?;
         let mut out = crate::KeyResult::default();
         for n in names {
             let r = e.load_key(&n, req.location.as_deref(), req.key.as_ref(), req.noop);
@@ -1067,15 +1076,7 @@ async fn unload_key(
 ) -> ApiResult<Response> {
     tracing::info!(name = ?req.name, all = req.all, "unload-key");
     blocking(&st, move |e| {
-        let names = match (&req.name, req.all) {
-            (Some(n), false) => vec![n.clone()],
-            (None, true) => e.encryption_roots(),
-            _ => {
-                return Err(dataset::Error::InvalidArgument(
-                    "unload-key: give one dataset or -a".into(),
-                ))
-            }
-        };
+        let names = key_targets(e, req.name.as_ref(), req.all, "unload-key")?;
         let mut out = crate::KeyResult::default();
         for n in names {
             match e.unload_key(&n) {
