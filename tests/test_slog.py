@@ -154,3 +154,45 @@ def test_iostat_output(make_daemon, disks):
     assert "cistern_pool_log_syncs_total" in metrics and "cistern_pool_log_flushes_total" in metrics
     bad = d.cli("pool", "iostat", "tank", "-1", check=False)
     assert bad.returncode != 0
+
+
+def test_stale_owner_never_writes_the_new_owners_log_device(make_daemon, disks):
+    """Takeover with a log device: the new owner's acknowledged writes live
+    only on the log device (no txg for 120 s). The old owner, stopped during
+    the takeover, wakes and tries to FLUSH; whatever it does must not touch
+    that log, so kill -9 of the new owner loses none of its writes."""
+    import os
+    import signal
+
+    import nbd
+    import pytest
+
+    mmp = {"CISTERN_MMP_INTERVAL_MS": "200"}
+    a = make_daemon("a", config=SLOW_TXG, env={**mmp, "CISTERN_HOSTID": "00000000000000a1"})
+    a.cli("pool", "create", "-s", "256M", "tank", disks / "d0", "log", disks / "l0")
+    a.cli("create", "-V", "16M", "tank/v")
+    write_flushed(a, "tank/v", "a", 8)
+    b = make_daemon("b", config=SLOW_TXG, env={**mmp, "CISTERN_HOSTID": "00000000000000b2"})
+    h = nbd.NBD()
+    h.connect_uri(a.uri("tank/v"))
+    try:
+        os.kill(a.pid, signal.SIGSTOP)
+        try:
+            b.cli("pool", "import", "-f", "-d", disks, "tank", timeout=60)
+            write_flushed(b, "tank/v", "b", 32)
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        # The old owner is never acknowledged, however many FLUSHes it is sent.
+        for i in range(16):
+            with pytest.raises(nbd.Error):
+                h.pwrite(pattern(f"stale-{i}", BS), i * BS)
+                h.flush()
+    finally:
+        try:
+            h.shutdown()
+        except nbd.Error:
+            pass
+    b.kill9()
+    b.start()
+    check(b, "tank/v", "b", 32)
+    a.kill9()
