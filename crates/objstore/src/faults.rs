@@ -1,0 +1,135 @@
+//! An `ObjectStore` wrapper that injects the failures a real store shows
+//! now and then and a test cannot otherwise cause on demand: a PUT that
+//! fails, a PUT that happens but whose answer is lost, a slow PUT. It also
+//! counts PUTs, so group commit can be checked. Used by tests only; it is
+//! here, not under `tests/`, so the daemon's fault tests can use it too.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the next PUTs do, in order; once the script is empty they pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutFault {
+    /// Refused before reaching the store.
+    Fail,
+    /// Stored, but the caller gets an error (the answer was lost).
+    LoseAnswer,
+    /// Stored after a delay.
+    Slow(Duration),
+}
+
+#[derive(Debug, Default)]
+pub struct Faults {
+    script: Mutex<VecDeque<PutFault>>,
+    puts: AtomicU64,
+}
+
+impl Faults {
+    pub fn push(&self, f: PutFault) {
+        self.script.lock().push_back(f);
+    }
+
+    /// PUTs that reached the store.
+    pub fn puts(&self) -> u64 {
+        self.puts.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    pub faults: Arc<Faults>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> FaultyStore {
+        FaultyStore {
+            inner,
+            faults: Arc::new(Faults::default()),
+        }
+    }
+}
+
+impl std::fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+fn injected(what: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "FaultyStore",
+        source: format!("injected fault: {what}").into(),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let fault = self.faults.script.lock().pop_front();
+        match fault {
+            Some(PutFault::Fail) => Err(injected("PUT failed")),
+            Some(PutFault::LoseAnswer) => {
+                self.faults.puts.fetch_add(1, Ordering::SeqCst);
+                self.inner.put_opts(location, payload, opts).await?;
+                Err(injected("PUT answer lost"))
+            }
+            Some(PutFault::Slow(d)) => {
+                tokio::time::sleep(d).await;
+                self.faults.puts.fetch_add(1, Ordering::SeqCst);
+                self.inner.put_opts(location, payload, opts).await
+            }
+            None => {
+                self.faults.puts.fetch_add(1, Ordering::SeqCst);
+                self.inner.put_opts(location, payload, opts).await
+            }
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn delete(&self, location: &Path) -> Result<()> {
+        self.inner.delete(location).await
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &Path, to: &Path) -> Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}

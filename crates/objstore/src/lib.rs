@@ -1,0 +1,456 @@
+//! A pool's commit log in an object store (issue 18, decision 0038).
+//!
+//! The log is a numbered sequence of objects `PREFIX/log/00000000000000000001`,
+//! each written once with create-if-absent (`PutMode::Create`, S3
+//! `If-None-Match: *`). That single primitive gives one writer per pool
+//! without clocks or leases:
+//! - an owner appends record N+1 only if nobody has; if someone has, it is
+//!   fenced for good and acknowledges nothing more;
+//! - a standby takes over by creating the next record itself (a `Claim`),
+//!   which is exactly what makes the old owner's next append fail;
+//! - an append whose answer is lost is resolved by reading the key back: the
+//!   record is ours (durable), someone else's (fenced), or absent (retried
+//!   with the same bytes). An outcome still unknown is reported as an error,
+//!   never acknowledged, and resolved before the next append.
+//!
+//! [`Log`] is the protocol, [`GroupCommit`] shares one PUT among concurrent
+//! appenders, [`faults::FaultyStore`] injects the failures the tests need.
+
+pub mod faults;
+pub mod location;
+pub mod record;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use record::{Kind, Record};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Who writes: a stable node name (host id) and a random epoch per process
+/// start, so a restarted owner and its previous incarnation differ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerId {
+    pub node: String,
+    pub epoch: u64,
+}
+
+impl OwnerId {
+    pub fn new(node: &str) -> Result<OwnerId, LogError> {
+        if node.is_empty() || node.len() > record::MAX_NODE {
+            return Err(LogError::BadNode(node.to_string()));
+        }
+        Ok(OwnerId {
+            node: node.to_string(),
+            epoch: rand::random(),
+        })
+    }
+}
+
+impl std::fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (epoch {:016x})", self.node, self.epoch)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("fenced: log record {seq} was written by {by}; this daemon acknowledges nothing more")]
+    Fenced { seq: u64, by: String },
+    #[error("the pool's log is owned by {owner}; take it over explicitly (cistern pool takeover)")]
+    OwnedByOther { owner: String },
+    #[error("the pool's log already exists (last record {last}); it cannot be created again")]
+    NotEmpty { last: u64 },
+    #[error("the pool's log is empty: there is no pool at this location")]
+    Empty,
+    #[error("log record {seq} is corrupt: {why}")]
+    Corrupt { seq: u64, why: String },
+    #[error("log record {seq} has format version {version}, which this build does not read")]
+    Version { seq: u64, version: u16 },
+    #[error("log record {seq}: outcome unknown after {attempts} attempts ({last}); nothing was acknowledged")]
+    Unknown {
+        seq: u64,
+        attempts: u32,
+        last: String,
+    },
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("invalid node name {0:?} (1 to 255 bytes)")]
+    BadNode(String),
+    #[error("{0}")]
+    Location(String),
+    #[error("the log writer has stopped")]
+    Stopped,
+    #[error("a batch of {0} bytes is larger than a record may be")]
+    TooLarge(usize),
+}
+
+/// How an owner opens the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// `pool create`: only an empty log; of two creators exactly one wins.
+    Create,
+    /// A restart of the owner: the last claim must be this node's.
+    Resume,
+    /// `pool takeover`: claim whatever the last owner was.
+    Takeover,
+}
+
+/// Retries of one PUT whose outcome is unknown, and the claim rounds of a
+/// takeover racing a still-active owner: both bounded.
+const PUT_ATTEMPTS: u32 = 5;
+const CLAIM_ROUNDS: u32 = 64;
+const LIST_BATCH_LIMIT: usize = 1 << 20;
+
+fn log_key(prefix: &Path, seq: u64) -> Path {
+    prefix.child("log").child(format!("{seq:020}"))
+}
+
+/// The writer side of the log. Not `Clone`: one per owner.
+#[derive(Debug)]
+pub struct Log {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    owner: OwnerId,
+    next: u64,
+    /// A record whose PUT outcome is unknown: resolved before the next append.
+    unresolved: Option<u64>,
+    /// Set once another owner's record is found where ours should be.
+    fenced: Option<(u64, String)>,
+}
+
+/// Every record from the first still stored up to the end, in order, checked.
+pub async fn read_all(store: &dyn ObjectStore, prefix: &Path) -> Result<Vec<Record>, LogError> {
+    let mut seqs = Vec::new();
+    let mut listing = store.list(Some(&prefix.child("log")));
+    while let Some(meta) = listing.next().await {
+        let meta = meta?;
+        if let Some(seq) = meta.location.filename().and_then(|n| n.parse::<u64>().ok()) {
+            seqs.push(seq);
+        }
+        if seqs.len() > LIST_BATCH_LIMIT {
+            break;
+        }
+    }
+    seqs.sort_unstable();
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut expect = seqs.first().copied();
+    for seq in seqs {
+        if Some(seq) != expect {
+            return Err(LogError::Corrupt {
+                seq,
+                why: "a gap before this record".into(),
+            });
+        }
+        let rec = read_record(store, prefix, seq)
+            .await?
+            .ok_or_else(|| LogError::Corrupt {
+                seq,
+                why: "listed but gone".into(),
+            })?;
+        out.push(rec);
+        expect = Some(seq + 1);
+    }
+    // The list may lag a record created meanwhile: follow the sequence.
+    let mut next = out.last().map(|r| r.seq + 1).unwrap_or(1);
+    while let Some(rec) = read_record(store, prefix, next).await? {
+        out.push(rec);
+        next += 1;
+    }
+    Ok(out)
+}
+
+/// The record at `seq`, or `None` if it does not exist (yet).
+pub async fn read_record(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    seq: u64,
+) -> Result<Option<Record>, LogError> {
+    match read_raw(store, prefix, seq).await? {
+        Some(b) => record::decode(seq, &b).map(Some),
+        None => Ok(None),
+    }
+}
+
+async fn read_raw(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    seq: u64,
+) -> Result<Option<Bytes>, LogError> {
+    match store.get(&log_key(prefix, seq)).await {
+        Ok(r) => Ok(Some(r.bytes().await?)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The owner of the last claim in `records`.
+pub fn last_owner(records: &[Record]) -> Option<&OwnerId> {
+    records
+        .iter()
+        .rev()
+        .find(|r| r.kind == Kind::Claim)
+        .map(|r| &r.owner)
+}
+
+impl Log {
+    /// Opens the log as its owner: reads every record (returned for replay)
+    /// and appends this owner's claim. Of several daemons opening at once,
+    /// create-if-absent lets exactly one claim each sequence number.
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        owner: OwnerId,
+        mode: OpenMode,
+    ) -> Result<(Log, Vec<Record>), LogError> {
+        let mut records = read_all(store.as_ref(), &prefix).await?;
+        match (mode, records.last()) {
+            (OpenMode::Create, Some(last)) => return Err(LogError::NotEmpty { last: last.seq }),
+            (OpenMode::Resume | OpenMode::Takeover, None) => return Err(LogError::Empty),
+            _ => {}
+        }
+        for _round in 0..CLAIM_ROUNDS {
+            if mode == OpenMode::Resume {
+                if let Some(o) = last_owner(&records).filter(|o| o.node != owner.node) {
+                    return Err(LogError::OwnedByOther {
+                        owner: o.to_string(),
+                    });
+                }
+            }
+            let next = records.last().map(|r| r.seq + 1).unwrap_or(1);
+            let mut log = Log {
+                store: store.clone(),
+                prefix: prefix.clone(),
+                owner: owner.clone(),
+                next,
+                unresolved: None,
+                fenced: None,
+            };
+            match log.append_record(Kind::Claim, &[]).await {
+                Ok(_) => {
+                    tracing::info!(owner = %owner, seq = next, "claimed the pool's log");
+                    return Ok((log, records));
+                }
+                Err(LogError::Fenced { .. }) => {
+                    // Someone wrote `next` first: read on and try the one after.
+                    if mode == OpenMode::Create {
+                        return Err(LogError::NotEmpty { last: next });
+                    }
+                    while let Some(rec) = read_record(
+                        store.as_ref(),
+                        &prefix,
+                        records.last().map(|r| r.seq + 1).unwrap_or(1),
+                    )
+                    .await?
+                    {
+                        records.push(rec);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LogError::Unknown {
+            seq: records.last().map(|r| r.seq + 1).unwrap_or(1),
+            attempts: CLAIM_ROUNDS,
+            last: "the log kept growing while claiming it".into(),
+        })
+    }
+
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+
+    /// The sequence number the next append will use.
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.is_some()
+    }
+
+    /// Appends one batch of entries as one object. `Ok(seq)` means durable in
+    /// the store and ours; any error means "not acknowledged".
+    pub async fn append(&mut self, entries: &[Bytes]) -> Result<u64, LogError> {
+        let size: usize = entries.iter().map(|e| 4 + e.len()).sum();
+        if size > record::MAX_PAYLOAD {
+            return Err(LogError::TooLarge(size));
+        }
+        self.append_record(Kind::Batch, entries).await
+    }
+
+    async fn append_record(&mut self, kind: Kind, entries: &[Bytes]) -> Result<u64, LogError> {
+        if let Some((seq, by)) = &self.fenced {
+            return Err(LogError::Fenced {
+                seq: *seq,
+                by: by.clone(),
+            });
+        }
+        if let Some(seq) = self.unresolved.take() {
+            // Its callers were told it failed. If it landed after all it
+            // stays (ours, in order); if not, an empty batch takes its place
+            // so that it can never land later. Either way the number is
+            // settled before the next record.
+            let empty = record::encode(seq, Kind::Batch, &self.owner, &[]);
+            self.put_once(seq, empty).await?;
+            self.next = seq + 1;
+        }
+        let seq = self.next;
+        let body = record::encode(seq, kind, &self.owner, entries);
+        self.put_once(seq, body).await?;
+        self.next = seq + 1;
+        Ok(seq)
+    }
+
+    /// Puts `body` at `seq` with create-if-absent until the outcome is known.
+    async fn put_once(&mut self, seq: u64, body: Bytes) -> Result<(), LogError> {
+        let key = log_key(&self.prefix, seq);
+        let mut last = String::new();
+        for attempt in 0..PUT_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(20 << attempt.min(6))).await;
+            }
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .store
+                .put_opts(&key, PutPayload::from_bytes(body.clone()), opts)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(object_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => last = e.to_string(),
+            }
+            // Exists, or the answer was lost: the stored record decides. Only
+            // this process has this epoch, so a record with our owner is ours.
+            match read_raw(self.store.as_ref(), &self.prefix, seq).await {
+                Ok(Some(stored)) if stored == body => return Ok(()),
+                Ok(Some(stored)) => {
+                    let by = match record::decode(seq, &stored) {
+                        Ok(r) if r.owner == self.owner => return Ok(()),
+                        Ok(r) => r.owner.to_string(),
+                        Err(e) => format!("an unreadable record ({e})"),
+                    };
+                    tracing::error!(seq, by = %by, "fenced: another owner wrote the pool's log; stopping all writes");
+                    self.fenced = Some((seq, by.clone()));
+                    return Err(LogError::Fenced { seq, by });
+                }
+                Ok(None) => {}
+                Err(e) => last = e.to_string(),
+            }
+        }
+        self.unresolved = Some(seq);
+        Err(LogError::Unknown {
+            seq,
+            attempts: PUT_ATTEMPTS,
+            last,
+        })
+    }
+}
+
+/// Group commit: appenders send entries; one task writes whatever queued up
+/// while the previous PUT was in flight as one record. The queue is bounded,
+/// so a slow store pushes back on writers instead of growing memory.
+#[derive(Clone)]
+pub struct GroupCommit {
+    tx: mpsc::Sender<(Bytes, oneshot::Sender<Result<u64, LogError>>)>,
+}
+
+/// Bytes per record a batch may gather (well under `record::MAX_PAYLOAD`).
+const BATCH_BYTES: usize = 8 << 20;
+
+impl GroupCommit {
+    /// Starts the committer task on the current runtime; it ends when every
+    /// `GroupCommit` is dropped, returning the log.
+    pub fn start(mut log: Log, queue: usize) -> (GroupCommit, tokio::task::JoinHandle<Log>) {
+        assert!(queue > 0);
+        let (tx, mut rx) = mpsc::channel::<(Bytes, oneshot::Sender<Result<u64, LogError>>)>(queue);
+        let task = tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut size = first.0.len();
+                let mut batch = vec![first];
+                while size < BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(next) => {
+                            size += next.0.len();
+                            batch.push(next);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let entries: Vec<Bytes> = batch.iter().map(|(e, _)| e.clone()).collect();
+                let result = log.append(&entries).await;
+                for (_, done) in batch {
+                    let _ = done.send(match &result {
+                        Ok(seq) => Ok(*seq),
+                        Err(LogError::Fenced { seq, by }) => Err(LogError::Fenced {
+                            seq: *seq,
+                            by: by.clone(),
+                        }),
+                        Err(e) => Err(LogError::Unknown {
+                            seq: log.next_seq(),
+                            attempts: PUT_ATTEMPTS,
+                            last: e.to_string(),
+                        }),
+                    });
+                }
+            }
+            log
+        });
+        (GroupCommit { tx }, task)
+    }
+
+    /// Returns once the entry is durable in the log, with its record's
+    /// sequence number; an error means it was not acknowledged.
+    pub async fn append(&self, entry: Bytes) -> Result<u64, LogError> {
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send((entry, done))
+            .await
+            .map_err(|_| LogError::Stopped)?;
+        wait.await.map_err(|_| LogError::Stopped)?
+    }
+}
+
+/// A standby's view: follows the log from a position, record by record.
+pub struct Tail {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    next: u64,
+}
+
+impl Tail {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path, next: u64) -> Tail {
+        Tail {
+            store,
+            prefix,
+            next,
+        }
+    }
+
+    /// The records written since the last call, in order (possibly none).
+    pub async fn poll(&mut self, max: usize) -> Result<Vec<Record>, LogError> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            match read_record(self.store.as_ref(), &self.prefix, self.next).await? {
+                Some(r) => {
+                    out.push(r);
+                    self.next += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+}
+
+#[cfg(test)]
+mod tests;
