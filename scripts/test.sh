@@ -100,6 +100,15 @@ for tool in fsx@0.3.2 pjdfstest@0.2.2; do
             echo "warning: cannot install $tool; tests/test_fs_tools.py will fail" >&2
     fi
 done
+# versitygw (an S3 server with conditional writes) stands in for S3 in the
+# object-store log tests (crates/objstore/tests/versitygw.rs); built once.
+export CISTERN_GO_TOOLS="${CISTERN_GO_TOOLS:-/work/cache/go-bin}"
+export VERSITYGW="$CISTERN_GO_TOOLS/versitygw"
+if [[ ! -x "$VERSITYGW" ]] && command -v go >/dev/null 2>&1; then
+    log "go install versitygw into $CISTERN_GO_TOOLS"
+    GOBIN="$CISTERN_GO_TOOLS" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0 2>&1 ||
+        echo "warning: cannot install versitygw; the objstore S3 test will fail" >&2
+fi
 # A failing `cargo test` does not hide the integration results: both run,
 # and the script fails if either did.
 cargo_rc=0
