@@ -31,6 +31,16 @@ fn entries_of(records: &[Record]) -> Vec<Bytes> {
         .collect()
 }
 
+/// An in-memory store behind the fault injector, and a log created on it.
+async fn faulty_log() -> (Arc<FaultyStore>, Arc<dyn ObjectStore>, Log) {
+    let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let (log, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
+        .await
+        .expect("create");
+    (faulty, store, log)
+}
+
 fn e(s: &str) -> Bytes {
     Bytes::from(s.to_string())
 }
@@ -107,11 +117,7 @@ fn resume_is_for_the_same_node_and_takeover_fences_the_old_owner() {
 #[test]
 fn a_lost_answer_is_resolved_by_reading_back_and_acknowledged_once() {
     rt().block_on(async {
-        let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
-        let store: Arc<dyn ObjectStore> = faulty.clone();
-        let (mut log, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
-            .await
-            .expect("create");
+        let (faulty, store, mut log) = faulty_log().await;
         faulty.faults.push(PutFault::LoseAnswer);
         let seq = log.append(&[e("x")]).await.expect("resolved as ours");
         faulty.faults.push(PutFault::LoseAnswer);
@@ -126,11 +132,7 @@ fn a_lost_answer_is_resolved_by_reading_back_and_acknowledged_once() {
 #[test]
 fn a_put_that_keeps_failing_is_never_acknowledged_and_never_lands_later() {
     rt().block_on(async {
-        let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
-        let store: Arc<dyn ObjectStore> = faulty.clone();
-        let (mut log, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
-            .await
-            .expect("create");
+        let (faulty, store, mut log) = faulty_log().await;
         for _ in 0..PUT_ATTEMPTS {
             faulty.faults.push(PutFault::Fail);
         }
@@ -151,11 +153,7 @@ fn a_put_that_keeps_failing_is_never_acknowledged_and_never_lands_later() {
 #[test]
 fn group_commit_shares_one_put_among_concurrent_appenders() {
     rt().block_on(async {
-        let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
-        let store: Arc<dyn ObjectStore> = faulty.clone();
-        let (log, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
-            .await
-            .expect("create");
+        let (faulty, store, log) = faulty_log().await;
         let before = faulty.faults.puts();
         faulty
             .faults
