@@ -30,6 +30,19 @@
 #   cistern:COMP:VBS      a volume with compression COMP and volblocksize VBS
 #   cistern:COMP:VBS:slog the same with a log device (SLOG) on $SLOG_DIR
 #                         (tmpfs stands in for a fast device); the 4K job only
+#   cistern-enc:COMP:VBS  the volume encrypted (aes-256-gcm, a hex key in a file);
+#                         the report adds its ratio to cistern:COMP:VBS
+#   cistern-tls:COMP:VBS  NBD over TLS (see above); the report adds its ratio
+#   cistern-cmp:COMP:VBS  the fair comparison of the three (decision 0037): ONE
+#                         daemon (`[nbd] tls = "on"`, so plaintext and TLS clients
+#                         both connect) and one pool with a plain and an encrypted
+#                         volume; each test runs plain, encrypted, and plain over
+#                         TLS back to back, REPEAT times, so each ratio compares
+#                         runs seconds apart under the same machine load (the
+#                         load average is printed with each round). The ARC is
+#                         capped at CMP_CACHE_MAX so sequential reads come from
+#                         the devices (and are decrypted) instead of the ARC,
+#                         which holds plaintext.
 #
 # Environment:
 #   RUNTIME=15          seconds per timed test (randwrite, seqread)
@@ -38,8 +51,8 @@
 #   COMPRESS_PCT=50     fio --buffer_compress_percentage (how compressible the data is)
 #   TARGETS="raw nbdkit cistern:off:16K cistern:lz4:16K cistern:off:16K:slog cistern:lz4:16K:slog cistern:off:4K cistern:lz4:4K"
 #   SLOG_DIR=/dev/shm   where the log device file of :slog targets goes
-#                       cistern-enc:COMP:VBS: the same volume encrypted (aes-256-gcm,
-#                       a hex key in a file); the report adds its ratio to cistern:COMP:VBS
+#   REPEAT=3            rounds of cistern-cmp
+#   CMP_CACHE_MAX=64M   the ARC of cistern-cmp ([engine] cache_max_bytes; "" = default)
 #   POOL_LAYOUT=single  or "mirror" (two files on the same disk)
 #   BENCH_DIR=bench/out/nbd-<time>   where files, logs and fio JSON go (same disk)
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
@@ -59,6 +72,8 @@ POOL_LAYOUT="${POOL_LAYOUT:-single}"
 BENCH_DIR="${BENCH_DIR:-$ROOT/bench/out/nbd-$(date +%Y%m%d-%H%M%S)}"
 CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"
 DROP_CACHES="${DROP_CACHES:-0}"
+REPEAT="${REPEAT:-3}"
+CMP_CACHE_MAX="${CMP_CACHE_MAX-64M}"
 KEEP_FILES="${KEEP_FILES:-0}"
 
 for tool in fio nbdkit python3; do
@@ -289,6 +304,64 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
     fi
 }
 
+bench_compare() { # compression volblocksize: plain, encrypted, TLS in one daemon
+    local comp="$1" vbs="$2" name="cistern-cmp-$1-$2"
+    local dir="$BENCH_DIR/$name" nbd_port api_port pid
+    mkdir -p "$dir/disks"
+    make_pki "$dir/pki"
+    chmod -R a+rX "$dir/pki" && chmod a+x "$BENCH_DIR" "$dir"
+    # Selective TLS: nbd:// and nbds:// clients of the same daemon.
+    sed -i 's/^tls = "require"/tls = "on"/' "$dir/pki/cistern.toml"
+    if [[ -n "$CMP_CACHE_MAX" ]]; then
+        printf '[engine]\ncache_max_bytes = "%s"\n' "$CMP_CACHE_MAX" >>"$dir/pki/cistern.toml"
+    fi
+    nbd_port=$(free_port)
+    api_port=$(free_port)
+    while [[ "$api_port" == "$nbd_port" ]]; do api_port=$(free_port); done
+    "$CISTERN_BIN" serve --state-dir "$dir/state" --nbd "127.0.0.1:$nbd_port" --api "127.0.0.1:$api_port" \
+        --config "$dir/pki/cistern.toml" >"$dir/daemon.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$api_port" 60
+    wait_port "$nbd_port" 60
+    export CISTERN_API="http://127.0.0.1:$api_port"
+    for _ in $(seq 300); do "$CISTERN_BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
+    CISTERN_TOKEN=$(cat "$dir/state/api.token")
+    export CISTERN_TOKEN
+    local devs=("$dir/disks/d0")
+    [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
+    "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
+    od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$dir/volume.key"
+    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/plain >/dev/null
+    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" \
+        -o encryption=on -o keyformat=hex -o "keylocation=file://$dir/volume.key" bench/enc >/dev/null
+    local round t v uri
+    for ((round = 1; round <= REPEAT; round++)); do
+        for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
+            printf 'load\t%s\t%s\t%s\n' "$round" "$t" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS"
+            # TLS goes last: the plain volume it reads was last written over TLS.
+            for v in plain enc tls; do
+                echo "   $name round $round $t $v" >&2
+                case "$v" in
+                plain) uri="nbd://127.0.0.1:$nbd_port/bench/plain" ;;
+                enc) uri="nbd://127.0.0.1:$nbd_port/bench/enc" ;;
+                tls) uri="nbds://127.0.0.1:$nbd_port/bench/plain" && export FIO_HOME="$dir/pki/home" ;;
+                esac
+                run_fio "cmp-$v-r$round" "$t" "$uri"
+                unset FIO_HOME
+            done
+        done
+    done
+    "$CISTERN_BIN" pool iostat -v bench >"$dir/iostat.txt" 2>&1 || true
+    printf 'rss\t%s\t%s\n' "$name" "$(rss "$pid")" >>"$RESULTS"
+    unset CISTERN_API CISTERN_TOKEN
+    cleanup
+    [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
+    if grep -q "panicked at" "$dir/daemon.log"; then
+        echo "warning: the daemon panicked, see $dir/daemon.log" >&2
+    fi
+}
+
 echo "==> bench/nbd.sh: RUNTIME=${RUNTIME}s SIZE=$SIZE JOBS=$JOBS COMPRESS_PCT=$COMPRESS_PCT POOL_LAYOUT=$POOL_LAYOUT" >&2
 echo "    files on $(df -h --output=source,fstype "$BENCH_DIR" | tail -1 | tr -s ' ') in $BENCH_DIR" >&2
 for t in $TARGETS; do
@@ -307,9 +380,9 @@ for t in $TARGETS; do
         IFS=: read -r _ comp vbs <<<"$t"
         bench_cistern "$comp" "$vbs" tls
         ;;
-    cistern-tls:*:*)
+    cistern-cmp:*:*)
         IFS=: read -r _ comp vbs <<<"$t"
-        bench_cistern "$comp" "$vbs" tls
+        bench_compare "$comp" "$vbs"
         ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
@@ -318,10 +391,12 @@ done
 # ---------------------------------------------------------------- report
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
-rows, rss, logs = [], {}, {}
+rows, rss, logs, loads = [], {}, {}, {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
-    if f[0] == "rss":
+    if f[0] == "load":
+        loads[(f[2], f[1])] = f[3]
+    elif f[0] == "rss":
         rss[f[1]] = f[2]
     elif f[0] == "log":
         b, a = [list(map(int, x.split())) for x in f[2:4]]
@@ -363,6 +438,33 @@ if tls:
         key = 2 if r[0].startswith("randwrite") else 3
         if float(p[key]) > 0:
             print(f"{r[0]:<20} {r[1]:<20} {float(r[key]) / float(p[key]):>8.2f}x")
+cmp = {}
+for r in rows:
+    if r[1].startswith("cmp-"):
+        _, kind, rnd = r[1].split("-")
+        cmp[(r[0], rnd[1:], kind)] = r
+if cmp:
+    import statistics
+    print()
+    print("cistern-cmp: one daemon, plain / encrypted / TLS back to back (main figure, ratio to plain):")
+    print(f"{'test':<20} {'round':>5} {'load':>6} {'plain':>9} {'enc':>9} {'tls':>9} {'enc/plain':>10} {'tls/plain':>10}")
+    med = {}
+    for test in ("randwrite-4k-flush", "seqwrite-1m", "seqread-1m"):
+        key = 2 if test.startswith("randwrite") else 3
+        for rnd in sorted({k[1] for k in cmp if k[0] == test}, key=int):
+            p, e, t = (cmp.get((test, rnd, k)) for k in ("plain", "enc", "tls"))
+            if not p or float(p[key]) <= 0:
+                continue
+            fig = lambda r: f"{float(r[key]):.0f}" if r else "-"
+            ratio = lambda r: float(r[key]) / float(p[key]) if r else None
+            re, rt = ratio(e), ratio(t)
+            med.setdefault((test, "enc"), []).append(re)
+            med.setdefault((test, "tls"), []).append(rt)
+            show = lambda x: f"{x:.2f}x" if x is not None else "-"
+            print(f"{test:<20} {rnd:>5} {loads.get((test, rnd), '-'):>6} {fig(p):>9} {fig(e):>9} {fig(t):>9} {show(re):>10} {show(rt):>10}")
+    print("median:", ", ".join(f"{t} {k}/plain {statistics.median(x for x in v if x is not None):.2f}x"
+                               for (t, k), v in med.items() if any(x is not None for x in v)))
+    print("(figures: IOPS for randwrite-4k-flush, MB/s for the 1M tests; targets: enc >= 0.85x, tls >= 0.8x sequential)")
 print()
 if logs:
     print("intent log during randwrite-4k-flush (group commit):")
