@@ -169,20 +169,31 @@ def _run_workers(d, vol: str, jdir: Path, epoch: int, rng: random.Random, kill_a
 LOG_LAYOUTS = {None: [], "log": ["log", "l0"], "log-mirror": ["log", "mirror", "l0", "l1"]}
 
 
-@pytest.mark.parametrize("log", list(LOG_LAYOUTS), ids=lambda v: v or "no-log")
-def test_kill9_under_flush_fua_load(make_daemon, disks, tmp_path, log):
+# The same load on an encrypted volume (decision 0026): sealed blocks and
+# sealed log records; the key is in a file, so each import loads it and the
+# log replays. Fewer cycles (the crash machinery is the same).
+@pytest.mark.parametrize("log,encrypted", [(k, False) for k in LOG_LAYOUTS] + [(None, True)],
+                         ids=lambda v: (v or "no-log") if not isinstance(v, bool) else ("encrypted" if v else "plain"))
+def test_kill9_under_flush_fua_load(make_daemon, disks, tmp_path, log, encrypted):
     rng = random.Random(int(os.environ.get("CISTERN_CRASH_SEED", "1234")))
     d = make_daemon(config="")
     logs = [disks / w if w.startswith("l") and w != "log" else w for w in LOG_LAYOUTS[log]]
     d.cli("pool", "create", "-s", "1G", "tank", "mirror", disks / "d0", disks / "d1", *logs)
     if log:
         assert "logs" in d.cli("pool", "status", "tank").stdout
-    d.cli("create", "-V", str(VOL_BYTES), "tank/crash")
+    crypt = []
+    if encrypted:
+        key = tmp_path / "crash.key"
+        key.write_text("c3" * 32)
+        crypt = ["-o", "encryption=on", "-o", "keyformat=hex", "-o", f"keylocation=file://{key}"]
+    d.cli("create", "-V", str(VOL_BYTES), *crypt, "tank/crash")
     vol = "tank/crash"
+    if encrypted:
+        assert d.props(vol)["keystatus"] == "available"
     model = Model()
     t0 = time.monotonic()
     total_issued = total_durable = 0
-    cycles = CYCLES if log is None else max(3, CYCLES // 3)
+    cycles = CYCLES if log is None and not encrypted else max(3, CYCLES // 3)
     for cycle in range(1, cycles + 1):
         kill_after = rng.uniform(0.2, 2.0)
         _run_workers(d, vol, tmp_path / f"journal-{cycle}", cycle, rng, kill_after)
@@ -205,6 +216,9 @@ def test_kill9_under_flush_fua_load(make_daemon, disks, tmp_path, log):
     _verify(d, vol, model, "after a final clean restart")
     status = d.cli("pool", "status", "tank").stdout
     assert "ONLINE" in status, status
+    if encrypted:
+        assert d.props(vol)["keystatus"] == "available"
+        assert d.props(vol)["encryption"] == "aes-256-gcm"
     if log:
         # The log device came back with the pool every time.
         st = d.cli_json("pool", "status", "tank")["pools"]["tank"]

@@ -68,7 +68,7 @@ pub(crate) type Key = (u64, Vec<u8>, u64);
 pub(crate) type KeyType = (u64, &'static [u8], u64);
 
 const BLOCK_TAG: u8 = 0;
-const NAME_TAG: u8 = 1;
+pub(crate) const NAME_TAG: u8 = 1;
 
 /// A row's address inside its dataset.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -401,6 +401,12 @@ impl<'a> NameScan<'a> {
         }
     }
 
+    /// The next row (address, value) as stored, whatever its layout
+    /// (`crate::namerow` opens it); not to be mixed with `peek`/`next`.
+    pub(crate) fn next_row(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        self.read()
+    }
+
     /// The next name and its value, without consuming it.
     pub(crate) fn peek(&mut self) -> Result<Option<&(String, Vec<u8>)>> {
         if self.peeked.is_none() {
@@ -418,19 +424,6 @@ impl<'a> NameScan<'a> {
     pub(crate) fn next(&mut self) -> Result<Option<(String, Vec<u8>)>> {
         self.peek()?;
         Ok(self.peeked.take())
-    }
-
-    /// The next name with its directory (a scan over several directories;
-    /// not to be mixed with `peek`/`next`).
-    pub(crate) fn next_in_dir(&mut self) -> Result<Option<(u64, String, Vec<u8>)>> {
-        loop {
-            let Some((addr, v)) = self.read()? else {
-                return Ok(None);
-            };
-            if let Addr::Name { dir, name } = Addr::parse(&addr)? {
-                return Ok(Some((dir, name, v)));
-            }
-        }
     }
 }
 

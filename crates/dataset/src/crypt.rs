@@ -32,6 +32,16 @@ pub struct CryptRecord {
     /// Encryption roots only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrap: Option<WrapRecord>,
+    /// How its directory names are stored (decision 0035): 0 in the clear
+    /// (datasets made before it; absent in their records), 1 sealed
+    /// (`namerow::NAMES_SEALED`). A clone keeps its origin's: it reads
+    /// the origin's rows.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub names: u8,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 /// The master key wrapped by the user's key, and how to derive that key.
@@ -44,6 +54,10 @@ pub struct WrapRecord {
     pub iters: u32,
     /// hex: nonce | wrapped key | tag
     pub wrapped: String,
+    /// The record id the wrap's associated data names, when it is not the
+    /// record holding it: a wrap moved to a promoted clone (decision 0035).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aad_root: Option<u64>,
 }
 
 impl std::fmt::Debug for WrapRecord {
@@ -116,6 +130,83 @@ impl KeyStore {
     fn writable(&self, root: u64) -> bool {
         self.keys.read().get(&root).is_some_and(|l| !l.unloading)
     }
+}
+
+impl KeyStore {
+    /// Before a promote that may move encryption root `from` to `to`: the
+    /// loaded key answers under both ids (readers see either record state).
+    pub(crate) fn share(&self, from: u64, to: u64) {
+        let mut keys = self.keys.write();
+        if let Some(k) = keys.get(&from).map(|l| (l.key.clone(), l.unloading)) {
+            keys.entry(to).or_insert(Loaded {
+                key: k.0,
+                unloading: k.1,
+            });
+        }
+    }
+
+    /// After it: drops the ids no record names as its root any more.
+    pub(crate) fn retain_roots(&self, datasets: &BTreeMap<String, DatasetRecord>) {
+        self.keys.write().retain(|id, _| {
+            datasets
+                .values()
+                .any(|r| r.crypt.as_ref().is_some_and(|c| c.root == *id))
+        });
+    }
+}
+
+/// `promote`: when the origin is the encryption root the clone inherits
+/// from, the root (its wrapped key) moves to the clone and every dataset of
+/// that root names the clone, as zfs does; otherwise destroying the demoted
+/// origin would take away the key the clone's blocks need. The wrap keeps
+/// naming the origin's id in its associated data (`aad_root`), so no user
+/// key is needed and no data is rewritten.
+pub(crate) fn promote_root(recs: &mut BTreeMap<u64, DatasetRecord>, origin: u64, clone: u64) {
+    let is_root = recs
+        .get(&origin)
+        .and_then(|r| r.crypt.as_ref())
+        .is_some_and(|c| c.root == origin && c.wrap.is_some());
+    let inherits = recs
+        .get(&clone)
+        .and_then(|r| r.crypt.as_ref())
+        .is_some_and(|c| c.root == origin);
+    if !is_root || !inherits {
+        return;
+    }
+    let Some(mut wrap) = recs
+        .get_mut(&origin)
+        .and_then(|r| r.crypt.as_mut())
+        .and_then(|c| c.wrap.take())
+    else {
+        return;
+    };
+    wrap.aad_root.get_or_insert(origin);
+    if let Some(c) = recs.get_mut(&clone).and_then(|r| r.crypt.as_mut()) {
+        c.wrap = Some(wrap);
+    }
+    for r in recs.values_mut() {
+        if let Some(c) = r.crypt.as_mut().filter(|c| c.root == origin) {
+            c.root = clone;
+        }
+    }
+}
+
+/// `destroy`: an encryption root goes only with every dataset using its
+/// key (`ids`: what is destroyed), or those left could never be opened.
+pub(crate) fn check_destroy(datasets: &BTreeMap<String, DatasetRecord>, ids: &[u64]) -> Result<()> {
+    if let Some(user) = datasets.values().find(|d| {
+        !ids.contains(&d.id)
+            && d.crypt
+                .as_ref()
+                .is_some_and(|c| c.root != d.id && ids.contains(&c.root))
+    }) {
+        let root = root_name(datasets, user.crypt.as_ref().map_or(0, |c| c.root));
+        return Err(Error::Busy(format!(
+            "cannot destroy '{root}': it is the encryption root of '{}', whose blocks need its key; destroy that too or `cistern promote` it first",
+            user.name
+        )));
+    }
+    Ok(())
 }
 
 /// The encryption of dataset `id` (a snapshot: its dataset's).
@@ -452,7 +543,7 @@ fn derive(w: &WrapRecord, material: &KeyMaterial) -> Result<WrappingKey> {
 fn unwrap_master(name: &str, root: u64, w: &WrapRecord, m: &KeyMaterial) -> Result<MasterKey> {
     let wk = derive(w, m)?;
     let wrapped = unhex(&w.wrapped).ok_or_else(|| Error::Corrupt("stored wrapped key".into()))?;
-    wk.unwrap(&wrapped, &wrap_aad(root))
+    wk.unwrap(&wrapped, &wrap_aad(w.aad_root.unwrap_or(root)))
         .map_err(|_| Error::KeyUnavailable(format!("incorrect key provided for '{name}'")))
 }
 
@@ -473,6 +564,7 @@ fn new_wrap(
         salt: hex(&salt),
         iters,
         wrapped: String::new(),
+        aad_root: None,
     };
     let wk = derive(&w, material)?;
     w.wrapped = hex(&wk.wrap(master, &wrap_aad(root)));
@@ -584,6 +676,8 @@ pub(crate) fn for_create(
                     root: c.root,
                     algo: c.algo,
                     wrap: None,
+                    // Its own rows: the current layout, whatever the parent's.
+                    names: crate::namerow::NAMES_SEALED,
                 },
                 None,
             )));
@@ -621,6 +715,7 @@ pub(crate) fn for_create(
             root: 0,
             algo: o.encryption.clone().unwrap_or_else(|| ALGO.into()),
             wrap: None,
+            names: crate::namerow::NAMES_SEALED,
         },
         Some(PendingRoot {
             master: Arc::new(master),
@@ -671,8 +766,10 @@ pub(crate) fn load_new_root(p: &ImportedPool, id: u64, r: PendingRoot) {
     );
 }
 
-/// Records metadata format 4 (`meta::META_FORMAT_ENCRYPTION`) before the
-/// pool's first encryption root exists: builds before encryption refuse it.
+/// Records metadata format 5 (`meta::META_FORMAT_SEALED_NAMES`, which
+/// implies 4, `META_FORMAT_ENCRYPTION`) before the pool's first encrypted
+/// dataset with sealed names exists: builds before encryption, or before
+/// sealed names (decision 0035), refuse the pool by name.
 fn mark_encryption_active(p: &ImportedPool) -> Result<()> {
     use meta::schema::{POOL_RECORDS, RECORD_FORMAT};
     let _meta = p.meta_lock.lock();
@@ -683,14 +780,14 @@ fn mark_encryption_active(p: &ImportedPool) -> Result<()> {
             .get(RECORD_FORMAT)
             .map_err(crate::txg::meta_err)?
             .map_or(0, |v| v.value());
-        if now >= meta::META_FORMAT_ENCRYPTION {
+        if now >= meta::META_FORMAT_SEALED_NAMES {
             return Ok(());
         }
-        r.insert(RECORD_FORMAT, meta::META_FORMAT_ENCRYPTION)
+        r.insert(RECORD_FORMAT, meta::META_FORMAT_SEALED_NAMES)
             .map_err(crate::txg::meta_err)?;
     }
     tx.commit().map_err(crate::txg::meta_err)?;
-    tracing::info!(pool = %p.pool.name, "metadata format 4: encryption in use (builds before it refuse this pool)");
+    tracing::info!(pool = %p.pool.name, "metadata format 5: encryption with sealed names in use (builds before it refuse this pool)");
     Ok(())
 }
 
@@ -704,7 +801,7 @@ pub(crate) fn prepare_create(
 ) -> Result<(NewCrypt, Vec<(String, String)>)> {
     let (o, rest) = take_options(props)?;
     let c = for_create(p, &p.datasets.read(), name, &o, material)?;
-    if matches!(c, Some((_, Some(_)))) {
+    if matches!(&c, Some((r, _)) if r.names >= crate::namerow::NAMES_SEALED) {
         mark_encryption_active(p)?;
     }
     if c.is_none() && material.is_some() {

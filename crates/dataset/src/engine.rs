@@ -2144,9 +2144,9 @@ impl Engine {
         Ok(PoolVersions {
             pool: pool.to_string(),
             meta_format,
-            // Format 4 is 3 with encryption in use: current, not an upgrade.
+            // Formats 4 and 5 are 3 with encryption (sealed names) in use: current, not an upgrade.
             meta_format_supported: meta::META_FORMAT_VERSION
-                .max(meta_format.min(meta::META_FORMAT_ENCRYPTION)),
+                .max(meta_format.min(meta::META_FORMAT_SEALED_NAMES)),
             label_version,
             label_version_supported: vdev::LABEL_VERSION,
             upgraded,

@@ -21,6 +21,7 @@ pub mod history;
 mod holders;
 pub mod l2arc;
 pub mod memory;
+mod namerow;
 pub mod names;
 pub mod objects;
 mod owner;

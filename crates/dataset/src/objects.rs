@@ -16,6 +16,7 @@
 //! every kind.
 
 use crate::blockmap::{self, block_addr, name_addr, Chain};
+use crate::namerow::{target_of, NameLayout};
 use crate::space::Class;
 use crate::txg::{Dirty, ImportedPool, OpenTxg};
 use crate::volume::{self, Op};
@@ -531,15 +532,10 @@ fn lookup_outside_open(p: &ImportedPool, st: &State, dir: u64, name: &str) -> Re
             return Ok(*t);
         }
     }
-    blockmap::resolve(&view.blocks, &st.chain, &name_addr(dir, name))?
-        .map(|v| target_of(&v))
+    let layout = NameLayout::of(p, st.ds())?;
+    blockmap::resolve(&view.blocks, &st.chain, &layout.addr(dir, name))?
+        .map(|v| layout.target(dir, name, &v))
         .transpose()
-}
-
-fn target_of(v: &[u8]) -> Result<u64> {
-    v.try_into()
-        .map(u64::from_le_bytes)
-        .map_err(|_| Error::Corrupt(format!("name row value {v:02x?}")))
 }
 
 // ------------------------------------------------------------ applying
@@ -1119,6 +1115,19 @@ fn list_names(
             }
             overlay.insert(n.clone(), *t);
         }
+    }
+    let layout = NameLayout::of(p, ds)?;
+    if !layout.sorted() {
+        // Sealed names: rows are in hash order (decision 0035).
+        return crate::namerow::list_sealed(
+            &view.blocks,
+            &st.chain,
+            &layout,
+            dir,
+            &in_range,
+            overlay,
+            limit,
+        );
     }
     let lo = name_addr(dir, &start);
     let hi = blockmap::prefix_end(name_addr(dir, prefix)).unwrap_or_else(|| vec![0xff]);
@@ -1703,9 +1712,10 @@ pub(crate) fn diff_names(
     let t = &view.blocks;
     let born_between = |birth: u64| birth > after && birth <= upto;
     let changed_objects = objects_born_between(t, ds, after, upto)?;
-    // Names with a version born in between.
-    let root = name_addr(ROOT_DIR, "");
-    let root_end = blockmap::prefix_end(root.clone()).unwrap_or_else(|| vec![0xff]);
+    let layout = NameLayout::of(p, ds)?;
+    // Rows of the root directory with a version born in between (by
+    // address: a sealed tombstone has no name; the versions on each side say it).
+    let (root, root_end) = crate::namerow::dir_range(ROOT_DIR);
     let mut touched = std::collections::BTreeSet::new();
     for row in t
         .range((ds, &root[..], 0)..(ds, &root_end[..], 0))
@@ -1714,22 +1724,20 @@ pub(crate) fn diff_names(
         let (k, _) = row.map_err(crate::txg::meta_err)?;
         let (_, addr, birth) = k.value();
         if born_between(birth) {
-            if let blockmap::Addr::Name { name, .. } = blockmap::Addr::parse(addr)? {
-                touched.insert(name);
-            }
+            touched.insert(addr.to_vec());
         }
     }
-    let at = |chain: &Chain, name: &str| -> Result<Option<u64>> {
-        blockmap::resolve(t, chain, &name_addr(ROOT_DIR, name))?
-            .map(|v| target_of(&v))
+    let at = |chain: &Chain, addr: &[u8]| -> Result<Option<(String, u64)>> {
+        blockmap::resolve(t, chain, addr)?
+            .map(|v| layout.open_row(addr, &v).map(|(_, n, o)| (n, o)))
             .transpose()
     };
     let mut out = BTreeMap::new();
-    for name in touched {
-        let change = match (at(from, &name)?, at(to, &name)?) {
-            (None, Some(_)) => '+',
-            (Some(_), None) => '-',
-            (Some(a), Some(b)) if a != b || changed_objects.contains(&b) => 'M',
+    for addr in touched {
+        let (name, change) = match (at(from, &addr)?, at(to, &addr)?) {
+            (None, Some((n, _))) => (n, '+'),
+            (Some((n, _)), None) => (n, '-'),
+            (Some((n, a)), Some((_, b))) if a != b || changed_objects.contains(&b) => (n, 'M'),
             _ => continue,
         };
         out.insert(name, change);
@@ -1737,8 +1745,9 @@ pub(crate) fn diff_names(
     // Names unchanged whose object changed in place (a file written to).
     if !changed_objects.is_empty() {
         let mut scan = blockmap::NameScan::new(t, to, &root, &root_end)?;
-        while let Some((name, v)) = scan.next()? {
-            if changed_objects.contains(&target_of(&v)?) {
+        while let Some((addr, v)) = scan.next_row()? {
+            let (_, name, obj) = layout.open_row(&addr, &v)?;
+            if changed_objects.contains(&obj) {
                 out.entry(name).or_insert('M');
             }
         }
@@ -1772,8 +1781,11 @@ pub(crate) fn diff_paths(
     // Objects with a version born in between, and (below) objects named by
     // a name with a version born in between (on either side).
     let mut changed = objects_born_between(t, ds, after, upto)?;
+    let layout = NameLayout::of(p, ds)?;
     let names_lo = name_addr(0, "");
-    let names_hi = vec![0x02];
+    let names_hi = vec![blockmap::NAME_TAG + 1];
+    // Name rows with a version born in between, by address (a sealed
+    // tombstone has no name: the versions on each side say it).
     let mut touched = std::collections::BTreeSet::new();
     for row in t
         .range((ds, &names_lo[..], 0)..(ds, &names_hi[..], 0))
@@ -1781,12 +1793,8 @@ pub(crate) fn diff_paths(
     {
         let (k, _) = row.map_err(crate::txg::meta_err)?;
         let (_, addr, birth) = k.value();
-        if born_between(birth) {
-            if let blockmap::Addr::Name { dir, name } = blockmap::Addr::parse(addr)? {
-                if dir != UNLINKED_SET && name != ".." {
-                    touched.insert((dir, name));
-                }
-            }
+        if born_between(birth) && crate::namerow::dir_of(addr)? != UNLINKED_SET {
+            touched.insert(addr.to_vec());
         }
     }
     if changed.is_empty() && touched.is_empty() {
@@ -1796,19 +1804,26 @@ pub(crate) fn diff_paths(
     let names_of = |chain: &Chain| -> Result<std::collections::HashMap<u64, (u64, String)>> {
         let mut out = std::collections::HashMap::new();
         let mut scan = blockmap::NameScan::new(t, chain, &names_lo, &names_hi)?;
-        while let Some((dir, name, v)) = scan.next_in_dir()? {
-            if dir == UNLINKED_SET || name == ".." {
+        while let Some((addr, v)) = scan.next_row()? {
+            if crate::namerow::dir_of(&addr)? == UNLINKED_SET {
                 continue;
             }
-            out.entry(target_of(&v)?).or_insert((dir, name));
+            let (dir, name, obj) = layout.open_row(&addr, &v)?;
+            if name == ".." {
+                continue;
+            }
+            out.entry(obj).or_insert((dir, name));
         }
         Ok(out)
     };
     let (before, now) = (names_of(from)?, names_of(to)?);
-    for (dir, name) in &touched {
+    for addr in &touched {
         for chain in [from, to] {
-            if let Some(v) = blockmap::resolve(t, chain, &name_addr(*dir, name))? {
-                changed.insert(target_of(&v)?);
+            if let Some(v) = blockmap::resolve(t, chain, addr)? {
+                let (_, name, obj) = layout.open_row(addr, &v)?;
+                if name != ".." {
+                    changed.insert(obj);
+                }
             }
         }
     }

@@ -594,6 +594,7 @@ impl ImportedPool {
                 snapshot: s_id,
             });
         }
+        crate::crypt::promote_root(recs, o_id, clone);
         self.recount(tx, recs, o_id)?;
         self.recount(tx, recs, clone)?;
         Ok(())

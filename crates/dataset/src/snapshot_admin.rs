@@ -215,6 +215,7 @@ impl Engine {
                 }
             }
             let ids: Vec<u64> = heads.iter().map(|n| datasets[n].id).collect();
+            crate::crypt::check_destroy(&datasets, &ids)?;
             for snap in datasets
                 .values()
                 .filter(|d| d.is_snapshot() && ids.contains(&d.data_id()))
@@ -577,6 +578,7 @@ impl Engine {
                         root: c.root,
                         algo: c.algo,
                         wrap: None,
+                        names: c.names,
                     })
                 }),
                 ..Default::default()
@@ -605,7 +607,19 @@ impl Engine {
             }
             rec.id
         };
-        p.commit_txg(Some(Action::Promote(id)))?;
+        // The encryption root may move to the clone (crypt::promote_root).
+        let origin = p
+            .datasets
+            .read()
+            .values()
+            .find(|d| d.id == id)
+            .and_then(|d| d.origin.as_ref().map(|o| o.dataset));
+        if let Some(o) = origin {
+            p.keys.share(o, id);
+        }
+        let done = p.commit_txg(Some(Action::Promote(id)));
+        p.keys.retain_roots(&p.datasets.read());
+        done?;
         tracing::info!(dataset = name, "clone promoted");
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! pointers, space figures and the intent-log checkpoint -> free what the
 //! txg replaced -> trim the log.
 
-use crate::blockmap::{self, block_addr, name_addr, Chain, KeyType};
+use crate::blockmap::{self, block_addr, Chain, KeyType};
 use crate::cache::BlockCache;
 use crate::props::{DatasetRecord, Lineage};
 use crate::snapshot::{Action, ActionOutcome, SpaceDelta, VersionChange};
@@ -1019,6 +1019,8 @@ impl ImportedPool {
         let mut space: HashMap<u64, SpaceDelta> = HashMap::new();
         let mut outcome = ActionOutcome::default();
         let mut has_action = false;
+        // Name rows as stored: sealed for encrypted datasets (decision 0035).
+        let name_rows = crate::namerow::commit_rows(self, &changes.names)?;
         let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;
@@ -1050,10 +1052,9 @@ impl ImportedPool {
                     placed[i].as_ref().map(|bp| bp.encode()),
                 )?;
             }
-            for ((ds, dir, name), target) in &changes.names {
-                if recs.contains_key(ds) {
-                    let value = target.map(|o| o.to_le_bytes().to_vec());
-                    change(*ds, &name_addr(*dir, name), value)?;
+            for (ds, addr, value) in name_rows {
+                if recs.contains_key(&ds) {
+                    change(ds, &addr, value)?;
                 }
             }
         }

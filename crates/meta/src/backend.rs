@@ -796,7 +796,7 @@ mod tests {
         let tx = db.begin_write().unwrap();
         tx.open_table(schema::POOL_RECORDS)
             .unwrap()
-            .insert(schema::RECORD_FORMAT, crate::META_FORMAT_ENCRYPTION + 1)
+            .insert(schema::RECORD_FORMAT, crate::META_FORMAT_SEALED_NAMES + 1)
             .unwrap();
         tx.commit().unwrap();
         drop(db);

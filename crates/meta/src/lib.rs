@@ -22,12 +22,16 @@ pub const META_FORMAT_UPGRADABLE: u64 = 2;
 /// builds before encryption refuse the pool by name instead of replaying
 /// sealed intent-log records as data. New pools are still created as 3.
 pub const META_FORMAT_ENCRYPTION: u64 = 4;
+/// Format 4 with sealed directory names (decision 0035): recorded when a
+/// pool's first encrypted dataset with sealed names is created, so builds
+/// before it refuse the pool instead of reading hashed rows as names.
+pub const META_FORMAT_SEALED_NAMES: u64 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
     #[error("metadata store: {0}")]
     Store(String),
-    #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_ENCRYPTION})")]
+    #[error("metadata format version {found} is newer than this build understands ({META_FORMAT_SEALED_NAMES})")]
     Newer { found: u64 },
     #[error("metadata format version {found} ({what}) is older than this build reads ({META_FORMAT_UPGRADABLE} and later); import the pool with the build that created it and copy its data to a new pool")]
     Older { found: u64, what: &'static str },
@@ -93,7 +97,7 @@ pub fn open(region: MirroredRegion, cache_bytes: usize) -> Result<Database, Meta
         v
     };
     match found {
-        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_ENCRYPTION).contains(&v) => Ok(db),
+        Some(v) if (META_FORMAT_UPGRADABLE..=META_FORMAT_SEALED_NAMES).contains(&v) => Ok(db),
         Some(v) if v < META_FORMAT_VERSION => Err(MetaError::Older {
             found: v,
             what: "older table layout",
