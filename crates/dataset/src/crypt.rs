@@ -305,6 +305,26 @@ impl ImportedPool {
         Some(key.seal(&log_aad(ds, kind, offset), payload))
     }
 
+    /// Appends a volume write to the intent log, its payload sealed when the
+    /// dataset is encrypted (as [`ImportedPool::seal_log`]), and only if the
+    /// log keeps the record: bulk writes the txg carries are not sealed twice
+    /// (decision 0037).
+    pub(crate) fn log_write(&self, ds: u64, offset: u64, payload: &[u8]) -> u64 {
+        let kind = intent_log::RecordKind::Write;
+        let len = payload.len() as u64;
+        match self.key_of(ds).ok().flatten() {
+            None => self.log.append(kind, ds, offset, len, payload),
+            Some(key) => {
+                let aad = log_aad(ds, kind as u8, offset);
+                let sealed_len = payload.len() + block::crypt::NONCE_LEN + block::crypt::TAG_LEN;
+                self.log
+                    .append_with(kind, ds, offset, len, sealed_len, |f| {
+                        f(&key.seal(&aad, payload))
+                    })
+            }
+        }
+    }
+
     /// Opens a logged payload at replay: unchanged for a plain dataset.
     pub(crate) fn open_log(
         &self,

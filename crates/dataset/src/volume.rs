@@ -481,11 +481,7 @@ fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 
             for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
                 let at = offset + (i * MAX_LOG_RECORD) as u64;
                 // An encrypted volume's data is sealed in the log too (decision 0026).
-                let sealed = p.seal_log(ds, RecordKind::Write as u8, at, chunk);
-                let payload = sealed.as_deref().unwrap_or(chunk);
-                seq = p
-                    .log
-                    .append(RecordKind::Write, ds, at, chunk.len() as u64, payload);
+                seq = p.log_write(ds, at, chunk);
             }
             seq
         }

@@ -322,11 +322,28 @@ impl IntentLog {
         length: u64,
         payload: &[u8],
     ) -> u64 {
+        self.append_with(kind, dataset, offset, length, payload.len(), |f| f(payload))
+    }
+
+    /// As [`IntentLog::append`] with a payload of `payload_len` bytes that
+    /// `make` produces (it calls its argument with the bytes) only if the
+    /// record is kept: an encrypted dataset's payload is sealed only then,
+    /// not for bulk writes the txg carries (decision 0037). `make` runs
+    /// under the log's lock and must give exactly `payload_len` bytes.
+    pub fn append_with(
+        &self,
+        kind: RecordKind,
+        dataset: u64,
+        offset: u64,
+        length: u64,
+        payload_len: usize,
+        make: impl FnOnce(&mut dyn FnMut(&[u8])),
+    ) -> u64 {
         assert!(kind != RecordKind::Jump);
         let mut st = self.state.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
-        if st.pending_bytes + HEADER + payload.len() > self.max_pending {
+        if st.pending_bytes + HEADER + payload_len > self.max_pending {
             // More unflushed data than we hold twice in memory: let the txg
             // carry all of it (bulk writes then cost no log copy); a commit
             // of any of these records waits for that txg, as ZFS does.
@@ -335,17 +352,20 @@ impl IntentLog {
             st.dropped_below = st.next_seq;
             return seq;
         }
-        let mut bytes = Vec::with_capacity(HEADER + payload.len());
-        encode(
-            self.pool_guid,
-            kind,
-            seq,
-            dataset,
-            offset,
-            length,
-            payload,
-            &mut bytes,
-        );
+        let mut bytes = Vec::with_capacity(HEADER + payload_len);
+        make(&mut |payload| {
+            debug_assert_eq!(payload.len(), payload_len);
+            encode(
+                self.pool_guid,
+                kind,
+                seq,
+                dataset,
+                offset,
+                length,
+                payload,
+                &mut bytes,
+            )
+        });
         st.pending_bytes += bytes.len();
         st.pending.push_back(Pending { seq, bytes });
         seq

@@ -219,3 +219,33 @@ fn log_moves_to_a_log_device_at_a_checkpoint() {
     assert_eq!(payloads, vec![b"new".as_slice()]);
     assert_eq!(found[0].seq, c);
 }
+
+#[test]
+fn a_payload_made_on_demand_is_made_only_for_a_kept_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let (log, _) = IntentLog::open(p.log_region(), p.guid, start(), 64 << 10, Box::new(|| {}));
+    let mut made = 0;
+    let kept = log.append_with(RecordKind::Write, 1, 0, 40000, 40000, |f| {
+        made += 1;
+        f(&[7; 40000])
+    });
+    // Over the bound: the txg carries it, its payload is never made.
+    let dropped = log.append_with(RecordKind::Write, 1, 0, 40000, 40000, |_| {
+        panic!("the payload of a dropped record was made")
+    });
+    assert_eq!((made, log.pending_bytes()), (1, 0));
+    let cp = log.checkpoint();
+    log.applied(cp);
+    log.commit(dropped).unwrap();
+    log.commit(kept).unwrap();
+    let after = log.append_with(RecordKind::Write, 1, 4096, 3, 3, |f| f(b"abc"));
+    log.commit(after).unwrap();
+    drop(log);
+    let (_, found) = IntentLog::open(p.log_region(), p.guid, cp, 64 << 10, Box::new(|| {}));
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        (found[0].seq, found[0].offset, &found[0].payload[..]),
+        (after, 4096, &b"abc"[..])
+    );
+}

@@ -323,7 +323,7 @@ async fn handshake(
         .reunite(wr.into_inner())
         .map_err(|e| io::Error::other(e.to_string()))?;
     let acceptor = tls::TlsAcceptor::from(t.config.clone());
-    let stream = match tls::accept(&acceptor, sock, config.handshake_timeout).await {
+    let mut stream = match tls::accept(&acceptor, sock, config.handshake_timeout).await {
         Ok(s) => s,
         Err(tls::Error::Handshake(e)) => {
             ServerStats::add(&stats().tls_failed, 1);
@@ -334,6 +334,7 @@ async fn handshake(
         Err(e) => return Err(HandshakeError::Refused(e.to_string())),
     };
     ServerStats::add(&stats().tls_handshakes, 1);
+    tls::bulk_buffers(stream.get_mut().1);
     ctx.client.tls = true;
     ctx.client.common_name = tls::peer_common_name(stream.get_ref().1);
     debug!(%peer, client = ?ctx.client.common_name, "TLS on");

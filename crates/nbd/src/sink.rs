@@ -286,6 +286,8 @@ pub(crate) enum Wire {
 
 /// Bytes a stream drain writes between two progress stamps.
 const STREAM_PIECE: usize = 256 * 1024;
+/// The largest spare buffer a stream drain keeps for the next batch.
+const STREAM_SPARE_MAX: usize = 16 << 20;
 
 pub(crate) struct Sink {
     sock: Wire,
@@ -371,6 +373,7 @@ impl Sink {
             }
         }
         // Socket full (or already backed up): queue the rest, in order.
+        st.pending.reserve(bufs.iter().map(|b| b.len()).sum());
         for b in bufs.iter() {
             st.pending.extend_from_slice(b);
         }
@@ -485,15 +488,20 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
 /// the stream took it.
 async fn drain_stream(sink: &Sink, w: &mut (dyn AsyncWrite + Send + Unpin)) -> io::Result<()> {
     let mut broken = sink.broken.subscribe();
+    // Two buffers take turns (decision 0037): replies are copied into one
+    // while the other is written, and both keep their capacity. A fresh
+    // buffer per batch cost a page fault per 4 KiB written and an munmap
+    // per batch (the allocator maps large buffers).
+    let mut spare = Vec::new();
     loop {
-        let (buf, held) = loop {
+        let (mut buf, held) = loop {
             {
                 let mut st = sink.lock();
                 if st.failed {
                     return Err(io::ErrorKind::BrokenPipe.into());
                 }
                 if st.draining && !st.pending.is_empty() {
-                    let buf = std::mem::take(&mut st.pending);
+                    let buf = std::mem::replace(&mut st.pending, std::mem::take(&mut spare));
                     st.writing = buf.len();
                     st.sent = 0;
                     break (buf, std::mem::take(&mut st.held));
@@ -528,6 +536,10 @@ async fn drain_stream(sink: &Sink, w: &mut (dyn AsyncWrite + Send + Unpin)) -> i
             return Err(e);
         }
         drop(held);
+        if buf.capacity() <= STREAM_SPARE_MAX {
+            buf.clear();
+            spare = buf;
+        }
     }
 }
 
