@@ -5,7 +5,7 @@
 //! ranges whose blocks changed since that snapshot.
 
 use dataset::props::{parse_nbd_clients, NBD_CLIENTS};
-use dataset::{Engine, EventKind, Extent, OpenHandle, ReadSegment, Volume, WriteMark};
+use dataset::{Engine, EventKind, Extent, OpenHandle, ReadPiece, Volume, WriteMark};
 use nbd::{
     Access, BlockExport, Client, ExportError, ExportInfo, ExportProvider, ReadChunk, StatusExtent,
 };
@@ -278,10 +278,10 @@ pub fn map_error(e: dataset::Error) -> ExportError {
     }
 }
 
-pub fn map_segment(s: ReadSegment) -> ReadChunk {
-    match s {
-        ReadSegment::Data(d) => ReadChunk::Data(d),
-        ReadSegment::Hole(n) => ReadChunk::Hole(n),
+pub fn map_piece(p: ReadPiece) -> ReadChunk {
+    match p {
+        ReadPiece::Data(b, r) => ReadChunk::Shared(b, r),
+        ReadPiece::Hole(n) => ReadChunk::Hole(n),
     }
 }
 
@@ -335,8 +335,11 @@ impl BlockExport for VolumeExport {
     }
 
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
-        let segs = self.gate.with(|v| v.read(offset, len).map_err(map_error))?;
-        Ok(segs.into_iter().map(map_segment).collect())
+        // Cached blocks go to the socket as they are (no copy).
+        let pieces = self
+            .gate
+            .with(|v| v.read_pieces(offset, len).map_err(map_error))?;
+        Ok(pieces.into_iter().map(map_piece).collect())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
@@ -465,11 +468,11 @@ mod tests {
 
     #[test]
     fn maps_read_segments() {
-        assert_eq!(
-            map_segment(ReadSegment::Data(vec![1, 2])),
-            ReadChunk::Data(vec![1, 2])
-        );
-        assert_eq!(map_segment(ReadSegment::Hole(4096)), ReadChunk::Hole(4096));
+        let buf = Arc::new(vec![1, 2, 3]);
+        let got = map_piece(ReadPiece::Data(buf.clone(), 1..3));
+        assert_eq!(got, ReadChunk::Shared(buf, 1..3));
+        assert_eq!(got.data(), Some(&[2u8, 3][..]));
+        assert_eq!(map_piece(ReadPiece::Hole(4096)), ReadChunk::Hole(4096));
     }
 
     #[test]

@@ -170,6 +170,24 @@ pub enum ReadSegment {
     Hole(u64),
 }
 
+/// One piece of a read without copies: a range of a shared block buffer,
+/// or a run of bytes never written (zeros).
+#[derive(Debug, Clone)]
+pub enum ReadPiece {
+    Data(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>),
+    Hole(u64),
+}
+
+impl ReadPiece {
+    /// The bytes of a data piece (empty for a hole).
+    pub fn data(&self) -> &[u8] {
+        match self {
+            ReadPiece::Data(b, r) => &b[r.clone()],
+            ReadPiece::Hole(_) => &[],
+        }
+    }
+}
+
 /// One run of `Volume::allocation`: `len` bytes that are all holes or all data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {

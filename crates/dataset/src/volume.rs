@@ -7,7 +7,7 @@ use crate::blockmap::Chain;
 use crate::objects::VOLUME_OBJECT;
 use crate::space::Class;
 use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
-use crate::{Error, Extent, ReadSegment, Result, Volume};
+use crate::{Error, Extent, ReadPiece, ReadSegment, Result, Volume};
 use block::BlockPointer;
 use intent_log::RecordKind;
 use std::collections::{HashMap, HashSet};
@@ -539,6 +539,35 @@ pub(crate) fn read_range(
     offset: u64,
     len: u64,
 ) -> Result<Vec<ReadSegment>> {
+    let pieces = read_pieces(p, chain, obj, bs, snapshot, offset, len)?;
+    let mut out: Vec<ReadSegment> = Vec::new();
+    for piece in pieces {
+        match (piece, out.last_mut()) {
+            (ReadPiece::Hole(n), Some(ReadSegment::Hole(m))) => *m += n,
+            (ReadPiece::Hole(n), _) => out.push(ReadSegment::Hole(n)),
+            (d @ ReadPiece::Data(..), Some(ReadSegment::Data(v))) => v.extend_from_slice(d.data()),
+            (d @ ReadPiece::Data(..), _) => {
+                let mut v = Vec::with_capacity(len as usize);
+                v.extend_from_slice(d.data());
+                out.push(ReadSegment::Data(v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`read_range`] without copying: each block's part of the range as a
+/// shared slice of its buffer (the ARC's own, or the open txg's), holes
+/// merged. Front ends that write to a socket send these slices as they are.
+pub(crate) fn read_pieces(
+    p: &ImportedPool,
+    chain: &Chain,
+    obj: u64,
+    bs: u32,
+    snapshot: bool,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<ReadPiece>> {
     if len == 0 {
         return Ok(Vec::new());
     }
@@ -562,7 +591,7 @@ pub(crate) fn read_range(
     };
     p.prefetch
         .observe(&p.cache, chain, obj, bs, snapshot, first, last);
-    let mut out: Vec<ReadSegment> = Vec::new();
+    let mut out: Vec<ReadPiece> = Vec::with_capacity((last - first + 1) as usize);
     for (i, b) in (first..=last).enumerate() {
         let data = match &in_open[i] {
             Some(Dirty::Partial(part)) => {
@@ -576,13 +605,16 @@ pub(crate) fn read_range(
         let lo = (offset.max(start) - start) as usize;
         let hi = ((offset + len).min(start + bsz) - start) as usize;
         match (data, out.last_mut()) {
-            (None, Some(ReadSegment::Hole(n))) => *n += (hi - lo) as u64,
-            (None, _) => out.push(ReadSegment::Hole((hi - lo) as u64)),
-            (Some(d), Some(ReadSegment::Data(v))) => v.extend_from_slice(&d[lo..hi]),
+            (None, Some(ReadPiece::Hole(n))) => *n += (hi - lo) as u64,
+            (None, _) => out.push(ReadPiece::Hole((hi - lo) as u64)),
             (Some(d), _) => {
-                let mut v = Vec::with_capacity(len as usize);
-                v.extend_from_slice(&d[lo..hi]);
-                out.push(ReadSegment::Data(v));
+                if d.len() < hi {
+                    return Err(Error::Corrupt(format!(
+                        "block {b} of object {obj} holds {} bytes, {hi} needed",
+                        d.len()
+                    )));
+                }
+                out.push(ReadPiece::Data(d, lo..hi));
             }
         }
     }
@@ -745,6 +777,21 @@ impl Volume {
         let st = self.current()?;
         self.check_range(offset, len, st.size)?;
         read_range(
+            &self.pool,
+            &st.chain,
+            VOLUME_OBJECT,
+            st.bs,
+            st.snapshot.is_some(),
+            offset,
+            len,
+        )
+    }
+
+    /// [`Volume::read`] as shared slices of the block buffers (no copy).
+    pub fn read_pieces(&self, offset: u64, len: u64) -> Result<Vec<ReadPiece>> {
+        let st = self.current()?;
+        self.check_range(offset, len, st.size)?;
+        read_pieces(
             &self.pool,
             &st.chain,
             VOLUME_OBJECT,

@@ -109,8 +109,36 @@ pub enum ExportError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadChunk {
     Data(Vec<u8>),
+    /// A range of a buffer the export shares (a cached block): sent from
+    /// there without a copy. A range outside the buffer fails the read (EIO).
+    Shared(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>),
     /// `len` bytes of zeros that are not allocated (sent as NBD_REPLY_TYPE_OFFSET_HOLE).
     Hole(u64),
+}
+
+impl ReadChunk {
+    /// Bytes this chunk covers.
+    pub fn len(&self) -> u64 {
+        match self {
+            ReadChunk::Data(d) => d.len() as u64,
+            ReadChunk::Shared(_, r) => r.len() as u64,
+            ReadChunk::Hole(n) => *n,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of a data chunk (None for a hole, or a shared range
+    /// outside its buffer).
+    pub fn data(&self) -> Option<&[u8]> {
+        match self {
+            ReadChunk::Data(d) => Some(d),
+            ReadChunk::Shared(b, r) => b.get(r.clone()),
+            ReadChunk::Hole(_) => None,
+        }
+    }
 }
 
 /// One descriptor of a BLOCK_STATUS reply: `len` bytes with these flags

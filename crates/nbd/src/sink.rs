@@ -124,8 +124,9 @@ impl<'a> Encoder<'a> {
     fn content(&mut self, chunks: &'a [ReadChunk]) {
         for c in chunks {
             match c {
-                ReadChunk::Data(d) => self.bytes(d),
                 ReadChunk::Hole(n) => self.parts.push(Part::Zeros(*n)),
+                // normalize_read checked shared ranges.
+                c => self.bytes(c.data().unwrap_or_default()),
             }
         }
     }
@@ -181,35 +182,50 @@ impl<'a> Encoder<'a> {
                     self.content(chunks);
                 }
                 _ => {
+                    // One OFFSET_DATA chunk per run of data chunks (an
+                    // export may return one per cached block), one
+                    // OFFSET_HOLE chunk per hole.
                     let mut at = *offset;
-                    let last = chunks.len().saturating_sub(1);
-                    for (i, c) in chunks.iter().enumerate() {
-                        let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
-                        match c {
-                            ReadChunk::Data(d) => {
-                                let ty = REPLY_TYPE_OFFSET_DATA;
-                                self.head(&structured_header(
-                                    flags,
-                                    ty,
-                                    *handle,
-                                    8 + d.len() as u32,
-                                ));
-                                self.head(&at.to_be_bytes());
-                                self.bytes(d);
-                                at += d.len() as u64;
-                            }
-                            ReadChunk::Hole(n) => {
-                                self.head(&structured_header(
-                                    flags,
-                                    REPLY_TYPE_OFFSET_HOLE,
-                                    *handle,
-                                    12,
-                                ));
-                                self.head(&at.to_be_bytes());
-                                self.head(&(*n as u32).to_be_bytes());
-                                at += *n;
-                            }
+                    let mut i = 0;
+                    while i < chunks.len() {
+                        if let ReadChunk::Hole(n) = chunks[i] {
+                            let flags = if i + 1 == chunks.len() {
+                                REPLY_FLAG_DONE
+                            } else {
+                                0
+                            };
+                            self.head(&structured_header(
+                                flags,
+                                REPLY_TYPE_OFFSET_HOLE,
+                                *handle,
+                                12,
+                            ));
+                            self.head(&at.to_be_bytes());
+                            self.head(&(n as u32).to_be_bytes());
+                            at += n;
+                            i += 1;
+                            continue;
                         }
+                        let run = chunks[i..]
+                            .iter()
+                            .take_while(|c| !matches!(c, ReadChunk::Hole(_)))
+                            .count();
+                        let bytes: u64 = chunks[i..i + run].iter().map(ReadChunk::len).sum();
+                        let flags = if i + run == chunks.len() {
+                            REPLY_FLAG_DONE
+                        } else {
+                            0
+                        };
+                        self.head(&structured_header(
+                            flags,
+                            REPLY_TYPE_OFFSET_DATA,
+                            *handle,
+                            8 + bytes as u32,
+                        ));
+                        self.head(&at.to_be_bytes());
+                        self.content(&chunks[i..i + run]);
+                        at += bytes;
+                        i += run;
                     }
                 }
             },
@@ -568,13 +584,7 @@ mod tests {
         v
     }
     fn read(mode: ReadMode, chunks: Vec<ReadChunk>) -> Reply {
-        let len = chunks
-            .iter()
-            .map(|c| match c {
-                ReadChunk::Data(d) => d.len() as u32,
-                ReadChunk::Hole(n) => *n as u32,
-            })
-            .sum();
+        let len = chunks.iter().map(|c| c.len() as u32).sum();
         Reply::Read {
             handle: 7,
             offset: 1000,
@@ -611,6 +621,37 @@ mod tests {
         assert_eq!((c[1].0, c[1].1), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
         assert_eq!(be64(&c[1].3, 0), 1024);
         assert_eq!(&c[1].3[8..], &[5; 8]);
+    }
+
+    #[test]
+    fn shared_chunks_are_one_data_chunk() {
+        let buf = Arc::new((0u8..32).collect::<Vec<u8>>());
+        let r = read(
+            ReadMode::Structured,
+            vec![
+                ReadChunk::Shared(buf.clone(), 4..8),
+                ReadChunk::Shared(buf.clone(), 0..2),
+                ReadChunk::Data(vec![9; 3]),
+                ReadChunk::Hole(5),
+                ReadChunk::Shared(buf.clone(), 30..32),
+            ],
+        );
+        let c = chunks(&encode_to_vec(&r));
+        assert_eq!(c.len(), 3);
+        assert_eq!((c[0].0, c[0].1), (0, REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(be64(&c[0].3, 0), 1000);
+        assert_eq!(&c[0].3[8..], &[4, 5, 6, 7, 0, 1, 9, 9, 9]);
+        assert_eq!((c[1].0, c[1].1), (0, REPLY_TYPE_OFFSET_HOLE));
+        assert_eq!((be64(&c[1].3, 0), be32(&c[1].3, 8)), (1009, 5));
+        assert_eq!((c[2].0, c[2].1), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(be64(&c[2].3, 0), 1014);
+        assert_eq!(&c[2].3[8..], &[30, 31]);
+        // Simple replies carry the same bytes, the hole as zeros.
+        let b = encode_to_vec(&read(
+            ReadMode::Simple,
+            vec![ReadChunk::Shared(buf, 1..3), ReadChunk::Hole(2)],
+        ));
+        assert_eq!(&b[16..], &[1, 2, 0, 0]);
     }
 
     #[test]

@@ -873,23 +873,20 @@ fn execute_inner(s: &Session, req: &Request, payload: Vec<u8>) -> Result<Reply, 
 
 /// Checks that the export's chunks cover exactly `len` bytes; drops empty ones.
 fn normalize_read(chunks: Vec<ReadChunk>, len: u64) -> Result<Vec<ReadChunk>, String> {
+    if chunks
+        .iter()
+        .any(|c| matches!(c, ReadChunk::Shared(..)) && c.data().is_none())
+    {
+        return Err("export returned a range outside its buffer".into());
+    }
     let total: u64 = chunks
         .iter()
-        .map(|c| match c {
-            ReadChunk::Data(d) => d.len() as u64,
-            ReadChunk::Hole(n) => *n,
-        })
+        .map(ReadChunk::len)
         .fold(0u64, |a, b| a.saturating_add(b));
     if total != len {
         return Err(format!("export returned {total} bytes for a read of {len}"));
     }
-    Ok(chunks
-        .into_iter()
-        .filter(|c| match c {
-            ReadChunk::Data(d) => !d.is_empty(),
-            ReadChunk::Hole(n) => *n > 0,
-        })
-        .collect())
+    Ok(chunks.into_iter().filter(|c| !c.is_empty()).collect())
 }
 
 /// Encodes one `NBD_REPLY_TYPE_BLOCK_STATUS` payload: the export's extents
@@ -1017,5 +1014,17 @@ mod tests {
         .unwrap();
         assert_eq!(v, vec![ReadChunk::Hole(5)]);
         assert!(normalize_read(vec![ReadChunk::Hole(u64::MAX), ReadChunk::Hole(2)], 1).is_err());
+        // A shared range outside its buffer is an error, not a panic.
+        let buf = Arc::new(vec![0u8; 8]);
+        assert!(normalize_read(vec![ReadChunk::Shared(buf.clone(), 4..12)], 8).is_err());
+        let v = normalize_read(
+            vec![
+                ReadChunk::Shared(buf.clone(), 2..2),
+                ReadChunk::Shared(buf, 0..8),
+            ],
+            8,
+        )
+        .unwrap();
+        assert_eq!(v.len(), 1);
     }
 }
