@@ -1259,6 +1259,10 @@ impl Engine {
         if rec.is_snapshot() {
             return cannot("this property can not be modified for snapshots".into());
         }
+        // keylocation (roots only); keyformat and pbkdf2iters through change-key.
+        if let Some(done) = crate::crypt::set_property(&p, name, prop, value) {
+            return done;
+        }
         match prop {
             "volsize" => {
                 if rec.kind != DatasetKind::Volume {
