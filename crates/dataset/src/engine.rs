@@ -878,6 +878,8 @@ impl Engine {
         scrub::stop(&p);
         history::log_internal(&p, "export");
         p.close()?;
+        // Opened names of its sealed directories leave memory with its keys.
+        crate::namerow::forget_pool(p.pool.guid);
         events::post_event(&p.pool, class::POOL_EXPORT, &[]);
         p.pool
             .set_exported(true)

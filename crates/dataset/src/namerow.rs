@@ -227,6 +227,11 @@ pub(crate) fn forget(pool: u64, ids: &[u64]) {
         .retain(|e| e.pool != pool || !e.chain.iter().any(|(d, _)| ids.contains(d)));
 }
 
+/// Drops every cached name of pool `pool` (exported).
+pub(crate) fn forget_pool(pool: u64) {
+    SORTED_DIRS.lock().retain(|e| e.pool != pool);
+}
+
 fn cached(pool: u64, chain: &Chain, dir: u64, txg: u64) -> Option<Arc<Vec<(String, u64)>>> {
     let mut c = SORTED_DIRS.lock();
     let i = c
