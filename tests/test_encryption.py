@@ -152,7 +152,8 @@ def test_children_and_clones_share_the_encryption_root(mirror):
     # A pool without encryption keeps metadata format 3 (older builds read it).
     assert "metadata 3," in d.cli("pool", "upgrade", "tank").stdout
     create_encrypted(d, "tank/enc")
-    assert "metadata 4," in d.cli("pool", "upgrade", "tank").stdout
+    # 5: encryption with sealed names (decision 0035; 4 was encryption before it).
+    assert "metadata 5," in d.cli("pool", "upgrade", "tank").stdout
     d.cli("create", "-V", "1M", "tank/enc/child")
     assert d.props("tank/enc/child")["encryptionroot"] == "tank/enc"
     assert d.props("tank/enc/child")["keystatus"] == "available"

@@ -178,6 +178,9 @@ pub struct ChangeKeyRequest {
     pub properties: Vec<(String, String)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<dataset::KeyMaterial>,
+    /// `change-key -i`: inherit the parent's key (no properties, no key).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherit: bool,
 }
 
 /// What `load-key`/`unload-key` did: the encryption roots changed.

@@ -1097,7 +1097,16 @@ async fn change_key(
 ) -> ApiResult<Response> {
     tracing::info!(name = %req.name, "change-key");
     blocking(&st, move |e| {
-        e.change_key(&req.name, &req.properties, req.key.as_ref())?;
+        if req.inherit {
+            if !req.properties.is_empty() || req.key.is_some() {
+                return Err(dataset::Error::InvalidArgument(
+                    "change-key -i takes no properties and no key".into(),
+                ));
+            }
+            e.change_key_inherit(&req.name)?;
+        } else {
+            e.change_key(&req.name, &req.properties, req.key.as_ref())?;
+        }
         Ok(crate::KeyResult {
             done: vec![req.name.clone()],
             failed: Vec::new(),

@@ -38,6 +38,106 @@ pub struct CryptRecord {
     /// the origin's rows.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub names: u8,
+    /// Not an encryption root any more (`change-key -i`): its master key
+    /// (`root` is still its own id) is wrapped by the master key of
+    /// `wrapped_by.root`, whose encryption root loads it (decision 0035).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_by: Option<InheritedWrap>,
+}
+
+/// A master key wrapped by another dataset's master key (`change-key -i`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InheritedWrap {
+    /// The key id (a `CryptRecord::root`) whose master key wraps this one.
+    pub root: u64,
+    /// The key id the associated data names (the dataset that ran
+    /// `change-key -i`; kept when promote moves the key).
+    pub aad_id: u64,
+    /// hex: nonce | wrapped key | tag
+    pub wrapped: String,
+}
+
+/// The encryption root whose user key opens key id `key`: itself, or up
+/// the `wrapped_by` links (`change-key -i`).
+pub(crate) fn user_root(datasets: &BTreeMap<String, DatasetRecord>, key: u64) -> u64 {
+    let mut k = key;
+    for _ in 0..crate::blockmap::MAX_CHAIN {
+        let next = datasets
+            .values()
+            .find(|d| d.id == k)
+            .and_then(|d| d.crypt.as_ref())
+            .and_then(|c| c.wrapped_by.as_ref())
+            .map(|w| w.root);
+        match next {
+            Some(n) if n != k => k = n,
+            _ => break,
+        }
+    }
+    k
+}
+
+/// Key ids (`CryptRecord::root` values) whose user key is `root`'s.
+fn key_ids_of(datasets: &BTreeMap<String, DatasetRecord>, root: u64) -> Vec<u64> {
+    let mut ids: Vec<u64> = datasets
+        .values()
+        .filter_map(|d| d.crypt.as_ref().map(|c| c.root))
+        .filter(|k| user_root(datasets, *k) == root)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The wrapping key a master key gives the keys it wraps (`change-key -i`):
+/// derived (keyed blake3, its own context), never the master key itself.
+fn inherited_wrapping_key(parent: &MasterKey) -> Result<WrappingKey> {
+    let k = Zeroizing::new(parent.name_hash(b"cistern 2026 inherited wrapping key", &[]));
+    WrappingKey::derive(KeyFormat::Raw, &k[..], &[0u8; SALT_LEN], 0)
+        .map_err(|e| Error::Io(e.to_string()))
+}
+
+fn inherited_aad(key: u64) -> Vec<u8> {
+    format!("cistern master key {key} wrapped by its parent's").into_bytes()
+}
+
+/// Loads the keys wrapped (transitively) by the loaded key `key`.
+fn load_wrapped(p: &ImportedPool, key: u64, unloading: bool) -> Result<()> {
+    let mut todo = vec![key];
+    for _ in 0..4096 {
+        let Some(k) = todo.pop() else { return Ok(()) };
+        let Some(master) = p.keys.get(k) else {
+            continue;
+        };
+        let wrapped: Vec<(u64, InheritedWrap)> = p
+            .datasets
+            .read()
+            .values()
+            .filter_map(|d| {
+                let c = d.crypt.as_ref()?;
+                let w = c.wrapped_by.as_ref()?;
+                (w.root == k && c.root == d.id).then(|| (d.id, w.clone()))
+            })
+            .collect();
+        let wk = inherited_wrapping_key(&master)?;
+        for (id, w) in wrapped {
+            let bytes =
+                unhex(&w.wrapped).ok_or_else(|| Error::Corrupt("stored wrapped key".into()))?;
+            let m = wk.unwrap(&bytes, &inherited_aad(w.aad_id)).map_err(|_| {
+                Error::Corrupt(format!(
+                    "dataset {id}: its inherited key fails authentication"
+                ))
+            })?;
+            p.keys.keys.write().insert(
+                id,
+                Loaded {
+                    key: Arc::new(m),
+                    unloading,
+                },
+            );
+            todo.push(id);
+        }
+    }
+    Ok(())
 }
 
 fn is_zero(v: &u8) -> bool {
@@ -165,7 +265,7 @@ pub(crate) fn promote_root(recs: &mut BTreeMap<u64, DatasetRecord>, origin: u64,
     let is_root = recs
         .get(&origin)
         .and_then(|r| r.crypt.as_ref())
-        .is_some_and(|c| c.root == origin && c.wrap.is_some());
+        .is_some_and(|c| c.root == origin && (c.wrap.is_some() || c.wrapped_by.is_some()));
     let inherits = recs
         .get(&clone)
         .and_then(|r| r.crypt.as_ref())
@@ -173,20 +273,28 @@ pub(crate) fn promote_root(recs: &mut BTreeMap<u64, DatasetRecord>, origin: u64,
     if !is_root || !inherits {
         return;
     }
-    let Some(mut wrap) = recs
+    let Some((mut wrap, by)) = recs
         .get_mut(&origin)
         .and_then(|r| r.crypt.as_mut())
-        .and_then(|c| c.wrap.take())
+        .map(|c| (c.wrap.take(), c.wrapped_by.take()))
     else {
         return;
     };
-    wrap.aad_root.get_or_insert(origin);
+    if let Some(w) = wrap.as_mut() {
+        w.aad_root.get_or_insert(origin);
+    }
     if let Some(c) = recs.get_mut(&clone).and_then(|r| r.crypt.as_mut()) {
-        c.wrap = Some(wrap);
+        c.wrap = wrap;
+        c.wrapped_by = by;
     }
     for r in recs.values_mut() {
-        if let Some(c) = r.crypt.as_mut().filter(|c| c.root == origin) {
-            c.root = clone;
+        if let Some(c) = r.crypt.as_mut() {
+            if c.root == origin {
+                c.root = clone;
+            }
+            if let Some(w) = c.wrapped_by.as_mut().filter(|w| w.root == origin) {
+                w.root = clone;
+            }
         }
     }
 }
@@ -194,19 +302,84 @@ pub(crate) fn promote_root(recs: &mut BTreeMap<u64, DatasetRecord>, origin: u64,
 /// `destroy`: an encryption root goes only with every dataset using its
 /// key (`ids`: what is destroyed), or those left could never be opened.
 pub(crate) fn check_destroy(datasets: &BTreeMap<String, DatasetRecord>, ids: &[u64]) -> Result<()> {
-    if let Some(user) = datasets.values().find(|d| {
-        !ids.contains(&d.id)
-            && d.crypt
-                .as_ref()
-                .is_some_and(|c| c.root != d.id && ids.contains(&c.root))
-    }) {
-        let root = root_name(datasets, user.crypt.as_ref().map_or(0, |c| c.root));
+    let uses = |c: &CryptRecord, id: u64| {
+        (c.root != id && ids.contains(&c.root))
+            || c.wrapped_by.as_ref().is_some_and(|w| ids.contains(&w.root))
+    };
+    if let Some(user) = datasets
+        .values()
+        .find(|d| !ids.contains(&d.id) && d.crypt.as_ref().is_some_and(|c| uses(c, d.id)))
+    {
+        let c = user.crypt.as_ref();
+        let key = c
+            .and_then(|c| c.wrapped_by.as_ref().map(|w| w.root))
+            .filter(|k| ids.contains(k))
+            .or(c.map(|c| c.root))
+            .unwrap_or(0);
+        let root = root_name(datasets, key);
         return Err(Error::Busy(format!(
             "cannot destroy '{root}': it is the encryption root of '{}', whose blocks need its key; destroy that too or `cistern promote` it first",
             user.name
         )));
     }
     Ok(())
+}
+
+/// `cistern set` of an encryption property (`None`: not one). As zfs:
+/// `keylocation` on an encryption root (checked, not read: `load-key`
+/// reads it); `keyformat` and `pbkdf2iters` only through `change-key`
+/// (they change the wrapping key); `encryption` only at create.
+pub(crate) fn set_property(
+    p: &ImportedPool,
+    name: &str,
+    prop: &str,
+    value: &str,
+) -> Option<Result<()>> {
+    let cannot = |why: String| {
+        Some(Err(Error::InvalidArgument(format!(
+            "cannot set property for '{name}': {why}"
+        ))))
+    };
+    match prop {
+        "keylocation" => {}
+        "keyformat" | "pbkdf2iters" => {
+            return cannot(format!(
+                "'{prop}' can only be changed with `cistern change-key -o {prop}=...`"
+            ))
+        }
+        "encryption" => {
+            return cannot("'encryption' can only be set when the dataset is created".into())
+        }
+        _ => return None,
+    }
+    let done = (|| {
+        check_keylocation(value)?;
+        let mut rec = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+            let c = crypt_of(&datasets, rec.id).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "cannot set property for '{name}': encryption is not enabled"
+                ))
+            })?;
+            if c.root != rec.id || c.wrap.is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot set property for '{name}': keylocation can only be set on the encryption root ('{}')",
+                    root_name(&datasets, user_root(&datasets, c.root))
+                )));
+            }
+            rec.clone()
+        };
+        if let Some(w) = rec.crypt.as_mut().and_then(|c| c.wrap.as_mut()) {
+            w.keylocation = value.to_string();
+        }
+        p.store_dataset(&rec)?;
+        tracing::info!(dataset = name, keylocation = value, "keylocation set");
+        Ok(())
+    })();
+    Some(done)
 }
 
 /// The encryption of dataset `id` (a snapshot: its dataset's).
@@ -241,6 +414,10 @@ pub(crate) fn commit_keys(p: &ImportedPool) -> HashMap<u64, Option<Arc<MasterKey
             Some((r.id, p.keys.get(c.root)))
         })
         .collect()
+}
+
+fn root_name_of(datasets: &BTreeMap<String, DatasetRecord>, root: u64) -> String {
+    root_name(datasets, root)
 }
 
 fn root_name(datasets: &BTreeMap<String, DatasetRecord>, root: u64) -> String {
@@ -372,6 +549,9 @@ impl ImportedPool {
                             unloading: false,
                         },
                     );
+                    if let Err(e) = load_wrapped(self, id, false) {
+                        tracing::warn!(dataset = %name, "inherited keys not loaded: {e}");
+                    }
                     tracing::info!(dataset = %name, "encryption key loaded from its keylocation");
                 }
                 Err(e) => {
@@ -698,6 +878,7 @@ pub(crate) fn for_create(
                     wrap: None,
                     // Its own rows: the current layout, whatever the parent's.
                     names: crate::namerow::NAMES_SEALED,
+                    wrapped_by: None,
                 },
                 None,
             )));
@@ -736,6 +917,7 @@ pub(crate) fn for_create(
             algo: o.encryption.clone().unwrap_or_else(|| ALGO.into()),
             wrap: None,
             names: crate::namerow::NAMES_SEALED,
+            wrapped_by: None,
         },
         Some(PendingRoot {
             master: Arc::new(master),
@@ -872,12 +1054,13 @@ pub(crate) fn properties(
             prop("encryptionroot", "-".into(), "-"),
         ];
     };
-    let root = datasets.values().find(|d| d.id == c.root);
+    let user = user_root(datasets, c.root);
+    let root = datasets.values().find(|d| d.id == user);
     let w = root
         .and_then(|r| r.crypt.as_ref())
         .and_then(|c| c.wrap.clone());
-    let is_root = rec.data_id() == c.root && !rec.is_snapshot();
-    let root_name = root_name(datasets, c.root);
+    let is_root = rec.data_id() == user && !rec.is_snapshot();
+    let root_name = root_name(datasets, user);
     let src = if is_root {
         "local".to_string()
     } else {
@@ -926,9 +1109,10 @@ impl crate::Engine {
         let c = crypt_of(&datasets, rec.id).ok_or_else(|| {
             Error::InvalidArgument(format!("'{name}': encryption is not enabled"))
         })?;
+        let user = user_root(&datasets, c.root);
         let root = datasets
             .values()
-            .find(|d| d.id == c.root)
+            .find(|d| d.id == user)
             .ok_or_else(|| Error::Corrupt(format!("'{name}': encryption root is gone")))?;
         let w = root
             .crypt
@@ -937,7 +1121,7 @@ impl crate::Engine {
             .ok_or_else(|| Error::Corrupt(format!("'{}': no wrapped key", root.name)))?;
         let root_name = root.name.clone();
         drop(datasets);
-        Ok((p, root_name, c.root, w))
+        Ok((p, root_name, user, w))
     }
 
     /// Names of encryption roots (`-a`).
@@ -993,25 +1177,31 @@ impl crate::Engine {
                 unloading: true,
             },
         );
-        let ids: Vec<u64> = {
+        let (keys, ids) = {
             let datasets = p.datasets.read();
-            datasets
+            let keys = key_ids_of(&datasets, root);
+            let ids: Vec<u64> = datasets
                 .values()
-                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| c.root == root))
+                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| keys.contains(&c.root)))
                 .map(|r| r.id)
-                .collect()
+                .collect();
+            (keys, ids)
         };
-        let caught_up = replay_stash(&p, &ids).and_then(|n| {
-            let drained = crate::objects::drain_unlinked_where(&p, |_, id| ids.contains(&id))?;
-            if drained > 0 {
-                p.sync_txg()?;
-            }
-            Ok((n, drained))
-        });
+        let caught_up = load_wrapped(&p, root, true)
+            .and_then(|()| replay_stash(&p, &ids))
+            .and_then(|n| {
+                let drained = crate::objects::drain_unlinked_where(&p, |_, id| ids.contains(&id))?;
+                if drained > 0 {
+                    p.sync_txg()?;
+                }
+                Ok((n, drained))
+            });
         match caught_up {
             Ok((n, drained)) => {
-                if let Some(l) = p.keys.keys.write().get_mut(&root) {
-                    l.unloading = false;
+                for k in &keys {
+                    if let Some(l) = p.keys.keys.write().get_mut(k) {
+                        l.unloading = false;
+                    }
                 }
                 tracing::info!(
                     dataset = name,
@@ -1022,7 +1212,9 @@ impl crate::Engine {
                 Ok(())
             }
             Err(e) => {
-                p.keys.keys.write().remove(&root);
+                for k in &keys {
+                    p.keys.keys.write().remove(k);
+                }
                 Err(e)
             }
         }
@@ -1043,11 +1235,13 @@ impl crate::Engine {
                 "Key unload error: '{name}' key is not loaded"
             )));
         }
+        // Keys it wraps (`change-key -i`) go with it.
+        let keys = key_ids_of(&p.datasets.read(), root);
         let users: Vec<String> = {
             let datasets = p.datasets.read();
             datasets
                 .values()
-                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| c.root == root))
+                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| keys.contains(&c.root)))
                 .map(|r| r.name.clone())
                 .collect()
         };
@@ -1066,30 +1260,38 @@ impl crate::Engine {
         {
             // Under the open txg's lock: no write gets in after this.
             let _open = p.open.lock();
-            if let Some(l) = p.keys.keys.write().get_mut(&root) {
-                l.unloading = true;
+            for k in &keys {
+                if let Some(l) = p.keys.keys.write().get_mut(k) {
+                    l.unloading = true;
+                }
             }
         }
         // Everything written before is sealed and committed with the key.
         if let Err(e) = p.sync_txg() {
-            if let Some(l) = p.keys.keys.write().get_mut(&root) {
-                l.unloading = false;
+            for k in &keys {
+                if let Some(l) = p.keys.keys.write().get_mut(k) {
+                    l.unloading = false;
+                }
             }
             return Err(e);
         }
-        p.keys.keys.write().remove(&root);
+        for k in &keys {
+            p.keys.keys.write().remove(k);
+        }
         // Decompressed plaintext of these datasets leaves the cache too.
         let ids: Vec<u64> = {
             let datasets = p.datasets.read();
             datasets
                 .values()
-                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| c.root == root))
+                .filter(|r| crypt_of(&datasets, r.id).is_some_and(|c| keys.contains(&c.root)))
                 .map(|r| r.id)
                 .collect()
         };
-        for id in ids {
+        for &id in &ids {
             p.cache.forget_dataset(id);
         }
+        // And the opened names of its sealed directories (decision 0035).
+        crate::namerow::forget(p.pool.guid, &ids);
         tracing::info!(dataset = name, "encryption key unloaded");
         Ok(())
     }
@@ -1146,6 +1348,62 @@ impl crate::Engine {
         }
         p.store_dataset(&rec)?;
         tracing::info!(dataset = name, "encryption key changed");
+        Ok(())
+    }
+
+    /// `cistern change-key -i DS`: the encryption root `DS` inherits its
+    /// parent's key, as zfs: it stops being an encryption root, and its
+    /// master key is wrapped by the master key of its parent's (so loading
+    /// the parent's root loads it). No data is rewritten. Both keys must be
+    /// loaded.
+    pub fn change_key_inherit(&self, name: &str) -> Result<()> {
+        let (p, root_name, root, _) = self.root_of(name)?;
+        if root_name != name {
+            return Err(Error::InvalidArgument(format!(
+                "Key change error: '{name}' is not an encryption root (its root is '{root_name}')"
+            )));
+        }
+        let (mut rec, parent_key) = {
+            let datasets = p.datasets.read();
+            let rec = datasets
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::NotFound(format!("dataset '{name}'")))?;
+            let parent = name
+                .rsplit_once('/')
+                .and_then(|(parent, _)| datasets.get(parent))
+                .and_then(|r| crypt_of(&datasets, r.id));
+            let Some(parent) = parent else {
+                return Err(Error::InvalidArgument(format!(
+                    "Key change error: Root dataset's key cannot be inherited: the parent of '{name}' is not encrypted"
+                )));
+            };
+            if key_ids_of(&datasets, root).contains(&parent.root) {
+                return Err(Error::InvalidArgument(format!(
+                    "Key change error: the parent of '{name}' uses its key already"
+                )));
+            }
+            (rec, parent.root)
+        };
+        let unloaded = |what: &str| {
+            Error::KeyUnavailable(format!("Key change error: Key must be loaded for '{what}'"))
+        };
+        let own = p.keys.get(root).ok_or_else(|| unloaded(name))?;
+        let pk = p.keys.get(parent_key).ok_or_else(|| {
+            let datasets = p.datasets.read();
+            unloaded(&root_name_of(&datasets, user_root(&datasets, parent_key)))
+        })?;
+        let wrapped = inherited_wrapping_key(&pk)?.wrap(&own, &inherited_aad(root));
+        if let Some(c) = rec.crypt.as_mut() {
+            c.wrap = None;
+            c.wrapped_by = Some(InheritedWrap {
+                root: parent_key,
+                aad_id: root,
+                wrapped: hex(&wrapped),
+            });
+        }
+        p.store_dataset(&rec)?;
+        tracing::info!(dataset = name, "encryption key inherited from the parent");
         Ok(())
     }
 }

@@ -878,6 +878,8 @@ impl Engine {
         scrub::stop(&p);
         history::log_internal(&p, "export");
         p.close()?;
+        // Opened names of its sealed directories leave memory with its keys.
+        crate::namerow::forget_pool(p.pool.guid);
         events::post_event(&p.pool, class::POOL_EXPORT, &[]);
         p.pool
             .set_exported(true)
@@ -1258,6 +1260,10 @@ impl Engine {
         crate::names::check_property_name(prop).or_else(|e| cannot(e.to_string()))?;
         if rec.is_snapshot() {
             return cannot("this property can not be modified for snapshots".into());
+        }
+        // keylocation (roots only); keyformat and pbkdf2iters through change-key.
+        if let Some(done) = crate::crypt::set_property(&p, name, prop, value) {
+            return done;
         }
         match prop {
             "volsize" => {

@@ -15,11 +15,10 @@
 //!   directory's rows and keep the smallest names above the cursor (see
 //!   [`list_sealed`]).
 
-use crate::blockmap::{self, Chain, KeyType, NAME_TAG};
+use crate::blockmap::{self, Chain, NAME_TAG};
 use crate::txg::ImportedPool;
 use crate::{Error, Result};
 use block::crypt::MasterKey;
-use meta::redb::ReadableTable;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -201,25 +200,92 @@ pub(crate) fn commit_rows(
     Ok(out)
 }
 
-/// The names of `dir` a page of a listing shows, for a sealed layout:
-/// every committed row of the directory is opened, those outside the
-/// prefix/cursor or decided by `overlay` (the uncommitted changes) are
-/// dropped, and only the `limit` smallest are kept (a bounded ordered map,
-/// so a page costs one pass over the directory and memory for one page,
-/// whatever the directory's size). `in_range` says which names qualify.
+/// Directories of at most this many names are kept opened and sorted in
+/// memory ([`SortedDirs`]) between pages; larger ones are selected from
+/// page by page. Bounds the cache too: it holds at most this many names.
+pub(crate) const SORTED_DIR_MAX: usize = 1 << 17;
+
+/// Opened, sorted names of recently listed sealed directories, each as of
+/// one committed txg of one chain: a listing walks pages (S3 continuation
+/// tokens, readdir cookies, a delimiter walk) without opening every row
+/// again for each page. At most [`SORTED_DIR_MAX`] names in all; plaintext
+/// names, so `unload-key` drops a root's entries ([`forget`]).
+struct SortedDir {
+    pool: u64,
+    chain: Vec<(u64, u64)>,
+    dir: u64,
+    txg: u64,
+    names: Arc<Vec<(String, u64)>>,
+}
+
+static SORTED_DIRS: parking_lot::Mutex<Vec<SortedDir>> = parking_lot::Mutex::new(Vec::new());
+
+/// Drops the cached names of datasets `ids` of pool `pool` (their key goes).
+pub(crate) fn forget(pool: u64, ids: &[u64]) {
+    SORTED_DIRS
+        .lock()
+        .retain(|e| e.pool != pool || !e.chain.iter().any(|(d, _)| ids.contains(d)));
+}
+
+/// Drops every cached name of pool `pool` (exported).
+pub(crate) fn forget_pool(pool: u64) {
+    SORTED_DIRS.lock().retain(|e| e.pool != pool);
+}
+
+fn cached(pool: u64, chain: &Chain, dir: u64, txg: u64) -> Option<Arc<Vec<(String, u64)>>> {
+    let mut c = SORTED_DIRS.lock();
+    let i = c
+        .iter()
+        .position(|e| e.pool == pool && e.chain == chain.0 && e.dir == dir && e.txg == txg)?;
+    // Most recently used last.
+    let e = c.remove(i);
+    let names = e.names.clone();
+    c.push(e);
+    Some(names)
+}
+
+fn remember(pool: u64, chain: &Chain, dir: u64, txg: u64, names: Arc<Vec<(String, u64)>>) {
+    let mut c = SORTED_DIRS.lock();
+    // Older versions of the same directory are of no use any more.
+    c.retain(|e| !(e.pool == pool && e.chain == chain.0 && e.dir == dir));
+    let mut total: usize = c.iter().map(|e| e.names.len()).sum::<usize>() + names.len();
+    while total > SORTED_DIR_MAX && !c.is_empty() {
+        total -= c.remove(0).names.len();
+    }
+    c.push(SortedDir {
+        pool,
+        chain: chain.0.clone(),
+        dir,
+        txg,
+        names,
+    });
+}
+
+/// The names of `dir` a page of a listing shows, for a sealed layout: those
+/// at or after `start` starting with `prefix`, at most `limit`, merged with
+/// `overlay` (the uncommitted changes, which decide the names they hold).
+///
+/// The committed rows of the directory come from one read transaction,
+/// with the txg it holds. A directory of at most [`SORTED_DIR_MAX`] names
+/// is opened and sorted once per committed txg and kept; a page is then a
+/// binary search and `limit` steps. A larger one is never sorted: every
+/// row is opened and only the `limit` smallest qualifying names are kept (a
+/// bounded ordered map), so a page costs one pass over the directory and
+/// memory for one page, whatever the directory's size.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn list_sealed<T>(
-    t: &T,
+pub(crate) fn list_sealed(
+    p: &ImportedPool,
     chain: &Chain,
     layout: &NameLayout,
     dir: u64,
-    in_range: &dyn Fn(&str) -> bool,
+    start: &str,
+    prefix: &str,
     overlay: BTreeMap<String, Option<u64>>,
     limit: usize,
-) -> Result<Vec<(String, u64)>>
-where
-    T: ReadableTable<KeyType, &'static [u8]>,
-{
+) -> Result<Vec<(String, u64)>> {
+    use crate::txg::meta_err;
+    use meta::redb::ReadableDatabase;
+    let in_range = |n: &str| n >= start && n.starts_with(prefix);
     let mut best: BTreeMap<String, u64> = BTreeMap::new();
     let keep = |best: &mut BTreeMap<String, u64>, n: String, t: u64| {
         if best.len() >= limit {
@@ -235,12 +301,61 @@ where
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let (lo, hi) = dir_range(dir);
-    let mut scan = blockmap::NameScan::new(t, chain, &lo, &hi)?;
-    while let Some((addr, v)) = scan.next_row()? {
-        let (_, name, target) = layout.open_row(&addr, &v)?;
-        if in_range(&name) && !overlay.contains_key(&name) {
-            keep(&mut best, name, target);
+    let tx = p.db().begin_read().map_err(meta_err)?;
+    let txg = tx
+        .open_table(meta::schema::POOL_RECORDS)
+        .map_err(meta_err)?
+        .get(meta::schema::RECORD_TXG)
+        .map_err(meta_err)?
+        .map_or(0, |v| v.value());
+    let t = tx.open_table(meta::schema::BLOCK_MAP).map_err(meta_err)?;
+    let guid = p.pool.guid;
+    let sorted = match cached(guid, chain, dir, txg) {
+        Some(names) => Some(names),
+        None => {
+            let (lo, hi) = dir_range(dir);
+            let mut scan = blockmap::NameScan::new(&t, chain, &lo, &hi)?;
+            let mut all: Vec<(String, u64)> = Vec::new();
+            let mut too_big = false;
+            while let Some((addr, v)) = scan.next_row()? {
+                let (_, name, target) = layout.open_row(&addr, &v)?;
+                if !too_big && all.len() < SORTED_DIR_MAX {
+                    all.push((name.clone(), target));
+                } else if !too_big {
+                    // Too big to keep: from here on, select only (what was read is kept).
+                    too_big = true;
+                    for (n, t) in std::mem::take(&mut all) {
+                        if in_range(&n) && !overlay.contains_key(&n) {
+                            keep(&mut best, n, t);
+                        }
+                    }
+                }
+                if too_big && in_range(&name) && !overlay.contains_key(&name) {
+                    keep(&mut best, name, target);
+                }
+            }
+            if too_big {
+                None
+            } else {
+                all.sort_unstable();
+                let all = Arc::new(all);
+                remember(guid, chain, dir, txg, all.clone());
+                Some(all)
+            }
+        }
+    };
+    if let Some(names) = sorted {
+        // Sorted: the first `limit` qualifying names are the smallest.
+        let from = names.partition_point(|(n, _)| n.as_str() < start);
+        let mut taken = 0;
+        for (n, t) in &names[from..] {
+            if !n.starts_with(prefix) || taken >= limit {
+                break;
+            }
+            if !overlay.contains_key(n) {
+                keep(&mut best, n.clone(), *t);
+                taken += 1;
+            }
         }
     }
     for (n, t) in overlay {

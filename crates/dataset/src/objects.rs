@@ -1120,13 +1120,7 @@ fn list_names(
     if !layout.sorted() {
         // Sealed names: rows are in hash order (decision 0035).
         return crate::namerow::list_sealed(
-            &view.blocks,
-            &st.chain,
-            &layout,
-            dir,
-            &in_range,
-            overlay,
-            limit,
+            p, &st.chain, &layout, dir, &start, prefix, overlay, limit,
         );
     }
     let lo = name_addr(dir, &start);

@@ -579,6 +579,7 @@ impl Engine {
                         algo: c.algo,
                         wrap: None,
                         names: c.names,
+                        wrapped_by: None,
                     })
                 }),
                 ..Default::default()

@@ -448,3 +448,89 @@ fn promote_moves_the_encryption_root_and_destroy_keeps_keys_in_use() {
     assert!(e.contains("encryption root of 'tank/c2'"), "{e}");
     assert!(engine.open_objects("tank/c2").is_ok());
 }
+
+#[test]
+fn change_key_i_makes_a_root_inherit_its_parents_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_dataset_keyed(
+            "tank/p",
+            DatasetKind::Filesystem,
+            &crypt_props(),
+            Some(&material()),
+        )
+        .unwrap();
+    let other = KeyMaterial::from_bytes("66".repeat(32).as_bytes());
+    engine
+        .create_dataset_keyed(
+            "tank/p/x",
+            DatasetKind::Filesystem,
+            &crypt_props(),
+            Some(&other),
+        )
+        .unwrap();
+    engine
+        .create_dataset("tank/p/x/y", DatasetKind::Filesystem, &[])
+        .unwrap();
+    for ds in ["tank/p/x", "tank/p/x/y"] {
+        let s = engine.open_objects(ds).unwrap();
+        put(&s, ROOT_DIR, "kept-through-inherit", ds.as_bytes());
+    }
+    assert_eq!(encryption_root(&engine, "tank/p/x/y"), "tank/p/x");
+    // A root without an encrypted parent cannot inherit.
+    assert!(engine.change_key_inherit("tank/p").is_err());
+    assert!(
+        engine.change_key_inherit("tank/p/x/y").is_err(),
+        "not a root"
+    );
+    engine.change_key_inherit("tank/p/x").unwrap();
+    assert_eq!(encryption_root(&engine, "tank/p/x"), "tank/p");
+    assert_eq!(encryption_root(&engine, "tank/p/x/y"), "tank/p");
+    assert!(!engine.encryption_roots().contains(&"tank/p/x".to_string()));
+    engine.sync_all().unwrap();
+    engine.export_pool("tank").unwrap();
+    let engine = Engine::open(&dir.path().join("state2"), config()).unwrap();
+    engine
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    // Its old key is no key of anything now; the parent's root opens all.
+    assert!(engine
+        .load_key("tank/p/x", None, Some(&other), false)
+        .is_err());
+    assert!(engine.open_objects("tank/p/x").is_err());
+    engine
+        .load_key("tank/p", None, Some(&material()), false)
+        .unwrap();
+    for ds in ["tank/p/x", "tank/p/x/y"] {
+        let s = engine.open_objects(ds).unwrap();
+        assert_eq!(
+            get(&s, ROOT_DIR, "kept-through-inherit").as_deref(),
+            Some(ds.as_bytes()),
+            "{ds}"
+        );
+        put(&s, ROOT_DIR, "written-after", b"new");
+    }
+    engine.sync_all().unwrap();
+    // Unloading the root unloads what it wraps; the root cannot go while x uses it.
+    engine.unload_key("tank/p").unwrap();
+    assert!(engine.open_objects("tank/p/x/y").is_err());
+    assert_eq!(
+        engine
+            .dataset("tank/p/x")
+            .unwrap()
+            .property("keystatus")
+            .unwrap()
+            .value,
+        "unavailable"
+    );
+    engine
+        .load_key("tank/p", None, Some(&material()), false)
+        .unwrap();
+    let y = engine.open_objects("tank/p/x/y").unwrap();
+    assert_eq!(
+        get(&y, ROOT_DIR, "written-after").as_deref(),
+        Some(&b"new"[..])
+    );
+}

@@ -40,6 +40,10 @@ pub struct ChangeKeyArgs {
     /// Load the key first (from keylocation or the prompt), as zfs change-key -l.
     #[arg(short = 'l')]
     pub load: bool,
+    /// Inherit the parent's key: the dataset stops being an encryption root
+    /// (its key is then wrapped by the parent's; no data is rewritten).
+    #[arg(short = 'i', conflicts_with = "props")]
+    pub inherit: bool,
     pub dataset: String,
 }
 
@@ -166,6 +170,14 @@ pub fn change_key(client: &api::Client, a: ChangeKeyArgs) -> Result<()> {
             },
         )?;
     }
+    if a.inherit {
+        client.change_key(&api::ChangeKeyRequest {
+            name: a.dataset,
+            inherit: true,
+            ..Default::default()
+        })?;
+        return Ok(());
+    }
     let location = match get("keylocation") {
         Some(l) => l,
         None => key_property(client, &a.dataset, "keylocation")?,
@@ -183,6 +195,7 @@ pub fn change_key(client: &api::Client, a: ChangeKeyArgs) -> Result<()> {
         name: a.dataset,
         properties: props,
         key,
+        inherit: false,
     })?;
     Ok(())
 }
