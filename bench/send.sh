@@ -27,4 +27,5 @@ if [[ ! -x "$CISTERN_BIN" ]]; then
     (cd "$ROOT" && cargo build --release -p cistern)
 fi
 mkdir -p "$BENCH_DIR"
-exec python3 "$ROOT/bench/send.py"
+# The libnbd bindings are the system python's (python3-libnbd).
+exec "${PYTHON:-/usr/bin/python3}" "$ROOT/bench/send.py"
