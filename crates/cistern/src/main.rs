@@ -118,6 +118,13 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// Write a snapshot as a stream to standard output:
+    /// `cistern send [-i|-I FROM] [-R] [-w] [-nvP] POOL/DS@SNAP > FILE`.
+    Send(cmd::send::SendArgs),
+    /// Create a snapshot from a stream on standard input:
+    /// `cistern receive [-F] [-s] [-v] POOL/DS < FILE`; `-A POOL/DS` aborts.
+    #[command(visible_alias = "recv")]
+    Receive(cmd::send::ReceiveArgs),
     /// Mount a filesystem through FUSE (`cistern mount POOL/FS [DIR]`, `-a`); no
     /// arguments: list the mounts.
     Mount(cmd::mount::MountArgs),
@@ -207,6 +214,16 @@ mod tests {
         ]);
         assert_eq!(api.as_deref(), Some("127.0.0.1:5"));
         assert_eq!(src, Some(ValueSource::CommandLine));
+    }
+
+    #[test]
+    fn send_t_is_the_resume_token_not_the_api_token() {
+        let cli = Cli::try_parse_from(["cistern", "send", "-t", "1-ab"]).unwrap();
+        assert_eq!(cli.token, None);
+        match cli.command {
+            Command::Send(a) => assert_eq!(a.resume_token.as_deref(), Some("1-ab")),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

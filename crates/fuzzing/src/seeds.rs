@@ -15,6 +15,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
         "config" => config(),
         "nfs_rpc" => nfs_rpc(),
         "s3_parsers" => s3_parsers(),
+        "send_stream" => send_stream(),
         _ => Vec::new(),
     };
     v.into_iter()
@@ -554,5 +555,90 @@ fn s3_parsers() -> Vec<(&'static str, Vec<u8>)> {
         ("key", with_mode(5, b"photos/2024/a.jpg")),
         ("anonymous", with_mode(6, b"public=ro,drop=rw")),
         ("content-md5", with_mode(7, b"1B2M2Y8AsgTpgAmY7PhCfg==")),
+    ]
+}
+
+// ------------------------------------------------------------------ send streams
+
+/// Streams written by the real encoder: a full volume snapshot, an
+/// incremental bucket one with names, attributes and tombstones, and a cut one.
+fn send_stream() -> Vec<(&'static str, Vec<u8>)> {
+    use dataset::send::stream::{Kind, Writer};
+    use dataset::send::{Begin, Row};
+    let stream = |begin: Begin, rows: Vec<Row>| {
+        let mut out = Vec::new();
+        let mut w = Writer::new(&mut out, 0).expect("in memory");
+        let json = serde_json::to_vec(&begin).expect("json");
+        w.record(Kind::Begin, &[&json]).expect("in memory");
+        for r in rows {
+            let (k, p) = r.encode();
+            w.record(k, &[&p]).expect("in memory");
+        }
+        w.checkpoint(Kind::SnapEnd).expect("in memory");
+        w.checkpoint(Kind::End).expect("in memory");
+        out
+    };
+    let vol = stream(
+        Begin {
+            snapshot: "tank/vm@a".into(),
+            kind: dataset::DatasetKind::Volume,
+            volsize: 1 << 20,
+            volblocksize: 4096,
+            to_txg: 7,
+            ..Default::default()
+        },
+        vec![
+            Row::Data {
+                obj: 1,
+                blk: 0,
+                bytes: vec![0x5a; 4096],
+            },
+            Row::Data {
+                obj: 1,
+                blk: 9,
+                bytes: (0..4096u32).map(|i| i as u8).collect(),
+            },
+        ],
+    );
+    let bucket = stream(
+        Begin {
+            snapshot: "tank/b@2".into(),
+            from: Some("1".into()),
+            from_txg: 5,
+            to_txg: 9,
+            kind: dataset::DatasetKind::Bucket,
+            next_object: 66,
+            ..Default::default()
+        },
+        vec![
+            Row::Data {
+                obj: 64,
+                blk: 0,
+                bytes: b"hello".to_vec(),
+            },
+            Row::Data {
+                obj: 64,
+                blk: u64::MAX,
+                bytes: vec![1, 0, 0, 0, 5],
+            },
+            Row::Free {
+                addr: dataset::send::block_address(65, 0),
+            },
+            Row::Name {
+                dir: 2,
+                name: "photos/a.jpg".into(),
+                target: 64,
+            },
+            Row::Free {
+                addr: dataset::send::name_address(2, "old"),
+            },
+        ],
+    );
+    let cut = bucket[..bucket.len() / 2].to_vec();
+    vec![
+        ("volume-full", with_mode(0, &vol)),
+        ("bucket-incremental", with_mode(0, &bucket)),
+        ("cut", with_mode(0, &cut)),
+        ("arbitrary", with_mode(1, &[3, 2, 4, 1, 2, 3, 4, 5, 6])),
     ]
 }
