@@ -230,7 +230,7 @@ pub fn parse_rate(s: &str) -> Result<u64> {
         ))
     })?;
     let v = n * mult as f64;
-    if !(v >= 1024.0 && v < 1e15) {
+    if !(1024.0..1e15).contains(&v) {
         return Err(Error::Invalid(format!(
             "bandwidth '{s}' must be between 1K and 1P per second"
         )));
@@ -283,10 +283,12 @@ pub fn check(
                     .into(),
             ))
         }
-        (false, false) => return Err(Error::Invalid(format!(
+        (false, false) => {
+            return Err(Error::Invalid(format!(
             "neither '{}' nor '{}' is a URL: the other daemon is https://HOST:PORT/POOL/DATASET",
             c.source, c.target
-        ))),
+        )))
+        }
     };
     if c.pull && direction != Direction::Pull {
         return Err(Error::Invalid(

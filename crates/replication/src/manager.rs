@@ -376,7 +376,7 @@ impl Manager {
         let start = now_secs();
         self.post(&job, class::START, &[("trigger", trigger.to_string())]);
         tracing::info!(job = %name, trigger, source = %job.source_name(), target = %job.target_name(), "replication run starts");
-        let result = match self.sides(&job) {
+        let (out, err) = match self.sides(&job) {
             Ok((src, dst)) => {
                 let ctx = Ctx {
                     job: &job,
@@ -391,11 +391,7 @@ impl Manager {
                 };
                 run::run(&ctx)
             }
-            Err(e) => Err((e, run::Outcome::default())),
-        };
-        let (out, err) = match result {
-            Ok(o) => (o, None),
-            Err((e, o)) => (o, Some(e)),
+            Err(e) => (run::Outcome::default(), Some(e)),
         };
         let rec = RunRecord {
             start,

@@ -201,13 +201,11 @@ pub fn prune(
     Ok(doomed)
 }
 
-/// One run. On failure the error comes with what was done before it.
-pub fn run(ctx: &Ctx) -> std::result::Result<Outcome, (Error, Outcome)> {
+/// One run: what it did, and why it failed if it did (after doing that much).
+pub fn run(ctx: &Ctx) -> (Outcome, Option<Error>) {
     let mut out = Outcome::default();
-    match run_inner(ctx, &mut out) {
-        Ok(()) => Ok(out),
-        Err(e) => Err((e, out)),
-    }
+    let err = run_inner(ctx, &mut out).err();
+    (out, err)
 }
 
 fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
@@ -266,6 +264,9 @@ fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
                     src.describe()
                 )));
             }
+            tracing::warn!(job = %ctx.job.name, target = %dst.describe(), "--force: replacing a target with no snapshot in common");
+            dst.destroy_all()?;
+            out.notes.push(format!("replaced {}{has}", dst.describe()));
             force_full = true;
         }
         (None, _) => {}

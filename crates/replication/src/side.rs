@@ -62,6 +62,9 @@ pub trait Side: Send + Sync {
     fn set_readonly(&self) -> Result<()>;
     /// Rolls back to `snap` (short name), destroying later snapshots.
     fn rollback(&self, snap: &str) -> Result<()>;
+    /// Destroys the dataset and its snapshots (`--force` replacing a target
+    /// that shares no snapshot with the source).
+    fn destroy_all(&self) -> Result<()>;
     /// Estimated stream size, if the sender can tell.
     fn estimate(&self, spec: &StreamSpec) -> Option<u64>;
     /// Writes the stream into `out` (this side sends).
@@ -182,6 +185,17 @@ impl Side for Local {
     fn rollback(&self, snap: &str) -> Result<()> {
         self.engine
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
+            .map(|_| ())
+            .map_err(engine_err)
+    }
+
+    fn destroy_all(&self) -> Result<()> {
+        let opts = DestroyOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        self.engine
+            .destroy(&self.dataset, &opts)
             .map(|_| ())
             .map_err(engine_err)
     }
@@ -311,6 +325,17 @@ impl Side for RemoteSide {
     fn rollback(&self, snap: &str) -> Result<()> {
         self.client
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    fn destroy_all(&self) -> Result<()> {
+        let opts = DestroyOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        self.client
+            .destroy(&self.dataset, &opts)
             .map(|_| ())
             .map_err(|e| self.err(e))
     }
