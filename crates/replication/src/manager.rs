@@ -135,6 +135,8 @@ struct Stored {
     runs_ok: u64,
     runs_failed: u64,
     history: VecDeque<RunRecord>,
+    /// A full stream into the target started and has not ended.
+    partial_full: bool,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -353,7 +355,7 @@ impl Manager {
 
     /// Runs `name` now on this thread; Busy if it is already running.
     pub fn execute(&self, name: &str, trigger: &str, force: bool) -> Result<RunRecord> {
-        let (job, last_common, progress, bytes) = {
+        let (job, last_common, partial_full, progress, bytes) = {
             let mut jobs = self.jobs.lock();
             let e = jobs
                 .get_mut(name)
@@ -369,6 +371,7 @@ impl Manager {
             (
                 e.job.clone(),
                 e.stored.last_common.clone(),
+                e.stored.partial_full,
                 p,
                 e.bytes.clone(),
             )
@@ -376,6 +379,14 @@ impl Manager {
         let start = now_secs();
         self.post(&job, class::START, &[("trigger", trigger.to_string())]);
         tracing::info!(job = %name, trigger, source = %job.source_name(), target = %job.target_name(), "replication run starts");
+        let mark_full = |on: bool| {
+            if let Some(e) = self.jobs.lock().get_mut(name) {
+                e.stored.partial_full = on;
+            }
+            if let Err(e) = self.save() {
+                tracing::warn!(job = %name, error = %e, "cannot save the replication state");
+            }
+        };
         let (out, err) = match self.sides(&job) {
             Ok((src, dst)) => {
                 let ctx = Ctx {
@@ -388,6 +399,8 @@ impl Manager {
                     force,
                     last_common,
                     now: start,
+                    partial_full,
+                    mark_full: &mark_full,
                 };
                 run::run(&ctx)
             }

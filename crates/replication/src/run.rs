@@ -50,6 +50,12 @@ pub struct Ctx<'a> {
     /// The common snapshot the previous run held.
     pub last_common: Option<String>,
     pub now: i64,
+    /// A full stream of this job into the target was cut (its leftover, a
+    /// target without snapshots, may be replaced without --force).
+    pub partial_full: bool,
+    /// Told (and persisted by the manager) before a full stream starts
+    /// (true) and once it is in (false).
+    pub mark_full: &'a (dyn Fn(bool) + Sync),
 }
 
 /// Streams `spec` from the source into the target through a bounded,
@@ -250,6 +256,13 @@ fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
                     .push(format!("rolled {} back to @{}", dst.describe(), c.name));
             }
         }
+        (Some(_), None) if dst_snaps.is_empty() && ctx.partial_full => {
+            // What a cut full stream of this job left: start it again.
+            tracing::info!(job = %ctx.job.name, target = %dst.describe(), "replacing what an interrupted full transfer left");
+            dst.destroy_all()?;
+            out.notes
+                .push(format!("restarted the interrupted full transfer into {}", dst.describe()));
+        }
         (Some(_), None) => {
             let list: Vec<&Snap> = dst_snaps.iter().collect();
             let has = if list.is_empty() {
@@ -283,7 +296,9 @@ fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
                 force: force_full,
                 ..Default::default()
             };
+            (ctx.mark_full)(true);
             transfer(ctx, &spec, out)?;
+            (ctx.mark_full)(false);
             first.clone()
         }
     };
