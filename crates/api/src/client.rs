@@ -370,6 +370,68 @@ impl Client {
         }
     }
 
+    /// A client for one stream transfer: no bound on the whole call
+    /// (a send takes as long as its data), the same credentials.
+    fn streaming(&self) -> ureq::Agent {
+        self.make_agent(Duration::from_secs(30 * 24 * 3600))
+    }
+
+    /// `POST /v1/send`: the stream of `opts` copied into `out` as it
+    /// arrives; returns its length.
+    pub fn send(&self, opts: &dataset::SendOptions, out: &mut dyn io::Write) -> Result<u64> {
+        let mut resp = self
+            .streaming()
+            .post(self.url("/v1/send"))
+            .send_json(opts)
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(self.api_error(status.as_u16(), &mut resp));
+        }
+        let mut body = resp.body_mut().with_config().limit(u64::MAX).reader();
+        io::copy(&mut body, out).map_err(|e| ClientError::Protocol {
+            url: self.base.clone(),
+            reason: format!("send stream: {e}"),
+        })
+    }
+
+    /// `POST /v1/send?dry_run=1`: the estimated stream size (`send -n`).
+    pub fn send_estimate(&self, opts: &dataset::SendOptions) -> Result<u64> {
+        let e: crate::send::SendEstimate = self.decode(
+            self.agent
+                .post(self.url("/v1/send"))
+                .query("dry_run", "1")
+                .send_json(opts),
+        )?;
+        Ok(e.bytes)
+    }
+
+    /// `POST /v1/receive`: uploads the stream read from `inp`.
+    pub fn receive(
+        &self,
+        opts: &dataset::ReceiveOptions,
+        inp: &mut dyn io::Read,
+    ) -> Result<dataset::ReceiveSummary> {
+        let req = self
+            .streaming()
+            .post(self.url("/v1/receive"))
+            .query("target", &opts.target)
+            .query("force", if opts.force { "1" } else { "0" })
+            .query("resumable", if opts.resumable { "1" } else { "0" })
+            .header("content-type", "application/octet-stream");
+        self.decode(req.send(ureq::SendBody::from_reader(inp)))
+    }
+
+    /// `DELETE /v1/receive`: discards a partially received state (`receive -A`).
+    pub fn receive_abort(&self, target: &str) -> Result<()> {
+        self.expect_empty(
+            self.agent
+                .delete(self.url("/v1/receive"))
+                .query("target", target)
+                .call(),
+        )
+    }
+
     pub fn health(&self) -> Result<Health> {
         self.decode(self.agent.get(self.url("/v1/health")).call())
     }

@@ -42,7 +42,10 @@ fn pool_from(segments: &[&str], query: Option<&str>, body: &[u8]) -> Option<Stri
     }
     if let Some(q) = query {
         for pair in q.split('&') {
-            if let Some(v) = pair.strip_prefix("name=") {
+            if let Some(v) = pair
+                .strip_prefix("name=")
+                .or_else(|| pair.strip_prefix("target="))
+            {
                 let v = v.replace('+', " ");
                 return Some(pool_of(&decode_header(&v)));
             }
@@ -87,6 +90,16 @@ pub async fn record(State(st): State<ApiState>, req: Request, next: Next) -> Res
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let caller = caller(req.headers(), &method, req.uri());
+    if path == "/v1/receive" || path == "/v1/send" {
+        // A stream, not a small JSON body: never buffered. Only a receive
+        // changes a pool (its target is in the query).
+        let pool = pool_from(&segments, req.uri().query(), b"");
+        let resp = next.run(req).await;
+        if let Some(pool) = pool.filter(|_| resp.status().is_success() && path == "/v1/receive") {
+            log(&st, pool, caller).await;
+        }
+        return resp;
+    }
     let query = req.uri().query().map(str::to_string);
     let is_pool = segments.len() >= 3 && segments[1] == "pools";
     if is_pool && segments.len() == 3 && method == Method::DELETE {

@@ -69,6 +69,7 @@ pub mod client;
 pub mod history;
 pub mod metrics;
 pub mod samples;
+pub mod send;
 pub mod server;
 pub mod shares;
 

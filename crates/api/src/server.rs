@@ -165,6 +165,7 @@ pub fn router_with(state: ApiState, pages: Router<ApiState>) -> Router {
         .route("/v1/mounts", get(list_mounts).post(mount))
         .route("/v1/unmount", post(unmount))
         .route("/metrics", get(metrics))
+        .merge(crate::send::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

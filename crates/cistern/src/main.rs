@@ -118,6 +118,13 @@ pub enum Command {
     Holds(cmd::snapshot::HoldsArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
+    /// Write a snapshot as a stream to standard output:
+    /// `cistern send [-i|-I FROM] [-R] [-w] [-nvP] POOL/DS@SNAP > FILE`.
+    Send(cmd::send::SendArgs),
+    /// Create a snapshot from a stream on standard input:
+    /// `cistern receive [-F] [-s] [-v] POOL/DS < FILE`; `-A POOL/DS` aborts.
+    #[command(visible_alias = "recv")]
+    Receive(cmd::send::ReceiveArgs),
     /// Mount a filesystem through FUSE (`cistern mount POOL/FS [DIR]`, `-a`); no
     /// arguments: list the mounts.
     Mount(cmd::mount::MountArgs),

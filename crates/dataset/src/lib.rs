@@ -27,6 +27,7 @@ mod owner;
 mod prefetch;
 pub mod props;
 mod scrub;
+pub mod send;
 mod snapshot;
 mod snapshot_admin;
 pub mod space;
@@ -46,6 +47,7 @@ pub use holders::{FollowRollback, HolderInfo, OpenHandle, Revoke, RollbackPhase,
 pub use objects::{now_ns, ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 pub use policy::EventKind;
+pub use send::{ReceiveOptions, ReceiveSummary, SendOptions, SendSummary};
 
 /// Metadata format and device label version this build writes (`pool upgrade`).
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;

@@ -9,6 +9,7 @@ pub mod policy;
 pub mod pool;
 pub mod props;
 pub mod replication;
+pub mod send;
 pub mod share;
 pub mod snapshot;
 pub mod user;
@@ -54,6 +55,8 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Release(a) => snapshot::hold(client, a, false),
         Command::Holds(a) => snapshot::holds(client, a),
         Command::Diff(a) => snapshot::diff(client, a),
+        Command::Send(a) => send::send(client, a),
+        Command::Receive(a) => send::receive(client, a),
         Command::Mount(a) => mount::mount(client, a),
         Command::Unmount(a) => mount::unmount(client, a),
         Command::Policy(c) => policy::run(client, c),

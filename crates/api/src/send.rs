@@ -1,0 +1,223 @@
+//! `POST /v1/send`, `POST|DELETE /v1/receive`: send streams over HTTP,
+//! streamed both ways (never held in memory): the engine's blocking send
+//! writes into a bounded channel the response body drains; the request
+//! body of a receive is pumped into a bounded channel the engine reads.
+
+use crate::server::{ApiError, ApiState, Json, Q};
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use dataset::{ReceiveOptions, SendOptions};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+/// Bytes per chunk between the engine and the connection.
+const CHUNK: usize = 1 << 20;
+/// Chunks in flight each way: bounds a transfer's memory to ~8 MiB.
+const DEPTH: usize = 8;
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/send", post(send))
+        .route("/v1/receive", post(receive).delete(receive_abort))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SendQuery {
+    dry_run: Option<String>,
+}
+
+/// `send -n`: the estimated stream size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendEstimate {
+    pub bytes: u64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ReceiveQuery {
+    target: String,
+    force: Option<String>,
+    resumable: Option<String>,
+}
+
+fn flag(v: &Option<String>) -> bool {
+    matches!(v.as_deref(), Some("1" | "true" | "yes" | ""))
+}
+
+enum Msg {
+    Data(Bytes),
+    Fail(dataset::Error),
+}
+
+/// A `Write` that hands full chunks to the response body.
+struct ChannelWriter {
+    tx: mpsc::Sender<Msg>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    fn push(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx.blocking_send(Msg::Data(chunk)).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+        })
+    }
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= CHUNK {
+            self.push()?;
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.push()
+    }
+}
+
+async fn send(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<SendQuery>,
+    Json(opts): Json<SendOptions>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    if flag(&q.dry_run) {
+        let bytes = tokio::task::spawn_blocking(move || engine.send_estimate(&opts))
+            .await
+            .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+        return Ok(axum::Json(SendEstimate { bytes }).into_response());
+    }
+    tracing::info!(snapshot = %opts.snapshot, from = ?opts.from, "send");
+    let (tx, mut rx) = mpsc::channel::<Msg>(DEPTH);
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
+        match engine.send(&opts, &mut w) {
+            Ok(_) => {
+                let _ = std::io::Write::flush(&mut w);
+            }
+            Err(e) => {
+                tracing::warn!(snapshot = %opts.snapshot, "send failed: {e}");
+                let _ = tx.blocking_send(Msg::Fail(e));
+            }
+        }
+    });
+    // An error before the first byte is an HTTP error; after it, the body
+    // ends early and the receiver finds the stream truncated.
+    let first = match rx.recv().await {
+        Some(Msg::Data(b)) => b,
+        Some(Msg::Fail(e)) => return Err(e.into()),
+        None => return Err(dataset::Error::Io("send ended without a stream".into()).into()),
+    };
+    let rest = futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Some(Msg::Data(b)) => Some((Ok::<Bytes, std::io::Error>(b), rx)),
+            Some(Msg::Fail(e)) => Some((Err(std::io::Error::other(e.to_string())), rx)),
+            None => None,
+        }
+    });
+    let body = futures::stream::once(async move { Ok(first) }).chain(rest);
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// A `Read` over the chunks the request body pump delivers.
+struct ChannelReader {
+    rx: mpsc::Receiver<Result<Bytes, String>>,
+    cur: Bytes,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e))
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.cur.len());
+        out[..n].copy_from_slice(&self.cur[..n]);
+        self.cur = self.cur.slice(n..);
+        Ok(n)
+    }
+}
+
+async fn receive(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<ReceiveQuery>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if q.target.is_empty() {
+        return Err(ApiError::bad_request("name the target dataset (?target=)"));
+    }
+    let opts = ReceiveOptions {
+        target: q.target.clone(),
+        force: flag(&q.force),
+        resumable: flag(&q.resumable),
+    };
+    tracing::info!(target = %opts.target, force = opts.force, resumable = opts.resumable, "receive");
+    let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(DEPTH);
+    // Reads the whole body even after the engine stopped (a refused
+    // stream): the client then reads our answer instead of a broken pipe.
+    let pump = tokio::spawn(async move {
+        let mut data = body.into_data_stream();
+        let mut open = true;
+        while let Some(chunk) = data.next().await {
+            let item = chunk.map_err(|e| format!("connection lost: {e}"));
+            let failed = item.is_err();
+            if open && tx.send(item).await.is_err() {
+                open = false;
+            }
+            if failed {
+                break;
+            }
+        }
+    });
+    let engine = st.engine.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let mut r = ChannelReader {
+            rx,
+            cur: Bytes::new(),
+        };
+        engine.receive(&opts, &mut r)
+    })
+    .await;
+    let _ = pump.await;
+    match done {
+        Ok(Ok(sum)) => Ok(axum::Json(sum).into_response()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(dataset::Error::Io(format!("receive failed: {e}")).into()),
+    }
+}
+
+async fn receive_abort(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<ReceiveQuery>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    tracing::info!(target = %q.target, "receive -A");
+    tokio::task::spawn_blocking(move || engine.receive_abort(&q.target))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

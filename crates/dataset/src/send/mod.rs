@@ -1,0 +1,752 @@
+//! `cistern send` and `cistern receive` (ZFS's send streams): a snapshot
+//! as the object layer's rows — block rows `(dataset, address, birth)`,
+//! name rows and tombstones — so volumes, buckets and filesystems all send
+//! the same way. An incremental stream holds the rows whose newest version
+//! at the snapshot was born after the source snapshot's txg, found from the
+//! block map's birth txgs, never by comparing data (decision 0033).
+
+pub mod stream;
+
+use crate::blockmap::{self, block_of, Addr, Chain};
+use crate::engine::split_dataset;
+use crate::objects::FIRST_DYNAMIC_OBJECT;
+use crate::props::DatasetRecord;
+use crate::txg::{meta_err, Dirty, ImportedPool};
+use crate::*;
+use serde::{Deserialize, Serialize};
+use stream::Kind;
+
+/// What `cistern send` sends.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SendOptions {
+    /// `pool/ds@snap`.
+    pub snapshot: String,
+    /// Incremental source: `pool/ds@snap`, `@snap` (`-i`).
+    pub from: Option<String>,
+    /// `-I`: every snapshot between `from` and `snapshot` too.
+    pub intermediates: bool,
+    /// `-R`: the dataset, its children, their snapshots and properties.
+    pub recursive: bool,
+    /// `-w`: blocks exactly as stored.
+    pub raw: bool,
+    /// `-t`: continue the transfer this `receive_resume_token` describes.
+    pub resume_token: Option<String>,
+}
+
+/// What a send wrote.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SendSummary {
+    /// Snapshots in the stream, in order (full names).
+    pub snapshots: Vec<String>,
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// What `cistern receive` does with a stream.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReceiveOptions {
+    /// `pool/ds` (or `pool/ds@snap` to name the received snapshot).
+    pub target: String,
+    /// `-F`: roll the target back to the stream's source snapshot first.
+    pub force: bool,
+    /// `-s`: keep an interrupted receive's state for `send -t`.
+    pub resumable: bool,
+}
+
+/// What a receive made.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReceiveSummary {
+    /// Snapshots created, in order (full names).
+    pub snapshots: Vec<String>,
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// The record that opens one snapshot's part of a stream.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Begin {
+    /// The snapshot sent, full source name.
+    pub snapshot: String,
+    /// Incremental: the source snapshot's short name (`@a`).
+    pub from: Option<String>,
+    pub from_txg: u64,
+    pub to_txg: u64,
+    pub kind: DatasetKind,
+    pub volsize: u64,
+    pub volblocksize: u32,
+    pub next_object: u64,
+}
+
+/// One row of a stream, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Row {
+    Data { obj: u64, blk: u64, bytes: Vec<u8> },
+    Free { addr: Vec<u8> },
+    Name { dir: u64, name: String, target: u64 },
+}
+
+impl Row {
+    /// The row from a stream record of kind Data, Free or Name.
+    pub fn decode(kind: Kind, p: &[u8]) -> Result<Row> {
+        let bad = |w: &str| Error::InvalidArgument(format!("invalid send stream: {w}"));
+        let u64_at = |b: &[u8], at: usize| -> Result<u64> {
+            b.get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| bad("short row"))
+        };
+        match kind {
+            Kind::Data => Ok(Row::Data {
+                obj: u64_at(p, 0)?,
+                blk: u64_at(p, 8)?,
+                bytes: p[16..].to_vec(),
+            }),
+            Kind::Free => {
+                Addr::parse(p).map_err(|_| bad("bad address in a free record"))?;
+                Ok(Row::Free { addr: p.to_vec() })
+            }
+            Kind::Name => {
+                if p.len() < 8 {
+                    return Err(bad("short name row"));
+                }
+                let (addr, t) = p.split_at(p.len() - 8);
+                let target = u64::from_le_bytes(t.try_into().map_err(|_| bad("name row"))?);
+                match Addr::parse(addr).map_err(|_| bad("bad name address"))? {
+                    Addr::Name { dir, name } => Ok(Row::Name { dir, name, target }),
+                    Addr::Block { .. } => Err(bad("a name record with a block address")),
+                }
+            }
+            _ => Err(bad("not a row record")),
+        }
+    }
+}
+
+/// What [`scan_rows`] calls per row: (address, value).
+type RowFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
+fn bad_stream(w: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(format!("invalid send stream: {w}"))
+}
+
+/// Visits the rows of `chain` as of txg `to`: all of them (`from` None,
+/// tombstones left out) or those whose newest version at `to` was born
+/// after `from` (tombstones included: what was removed). Address order.
+fn scan_rows(
+    p: &ImportedPool,
+    chain: &Chain,
+    from: Option<u64>,
+    to: u64,
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+) -> Result<()> {
+    let view = p.view()?;
+    let (lo, hi): (&[u8], &[u8]) = (&[], &[2u8]);
+    if from.is_none() && chain.0.len() > 1 {
+        // A clone's full stream includes what it sees of its origins.
+        let bounded = Chain(
+            chain
+                .0
+                .iter()
+                .enumerate()
+                .map(|(i, &(d, b))| (d, if i == 0 { to } else { b }))
+                .collect(),
+        );
+        for (addr, v) in blockmap::resolve_range(&view.blocks, &bounded, lo, hi)? {
+            f(&addr, &v)?;
+        }
+        return Ok(());
+    }
+    let ds = chain.data_id();
+    let mut cur: Option<(Vec<u8>, u64, Vec<u8>)> = None;
+    let emit = |c: Option<(Vec<u8>, u64, Vec<u8>)>, f: &mut RowFn<'_>| {
+        if let Some((addr, birth, v)) = c {
+            let wanted = match from {
+                None => !v.is_empty(),
+                Some(after) => birth > after,
+            };
+            if wanted {
+                return f(&addr, &v);
+            }
+        }
+        Ok(())
+    };
+    for row in view
+        .blocks
+        .range((ds, lo, 0)..=(ds, hi, u64::MAX))
+        .map_err(meta_err)?
+    {
+        let (k, v) = row.map_err(meta_err)?;
+        let (_, addr, birth) = k.value();
+        if birth > to {
+            continue;
+        }
+        match &mut cur {
+            Some((a, b, val)) if a.as_slice() == addr => {
+                *b = birth;
+                *val = v.value().to_vec();
+            }
+            _ => {
+                emit(cur.take(), &mut f)?;
+                cur = Some((addr.to_vec(), birth, v.value().to_vec()));
+            }
+        }
+    }
+    emit(cur.take(), &mut f)
+}
+
+/// One snapshot's part of a send: source and bounds.
+struct Part {
+    rec: DatasetRecord,
+    head: DatasetRecord,
+    chain: Chain,
+    from: Option<(String, u64)>,
+}
+
+impl Engine {
+    /// Resolves the snapshots a send covers, oldest first.
+    fn send_parts(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
+        if opts.recursive {
+            return Err(Error::InvalidArgument(
+                "send -R is not supported yet".into(),
+            ));
+        }
+        if opts.raw {
+            return Err(Error::InvalidArgument(
+                "send -w is not supported yet".into(),
+            ));
+        }
+        if opts.resume_token.is_some() {
+            return Err(Error::InvalidArgument(
+                "send -t is not supported yet".into(),
+            ));
+        }
+        let snap = &opts.snapshot;
+        let (pool, _) = split_dataset(snap)?;
+        let Some((ds, _)) = snap.split_once('@') else {
+            return Err(Error::InvalidArgument(format!(
+                "cannot send '{snap}': not a snapshot (name it DATASET@SNAPSHOT)"
+            )));
+        };
+        let p = self.pool(pool)?;
+        let datasets = p.datasets.read();
+        let rec = datasets
+            .get(snap)
+            .filter(|r| r.is_snapshot())
+            .ok_or_else(|| Error::NotFound(format!("snapshot '{snap}'")))?;
+        let head = datasets
+            .get(ds)
+            .ok_or_else(|| Error::NotFound(format!("dataset '{ds}'")))?;
+        let chain = Chain::of(rec, datasets.values());
+        let mut parts = Vec::new();
+        match &opts.from {
+            None => {
+                if opts.intermediates {
+                    return Err(Error::InvalidArgument(
+                        "-I needs an incremental source".into(),
+                    ));
+                }
+                parts.push(Part {
+                    rec: rec.clone(),
+                    head: head.clone(),
+                    chain,
+                    from: None,
+                });
+            }
+            Some(from) => {
+                let from_name = match from.strip_prefix('@') {
+                    Some(short) => format!("{ds}@{short}"),
+                    None if from.contains('@') => from.clone(),
+                    None => format!("{ds}@{from}"),
+                };
+                let f = datasets
+                    .get(&from_name)
+                    .filter(|r| r.is_snapshot())
+                    .ok_or_else(|| Error::NotFound(format!("incremental source '{from_name}'")))?;
+                if f.data_id() != rec.data_id() {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot send '{snap}': incremental source '{from_name}' is not a snapshot of '{ds}'"
+                    )));
+                }
+                if f.created_txg >= rec.created_txg {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot send '{snap}': incremental source '{from_name}' must be earlier than it"
+                    )));
+                }
+                let mut snaps: Vec<&DatasetRecord> = if opts.intermediates {
+                    datasets
+                        .values()
+                        .filter(|r| {
+                            r.is_snapshot()
+                                && r.data_id() == rec.data_id()
+                                && r.created_txg > f.created_txg
+                                && r.created_txg <= rec.created_txg
+                        })
+                        .collect()
+                } else {
+                    vec![rec]
+                };
+                snaps.sort_by_key(|r| r.created_txg);
+                let mut prev = (short_of(&f.name), f.created_txg);
+                for s in snaps {
+                    parts.push(Part {
+                        rec: s.clone(),
+                        head: head.clone(),
+                        chain: Chain::of(s, datasets.values()),
+                        from: Some(prev.clone()),
+                    });
+                    prev = (short_of(&s.name), s.created_txg);
+                }
+            }
+        }
+        drop(datasets);
+        Ok((p, parts))
+    }
+
+    /// `cistern send`: writes the stream of `opts` to `out`.
+    pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
+        let (p, parts) = self.send_parts(opts)?;
+        let mut w = stream::Writer::new(out, 0)?;
+        let mut sum = SendSummary::default();
+        for part in parts {
+            let begin = Begin {
+                snapshot: part.rec.name.clone(),
+                from: part.from.as_ref().map(|f| f.0.clone()),
+                from_txg: part.from.as_ref().map_or(0, |f| f.1),
+                to_txg: part.rec.created_txg,
+                kind: part.head.kind,
+                volsize: part.rec.volsize.max(part.head.volsize),
+                volblocksize: part.head.volblocksize,
+                next_object: part.rec.next_object.max(part.head.next_object),
+            };
+            let json = serde_json::to_vec(&begin).map_err(meta_err)?;
+            w.record(Kind::Begin, &[&json])?;
+            sum.records += 1;
+            let key = p.key_of(part.chain.data_id())?;
+            scan_rows(
+                &p,
+                &part.chain,
+                part.from.as_ref().map(|f| f.1),
+                part.rec.created_txg,
+                |addr, v| {
+                    sum.records += 1;
+                    if let Some((obj, blk)) = block_of(addr) {
+                        match blockmap::decode(addr, v)? {
+                            None => w.record(Kind::Free, &[addr]),
+                            Some(bp) => {
+                                let unseal = block::Unseal {
+                                    key: key.as_deref(),
+                                    object: obj,
+                                    block: blk,
+                                };
+                                let bytes = block::read_block_keyed(&p.pool, &bp, Some(unseal))
+                                    .map_err(|e| {
+                                        Error::Corrupt(format!(
+                                            "{}: object {obj} block {blk}: {e}",
+                                            part.rec.name
+                                        ))
+                                    })?;
+                                w.record(
+                                    Kind::Data,
+                                    &[&obj.to_be_bytes(), &blk.to_be_bytes(), &bytes],
+                                )
+                            }
+                        }
+                    } else if v.is_empty() {
+                        w.record(Kind::Free, &[addr])
+                    } else {
+                        w.record(Kind::Name, &[addr, v])
+                    }
+                },
+            )?;
+            w.checkpoint(Kind::SnapEnd)?;
+            sum.records += 1;
+            sum.snapshots.push(part.rec.name.clone());
+        }
+        w.checkpoint(Kind::End)?;
+        w.flush()?;
+        sum.records += 1;
+        sum.bytes = w.bytes;
+        tracing::info!(snapshot = %opts.snapshot, from = ?opts.from, bytes = sum.bytes, "sent");
+        Ok(sum)
+    }
+
+    /// `cistern send -nv`: the stream's size in bytes, without reading data.
+    pub fn send_estimate(&self, opts: &SendOptions) -> Result<u64> {
+        let (p, parts) = self.send_parts(opts)?;
+        // Header, end record; per snapshot a begin (~300 bytes) and its end.
+        let mut total = 32 + 53;
+        for part in parts {
+            total += 300 + 53;
+            scan_rows(
+                &p,
+                &part.chain,
+                part.from.as_ref().map(|f| f.1),
+                part.rec.created_txg,
+                |addr, v| {
+                    total += 21 + addr.len() as u64;
+                    if let Some(bp) = blockmap::decode(addr, v)? {
+                        total += bp.lsize as u64;
+                    } else if block_of(addr).is_none() {
+                        total += v.len() as u64;
+                    }
+                    Ok(())
+                },
+            )?;
+        }
+        Ok(total)
+    }
+
+    /// `cistern receive`: reads a stream from `inp` into `opts.target`.
+    /// A snapshot appears only once all its records arrived and verified;
+    /// a stream that fails leaves the target as it was.
+    pub fn receive(
+        &self,
+        opts: &ReceiveOptions,
+        inp: &mut dyn std::io::Read,
+    ) -> Result<ReceiveSummary> {
+        let (target, snap_name) = match opts.target.split_once('@') {
+            Some((t, s)) => (t.to_string(), Some(s.to_string())),
+            None => (opts.target.clone(), None),
+        };
+        let (pool, _) = split_dataset(&target)?;
+        let p = self.pool(pool)?;
+        let mut r = stream::Reader::new(inp)?;
+        let mut sum = ReceiveSummary::default();
+        loop {
+            let rec = r
+                .read_record()?
+                .ok_or_else(|| bad_stream("no end record"))?;
+            sum.records += 1;
+            match rec.kind {
+                Kind::End => break,
+                Kind::Begin => {
+                    let begin: Begin = serde_json::from_slice(&rec.payload)
+                        .map_err(|e| bad_stream(format!("begin record: {e}")))?;
+                    let short = match &snap_name {
+                        Some(s) if sum.snapshots.is_empty() => s.clone(),
+                        _ => short_of(&begin.snapshot),
+                    };
+                    let made =
+                        self.receive_one(&p, opts, &target, &short, &begin, &mut r, &mut sum);
+                    match made {
+                        Ok(name) => sum.snapshots.push(name),
+                        Err(e) => return Err(e),
+                    }
+                }
+                k => {
+                    return Err(bad_stream(format!(
+                        "unexpected {k:?} record outside a snapshot"
+                    )))
+                }
+            }
+        }
+        sum.bytes = r.bytes;
+        tracing::info!(target = %opts.target, snapshots = ?sum.snapshots, bytes = sum.bytes, "received");
+        Ok(sum)
+    }
+
+    /// One snapshot of a stream: prepares the target, applies the rows,
+    /// snapshots it; on any failure puts the target back as it was.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_one(
+        &self,
+        p: &Arc<ImportedPool>,
+        opts: &ReceiveOptions,
+        target: &str,
+        short: &str,
+        begin: &Begin,
+        r: &mut stream::Reader<'_>,
+        sum: &mut ReceiveSummary,
+    ) -> Result<String> {
+        let snap_full = format!("{target}@{short}");
+        let existing = p.datasets.read().get(target).cloned();
+        // What to do if the stream breaks: destroy what we created, or roll back.
+        let undo: Undo = match (&begin.from, existing) {
+            (None, Some(_)) if !opts.force => {
+                return Err(Error::AlreadyExists(format!(
+                    "cannot receive new {} stream: destination '{target}' exists\nmust specify -F to overwrite it",
+                    kind_word(begin.kind)
+                )))
+            }
+            (None, Some(rec)) => {
+                let snaps = self.snapshot_names(p, rec.id);
+                if let Some(s) = snaps.first() {
+                    return Err(Error::Busy(format!(
+                        "cannot receive new {} stream: destination has snapshots (eg. {s})\nmust destroy them to overwrite it",
+                        kind_word(begin.kind)
+                    )));
+                }
+                self.destroy(target, &DestroyOptions::default())?;
+                self.create_for_receive(target, begin)?;
+                Undo::Destroy
+            }
+            (None, None) => {
+                self.create_for_receive(target, begin)?;
+                Undo::Destroy
+            }
+            (Some(_), None) => {
+                return Err(Error::NotFound(format!(
+                    "cannot receive incremental stream: destination '{target}'"
+                )))
+            }
+            (Some(from), Some(rec)) => {
+                if rec.kind != begin.kind {
+                    return Err(Error::InvalidArgument(format!(
+                        "cannot receive incremental stream: '{target}' is a {}, the stream a {}",
+                        kind_word(rec.kind),
+                        kind_word(begin.kind)
+                    )));
+                }
+                let base = format!("{target}@{from}");
+                let snaps = self.snapshot_names(p, rec.id);
+                if !snaps.contains(&base) {
+                    return Err(Error::NotFound(format!(
+                        "cannot receive incremental stream: most recent snapshot of '{target}' does not\nmatch incremental source ('{base}')"
+                    )));
+                }
+                if p.datasets.read().contains_key(&snap_full) {
+                    return Err(Error::AlreadyExists(format!(
+                        "cannot receive incremental stream: destination snapshot '{snap_full}'"
+                    )));
+                }
+                let latest = snaps.last().cloned().unwrap_or_default();
+                if opts.force {
+                    self.rollback_with(&base, true, false)?;
+                } else if latest != base {
+                    return Err(Error::Busy(format!(
+                        "cannot receive incremental stream: destination '{target}' has newer snapshots than '{base}' ({latest})\nmust specify -F to destroy them"
+                    )));
+                } else if self.modified_since(p, rec.id, &base)? {
+                    return Err(Error::Busy(format!(
+                        "cannot receive incremental stream: destination '{target}' has been modified\nsince most recent snapshot"
+                    )));
+                }
+                Undo::Rollback(base)
+            }
+        };
+        let applied = self.apply_rows(p, target, begin, r, sum);
+        // The record after the snapshot's end is read (and verified) first:
+        // the last snapshot of a stream appears only with a sound end record.
+        let applied = applied.and_then(|()| r.peek().map(|_| ()));
+        let done = applied.and_then(|()| {
+            self.snapshot(std::slice::from_ref(&snap_full), false)?;
+            Ok(())
+        });
+        if let Err(e) = done {
+            let cleanup = match &undo {
+                Undo::Destroy => self.destroy(target, &DestroyOptions::default()).map(|_| ()),
+                Undo::Rollback(base) => self.rollback_with(base, true, true).map(|_| ()),
+            };
+            if let Err(c) = cleanup {
+                tracing::error!(target, error = %c, "cannot undo a failed receive");
+            }
+            return Err(e);
+        }
+        Ok(snap_full)
+    }
+
+    /// `cistern receive -A`: discards the partially received state of `target`.
+    pub fn receive_abort(&self, target: &str) -> Result<()> {
+        let (pool, _) = split_dataset(target)?;
+        let p = self.pool(pool)?;
+        if !p.datasets.read().contains_key(target) {
+            return Err(Error::NotFound(format!("dataset '{target}'")));
+        }
+        Err(Error::InvalidArgument(format!(
+            "cannot resume send: '{target}' does not have any resumable receive state to abort"
+        )))
+    }
+
+    fn snapshot_names(&self, p: &ImportedPool, id: u64) -> Vec<String> {
+        let datasets = p.datasets.read();
+        let mut s: Vec<&DatasetRecord> = datasets
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == id)
+            .collect();
+        s.sort_by_key(|r| r.created_txg);
+        s.into_iter().map(|r| r.name.clone()).collect()
+    }
+
+    /// Anything changed in `id` since snapshot `base` (committed rows born
+    /// after it, or uncommitted changes).
+    fn modified_since(&self, p: &ImportedPool, id: u64, base: &str) -> Result<bool> {
+        let txg = p
+            .datasets
+            .read()
+            .get(base)
+            .map(|r| r.created_txg)
+            .ok_or_else(|| Error::NotFound(format!("snapshot '{base}'")))?;
+        {
+            let open = p.open.lock();
+            if open.dirty.keys().any(|k| k.0 == id) || open.names.keys().any(|k| k.0 == id) {
+                return Ok(true);
+            }
+        }
+        if p.view()?.syncing.as_ref().is_some_and(|s| {
+            s.blocks.keys().any(|k| k.0 == id) || s.names.keys().any(|k| k.0 == id)
+        }) {
+            return Ok(true);
+        }
+        let chain = Chain(vec![(id, u64::MAX)]);
+        let mut changed = false;
+        scan_rows(p, &chain, Some(txg), u64::MAX, |_, _| {
+            changed = true;
+            Err(Error::Busy(String::new())) // stops the scan at the first row
+        })
+        .or_else(|e| if changed { Ok(()) } else { Err(e) })?;
+        Ok(changed)
+    }
+
+    fn create_for_receive(&self, target: &str, begin: &Begin) -> Result<()> {
+        match begin.kind {
+            DatasetKind::Volume => {
+                let props = vec![("volblocksize".to_string(), begin.volblocksize.to_string())];
+                self.create_volume(target, begin.volsize, &props)?;
+            }
+            DatasetKind::Bucket | DatasetKind::Filesystem => {
+                self.create_dataset(target, begin.kind, &[])?;
+            }
+            DatasetKind::Snapshot => {
+                return Err(bad_stream("a snapshot's begin names a snapshot kind"))
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads rows until the snapshot's end record and applies them to the
+    /// target's open txg, in batches.
+    fn apply_rows(
+        &self,
+        p: &ImportedPool,
+        target: &str,
+        begin: &Begin,
+        r: &mut stream::Reader<'_>,
+        sum: &mut ReceiveSummary,
+    ) -> Result<()> {
+        let rec = p
+            .datasets
+            .read()
+            .get(target)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("dataset '{target}'")))?;
+        let ds = rec.id;
+        if rec.kind == DatasetKind::Volume && rec.volblocksize != begin.volblocksize {
+            return Err(Error::InvalidArgument(format!(
+                "cannot receive: '{target}' has volblocksize {}, the stream {}",
+                rec.volblocksize, begin.volblocksize
+            )));
+        }
+        let bs = rec.volblocksize as usize;
+        let mut batch: Vec<Row> = Vec::new();
+        let mut batch_bytes = 0usize;
+        loop {
+            let record = r
+                .read_record()?
+                .ok_or_else(|| bad_stream("ended inside a snapshot"))?;
+            sum.records += 1;
+            match record.kind {
+                Kind::SnapEnd => break,
+                Kind::Data | Kind::Free | Kind::Name => {
+                    let row = Row::decode(record.kind, &record.payload)?;
+                    if let Row::Data { obj, bytes, blk } = &row {
+                        let volume = rec.kind == DatasetKind::Volume;
+                        let ok = if volume {
+                            *obj == objects::VOLUME_OBJECT
+                                && bytes.len() == bs
+                                && blk.saturating_add(1).saturating_mul(bs as u64) <= rec.volsize
+                        } else {
+                            *obj != objects::VOLUME_OBJECT
+                        };
+                        if !ok {
+                            return Err(bad_stream(format!(
+                                "block {blk} of object {obj} ({} bytes) does not fit '{target}'",
+                                bytes.len()
+                            )));
+                        }
+                        batch_bytes += bytes.len();
+                    }
+                    batch.push(row);
+                    if batch.len() >= 1024 || batch_bytes >= 8 << 20 {
+                        put_rows(p, ds, std::mem::take(&mut batch))?;
+                        batch_bytes = 0;
+                    }
+                }
+                k => {
+                    return Err(bad_stream(format!(
+                        "unexpected {k:?} record inside a snapshot"
+                    )))
+                }
+            }
+        }
+        put_rows(p, ds, batch)?;
+        if begin.next_object > 0 && rec.kind != DatasetKind::Volume {
+            let mut open = p.open.lock();
+            let next = open.next_object.entry(ds).or_insert(FIRST_DYNAMIC_OBJECT);
+            *next = (*next).max(begin.next_object);
+        }
+        Ok(())
+    }
+}
+
+enum Undo {
+    Destroy,
+    Rollback(String),
+}
+
+fn kind_word(k: DatasetKind) -> &'static str {
+    match k {
+        DatasetKind::Volume => "volume",
+        DatasetKind::Bucket => "bucket",
+        DatasetKind::Filesystem => "filesystem",
+        DatasetKind::Snapshot => "snapshot",
+    }
+}
+
+/// `snap` of `pool/ds@snap`.
+fn short_of(full: &str) -> String {
+    full.split_once('@').map_or(full, |(_, s)| s).to_string()
+}
+
+/// Puts received rows into the open txg of dataset `ds` (throttled like
+/// any writer; sealed and placed by the txg commit like any change).
+fn put_rows(p: &ImportedPool, ds: u64, rows: Vec<Row>) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    p.throttle();
+    let root = p.crypt_root(ds)?;
+    let mut open = p.open.lock();
+    p.check_writable(ds, root)?;
+    for row in rows {
+        match row {
+            Row::Data { obj, blk, bytes } => {
+                let n = bytes.len() as u64;
+                if open
+                    .dirty
+                    .insert((ds, obj, blk), Dirty::Data(Arc::new(bytes)))
+                    .is_none()
+                {
+                    open.dirty_bytes += n;
+                }
+                if obj >= FIRST_DYNAMIC_OBJECT {
+                    let next = open.next_object.entry(ds).or_insert(FIRST_DYNAMIC_OBJECT);
+                    *next = (*next).max(obj + 1);
+                }
+            }
+            Row::Free { addr } => match Addr::parse(&addr)? {
+                Addr::Block { obj, blk } => {
+                    open.dirty.insert((ds, obj, blk), Dirty::Hole);
+                }
+                Addr::Name { dir, name } => {
+                    open.names.insert((ds, dir, name), None);
+                }
+            },
+            Row::Name { dir, name, target } => {
+                open.names.insert((ds, dir, name), Some(target));
+            }
+        }
+    }
+    Ok(())
+}
