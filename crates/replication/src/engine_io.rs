@@ -4,7 +4,6 @@
 use crate::side::StreamSpec;
 use crate::{Error, Result};
 use dataset::Engine;
-use serde::Serialize;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -12,45 +11,47 @@ use std::time::Duration;
 /// fails and is retried; a resumable receive keeps what arrived).
 pub const STALL: Duration = Duration::from_secs(60);
 
-/// The JSON of `POST /v1/send` (the send engine's options).
-#[derive(Debug, Serialize)]
-struct SendBody<'a> {
-    snapshot: &'a str,
-    from: Option<&'a str>,
-    intermediates: bool,
-    recursive: bool,
-    raw: bool,
-    resume_token: Option<&'a str>,
-}
-
-fn send_body(spec: &StreamSpec) -> SendBody<'_> {
-    SendBody {
-        snapshot: &spec.snapshot,
-        from: spec.from.as_deref(),
+/// The send engine's options for `spec` (also the JSON of `POST /v1/send`).
+fn send_options(spec: &StreamSpec) -> dataset::SendOptions {
+    dataset::SendOptions {
+        snapshot: spec.snapshot.clone(),
+        from: spec.from.clone(),
         intermediates: spec.from.is_some(),
         recursive: false,
-        raw: true,
-        resume_token: spec.resume_token.as_deref(),
+        raw: false,
+        resume_token: spec.resume_token.clone(),
     }
 }
 
-pub fn estimate(_engine: &Engine, _spec: &StreamSpec) -> Option<u64> {
-    None
+fn receive_options(spec: &StreamSpec) -> dataset::ReceiveOptions {
+    dataset::ReceiveOptions {
+        target: spec.target.clone(),
+        force: spec.force,
+        resumable: true,
+    }
 }
 
-pub fn send(_engine: &Engine, _spec: &StreamSpec, _out: &mut dyn Write) -> Result<()> {
-    Err(Error::Unsupported("this build has no send engine".into()))
+pub fn estimate(engine: &Engine, spec: &StreamSpec) -> Option<u64> {
+    engine.send_estimate(&send_options(spec)).ok()
 }
 
-pub fn receive(_engine: &Engine, _spec: &StreamSpec, _input: &mut dyn Read) -> Result<()> {
-    Err(Error::Unsupported(
-        "this build has no receive engine".into(),
-    ))
+pub fn send(engine: &Engine, spec: &StreamSpec, out: &mut dyn Write) -> Result<()> {
+    engine
+        .send(&send_options(spec), out)
+        .map(|_| ())
+        .map_err(Error::Engine)
+}
+
+pub fn receive(engine: &Engine, spec: &StreamSpec, input: &mut dyn Read) -> Result<()> {
+    engine
+        .receive(&receive_options(spec), input)
+        .map(|_| ())
+        .map_err(Error::Engine)
 }
 
 pub fn remote_estimate(client: &api::Client, spec: &StreamSpec) -> Option<u64> {
     let v: serde_json::Value = client
-        .post_json("/v1/send", &[("dry_run", "1")], &send_body(spec))
+        .post_json("/v1/send", &[("dry_run", "1")], &send_options(spec))
         .ok()?;
     ["bytes", "size", "estimate", "total"]
         .iter()
@@ -59,7 +60,7 @@ pub fn remote_estimate(client: &api::Client, spec: &StreamSpec) -> Option<u64> {
 
 pub fn remote_send(client: &api::Client, spec: &StreamSpec, out: &mut dyn Write) -> Result<()> {
     let mut r = client
-        .post_for_stream("/v1/send", &[], &send_body(spec), STALL)
+        .post_for_stream("/v1/send", &[], &send_options(spec), STALL)
         .map_err(Error::Remote)?;
     std::io::copy(&mut r, out).map_err(|e| Error::Stream(format!("receiving the stream: {e}")))?;
     Ok(())

@@ -260,8 +260,10 @@ fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
             // What a cut full stream of this job left: start it again.
             tracing::info!(job = %ctx.job.name, target = %dst.describe(), "replacing what an interrupted full transfer left");
             dst.destroy_all()?;
-            out.notes
-                .push(format!("restarted the interrupted full transfer into {}", dst.describe()));
+            out.notes.push(format!(
+                "restarted the interrupted full transfer into {}",
+                dst.describe()
+            ));
         }
         (Some(_), None) => {
             let list: Vec<&Snap> = dst_snaps.iter().collect();
