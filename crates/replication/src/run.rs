@@ -136,7 +136,13 @@ pub fn common<'a>(src: &'a [Snap], dst: &[Snap]) -> Option<&'a Snap> {
 
 /// What changed on the target since `common`: its snapshots made after it,
 /// and bytes written since its newest snapshot. None: unchanged.
-pub fn divergence(dst: &[Snap], common: &Snap, written: u64, target: &str) -> Option<String> {
+pub fn divergence(
+    dst: &[Snap],
+    common: &Snap,
+    written: u64,
+    names_changed: usize,
+    target: &str,
+) -> Option<String> {
     let pos = dst.iter().position(|d| d.name == common.name)?;
     let newer: Vec<&Snap> = dst[pos + 1..].iter().collect();
     let mut what = Vec::new();
@@ -154,6 +160,15 @@ pub fn divergence(dst: &[Snap], common: &Snap, written: u64, target: &str) -> Op
         what.push(format!(
             "{} written to {target} since @{since}",
             dataset::props::format_size(written)
+        ));
+    }
+    if names_changed > 0 {
+        let since = newer
+            .last()
+            .map_or(common.name.as_str(), |s| s.name.as_str());
+        what.push(format!(
+            "{names_changed} name{} changed in {target} since @{since}",
+            if names_changed == 1 { "" } else { "s" }
         ));
     }
     (!what.is_empty()).then(|| {
@@ -246,7 +261,12 @@ fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
     let mut force_full = false;
     match (&state, &common) {
         (Some(st), Some(c)) => {
-            if let Some(why) = divergence(&dst_snaps, c, st.written, &dst.describe()) {
+            // `written` counts committed blocks; diff also sees what is
+            // still in the open txg (and bucket keys).
+            let newest_dst = dst_snaps.last().map_or(c.name.clone(), |s| s.name.clone());
+            let (bytes, names) = dst.changed_since(&newest_dst).unwrap_or((st.written, 0));
+            let written = bytes.max(st.written);
+            if let Some(why) = divergence(&dst_snaps, c, written, names, &dst.describe()) {
                 if !ctx.force {
                     return Err(Error::Diverged(why));
                 }
@@ -387,8 +407,8 @@ mod tests {
     fn divergence_names_what_changed() {
         let c = snap("b", 2);
         let dst = [snap("a", 1), snap("b", 2)];
-        assert_eq!(divergence(&dst, &c, 0, "t/v"), None);
-        let why = divergence(&dst, &c, 8192, "t/v").unwrap();
+        assert_eq!(divergence(&dst, &c, 0, 0, "t/v"), None);
+        let why = divergence(&dst, &c, 8192, 0, "t/v").unwrap();
         assert!(why.contains("8K written to t/v since @b"), "{why}");
         let dst = [
             snap("a", 1),
@@ -396,7 +416,7 @@ mod tests {
             snap("local1", 3),
             snap("local2", 4),
         ];
-        let why = divergence(&dst, &c, 0, "t/v").unwrap();
+        let why = divergence(&dst, &c, 0, 0, "t/v").unwrap();
         assert!(
             why.contains("snapshots @local1, @local2 made there"),
             "{why}"

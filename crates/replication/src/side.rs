@@ -62,6 +62,9 @@ pub trait Side: Send + Sync {
     fn set_readonly(&self) -> Result<()>;
     /// Rolls back to `snap` (short name), destroying later snapshots.
     fn rollback(&self, snap: &str) -> Result<()>;
+    /// Bytes and names (bucket keys) changed since the snapshot `snap`,
+    /// uncommitted writes included (`cistern diff`).
+    fn changed_since(&self, snap: &str) -> Result<(u64, usize)>;
     /// Destroys the dataset and its snapshots (`--force` replacing a target
     /// that shares no snapshot with the source).
     fn destroy_all(&self) -> Result<()>;
@@ -186,6 +189,13 @@ impl Side for Local {
         self.engine
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
             .map(|_| ())
+            .map_err(engine_err)
+    }
+
+    fn changed_since(&self, snap: &str) -> Result<(u64, usize)> {
+        self.engine
+            .diff(&format!("{}@{snap}", self.dataset), None)
+            .map(|d| (d.changed_bytes, d.names.len()))
             .map_err(engine_err)
     }
 
@@ -326,6 +336,13 @@ impl Side for RemoteSide {
         self.client
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
             .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    fn changed_since(&self, snap: &str) -> Result<(u64, usize)> {
+        self.client
+            .diff(&format!("{}@{snap}", self.dataset), None)
+            .map(|d| (d.changed_bytes, d.names.len()))
             .map_err(|e| self.err(e))
     }
 
