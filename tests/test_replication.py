@@ -382,3 +382,44 @@ def test_cut_transfer_recovers(pair, victim):
     if "receive_resume_token" in dst.props("tank2/vm"):
         # Resumable receives: continued, not restarted.
         assert any(r["resumed"] for r in st["history"]), json.dumps(st["history"], indent=1)
+
+
+def test_push_over_https_checks_the_certificate_and_the_token(make_daemon, disks, tmp_path, request):
+    from test_tls import TlsDaemon, _ca, _key_and_csr, _sign
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    _ca(pki, "ca")
+    _key_and_csr(pki, "server", "localhost")
+    _sign(pki, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+          "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n")
+    cfg = GRIDS + f'[api]\ntls_cert = "{pki}/server-cert.pem"\ntls_key = "{pki}/server-key.pem"\n'
+    dst = TlsDaemon(tmp_path / "tls-state", tmp_path / "tls.log", config=cfg)
+    dst.ca = pki / "ca-cert.pem"
+    request.addfinalizer(lambda: dst.stop(timeout=30))
+    dst.start()
+    src = make_daemon("src", config=GRIDS)
+    pool(src, disks, "tank")
+    pool(dst, disks, "tank2")
+    src.cli("create", "-V", "8M", "tank/vm")
+    write(src, "tank/vm", "tls", 2 * MiB)
+    src.cli("snapshot", "tank/vm@s1")
+    url = f"{dst.api_url}/tank2/vm"
+    assert url.startswith("https://")
+    # Without the CA the certificate is not trusted: nothing is sent.
+    add(src, "noca", "tank/vm", url, dst)
+    p = run_job(src, "noca", check=False)
+    assert p.returncode != 0 and "certificate" in p.stderr.lower(), p.stderr
+    # A wrong token is refused by the other daemon.
+    bad = tmp_path / "bad.token"
+    bad.write_text("0" * 64 + "\n")
+    src.cli("replication", "add", "badtoken", "--source", "tank/vm", "--target", url,
+            "--remote-ca", pki / "ca-cert.pem", "--token-file", bad)
+    p = run_job(src, "badtoken", check=False)
+    assert p.returncode != 0 and ("401" in p.stderr or "token" in p.stderr.lower()), p.stderr
+    assert dst.cli("list", "-H", "-o", "name").stdout.split() == ["tank2"]
+    # The CA and the token: sent, equal, read-only.
+    add(src, "tls", "tank/vm", url, dst, "--remote-ca", pki / "ca-cert.pem")
+    run_job(src, "tls")
+    assert digest(dst, "tank2/vm@s1") == digest(src, "tank/vm@s1")
+    assert dst.prop("tank2/vm", "readonly") == "on"
