@@ -221,6 +221,11 @@ def test_push_volume_full_then_incremental_readonly_and_held(pair):
     assert digest(dst, "tank2/vm2") == digest(src, "tank/vm@s2")
     events = src.cli("pool", "events", "-H").stdout
     assert "replication_finish" in events
+    # The dashboard's page lists the job and its common snapshot.
+    import urllib.request
+    req = urllib.request.Request(src.api_url + "/replication", headers={"Authorization": f"Bearer {src.token}"})
+    html = urllib.request.urlopen(req, timeout=10).read().decode()
+    assert "<td>push</td>" in html and "@s3" in html and 'href="/replication"' in html, html
 
 
 def test_pull_bucket_equal_objects(make_s3):

@@ -61,6 +61,7 @@ async fn blocking<T: Send + 'static>(
 
 /// The routes, for `api::server::router_with`'s `pages`.
 pub fn routes(m: Arc<Manager>) -> Router<ApiState> {
+    let m_page = m.clone();
     let (m1, m2, m3, m4, m5, m6, m7) = (
         m.clone(),
         m.clone(),
@@ -161,10 +162,74 @@ pub fn routes(m: Arc<Manager>) -> Router<ApiState> {
             }),
         )
         .route(
+            "/replication",
+            get({
+                let m = m_page;
+                move |axum::extract::State(st): axum::extract::State<ApiState>| {
+                    let m = m.clone();
+                    async move { page(&m, &st) }
+                }
+            }),
+        )
+        .route(
             "/v1/replication/{job}/resume",
             post(move |Path(job): Path<String>| {
                 let m = m7.clone();
                 async move { reply(blocking(move || m.set_paused(&job, false)).await) }
             }),
         )
+}
+
+/// The dashboard's replication page: every job, its state, progress, last error.
+fn page(m: &Manager, st: &ApiState) -> Response {
+    use std::fmt::Write;
+    let esc = ui::esc;
+    let t = |v: Option<i64>| v.filter(|v| *v > 0).map_or("-".to_string(), ui::time);
+    let mut o = String::from(
+        "<section class=\"card\"><h2>Replication jobs</h2><table><tr><th>job</th><th>direction</th>\
+         <th>source</th><th>target</th><th>schedule</th><th>state</th><th>last common</th>\
+         <th>last success</th><th>sent</th><th>transfer</th><th>last error</th></tr>",
+    );
+    let jobs = m.list();
+    for j in &jobs {
+        let transfer = j.progress.as_ref().map_or("-".to_string(), |p| {
+            format!(
+                "{} of {} at {}/s, ETA {}",
+                dataset::props::format_size(p.bytes),
+                if p.total > 0 {
+                    dataset::props::format_size(p.total)
+                } else {
+                    "?".into()
+                },
+                dataset::props::format_size(p.rate as u64),
+                p.eta_secs.map_or("-".to_string(), |e| format!("{e}s"))
+            )
+        });
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&j.name),
+            if j.direction == crate::Direction::Push { "push" } else { "pull" },
+            esc(&j.source),
+            esc(&j.target),
+            esc(&j.schedule),
+            esc(&j.state),
+            esc(&j.last_common.clone().map_or("-".into(), |c| format!("@{c}"))),
+            t(j.last_success),
+            dataset::props::format_size(j.bytes_total),
+            esc(&transfer),
+            esc(j.last_error.as_deref().unwrap_or("-"))
+        );
+    }
+    o.push_str("</table>");
+    if jobs.is_empty() {
+        o.push_str("<p>No jobs: <code>cistern replication add NAME --source POOL/DS --target https://HOST:PORT/POOL/DS</code></p>");
+    }
+    o.push_str("</section>");
+    let pools: Vec<String> = st.engine.list_pools().into_iter().map(|p| p.name).collect();
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        ui::page("Replication", "/replication", &pools, &o),
+    )
+        .into_response()
 }
