@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import random
 import subprocess
+import time
 
 import pytest
 
@@ -127,3 +128,84 @@ def test_send_refuses_a_terminal_and_bad_names(pair):
     assert p.returncode != 0 and "does not exist" in p.stderr, p.stderr
     p = src.cli("send", "-n", "-i", "@a", "tank/vm@a", check=False)
     assert p.returncode != 0 and "earlier" in p.stderr, p.stderr
+
+
+def get_token(d, ds: str) -> str:
+    return d.cli("get", "-H", "-o", "value", "receive_resume_token", ds).stdout.strip()
+
+
+def snapshots(d) -> list[str]:
+    return d.cli("list", "-H", "-o", "name", "-t", "snapshot").stdout.split()
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_kill9_of_the_receiver_mid_stream(make_daemon, tmp_path, resumable):
+    """The receiving daemon dies (SIGKILL) with half an incremental stream
+    in: after the restart the target is its old self (snapshots and head);
+    with -s it has a resume token and `send -t` completes the transfer."""
+    src = make_daemon("src")
+    # Small txgs: parts of the stream reach the disk before the kill.
+    dst = make_daemon("dst", config="[engine]\ndirty_max_bytes = \"4M\"\n")
+    for d, pool in ((src, "tank"), (dst, "backup")):
+        disks = tmp_path / f"{pool}-disks"
+        disks.mkdir()
+        d.cli("pool", "create", "-s", "1G", pool, disks / "d0")
+    rng = random.Random(99)
+    src.cli("create", "-V", "64M", "tank/vm")
+    scribble(src, "tank/vm", rng, 400)
+    src.cli("snapshot", "tank/vm@a")
+    full = send_to_file(src, tmp_path / "full", "tank/vm@a")
+    receive_from(dst, full, "backup/vm")
+    old_head = nbd_sha(dst, "backup/vm")
+    with connected(src.uri("tank/vm")) as c:
+        for off in range(0, SIZE, MiB):
+            c.pwrite(rng.randbytes(MiB), off)
+        c.flush()
+    src.cli("snapshot", "tank/vm@b")
+    incr = send_to_file(src, tmp_path / "incr", "-i", "@a", "tank/vm@b")
+
+    args = [cistern_bin(), "receive", *(["-s"] if resumable else []), "backup/vm"]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dst.env())
+    try:
+        p.stdin.write(incr[: len(incr) * 3 // 5])
+        p.stdin.flush()
+        time.sleep(1.5)
+        dst.kill9()
+    finally:
+        try:
+            p.stdin.close()
+        except BrokenPipeError:
+            pass
+        p.wait(60)
+    assert p.returncode != 0
+    dst.start()
+    assert snapshots(dst) == ["backup/vm@a"]
+    assert nbd_sha(dst, "backup/vm@a") == nbd_sha(src, "tank/vm@a")
+    token = get_token(dst, "backup/vm")
+    if not resumable:
+        assert token == "-", token
+        assert nbd_sha(dst, "backup/vm") == old_head, "head not back to @a"
+        receive_from(dst, incr, "backup/vm")
+    else:
+        assert token.startswith("1-"), token
+        rest = send_to_file(src, tmp_path / "rest", "-t", token)
+        assert len(rest) < len(incr) * 9 // 10, (len(rest), len(incr))
+        receive_from(dst, rest, "-s", "backup/vm")
+        assert get_token(dst, "backup/vm") == "-"
+    assert snapshots(dst) == ["backup/vm@a", "backup/vm@b"]
+    assert nbd_sha(dst, "backup/vm@b") == nbd_sha(src, "tank/vm@b")
+
+
+def test_receive_abort(pair, tmp_path):
+    src, dst = pair
+    src.cli("create", "-V", "16M", "tank/vm")
+    scribble(src, "tank/vm", random.Random(1), 50, size=16 * MiB)
+    src.cli("snapshot", "tank/vm@a")
+    full = send_to_file(src, tmp_path / "full", "tank/vm@a")
+    p = receive_from(dst, full[: len(full) // 2], "-s", "backup/vm", check=False)
+    assert p.returncode != 0 and b"send -t" in p.stderr, p.stderr
+    assert get_token(dst, "backup/vm").startswith("1-")
+    dst.cli("receive", "-A", "backup/vm")
+    assert dst.cli("list", "backup/vm", check=False).returncode != 0
+    p = dst.cli("receive", "-A", "backup/vm", check=False)
+    assert p.returncode != 0

@@ -220,6 +220,16 @@ mod tests {
     }
 
     #[test]
+    fn send_t_is_the_resume_token_not_the_api_token() {
+        let cli = Cli::try_parse_from(["cistern", "send", "-t", "1-ab"]).unwrap();
+        assert_eq!(cli.token, None);
+        match cli.command {
+            Command::Send(a) => assert_eq!(a.resume_token.as_deref(), Some("1-ab")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn parses_zfs_style_commands() {
         let m = Cli::try_parse_from([
             "cistern",

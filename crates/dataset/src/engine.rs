@@ -1744,6 +1744,9 @@ pub(crate) fn info(
         properties.push(stat("clones", clones.join(",")));
         properties.push(stat("userrefs", rec.holds.len().to_string()));
     }
+    if let Some(token) = rec.receive.as_ref().and_then(|r| r.token()) {
+        properties.push(stat("receive_resume_token", token));
+    }
     properties.extend(lineage.user_properties());
     DatasetInfo {
         name: rec.name.clone(),

@@ -168,6 +168,9 @@ pub struct DatasetRecord {
     /// Encrypted datasets (decision 0026); absent on plain ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crypt: Option<Box<crate::crypt::CryptRecord>>,
+    /// A receive in progress into this dataset (decision 0033); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<Box<crate::send::ReceiveState>>,
 }
 
 fn is_zero(v: &u64) -> bool {

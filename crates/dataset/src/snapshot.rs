@@ -365,6 +365,7 @@ impl ImportedPool {
                         next_object: head.next_object,
                         // Keys come from the dataset (crypt::crypt_of).
                         crypt: None,
+                        receive: None,
                     };
                     head.written = 0;
                     recs.insert(snap.id, snap);

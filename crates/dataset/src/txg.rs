@@ -407,6 +407,8 @@ impl ImportedPool {
         }
         crate::crypt::stash_records(&imported, &stash)?;
         let drained = crate::objects::drain_unlinked(&imported)?;
+        // A receive killed mid-stream: back to the target's old self (decision 0033).
+        crate::send::recover_receives(&imported);
         if drained > 0 {
             tracing::info!(pool = %imported.pool.name, objects = drained, "unlinked objects left by the last run removed");
         }

@@ -257,3 +257,229 @@ fn bucket_full_then_incremental_round_trip() {
         .collect();
     assert!(!src_ids.contains(&obj), "object id {obj} handed out twice");
 }
+
+/// A reader that hands out `limit` bytes of `data`, says so, then blocks
+/// until the test ends (the engine is "killed" meanwhile).
+struct Stall {
+    data: Vec<u8>,
+    at: usize,
+    limit: usize,
+    reached: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl std::io::Read for Stall {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.at >= self.limit {
+            if let Some(tx) = self.reached.take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+        let n = out.len().min(self.limit - self.at);
+        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+fn small_txgs() -> EngineConfig {
+    EngineConfig {
+        dirty_max_bytes: 4 << 20,
+        ..config()
+    }
+}
+
+fn prop_of(e: &Engine, ds: &str, name: &str) -> Option<String> {
+    e.dataset(ds)
+        .unwrap()
+        .property(name)
+        .map(|p| p.value.clone())
+}
+
+/// Kill -9 of the receiving engine mid-stream: after the restart the
+/// target is its old self (no new snapshot, head as at @a); with -s it
+/// also has a resume token, and `send -t` finishes the transfer equal.
+#[test]
+fn receive_killed_mid_stream_is_undone_or_resumable() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    let size = 32u64 << 20;
+    src.create_volume("tank/vm", size, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for off in (0..size).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    for off in (0..size * 3 / 4).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+    src.snapshot(&["tank/vm@b".into()], false).unwrap();
+    let full = send(&src, "tank/vm@a", None, false);
+    let incr = send(&src, "tank/vm@b", Some("@a"), false);
+
+    for resumable in [false, true] {
+        let state = dir.path().join(format!("state-r{resumable}"));
+        let e = Engine::open(&state, small_txgs()).unwrap();
+        let pool = format!("backup{}", resumable as u8);
+        e.create_pool(PoolSpec {
+            name: pool.clone(),
+            groups: vec![GroupSpec {
+                kind: GroupKind::Disk,
+                devices: vec![dir.path().join(format!("{pool}-d0"))],
+            }],
+            create_size: Some(256 << 20),
+            force: false,
+        })
+        .unwrap();
+        let target = format!("{pool}/vm");
+        receive(&e, &target, &full, false).unwrap();
+        let old = read_vol(&e, &target);
+        e.sync_all().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stall = Stall {
+            data: incr.clone(),
+            at: 0,
+            limit: incr.len() * 3 / 5,
+            reached: Some(tx),
+        };
+        let e2 = e.clone();
+        let t2 = target.clone();
+        std::thread::spawn(move || {
+            let mut r = stall;
+            let _ = e2.receive(
+                &ReceiveOptions {
+                    target: t2,
+                    resumable,
+                    ..Default::default()
+                },
+                &mut r,
+            );
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Engine::forget_as_if_killed(e);
+        let e = Engine::open(&state, small_txgs()).unwrap();
+        assert!(
+            e.dataset(&format!("{target}@b")).is_err(),
+            "half a snapshot"
+        );
+        assert_eq!(read_vol(&e, &format!("{target}@a")), old);
+        let token = prop_of(&e, &target, "receive_resume_token");
+        if !resumable {
+            assert_eq!(token, None);
+            assert_eq!(read_vol(&e, &target), old, "head not back to @a");
+            receive(&e, &target, &incr, false).unwrap();
+        } else {
+            let token = token.expect("no receive_resume_token after an interrupted -s receive");
+            // A new stream is refused while partial state is there.
+            let err = receive(&e, &target, &incr, false).unwrap_err();
+            assert!(err.to_string().contains("partially-complete"), "{err}");
+            let mut rest = Vec::new();
+            src.send(
+                &SendOptions {
+                    resume_token: Some(token),
+                    ..Default::default()
+                },
+                &mut rest,
+            )
+            .unwrap();
+            assert!(
+                rest.len() < incr.len() * 3 / 4,
+                "resumed {} of {}",
+                rest.len(),
+                incr.len()
+            );
+            receive(&e, &target, &rest, false).unwrap();
+            assert_eq!(prop_of(&e, &target, "receive_resume_token"), None);
+        }
+        assert_eq!(
+            read_vol(&e, &format!("{target}@b")),
+            read_vol(&src, "tank/vm@b")
+        );
+        assert_eq!(
+            read_vol(&e, &format!("{target}@a")),
+            read_vol(&src, "tank/vm@a")
+        );
+    }
+}
+
+#[test]
+fn resumable_receive_of_a_cut_stream_resumes_and_aborts() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    let e = Engine::open(&dir.path().join("dst"), small_txgs()).unwrap();
+    e.create_pool(PoolSpec {
+        name: "backup".into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![dir.path().join("backup-d0")],
+        }],
+        create_size: Some(256 << 20),
+        force: false,
+    })
+    .unwrap();
+    let size = 16u64 << 20;
+    src.create_volume("tank/vm", size, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for off in (0..size).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let full = send(&src, "tank/vm@a", None, false);
+    let rs = |stream: &[u8]| {
+        let mut inp = stream;
+        e.receive(
+            &ReceiveOptions {
+                target: "backup/vm".into(),
+                resumable: true,
+                ..Default::default()
+            },
+            &mut inp,
+        )
+    };
+    let err = rs(&full[..full.len() * 2 / 3]).unwrap_err().to_string();
+    assert!(err.contains("send -t"), "{err}");
+    let token = prop_of(&e, "backup/vm", "receive_resume_token").unwrap();
+    // -A discards it: the dataset a full stream made is gone.
+    e.receive_abort("backup/vm").unwrap();
+    assert!(e.dataset("backup/vm").is_err());
+    assert!(e.receive_abort("backup/vm").is_err());
+    // Cut again, then resumed with the token: equal.
+    rs(&full[..full.len() / 2]).unwrap_err();
+    let token2 = prop_of(&e, "backup/vm", "receive_resume_token").unwrap();
+    assert_ne!(token, token2);
+    let mut rest = Vec::new();
+    src.send(
+        &SendOptions {
+            resume_token: Some(token2),
+            ..Default::default()
+        },
+        &mut rest,
+    )
+    .unwrap();
+    assert!(
+        rest.len() < full.len() * 3 / 4,
+        "resumed {} of {}",
+        rest.len(),
+        full.len()
+    );
+    rs(&rest).unwrap();
+    assert_eq!(read_vol(&e, "backup/vm@a"), read_vol(&src, "tank/vm@a"));
+    assert!(src
+        .send(
+            &SendOptions {
+                resume_token: Some("1-zz".into()),
+                ..Default::default()
+            },
+            &mut Vec::new()
+        )
+        .is_err());
+}

@@ -35,10 +35,11 @@ pub struct SendArgs {
     #[arg(short = 'P')]
     pub parsable: bool,
     /// Continue an interrupted transfer (the target's receive_resume_token).
+    // Not `token`: that id is the global --token (the API's).
     #[arg(short = 't', value_name = "TOKEN")]
-    pub token: Option<String>,
+    pub resume_token: Option<String>,
     /// POOL/DS@SNAP
-    #[arg(required_unless_present = "token")]
+    #[arg(required_unless_present = "resume_token")]
     pub snapshot: Option<String>,
 }
 
@@ -71,7 +72,7 @@ fn options(a: &SendArgs) -> dataset::SendOptions {
         intermediates: a.intermediates_from.is_some(),
         recursive: a.recursive,
         raw: a.raw,
-        resume_token: a.token.clone(),
+        resume_token: a.resume_token.clone(),
     }
 }
 

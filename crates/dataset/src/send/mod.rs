@@ -78,6 +78,176 @@ pub struct Begin {
     pub volsize: u64,
     pub volblocksize: u32,
     pub next_object: u64,
+    /// A resumed transfer (`send -t`): rows after this address (hex) only.
+    pub resume_after: Option<String>,
+}
+
+/// What a dataset's record keeps while a receive into it runs (and, with
+/// `-s`, after one was interrupted): enough to put the target back as it
+/// was, or to resume.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReceiveState {
+    /// The source snapshot received (its full name on the sender).
+    pub snapshot: String,
+    /// The snapshot's name on the target (`@short`).
+    pub short: String,
+    /// Incremental: the target's snapshot the stream applies to.
+    pub base: Option<String>,
+    /// Incremental: the source's short name of that snapshot.
+    pub from: Option<String>,
+    pub from_txg: u64,
+    pub to_txg: u64,
+    /// `-s`: kept after an interruption, with a resume token.
+    pub resumable: bool,
+    /// Every row up to this address (hex) is committed.
+    pub after: Option<String>,
+}
+
+/// What a resume token carries (`receive_resume_token`, `send -t`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+struct Token {
+    snapshot: String,
+    from: Option<String>,
+    from_txg: u64,
+    to_txg: u64,
+    after: Option<String>,
+}
+
+const TOKEN_PREFIX: &str = "1-";
+
+impl ReceiveState {
+    /// The resume token of an interrupted `-s` receive.
+    pub fn token(&self) -> Option<String> {
+        if !self.resumable {
+            return None;
+        }
+        let t = Token {
+            snapshot: self.snapshot.clone(),
+            from: self.from.clone(),
+            from_txg: self.from_txg,
+            to_txg: self.to_txg,
+            after: self.after.clone(),
+        };
+        let json = serde_json::to_vec(&t).ok()?;
+        Some(format!("{TOKEN_PREFIX}{}", hex(&json)))
+    }
+}
+
+fn decode_token(t: &str) -> Result<Token> {
+    let bad = || Error::InvalidArgument(format!("cannot resume send: invalid resume token '{t}'"));
+    let body = t.trim().strip_prefix(TOKEN_PREFIX).ok_or_else(bad)?;
+    let json = unhex(body).ok_or_else(bad)?;
+    serde_json::from_slice(&json).map_err(|_| bad())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The address of a received row (its place in the stream's order).
+fn row_addr(r: &Row) -> Vec<u8> {
+    match r {
+        Row::Data { obj, blk, .. } => blockmap::block_addr(*obj, *blk).to_vec(),
+        Row::Free { addr } => addr.clone(),
+        Row::Name { dir, name, .. } => blockmap::name_addr(*dir, name),
+    }
+}
+
+/// Writes (or clears) the receive state of `target` in its record, durably.
+fn set_state(p: &ImportedPool, target: &str, st: Option<ReceiveState>) -> Result<()> {
+    let mut rec = p
+        .datasets
+        .read()
+        .get(target)
+        .cloned()
+        .ok_or_else(|| Error::NotFound(format!("dataset '{target}'")))?;
+    rec.receive = st.map(Box::new);
+    p.store_dataset(&rec)
+}
+
+/// At import: every receive that was running when the daemon died. One
+/// whose snapshot exists had finished; one with `-s` keeps its partial
+/// rows and token; any other is undone (the dataset it created destroyed,
+/// or the target rolled back to the stream's base snapshot).
+pub(crate) fn recover_receives(p: &ImportedPool) {
+    let marked: Vec<DatasetRecord> = p
+        .datasets
+        .read()
+        .values()
+        .filter(|r| r.receive.is_some())
+        .cloned()
+        .collect();
+    for rec in marked {
+        let Some(st) = rec.receive.as_deref().cloned() else {
+            continue;
+        };
+        let done = p
+            .datasets
+            .read()
+            .contains_key(&format!("{}@{}", rec.name, st.short));
+        let outcome = if done {
+            set_state(p, &rec.name, None)
+        } else if st.resumable {
+            tracing::info!(dataset = %rec.name, "interrupted receive kept: resume it with send -t");
+            continue;
+        } else {
+            undo_at_import(p, &rec, &st)
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(dataset = %rec.name, finished = done, "interrupted receive cleaned up")
+            }
+            Err(e) => {
+                tracing::error!(dataset = %rec.name, error = %e, "cannot clean up an interrupted receive")
+            }
+        }
+    }
+}
+
+fn undo_at_import(p: &ImportedPool, rec: &DatasetRecord, st: &ReceiveState) -> Result<()> {
+    use crate::snapshot::Action;
+    let (base, later, has_snaps) = {
+        let datasets = p.datasets.read();
+        let base = st.base.as_ref().and_then(|b| datasets.get(b)).cloned();
+        let snaps: Vec<&DatasetRecord> = datasets
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == rec.id)
+            .collect();
+        let later: Vec<u64> = base.as_ref().map_or(Vec::new(), |b| {
+            snaps
+                .iter()
+                .filter(|s| s.created_txg > b.created_txg)
+                .map(|s| s.id)
+                .collect()
+        });
+        (base, later, !snaps.is_empty())
+    };
+    match base {
+        Some(b) => {
+            p.commit_txg(Some(Action::Rollback {
+                dataset: rec.id,
+                snapshot: b.id,
+                destroy_later: later,
+            }))?;
+            set_state(p, &rec.name, None)
+        }
+        None if st.base.is_none() && !has_snaps => p
+            .commit_txg(Some(Action::DestroyDataset(rec.id)))
+            .map(|_| ()),
+        None => set_state(p, &rec.name, None),
+    }
 }
 
 /// One row of a stream, decoded.
@@ -89,6 +259,25 @@ pub enum Row {
 }
 
 impl Row {
+    /// The record (kind and payload) that carries this row.
+    pub fn encode(&self) -> (Kind, Vec<u8>) {
+        match self {
+            Row::Data { obj, blk, bytes } => {
+                let mut p = Vec::with_capacity(16 + bytes.len());
+                p.extend_from_slice(&obj.to_be_bytes());
+                p.extend_from_slice(&blk.to_be_bytes());
+                p.extend_from_slice(bytes);
+                (Kind::Data, p)
+            }
+            Row::Free { addr } => (Kind::Free, addr.clone()),
+            Row::Name { dir, name, target } => {
+                let mut p = blockmap::name_addr(*dir, name);
+                p.extend_from_slice(&target.to_le_bytes());
+                (Kind::Name, p)
+            }
+        }
+    }
+
     /// The row from a stream record of kind Data, Free or Name.
     pub fn decode(kind: Kind, p: &[u8]) -> Result<Row> {
         let bad = |w: &str| Error::InvalidArgument(format!("invalid send stream: {w}"));
@@ -127,6 +316,20 @@ impl Row {
 /// What [`scan_rows`] calls per row: (address, value).
 type RowFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
 
+/// A resumable receive commits and records its position every this many
+/// bytes, at most (half the dirty data that forces a txg commit anyway).
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+
+/// The block-map address of block `blk` of object `obj` (for stream tools and tests).
+pub fn block_address(obj: u64, blk: u64) -> Vec<u8> {
+    blockmap::block_addr(obj, blk).to_vec()
+}
+
+/// The block-map address of `name` in directory `dir`.
+pub fn name_address(dir: u64, name: &str) -> Vec<u8> {
+    blockmap::name_addr(dir, name)
+}
+
 fn bad_stream(w: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("invalid send stream: {w}"))
 }
@@ -139,10 +342,15 @@ fn scan_rows(
     chain: &Chain,
     from: Option<u64>,
     to: u64,
+    after: Option<&[u8]>,
     mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
 ) -> Result<()> {
     let view = p.view()?;
-    let (lo, hi): (&[u8], &[u8]) = (&[], &[2u8]);
+    let (lo, hi): (&[u8], &[u8]) = (after.unwrap_or(&[]), &[2u8]);
+    let mut f = |a: &[u8], v: &[u8]| match after {
+        Some(x) if a <= x => Ok(()),
+        _ => f(a, v),
+    };
     if from.is_none() && chain.0.len() > 1 {
         // A clone's full stream includes what it sees of its origins.
         let bounded = Chain(
@@ -202,11 +410,40 @@ struct Part {
     head: DatasetRecord,
     chain: Chain,
     from: Option<(String, u64)>,
+    /// `send -t`: rows after this address only.
+    after: Option<Vec<u8>>,
 }
 
 impl Engine {
     /// Resolves the snapshots a send covers, oldest first.
     fn send_parts(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
+        if let Some(t) = &opts.resume_token {
+            let tok = decode_token(t)?;
+            let again = SendOptions {
+                snapshot: tok.snapshot.clone(),
+                from: tok.from.as_ref().map(|f| format!("@{f}")),
+                ..Default::default()
+            };
+            let (p, mut parts) = self.send_parts(&again)?;
+            let part = parts
+                .first_mut()
+                .ok_or_else(|| Error::NotFound(tok.snapshot.clone()))?;
+            if part.rec.created_txg != tok.to_txg
+                || part.from.as_ref().map_or(0, |f| f.1) != tok.from_txg
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot resume send: '{}' is not the snapshot the token was made for (destroyed and taken again?)",
+                    tok.snapshot
+                )));
+            }
+            part.after = match &tok.after {
+                None => None,
+                Some(h) => Some(unhex(h).ok_or_else(|| {
+                    Error::InvalidArgument("cannot resume send: invalid resume token".into())
+                })?),
+            };
+            return Ok((p, parts));
+        }
         if opts.recursive {
             return Err(Error::InvalidArgument(
                 "send -R is not supported yet".into(),
@@ -215,11 +452,6 @@ impl Engine {
         if opts.raw {
             return Err(Error::InvalidArgument(
                 "send -w is not supported yet".into(),
-            ));
-        }
-        if opts.resume_token.is_some() {
-            return Err(Error::InvalidArgument(
-                "send -t is not supported yet".into(),
             ));
         }
         let snap = &opts.snapshot;
@@ -252,6 +484,7 @@ impl Engine {
                     head: head.clone(),
                     chain,
                     from: None,
+                    after: None,
                 });
             }
             Some(from) => {
@@ -295,6 +528,7 @@ impl Engine {
                         head: head.clone(),
                         chain: Chain::of(s, datasets.values()),
                         from: Some(prev.clone()),
+                        after: None,
                     });
                     prev = (short_of(&s.name), s.created_txg);
                 }
@@ -319,6 +553,7 @@ impl Engine {
                 volsize: part.rec.volsize.max(part.head.volsize),
                 volblocksize: part.head.volblocksize,
                 next_object: part.rec.next_object.max(part.head.next_object),
+                resume_after: part.after.as_deref().map(hex),
             };
             let json = serde_json::to_vec(&begin).map_err(meta_err)?;
             w.record(Kind::Begin, &[&json])?;
@@ -329,6 +564,7 @@ impl Engine {
                 &part.chain,
                 part.from.as_ref().map(|f| f.1),
                 part.rec.created_txg,
+                part.after.as_deref(),
                 |addr, v| {
                     sum.records += 1;
                     if let Some((obj, blk)) = block_of(addr) {
@@ -384,6 +620,7 @@ impl Engine {
                 &part.chain,
                 part.from.as_ref().map(|f| f.1),
                 part.rec.created_txg,
+                part.after.as_deref(),
                 |addr, v| {
                     total += 21 + addr.len() as u64;
                     if let Some(bp) = blockmap::decode(addr, v)? {
@@ -462,8 +699,101 @@ impl Engine {
     ) -> Result<String> {
         let snap_full = format!("{target}@{short}");
         let existing = p.datasets.read().get(target).cloned();
-        // What to do if the stream breaks: destroy what we created, or roll back.
-        let undo: Undo = match (&begin.from, existing) {
+        let state = match &begin.resume_after {
+            Some(after) => self.prepare_resume(target, existing, begin, after)?,
+            None => self.prepare_receive(p, opts, target, short, begin, existing)?,
+        };
+        let resumable = state.resumable;
+        // From here the record says a receive runs: a crash is undone at
+        // import (or kept for resuming, with -s).
+        set_state(p, target, Some(state.clone()))?;
+        let applied = self.apply_rows(p, target, begin, r, sum, &state);
+        // The record after the snapshot's end is read (and verified) first:
+        // the last snapshot of a stream appears only with a sound end record.
+        let applied = applied.and_then(|()| r.peek().map(|_| ()));
+        let done = applied.and_then(|()| {
+            self.snapshot(std::slice::from_ref(&snap_full), false)?;
+            set_state(p, target, None)
+        });
+        if let Err(e) = done {
+            if resumable {
+                let token = p
+                    .datasets
+                    .read()
+                    .get(target)
+                    .and_then(|r| r.receive.as_ref().and_then(|s| s.token()));
+                if let Some(token) = token {
+                    return Err(Error::InvalidArgument(format!(
+                        "{e}\npartially received snapshot is saved; resume the transfer with\n`cistern send -t {token}` (or discard it: `cistern receive -A {target}`)"
+                    )));
+                }
+            }
+            if let Err(c) = self.undo_receive(target, &state) {
+                tracing::error!(target, error = %c, "cannot undo a failed receive");
+            }
+            return Err(e);
+        }
+        Ok(snap_full)
+    }
+
+    /// A resumed stream (`send -t`): the target must hold the matching
+    /// partial state, committed at least up to where the stream restarts.
+    fn prepare_resume(
+        &self,
+        target: &str,
+        existing: Option<DatasetRecord>,
+        begin: &Begin,
+        after: &str,
+    ) -> Result<ReceiveState> {
+        let st = existing
+            .as_ref()
+            .and_then(|r| r.receive.as_deref())
+            .filter(|s| s.resumable && s.snapshot == begin.snapshot && s.to_txg == begin.to_txg)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "cannot receive resume stream: '{target}' has no partially received state of '{}'",
+                    begin.snapshot
+                ))
+            })?;
+        let have = st.after.as_deref().and_then(unhex).unwrap_or_default();
+        let from = unhex(after).ok_or_else(|| bad_stream("resume address"))?;
+        if from > have {
+            return Err(Error::InvalidArgument(format!(
+                "cannot receive resume stream: it starts after what '{target}' holds (use its current receive_resume_token)"
+            )));
+        }
+        Ok(st)
+    }
+
+    /// Checks and prepares the target of a new (not resumed) stream: a
+    /// new dataset for a full stream, the base snapshot for an incremental one.
+    fn prepare_receive(
+        &self,
+        p: &Arc<ImportedPool>,
+        opts: &ReceiveOptions,
+        target: &str,
+        short: &str,
+        begin: &Begin,
+        existing: Option<DatasetRecord>,
+    ) -> Result<ReceiveState> {
+        let snap_full = format!("{target}@{short}");
+        if existing.as_ref().is_some_and(|r| r.receive.is_some()) {
+            return Err(Error::Busy(format!(
+                "cannot receive: destination '{target}' contains partially-complete state from \"cistern receive -s\"\n(resume it with send -t, or discard it with receive -A)"
+            )));
+        }
+        let mut state = ReceiveState {
+            snapshot: begin.snapshot.clone(),
+            short: short.to_string(),
+            base: None,
+            from: begin.from.clone(),
+            from_txg: begin.from_txg,
+            to_txg: begin.to_txg,
+            resumable: opts.resumable,
+            after: None,
+        };
+        match (&begin.from, existing) {
             (None, Some(_)) if !opts.force => {
                 return Err(Error::AlreadyExists(format!(
                     "cannot receive new {} stream: destination '{target}' exists\nmust specify -F to overwrite it",
@@ -480,12 +810,8 @@ impl Engine {
                 }
                 self.destroy(target, &DestroyOptions::default())?;
                 self.create_for_receive(target, begin)?;
-                Undo::Destroy
             }
-            (None, None) => {
-                self.create_for_receive(target, begin)?;
-                Undo::Destroy
-            }
+            (None, None) => self.create_for_receive(target, begin)?,
             (Some(_), None) => {
                 return Err(Error::NotFound(format!(
                     "cannot receive incremental stream: destination '{target}'"
@@ -523,40 +849,52 @@ impl Engine {
                         "cannot receive incremental stream: destination '{target}' has been modified\nsince most recent snapshot"
                     )));
                 }
-                Undo::Rollback(base)
+                state.base = Some(base);
             }
-        };
-        let applied = self.apply_rows(p, target, begin, r, sum);
-        // The record after the snapshot's end is read (and verified) first:
-        // the last snapshot of a stream appears only with a sound end record.
-        let applied = applied.and_then(|()| r.peek().map(|_| ()));
-        let done = applied.and_then(|()| {
-            self.snapshot(std::slice::from_ref(&snap_full), false)?;
-            Ok(())
-        });
-        if let Err(e) = done {
-            let cleanup = match &undo {
-                Undo::Destroy => self.destroy(target, &DestroyOptions::default()).map(|_| ()),
-                Undo::Rollback(base) => self.rollback_with(base, true, true).map(|_| ()),
-            };
-            if let Err(c) = cleanup {
-                tracing::error!(target, error = %c, "cannot undo a failed receive");
-            }
-            return Err(e);
         }
-        Ok(snap_full)
+        Ok(state)
     }
 
-    /// `cistern receive -A`: discards the partially received state of `target`.
+    /// Puts a target back as it was before a receive: the dataset a full
+    /// stream created is destroyed, an incremental's target rolled back.
+    fn undo_receive(&self, target: &str, st: &ReceiveState) -> Result<()> {
+        match &st.base {
+            None => self
+                .destroy(
+                    target,
+                    &DestroyOptions {
+                        force: true,
+                        ..Default::default()
+                    },
+                )
+                .map(|_| ()),
+            Some(base) => {
+                self.rollback_with(base, true, true)?;
+                let (pool, _) = split_dataset(target)?;
+                set_state(&*self.pool(pool)?, target, None)
+            }
+        }
+    }
+
+    /// `cistern receive -A`: discards the partially received state of
+    /// `target` (what an interrupted `receive -s` kept).
     pub fn receive_abort(&self, target: &str) -> Result<()> {
         let (pool, _) = split_dataset(target)?;
         let p = self.pool(pool)?;
-        if !p.datasets.read().contains_key(target) {
-            return Err(Error::NotFound(format!("dataset '{target}'")));
-        }
-        Err(Error::InvalidArgument(format!(
-            "cannot resume send: '{target}' does not have any resumable receive state to abort"
-        )))
+        let rec = p
+            .datasets
+            .read()
+            .get(target)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("dataset '{target}'")))?;
+        let Some(st) = rec.receive.as_deref().cloned() else {
+            return Err(Error::InvalidArgument(format!(
+                "cannot abort receive: '{target}' does not have any resumable receive state to abort"
+            )));
+        };
+        self.undo_receive(target, &st)?;
+        tracing::info!(target, "partially received state discarded");
+        Ok(())
     }
 
     fn snapshot_names(&self, p: &ImportedPool, id: u64) -> Vec<String> {
@@ -591,7 +929,7 @@ impl Engine {
         }
         let chain = Chain(vec![(id, u64::MAX)]);
         let mut changed = false;
-        scan_rows(p, &chain, Some(txg), u64::MAX, |_, _| {
+        scan_rows(p, &chain, Some(txg), u64::MAX, None, |_, _| {
             changed = true;
             Err(Error::Busy(String::new())) // stops the scan at the first row
         })
@@ -624,7 +962,11 @@ impl Engine {
         begin: &Begin,
         r: &mut stream::Reader<'_>,
         sum: &mut ReceiveSummary,
+        state: &ReceiveState,
     ) -> Result<()> {
+        let mut state = state.clone();
+        let mut since_checkpoint = 0usize;
+        let checkpoint = (p.config.dirty_max_bytes / 2).clamp(1 << 20, CHECKPOINT_BYTES) as usize;
         let rec = p
             .datasets
             .read()
@@ -667,10 +1009,20 @@ impl Engine {
                         }
                         batch_bytes += bytes.len();
                     }
+                    let last = row_addr(&row);
                     batch.push(row);
-                    if batch.len() >= 1024 || batch_bytes >= 8 << 20 {
+                    if batch.len() >= 1024 || batch_bytes >= checkpoint.min(8 << 20) {
                         put_rows(p, ds, std::mem::take(&mut batch))?;
+                        since_checkpoint += batch_bytes.max(1);
                         batch_bytes = 0;
+                        // -s: commit what arrived and say so in the record,
+                        // so an interruption resumes from here.
+                        if state.resumable && since_checkpoint >= checkpoint {
+                            p.sync_now()?;
+                            state.after = Some(hex(&last));
+                            set_state(p, target, Some(state.clone()))?;
+                            since_checkpoint = 0;
+                        }
                     }
                 }
                 k => {
@@ -688,11 +1040,6 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-enum Undo {
-    Destroy,
-    Rollback(String),
 }
 
 fn kind_word(k: DatasetKind) -> &'static str {

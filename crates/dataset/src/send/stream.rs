@@ -40,7 +40,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_u8(k: u8) -> Option<Kind> {
+    /// The kind of a record's first byte.
+    pub fn from_u8(k: u8) -> Option<Kind> {
         Some(match k {
             1 => Kind::Begin,
             2 => Kind::Data,

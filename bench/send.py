@@ -1,0 +1,125 @@
+"""bench/send.sh's body (see there)."""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = os.environ["CISTERN_BIN"]
+OUT = Path(os.environ["BENCH_DIR"])
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+s = os.environ.get("SIZE", "4G")
+SIZE = int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
+MiB = 1 << 20
+procs = []
+
+
+def free_port() -> int:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, name):
+        self.state = OUT / f"{name}-state"
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.nbd, self.apiport = free_port(), free_port()
+        self.env = dict(os.environ, CISTERN_API=f"http://127.0.0.1:{self.apiport}", NO_COLOR="1")
+        log = open(OUT / f"{name}.log", "ab")
+        self.proc = subprocess.Popen([BIN, "serve", "--state-dir", self.state, "--nbd", f"127.0.0.1:{self.nbd}",
+                                      "--api", f"127.0.0.1:{self.apiport}"], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env)
+        procs.append(self.proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.cli("pool", "list", check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        sys.exit(f"daemon {name} did not start; see {OUT}/{name}.log")
+
+    def cli(self, *args, check=True, **kw):
+        p = subprocess.run([BIN, *map(str, args)], env=self.env, capture_output=True, **kw)
+        if check and p.returncode != 0:
+            sys.exit(f"cistern {' '.join(map(str, args))}: {p.stderr.decode()}")
+        return p
+
+    def uri(self, name):
+        return f"nbd://127.0.0.1:{self.nbd}/{name}"
+
+    def rss(self) -> str:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(("VmHWM", "VmRSS")):
+                yield line.split(":")[0] + " " + " ".join(line.split()[1:])
+
+
+def transfer(src, dst, args, target):
+    t = time.monotonic()
+    send = subprocess.Popen([BIN, "send", *args], stdout=subprocess.PIPE, env=src.env)
+    recv = subprocess.run([BIN, "receive", target], stdin=send.stdout, capture_output=True, env=dst.env)
+    send.stdout.close()
+    send.wait()
+    if send.returncode != 0 or recv.returncode != 0:
+        sys.exit(f"send {args} | receive {target} failed: {recv.stderr.decode()}")
+    return time.monotonic() - t
+
+
+def change(d, vol, fraction, rng):
+    """Rewrites `fraction` of the volume in random 1 MiB pieces."""
+    import nbd
+    h = nbd.NBD()
+    h.connect_uri(d.uri(vol))
+    pieces = SIZE // MiB
+    for p in rng.sample(range(pieces), max(1, int(pieces * fraction))):
+        h.pwrite(os.urandom(MiB), p * MiB)
+    h.flush()
+    h.shutdown()
+
+
+def main():
+    print(f"bench/send: {SIZE >> 20} MiB volume, random data; output in {OUT}")
+    src, dst = Daemon("src"), Daemon("dst")
+    pool_size = f"{(SIZE * 3 + (1 << 30)) >> 20}M"
+    src.cli("pool", "create", "-s", pool_size, "tank", OUT / "src-d0")
+    dst.cli("pool", "create", "-s", pool_size, "backup", OUT / "dst-d0")
+    src.cli("create", "-V", SIZE, "-o", "compression=off", "tank/vm")
+    dst.cli("create", "-V", SIZE, "-o", "compression=off", "backup/ref")
+    # Fill with random data through NBD (1 MiB writes).
+    change(src, "tank/vm", 1.0, random.Random(1))
+    src.cli("snapshot", "tank/vm@s0")
+
+    t = time.monotonic()
+    subprocess.run(["nbdcopy", "--flush", src.uri("tank/vm@s0"), dst.uri("backup/ref")], check=True)
+    t_copy = time.monotonic() - t
+    t_full = transfer(src, dst, ["tank/vm@s0"], "backup/vm")
+    print(f"nbdcopy {SIZE >> 20} MiB: {t_copy:.2f} s ({SIZE / MiB / t_copy:.0f} MiB/s)")
+    print(f"full send | receive: {t_full:.2f} s ({SIZE / MiB / t_full:.0f} MiB/s)")
+    print(f"ratio nbdcopy/send: {t_copy / t_full:.2f}x (target >= 1.0x)")
+    rng = random.Random(2)
+    prev = "s0"
+    for i, frac in enumerate([0.01, 0.10, 0.50], 1):
+        change(src, "tank/vm", frac, rng)
+        snap = f"s{i}"
+        src.cli("snapshot", f"tank/vm@{snap}")
+        t_i = transfer(src, dst, ["-i", f"@{prev}", f"tank/vm@{snap}"], "backup/vm")
+        print(f"incremental {frac:.0%}: {t_i:.2f} s = {t_i / t_full:.1%} of the full send's time"
+              + (" (target <= 5%)" if frac == 0.01 else ""))
+        prev = snap
+    for name, d in (("source", src), ("target", dst)):
+        print(f"{name} daemon: " + ", ".join(d.rss()))
+
+
+try:
+    main()
+finally:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
