@@ -1086,6 +1086,102 @@ fn agent(
     config.build().into()
 }
 
+/// Generic calls and streams, for daemon-to-daemon use (crates/replication).
+impl Client {
+    /// `GET path?query` decoded as `T`.
+    pub fn get_json<T: DeserializeOwned>(&self, path: &str, query: &[(&str, &str)]) -> Result<T> {
+        let mut req = self.agent.get(self.url(path));
+        for (k, v) in query {
+            req = req.query(*k, *v);
+        }
+        self.decode(req.call())
+    }
+
+    /// `POST path?query` with a JSON body, decoded as `T`.
+    pub fn post_json<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: &B,
+    ) -> Result<T> {
+        let mut req = self.agent.post(self.url(path));
+        for (k, v) in query {
+            req = req.query(*k, *v);
+        }
+        self.decode(req.send_json(body))
+    }
+
+    /// `DELETE path` decoded as `T`.
+    pub fn delete_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.decode(self.agent.delete(self.url(path)).call())
+    }
+
+    /// An agent for long streams: no bound on the whole call, but each read
+    /// and write must progress within `stall` (a stopped peer is an error).
+    fn stream_agent(&self, stall: Duration) -> ureq::Agent {
+        let mut config = ureq::Agent::config_builder()
+            .tls_config(self.tls.clone())
+            .http_status_as_error(false)
+            .proxy(None)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_per_read(Some(stall))
+            .timeout_per_write(Some(stall));
+        if let Some(t) = self.token.clone() {
+            let v = format!("Bearer {t}");
+            config = config.middleware(
+                move |mut req: ureq::http::Request<ureq::SendBody>,
+                      next: ureq::middleware::MiddlewareNext| {
+                    if let Ok(v) = ureq::http::HeaderValue::from_str(&v) {
+                        req.headers_mut().insert("authorization", v);
+                    }
+                    next.handle(req)
+                },
+            );
+        }
+        config.build().into()
+    }
+
+    /// `POST path?query` whose body is read from `body` as it goes
+    /// (chunked; never held whole), decoded as `T`.
+    pub fn post_stream<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Box<dyn io::Read + Send>,
+        stall: Duration,
+    ) -> Result<T> {
+        let mut req = self.stream_agent(stall).post(self.url(path));
+        for (k, v) in query {
+            req = req.query(*k, *v);
+        }
+        req = req.header("content-type", "application/octet-stream");
+        let mut body = body;
+        self.decode(req.send(ureq::SendBody::from_reader(&mut body)))
+    }
+
+    /// `POST path?query` with a JSON body whose answer is a stream: returns
+    /// a reader of it (an error answer is decoded as usual).
+    pub fn post_for_stream<B: serde::Serialize>(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: &B,
+        stall: Duration,
+    ) -> Result<Box<dyn io::Read + Send>> {
+        let mut req = self.stream_agent(stall).post(self.url(path));
+        for (k, v) in query {
+            req = req.query(*k, *v);
+        }
+        let mut resp = req.send_json(body).map_err(|e| self.transport_error(e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(self.api_error(status.as_u16(), &mut resp));
+        }
+        let reader = resp.into_body().into_with_config().limit(u64::MAX).reader();
+        Ok(Box::new(reader))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

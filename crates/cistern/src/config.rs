@@ -39,6 +39,11 @@
 //! [smb]               # smb::Settings: the daemon's private smbd (crates/smb/README.md)
 //! listen = "127.0.0.1:10445"
 //! guest = false
+//! [replication.offsite]  # replication::JobConfig (crates/replication)
+//! source = "tank/vm"
+//! target = "https://backup:10810/tank2/vm"
+//! schedule = "1h"
+//!
 //! [nfs]               # present: serve NFSv3 + MOUNT + portmap GETPORT (nfs::NfsConfig)
 //! listen = "127.0.0.1:10812"
 //! max_connections = 256
@@ -77,6 +82,8 @@ pub struct Config {
     pub nfs: Option<NfsSection>,
     /// `[api]`: the management API's access rules.
     pub api: ApiSection,
+    /// `[replication.NAME]`: replication jobs (`replication::JobConfig`).
+    pub replication: std::collections::BTreeMap<String, replication::JobConfig>,
 }
 
 /// `[api]`: who may call the management API (api::auth). The token itself
@@ -340,6 +347,8 @@ pub struct Resolved {
     /// `--insecure` (crate::exposure).
     pub insecure: bool,
     pub api_access: ApiSection,
+    /// `[replication.NAME]` tables (checked when the daemon opens its jobs).
+    pub replication: std::collections::BTreeMap<String, replication::JobConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -474,6 +483,7 @@ pub fn resolve(
         fuse: cfg.fuse,
         nfs,
         api_access: cfg.api,
+        replication: cfg.replication,
     })
 }
 

@@ -137,6 +137,9 @@ pub enum Command {
     /// Snapshot policies: list, show, run [-n], history.
     #[command(subcommand)]
     Policy(cmd::policy::PolicyCommand),
+    /// Replication jobs to or from another Cistern daemon: add, list, status, run, remove, pause, resume.
+    #[command(subcommand)]
+    Replication(cmd::replication::ReplicationCommand),
     /// Measure and size storage: iops, latency, provisioning, compression.
     #[command(subcommand)]
     Bench(bench::cli::BenchCommand),

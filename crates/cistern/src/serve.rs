@@ -224,6 +224,20 @@ async fn serve(
 
     engine.set_policies(r.policies.clone());
     engine.start_policy_scheduler();
+    // Replication jobs (config and CLI-added); a bad [replication.NAME] stops the start.
+    let repl = match replication::Manager::open(
+        engine.clone(),
+        &state_dir,
+        &r.replication,
+        r.policies.clone(),
+    ) {
+        Ok(m) => m,
+        Err(e) => {
+            shutdown_engine(&engine).await;
+            return Err(anyhow::Error::new(e).context("replication jobs"));
+        }
+    };
+    repl.start();
 
     // SMB: smbd starts with the first share (after the mounts); refreshed after every API change.
     let samba = smb::Samba::new(engine.clone(), r.smb.clone(), &state_dir);
@@ -283,16 +297,22 @@ async fn serve(
     let state = api::ApiState::new(engine.clone())
         .with_auth(auth)
         .with_metrics(Arc::new(crate::nbd_metrics::render))
+        .with_metrics({
+            let m = repl.clone();
+            Arc::new(move || m.render_metrics())
+        })
         .with_users(users.clone())
         .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
         .with_mounts(mounts.clone());
     let mut api_rx = stop_rx.clone();
     let api_tls = r.api_tls.clone();
+    let repl_routes = repl.clone();
     let mut api_task = tokio::spawn(async move {
         let stop = async move {
             let _ = api_rx.wait_for(|stop| *stop).await;
         };
-        api::server::serve_with(api_listener, api_tls, state, ui::router(), stop).await
+        let pages = ui::router().merge(replication::routes::routes(repl_routes));
+        api::server::serve_with(api_listener, api_tls, state, pages, stop).await
     });
 
     println!(
@@ -378,6 +398,7 @@ async fn serve(
         }
     }
     let _ = stop_tx.send(true);
+    repl.stop();
     sd_notify::send("STOPPING=1\nSTATUS=committing and closing pools");
     // A second signal while we commit ends the process at once; the intent
     // log makes that safe for acknowledged writes.

@@ -79,7 +79,12 @@ pub(crate) struct AutoSnap {
     /// Unknown policy names already reported, so a tick does not repeat them.
     warned: Mutex<HashSet<(String, String)>>,
     counters: [AtomicU64; 6],
+    /// Called after every automatic snapshot (replication's after-snapshot jobs).
+    observers: RwLock<Vec<SnapshotObserver>>,
 }
+
+/// `(dataset, snapshot)` after an automatic snapshot was taken.
+pub type SnapshotObserver = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 impl Default for AutoSnap {
     fn default() -> Self {
@@ -90,6 +95,7 @@ impl Default for AutoSnap {
             stop: AtomicBool::new(false),
             warned: Mutex::new(HashSet::new()),
             counters: Default::default(),
+            observers: RwLock::new(Vec::new()),
         }
     }
 }
@@ -419,6 +425,12 @@ impl Engine {
         *self.autosnap().policies.write() = policies;
     }
 
+    /// `f(dataset, snapshot)` runs after every automatic snapshot (it must
+    /// not block: replication only notes that a run is due).
+    pub fn on_auto_snapshot(&self, f: SnapshotObserver) {
+        self.autosnap().observers.write().push(f);
+    }
+
     /// Starts the scheduler thread: every `policy_tick_secs` (first after
     /// one interval), each dataset whose policy is due is snapshotted and
     /// pruned; every 100 ms, events are looked at.
@@ -719,6 +731,10 @@ impl Engine {
                         c[EVENT_SNAPSHOTS].fetch_add(1, Ordering::Relaxed);
                     }
                     run.created = Some(short);
+                    let observers = self.autosnap().observers.read().clone();
+                    for f in observers {
+                        f(&t.name, &full);
+                    }
                     if let Some(cmd) = &policy.post_hook {
                         if let Err(e) = run_hook("post", cmd, policy.hook_timeout_secs, &env) {
                             run.errors.push(e);

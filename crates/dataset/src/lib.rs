@@ -37,7 +37,9 @@ mod upgrade;
 mod volume;
 
 pub use api_types::*;
-pub use autosnap::{PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView, AUTO_PROPERTY};
+pub use autosnap::{
+    PolicyCounters, PolicyInfo, PolicyRun, PolicyShow, PolicyView, SnapshotObserver, AUTO_PROPERTY,
+};
 pub use crypt::KeyMaterial;
 pub use error::{Error, Result};
 pub use events::{post_event, Event};

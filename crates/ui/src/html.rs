@@ -114,6 +114,7 @@ const NAV: &[(&str, &str)] = &[
     ("/datasets", "Datasets"),
     ("/snapshots", "Snapshots"),
     ("/policies", "Policies"),
+    ("/replication", "Replication"),
     ("/users", "S3 users"),
     ("/shares", "Shares & mounts"),
     ("/bench", "Bench"),

@@ -14,6 +14,8 @@ use axum::routing::get;
 use axum::Router;
 
 pub use html::esc;
+/// For pages other crates add (crates/replication): the page frame and times.
+pub use html::{page, time};
 
 /// Paths that answer without the token or a session: the login page and
 /// the stylesheet, script and logo it uses (nothing about the pools).

@@ -8,6 +8,7 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod props;
+pub mod replication;
 pub mod send;
 pub mod share;
 pub mod snapshot;
@@ -60,6 +61,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Unmount(a) => mount::unmount(client, a),
         Command::Policy(c) => policy::run(client, c),
         Command::User(c) => user::run(client, c),
+        Command::Replication(c) => replication::run(client, c),
         Command::Serve(_) | Command::Quickstart(_) | Command::Bench(_) => {
             unreachable!("daemon commands are dispatched in main")
         }
