@@ -559,6 +559,35 @@ impl Engine {
             w.record(Kind::Begin, &[&json])?;
             sum.records += 1;
             let key = p.key_of(part.chain.data_id())?;
+            // A volume's blocks are read in runs (adjacent blocks in one
+            // I/O, as NBD reads are), the way nbdcopy would read them.
+            let bs = part.head.volblocksize.max(1);
+            let mut run: Vec<u64> = Vec::new();
+            let flush = |run: &mut Vec<u64>, w: &mut stream::Writer<'_>| -> Result<()> {
+                if run.is_empty() {
+                    return Ok(());
+                }
+                let view = p.view()?;
+                let got = crate::volume::read_outside_open(
+                    &p,
+                    &view,
+                    &part.chain,
+                    objects::VOLUME_OBJECT,
+                    false,
+                    bs,
+                    run,
+                )?;
+                for b in run.drain(..) {
+                    let obj = objects::VOLUME_OBJECT;
+                    match got.get(&b).cloned().flatten() {
+                        Some(bytes) => {
+                            w.record(Kind::Data, &[&obj.to_be_bytes(), &b.to_be_bytes(), &bytes])?
+                        }
+                        None => w.record(Kind::Free, &[&blockmap::block_addr(obj, b)])?,
+                    }
+                }
+                Ok(())
+            };
             scan_rows(
                 &p,
                 &part.chain,
@@ -567,6 +596,17 @@ impl Engine {
                 part.after.as_deref(),
                 |addr, v| {
                     sum.records += 1;
+                    let bp = blockmap::decode(addr, v)?;
+                    match (block_of(addr), bp) {
+                        (Some((obj, blk)), Some(_)) if obj == objects::VOLUME_OBJECT => {
+                            run.push(blk);
+                            if run.len() >= 512 {
+                                flush(&mut run, &mut w)?;
+                            }
+                            return Ok(());
+                        }
+                        _ => flush(&mut run, &mut w)?,
+                    }
                     if let Some((obj, blk)) = block_of(addr) {
                         match blockmap::decode(addr, v)? {
                             None => w.record(Kind::Free, &[addr]),
@@ -596,6 +636,7 @@ impl Engine {
                     }
                 },
             )?;
+            flush(&mut run, &mut w)?;
             w.checkpoint(Kind::SnapEnd)?;
             sum.records += 1;
             sum.snapshots.push(part.rec.name.clone());
