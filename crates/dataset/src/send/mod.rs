@@ -535,6 +535,22 @@ impl Engine {
             }
         }
         drop(datasets);
+        // Sealed names (decision 0035) are rows keyed by a keyed hash; the
+        // stream carries names in the clear and resumes by row address, so
+        // those datasets need a raw send (-w), which is not built yet.
+        if let Some(part) = parts.first() {
+            if part.head.kind != DatasetKind::Volume
+                && matches!(
+                    crate::namerow::NameLayout::of(&p, part.chain.data_id())?,
+                    crate::namerow::NameLayout::Sealed(_)
+                )
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot send '{}': its names are encrypted (sealed); sending it needs a raw stream (-w), which is not supported yet",
+                    opts.snapshot
+                )));
+            }
+        }
         Ok((p, parts))
     }
 
