@@ -87,6 +87,21 @@ fn transfer(ctx: &Ctx, spec: &StreamSpec, out: &mut Outcome) -> Result<()> {
         (recv, sent)
     });
     out.bytes += ctx.progress.bytes.load(Ordering::Relaxed) - before;
+    // A receive state with no token yet (cut before its first snapshot's
+    // data was kept) refuses new streams: discard it, the retry starts over.
+    if let Err(e) = &recv {
+        if e.to_string().contains("partially-complete state") {
+            match ctx.dst.receive_abort() {
+                Ok(()) => out.notes.push(format!(
+                    "discarded an unfinished receive on {} with no resume point",
+                    ctx.dst.describe()
+                )),
+                Err(a) => out
+                    .notes
+                    .push(format!("cannot discard the unfinished receive: {a}")),
+            }
+        }
+    }
     match (recv, sent) {
         (Ok(()), Ok(())) => {
             out.streams.push(describe(spec));

@@ -62,6 +62,8 @@ pub trait Side: Send + Sync {
     fn set_readonly(&self) -> Result<()>;
     /// Rolls back to `snap` (short name), destroying later snapshots.
     fn rollback(&self, snap: &str) -> Result<()>;
+    /// Discards an unfinished resumable receive (`receive -A`).
+    fn receive_abort(&self) -> Result<()>;
     /// Bytes and names (bucket keys) changed since the snapshot `snap`,
     /// uncommitted writes included (`cistern diff`).
     fn changed_since(&self, snap: &str) -> Result<(u64, usize)>;
@@ -190,6 +192,10 @@ impl Side for Local {
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
             .map(|_| ())
             .map_err(engine_err)
+    }
+
+    fn receive_abort(&self) -> Result<()> {
+        self.engine.receive_abort(&self.dataset).map_err(engine_err)
     }
 
     fn changed_since(&self, snap: &str) -> Result<(u64, usize)> {
@@ -336,6 +342,12 @@ impl Side for RemoteSide {
         self.client
             .rollback_with(&format!("{}@{snap}", self.dataset), true, true)
             .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    fn receive_abort(&self) -> Result<()> {
+        self.client
+            .receive_abort(&self.dataset)
             .map_err(|e| self.err(e))
     }
 
