@@ -534,3 +534,30 @@ fn change_key_i_makes_a_root_inherit_its_parents_key() {
         Some(&b"new"[..])
     );
 }
+
+#[test]
+fn a_bucket_with_sealed_names_is_not_sent_in_the_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_dataset_keyed(
+            "tank/vault",
+            DatasetKind::Bucket,
+            &crypt_props(),
+            Some(&material()),
+        )
+        .unwrap();
+    let vault = engine.open_objects("tank/vault").unwrap();
+    put(&vault, ROOT_DIR, "secret-name", b"body");
+    engine.snapshot(&["tank/vault@s1".into()], false).unwrap();
+    let opts = SendOptions {
+        snapshot: "tank/vault@s1".into(),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let err = engine.send(&opts, &mut out).unwrap_err();
+    assert!(err.to_string().contains("sealed"), "{err}");
+    assert!(out.is_empty(), "nothing of the stream was written");
+    assert!(engine.send_estimate(&opts).is_err());
+}
