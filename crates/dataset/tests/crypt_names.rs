@@ -31,6 +31,18 @@ fn crypt_props() -> Vec<(String, String)> {
     .collect()
 }
 
+/// A pool `tank` on fresh files with one encrypted dataset (key loaded).
+/// The directory guard comes back first so it outlives the engine.
+fn with_encrypted(name: &str, kind: DatasetKind) -> (tempfile::TempDir, Arc<Engine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_dataset_keyed(name, kind, &crypt_props(), Some(&material()))
+        .unwrap();
+    (dir, engine)
+}
+
 fn put(set: &ObjectSet, dir: u64, name: &str, data: &[u8]) -> u64 {
     let obj = set.create(ObjectKind::File, b"").unwrap();
     set.write(obj, 0, data).unwrap();
@@ -372,17 +384,7 @@ fn encryption_root(engine: &Engine, ds: &str) -> String {
 
 #[test]
 fn promote_moves_the_encryption_root_and_destroy_keeps_keys_in_use() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
-    create_pool(&engine, dir.path());
-    engine
-        .create_dataset_keyed(
-            "tank/r",
-            DatasetKind::Filesystem,
-            &crypt_props(),
-            Some(&material()),
-        )
-        .unwrap();
+    let (dir, engine) = with_encrypted("tank/r", DatasetKind::Filesystem);
     let r = engine.open_objects("tank/r").unwrap();
     put(&r, ROOT_DIR, "before-clone", b"old");
     drop(r);
@@ -451,17 +453,7 @@ fn promote_moves_the_encryption_root_and_destroy_keeps_keys_in_use() {
 
 #[test]
 fn change_key_i_makes_a_root_inherit_its_parents_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
-    create_pool(&engine, dir.path());
-    engine
-        .create_dataset_keyed(
-            "tank/p",
-            DatasetKind::Filesystem,
-            &crypt_props(),
-            Some(&material()),
-        )
-        .unwrap();
+    let (dir, engine) = with_encrypted("tank/p", DatasetKind::Filesystem);
     let other = KeyMaterial::from_bytes("66".repeat(32).as_bytes());
     engine
         .create_dataset_keyed(
@@ -537,17 +529,7 @@ fn change_key_i_makes_a_root_inherit_its_parents_key() {
 
 #[test]
 fn a_bucket_with_sealed_names_is_not_sent_in_the_clear() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
-    create_pool(&engine, dir.path());
-    engine
-        .create_dataset_keyed(
-            "tank/vault",
-            DatasetKind::Bucket,
-            &crypt_props(),
-            Some(&material()),
-        )
-        .unwrap();
+    let (_dir, engine) = with_encrypted("tank/vault", DatasetKind::Bucket);
     let vault = engine.open_objects("tank/vault").unwrap();
     put(&vault, ROOT_DIR, "secret-name", b"body");
     engine.snapshot(&["tank/vault@s1".into()], false).unwrap();
