@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::handshake::{self, Outcome};
@@ -17,21 +18,38 @@ const BLOCK: u64 = 4096;
 /// The extra meta context the fuzzed exports offer.
 pub const CHANGED_CONTEXT: &str = "cistern:changed:snap1";
 
-/// A RAM export: 4 KiB blocks, a block is allocated once written.
+/// A RAM export: 4 KiB blocks, a block is allocated once written. Also the
+/// protocol tests' export (`tests.rs`): it counts FLUSHes, and a write of
+/// exactly `EIO!` fails, so error replies can be provoked.
 pub struct RamExport {
     state: Mutex<(Vec<u8>, Vec<bool>)>,
     read_only: bool,
+    /// Meta contexts offered besides `base:allocation`; they report every
+    /// extent with flag 1 ("changed").
+    extra: Vec<String>,
+    flushes: AtomicU64,
 }
 
 impl RamExport {
     pub fn new(size: u64, read_only: bool) -> Arc<RamExport> {
+        Self::with_contexts(size, read_only, Vec::new())
+    }
+
+    pub fn with_contexts(size: u64, read_only: bool, extra: Vec<String>) -> Arc<RamExport> {
         Arc::new(RamExport {
             state: Mutex::new((
                 vec![0; size as usize],
                 vec![false; size.div_ceil(BLOCK) as usize],
             )),
             read_only,
+            extra,
+            flushes: AtomicU64::new(0),
         })
+    }
+
+    /// FLUSH requests served so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut (Vec<u8>, Vec<bool>)) -> T) -> T {
@@ -57,7 +75,7 @@ impl RamExport {
         })
     }
 
-    fn fill(&self, offset: u64, data: &[u8]) {
+    pub fn fill(&self, offset: u64, data: &[u8]) {
         self.with(|(bytes, map)| {
             let (o, e) = (offset as usize, offset as usize + data.len());
             bytes[o..e].copy_from_slice(data);
@@ -90,10 +108,14 @@ impl BlockExport for RamExport {
         }))
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        if data == b"EIO!" {
+            return Err(ExportError::Io("injected".into()));
+        }
         self.fill(offset, data);
         Ok(())
     }
     fn flush(&self) -> Result<(), ExportError> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
     fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
@@ -120,7 +142,7 @@ impl BlockExport for RamExport {
         }
     }
     fn extra_meta_contexts(&self) -> Vec<String> {
-        vec![CHANGED_CONTEXT.to_owned()]
+        self.extra.clone()
     }
     fn block_status(
         &self,
@@ -142,8 +164,8 @@ impl BlockExport for RamExport {
     }
 }
 
-/// Two exports: `vol0` (writable) and `ro` (read-only).
-struct RamProvider(Vec<(ExportInfo, Arc<RamExport>)>);
+/// Named [`RamExport`]s.
+pub(crate) struct RamProvider(pub(crate) Vec<(ExportInfo, Arc<RamExport>)>);
 
 impl ExportProvider for RamProvider {
     fn list(&self) -> Vec<ExportInfo> {
@@ -185,14 +207,14 @@ pub fn handshake(client: &[u8]) -> (HandshakeEnd, Vec<u8>) {
                 name: "vol0".into(),
                 description: "fuzzed volume".into(),
             },
-            RamExport::new(EXPORT_SIZE, false),
+            RamExport::with_contexts(EXPORT_SIZE, false, vec![CHANGED_CONTEXT.to_owned()]),
         ),
         (
             ExportInfo {
                 name: "ro".into(),
                 description: String::new(),
             },
-            RamExport::new(EXPORT_SIZE, true),
+            RamExport::with_contexts(EXPORT_SIZE, true, vec![CHANGED_CONTEXT.to_owned()]),
         ),
     ]));
     let peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
@@ -263,7 +285,8 @@ pub fn transmission(stream: &[u8]) -> Vec<Vec<u8>> {
         return Vec::new();
     };
     let structured = mode & 1 != 0;
-    let export = RamExport::new(EXPORT_SIZE, mode & 2 != 0);
+    let export =
+        RamExport::with_contexts(EXPORT_SIZE, mode & 2 != 0, vec![CHANGED_CONTEXT.to_owned()]);
     let contexts = if structured && mode & 4 != 0 {
         vec![
             (1, BASE_ALLOCATION.to_owned()),

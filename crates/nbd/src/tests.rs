@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,152 +15,13 @@ use tokio::task::JoinHandle;
 use crate::proto::*;
 use crate::*;
 
-const BS: u64 = 4096;
 const T: Duration = Duration::from_secs(10);
 
 // ------------------------------------------------------------ test double
 
-/// Sparse in-memory export: 4 KiB blocks, a block is allocated once written.
-struct MemExport {
-    data: Mutex<(Vec<u8>, Vec<bool>)>,
-    ro: bool,
-    extra: Vec<String>,
-    flushes: AtomicU64,
-}
-
-impl MemExport {
-    fn new(size: u64, ro: bool) -> Arc<Self> {
-        Self::with_contexts(size, ro, Vec::new())
-    }
-    fn with_contexts(size: u64, ro: bool, extra: Vec<String>) -> Arc<Self> {
-        let blocks = size.div_ceil(BS) as usize;
-        Arc::new(MemExport {
-            data: Mutex::new((vec![0; size as usize], vec![false; blocks])),
-            ro,
-            extra,
-            flushes: AtomicU64::new(0),
-        })
-    }
-    fn fill(&self, off: u64, bytes: &[u8]) {
-        let mut g = self.data.lock().unwrap();
-        g.0[off as usize..off as usize + bytes.len()].copy_from_slice(bytes);
-        for b in off / BS..(off + bytes.len() as u64).div_ceil(BS) {
-            g.1[b as usize] = true;
-        }
-    }
-    fn runs(&self, off: u64, len: u64) -> Vec<(u64, u64, bool)> {
-        let g = self.data.lock().unwrap();
-        let mut out: Vec<(u64, u64, bool)> = Vec::new();
-        let end = off + len;
-        let mut at = off;
-        while at < end {
-            let b = at / BS;
-            let next = ((b + 1) * BS).min(end);
-            let a = g.1[b as usize];
-            match out.last_mut() {
-                Some(l) if l.2 == a => l.1 += next - at,
-                _ => out.push((at, next - at, a)),
-            }
-            at = next;
-        }
-        out
-    }
-}
-
-impl BlockExport for MemExport {
-    fn size(&self) -> u64 {
-        self.data.lock().unwrap().0.len() as u64
-    }
-    fn read_only(&self) -> bool {
-        self.ro
-    }
-    fn preferred_block_size(&self) -> u32 {
-        BS as u32
-    }
-    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
-        let runs = self.runs(offset, len);
-        let g = self.data.lock().unwrap();
-        Ok(runs
-            .into_iter()
-            .map(|(o, l, a)| {
-                if a {
-                    ReadChunk::Data(g.0[o as usize..(o + l) as usize].to_vec())
-                } else {
-                    ReadChunk::Hole(l)
-                }
-            })
-            .collect())
-    }
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
-        if data == b"EIO!" {
-            return Err(ExportError::Io("injected".into()));
-        }
-        self.fill(offset, data);
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.flushes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
-        let mut g = self.data.lock().unwrap();
-        g.0[offset as usize..(offset + len) as usize].fill(0);
-        for b in offset.div_ceil(BS)..(offset + len) / BS {
-            g.1[b as usize] = false;
-        }
-        Ok(())
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        allocate: bool,
-        fua: bool,
-    ) -> Result<(), ExportError> {
-        if allocate {
-            self.fill(offset, &vec![0; len as usize]);
-            Ok(())
-        } else {
-            self.trim(offset, len, fua)
-        }
-    }
-    fn extra_meta_contexts(&self) -> Vec<String> {
-        self.extra.clone()
-    }
-    fn block_status(
-        &self,
-        context: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<StatusExtent>, ExportError> {
-        if context != BASE_ALLOCATION {
-            // Test context: everything "changed" (flag 1).
-            return Ok(vec![StatusExtent { len, flags: 1 }]);
-        }
-        Ok(self
-            .runs(offset, len)
-            .into_iter()
-            .map(|(_, l, a)| StatusExtent {
-                len: l,
-                flags: if a { 0 } else { STATE_HOLE | STATE_ZERO },
-            })
-            .collect())
-    }
-}
-
-struct Provider(Vec<(ExportInfo, Arc<MemExport>)>);
-
-impl ExportProvider for Provider {
-    fn list(&self) -> Vec<ExportInfo> {
-        self.0.iter().map(|(i, _)| i.clone()).collect()
-    }
-    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
-        self.0
-            .iter()
-            .find(|(i, _)| i.name == name)
-            .map(|(_, e)| e.clone() as Arc<dyn BlockExport>)
-    }
-}
+// The sparse in-memory export and its provider are the fuzz targets' (one
+// test double for both).
+use crate::fuzzing::{RamExport, RamProvider};
 
 // ------------------------------------------------------------------ server
 
@@ -168,8 +29,8 @@ struct Server {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: JoinHandle<std::io::Result<()>>,
-    mem: Arc<MemExport>,
-    ro: Arc<MemExport>,
+    mem: Arc<RamExport>,
+    ro: Arc<RamExport>,
 }
 
 /// Binds in the 10890-10899 experiment range when a port is free there,
@@ -184,10 +45,10 @@ async fn bind() -> TcpListener {
 }
 
 async fn start_with(config: ServerConfig) -> Server {
-    let mem = MemExport::with_contexts(1 << 20, false, vec!["cistern:changed:snap1".into()]);
-    let ro = MemExport::new(64 * 1024, true);
+    let mem = RamExport::with_contexts(1 << 20, false, vec!["cistern:changed:snap1".into()]);
+    let ro = RamExport::new(64 * 1024, true);
     ro.fill(0, &[7u8; 4096]);
-    let provider = Arc::new(Provider(vec![
+    let provider = Arc::new(RamProvider(vec![
         (
             ExportInfo {
                 name: "mem".into(),
@@ -1088,10 +949,10 @@ async fn trim_zero_cache_flush() {
     assert_eq!(c.simple().await, (0, 3));
     c.req(0, CMD_CACHE, 4, 0, (1 << 20) + 1, &[]).await;
     assert_eq!(c.simple().await, (EINVAL, 4));
-    let flushes = srv.mem.flushes.load(Ordering::Relaxed);
+    let flushes = srv.mem.flushes();
     c.req(0, CMD_FLUSH, 5, 0, 0, &[]).await;
     assert_eq!(c.simple().await, (0, 5));
-    assert_eq!(srv.mem.flushes.load(Ordering::Relaxed), flushes + 1);
+    assert_eq!(srv.mem.flushes(), flushes + 1);
     // Zero-length commands succeed.
     for (i, cmd) in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES, CMD_READ]
         .into_iter()
@@ -1250,7 +1111,7 @@ async fn client_that_stops_reading_is_dropped() {
 }
 
 /// An export whose READ and FLUSH take a while (a disk, not memory).
-struct SlowExport(Arc<MemExport>);
+struct SlowExport(Arc<RamExport>);
 
 impl BlockExport for SlowExport {
     fn size(&self) -> u64 {
@@ -1314,7 +1175,7 @@ impl ExportProvider for SlowProvider {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_requests_run_in_parallel() {
-    let slow = Arc::new(SlowExport(MemExport::new(1 << 20, false)));
+    let slow = Arc::new(SlowExport(RamExport::new(1 << 20, false)));
     let (addr, stop, task) =
         serve_provider(Arc::new(SlowProvider(slow)), ServerConfig::default()).await;
     let mut c = C::session(addr, "slow", false).await;
@@ -1373,10 +1234,10 @@ async fn slow_requests_run_in_parallel() {
 
 // ------------------------------------------------- revocation and daemon-wide bounds
 
-/// A [`MemExport`] its provider can revoke (as `destroy -f` does), counting
+/// A [`RamExport`] its provider can revoke (as `destroy -f` does), counting
 /// the calls that reach it and whether the server closed it.
 struct Revocable {
-    mem: Arc<MemExport>,
+    mem: Arc<RamExport>,
     revoked: watch::Sender<bool>,
     calls: AtomicU64,
     closed: AtomicU64,
@@ -1437,7 +1298,7 @@ impl ExportProvider for OneExport {
 #[tokio::test]
 async fn revoked_export_answers_eshutdown_then_closes() {
     let rev = Arc::new(Revocable {
-        mem: MemExport::new(1 << 20, false),
+        mem: RamExport::new(1 << 20, false),
         revoked: watch::channel(false).0,
         calls: AtomicU64::new(0),
         closed: AtomicU64::new(0),

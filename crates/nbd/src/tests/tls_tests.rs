@@ -219,7 +219,7 @@ async fn client_certificates_are_checked_against_the_ca() {
 
 /// `mem` is for alice (read-write) and bob (read-only) only, over TLS;
 /// `ro` is open to anyone.
-struct Guarded(Provider);
+struct Guarded(RamProvider);
 
 impl ExportProvider for Guarded {
     fn list(&self) -> Vec<ExportInfo> {
@@ -257,13 +257,13 @@ impl ExportProvider for Guarded {
 #[tokio::test]
 async fn per_export_access_by_common_name() {
     let pki = Pki::new();
-    let mem = MemExport::new(1 << 20, false);
-    let ro = MemExport::new(64 * 1024, true);
+    let mem = RamExport::new(1 << 20, false);
+    let ro = RamExport::new(64 * 1024, true);
     let info = |n: &str| ExportInfo {
         name: n.into(),
         description: String::new(),
     };
-    let provider = Arc::new(Guarded(Provider(vec![
+    let provider = Arc::new(Guarded(RamProvider(vec![
         (info("mem"), mem.clone()),
         (info("ro"), ro),
     ])));
@@ -320,7 +320,7 @@ async fn per_export_access_by_common_name() {
 
     // TLS without a client certificate (no CA configured) is not enough:
     // POLICY, and not listed.
-    let provider = Arc::new(Guarded(Provider(vec![(info("mem"), mem.clone())])));
+    let provider = Arc::new(Guarded(RamProvider(vec![(info("mem"), mem.clone())])));
     let (addr, stop, task) = serve_provider(provider, pki.server(false, false)).await;
     let c = C::new(addr).await;
     let mut c = c.starttls(pki.client(None)).await.unwrap();
