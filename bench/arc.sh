@@ -58,20 +58,8 @@ WS_B=$(bytes "$WS")
 SCAN_B=$(bytes "$SCAN")
 FIT_B=$(bytes "$FIT")
 
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        wait "$pid" 2>/dev/null || true
-    done
-    PIDS=()
-}
-trap cleanup EXIT
+PIDS=() # stopped at exit by lib.sh's stop_pids
+trap stop_pids EXIT
 trap 'exit 130' INT TERM
 
 # fio_json OUT -> "MB/s io_bytes" of the first job's reads (or of job N: fio_json OUT N)
@@ -110,7 +98,7 @@ fill "nbd://127.0.0.1:$port/" "$FIT"
 seqread warm-nbdkit "nbd://127.0.0.1:$port/" "$FIT" >/dev/null
 read -r mbs _ < <(seqread seqread-cached-nbdkit "nbd://127.0.0.1:$port/" "$FIT" timed)
 printf 'seqread-cached\tnbdkit-file\t%s\t%s\n' "$mbs" "$(rss "$npid")" >>"$RESULTS"
-cleanup
+stop_pids
 rm -f "$BENCH_DIR/nbdkit/disk.img"
 
 # ------------------------------------------------------------------ cistern
@@ -162,7 +150,7 @@ printf 'seqread-cached\tcistern\t%s\t%s\n' "$mbs" "$(rss "$PID")" >>"$RESULTS"
 stat_of "m['arc']" >"$DIR/arc-after-cached.txt"
 
 echo "==> seqread-cold: restart (empty ARC), drop caches, one pass of 2 x CACHE" >&2
-cleanup
+stop_pids
 DROP_CACHES="${DROP_CACHES:-0}" drop_caches
 start_daemon
 read -r mbs _ < <(seqread seqread-cold-cistern "nbd://127.0.0.1:$nbd_port/bench/big" "$BIG_B")
@@ -192,7 +180,7 @@ read -r mbs _ < <(fio_json "$out")
 printf 'seqread-cold\traw-odirect\t%s\t-\n' "$mbs" >>"$RESULTS"
 
 echo "==> cache-reuse: $WS working set in a loop while a $SCAN scan runs" >&2
-cleanup
+stop_pids
 start_daemon
 uri="nbd://127.0.0.1:$nbd_port/bench/reuse"
 # Warm the working set (twice: read twice is what makes a block hot).
@@ -214,7 +202,7 @@ rate = 100.0 * (1 - ws_disk / ws) if ws else 0.0
 print(f"cache-reuse\tcistern\t{rate:.1f}\t{sys.argv[4]}\t{ws}\t{scan}\t{disk}")
 EOF
 stat_of "m['arc']" >"$DIR/arc-after-reuse.txt"
-cleanup
+stop_pids
 unset CISTERN_API
 grep -q "panicked at" "$DIR/daemon.log" && echo "warning: the daemon panicked, see $DIR/daemon.log" >&2
 [[ "${KEEP_FILES:-0}" == 1 ]] || rm -rf "$DIR/disks" "$DIR/state"

@@ -89,28 +89,9 @@ RESULTS="$BENCH_DIR/results.tsv"
 : >"$RESULTS"
 
 # ---------------------------------------------------------------- processes
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        wait "$pid" 2>/dev/null || true
-    done
-    PIDS=()
-}
-trap cleanup EXIT
+PIDS=() # stopped at exit by lib.sh's stop_pids
+trap stop_pids EXIT
 trap 'exit 130' INT TERM
-
-
-
-rss() { # pid -> "VmHWM VmRSS" in MiB
-    awk '/^VmHWM:/ {h=$2} /^VmRSS:/ {r=$2} END {printf "%.0f %.0f", h/1024, r/1024}' "/proc/$1/status"
-}
-
 
 # ---------------------------------------------------------------- fio
 # fio_as ARGS: fio, or for a TLS target fio with HOME=$FIO_HOME so libnbd
@@ -189,7 +170,7 @@ bench_nbdkit() {
         run_fio nbdkit-file "$t" "$uri"
     done
     printf 'rss\tnbdkit-file\t%s\n' "$(rss "$pid")" >>"$RESULTS"
-    cleanup
+    stop_pids
     [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
 }
 
@@ -296,7 +277,7 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
     "$CISTERN_BIN" get compressratio,used,logicalused bench/vol >"$dir/props.txt" 2>&1 ||
         "$CISTERN_BIN" get all bench/vol >"$dir/props.txt" 2>&1 || true
     unset CISTERN_API CISTERN_TOKEN FIO_HOME
-    cleanup
+    stop_pids
     [[ -z "$slogfile" ]] || rm -f "$slogfile"
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
     if grep -q "panicked at" "$dir/daemon.log"; then
@@ -355,7 +336,7 @@ bench_compare() { # compression volblocksize: plain, encrypted, TLS in one daemo
     "$CISTERN_BIN" pool iostat -v bench >"$dir/iostat.txt" 2>&1 || true
     printf 'rss\t%s\t%s\n' "$name" "$(rss "$pid")" >>"$RESULTS"
     unset CISTERN_API CISTERN_TOKEN
-    cleanup
+    stop_pids
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
     if grep -q "panicked at" "$dir/daemon.log"; then
         echo "warning: the daemon panicked, see $dir/daemon.log" >&2

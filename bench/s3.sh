@@ -79,25 +79,10 @@ RESULTS="$BENCH_DIR/results.tsv"
 : >"$RESULTS"
 
 # ---------------------------------------------------------------- processes
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        wait "$pid" 2>/dev/null || true
-    done
-    PIDS=()
-}
-trap cleanup EXIT
+PIDS=() # stopped at exit by lib.sh's stop_pids
+trap stop_pids EXIT
 trap 'exit 130' INT TERM
 
-rss() { # pid -> "VmHWM VmRSS" in MiB
-    awk '/^VmHWM:/ {h=$2} /^VmRSS:/ {r=$2} END {printf "%.0f %.0f", h/1024, r/1024}' "/proc/$1/status"
-}
 
 PERF_PID=""
 perf_start() { # daemon pid, output file
@@ -201,7 +186,7 @@ bench_minio() {
     printf 'rss\tminio\t%s\n' "$(rss "$pid")" >>"$RESULTS"
     du -sh "$dir/data" >"$dir/du.txt" 2>&1 || true
     unset AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
-    cleanup
+    stop_pids
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/data"
 }
 
@@ -237,7 +222,7 @@ bench_cistern() {
     printf 'rss\tcistern\t%s\n' "$(rss "$pid")" >>"$RESULTS"
     "$CISTERN_BIN" list -o name,used,logicalused,compressratio >"$dir/datasets.txt" 2>&1 || true
     unset CISTERN_API AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
-    cleanup
+    stop_pids
     [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
     if grep -q "panicked at" "$dir/daemon.log"; then
         echo "warning: the daemon panicked, see $dir/daemon.log" >&2
