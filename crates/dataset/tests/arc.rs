@@ -2,7 +2,9 @@
 //! rollback, heal, destroy and recreate), and sequential reads read ahead.
 
 use dataset::*;
-use std::path::Path;
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::{create_pool, read_range};
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -12,31 +14,6 @@ fn config() -> EngineConfig {
         cache_min_bytes: 16 << 20,
         ..EngineConfig::default()
     }
-}
-
-fn mirror_pool(engine: &Engine, dir: &Path) {
-    let spec = PoolSpec {
-        name: "tank".into(),
-        groups: vec![GroupSpec {
-            kind: GroupKind::Mirror,
-            devices: vec![dir.join("d0"), dir.join("d1")],
-        }],
-        create_size: Some(256 << 20),
-        force: false,
-    };
-    engine.create_pool(spec).unwrap();
-}
-
-fn read_all(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    for seg in vol.read(offset, len).unwrap() {
-        match seg {
-            ReadSegment::Data(d) => out.extend_from_slice(&d),
-            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
-        }
-    }
-    assert_eq!(out.len() as u64, len);
-    out
 }
 
 #[track_caller]
@@ -54,39 +31,39 @@ fn hits(engine: &Engine) -> u64 {
 fn rewrite_and_rollback_are_never_served_stale() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine
         .create_volume("tank/v", 4 << 20, &[("compression".into(), "lz4".into())])
         .unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
     vol.write(0, &vec![1u8; 1 << 20], false).unwrap();
     engine.sync_all().unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 1, "first version");
+    all(&read_range(&vol, 0, 1 << 20), 1, "first version");
     engine.snapshot(&["tank/v@a".into()], false).unwrap();
     vol.write(0, &vec![2u8; 1 << 20], false).unwrap();
     engine.sync_all().unwrap();
     let before = hits(&engine);
-    all(&read_all(&vol, 0, 1 << 20), 2, "rewritten");
+    all(&read_range(&vol, 0, 1 << 20), 2, "rewritten");
     assert!(hits(&engine) > before, "the rewrite is served from the ARC");
     // The snapshot still reads its own version (both are cached now).
     let snap = engine.open_volume("tank/v@a").unwrap();
-    all(&read_all(&snap, 0, 1 << 20), 1, "the snapshot");
-    all(&read_all(&snap, 0, 1 << 20), 1, "the snapshot, cached");
+    all(&read_range(&snap, 0, 1 << 20), 1, "the snapshot");
+    all(&read_range(&snap, 0, 1 << 20), 1, "the snapshot, cached");
     engine.rollback("tank/v@a", false).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back");
+    all(&read_range(&vol, 0, 1 << 20), 1, "rolled back");
     // Written again after the rollback: a new version, never the discarded one.
     vol.write(0, &vec![3u8; 1 << 20], false).unwrap();
     all(
-        &read_all(&vol, 0, 1 << 20),
+        &read_range(&vol, 0, 1 << 20),
         3,
         "rewritten after rollback (open txg)",
     );
     engine.sync_all().unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 3, "rewritten after rollback");
+    all(&read_range(&vol, 0, 1 << 20), 3, "rewritten after rollback");
     engine.rollback("tank/v@a", false).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back twice");
+    all(&read_range(&vol, 0, 1 << 20), 1, "rolled back twice");
     // Same again after an export and import (a fresh ARC, txgs go on).
     drop(vol);
     engine.export_pool("tank").unwrap();
@@ -96,27 +73,27 @@ fn rewrite_and_rollback_are_never_served_stale() {
     let vol = engine.open_volume("tank/v").unwrap();
     vol.write(0, &vec![4u8; 1 << 20], false).unwrap();
     engine.sync_all().unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 4, "after import");
+    all(&read_range(&vol, 0, 1 << 20), 4, "after import");
     engine.rollback("tank/v@a", false).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
-    all(&read_all(&vol, 0, 1 << 20), 1, "rolled back after import");
+    all(&read_range(&vol, 0, 1 << 20), 1, "rolled back after import");
 }
 
 #[test]
 fn destroy_and_recreate_is_never_served_stale() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     for round in 1..=3u8 {
         engine
             .create_volume("tank/v", 1 << 20, &[("compression".into(), "off".into())])
             .unwrap();
         let vol = engine.open_volume("tank/v").unwrap();
-        all(&read_all(&vol, 0, 1 << 20), 0, "a new volume reads zeros");
+        all(&read_range(&vol, 0, 1 << 20), 0, "a new volume reads zeros");
         vol.write(0, &vec![round; 1 << 20], false).unwrap();
         engine.sync_all().unwrap();
-        all(&read_all(&vol, 0, 1 << 20), round, "written");
-        all(&read_all(&vol, 0, 1 << 20), round, "cached");
+        all(&read_range(&vol, 0, 1 << 20), round, "written");
+        all(&read_range(&vol, 0, 1 << 20), round, "cached");
         drop(vol);
         engine
             .destroy("tank/v", &DestroyOptions::default())
@@ -131,7 +108,7 @@ fn a_healed_block_is_cached_as_its_verified_bytes() {
     let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
     {
         let engine = Engine::open(&state, config()).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine
             .create_volume("tank/v", 1 << 20, &[("compression".into(), "off".into())])
             .unwrap();
@@ -155,9 +132,12 @@ fn a_healed_block_is_cached_as_its_verified_bytes() {
     }
     let engine = Engine::open(&state, config()).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
-    assert!(read_all(&vol, 0, 1 << 20) == data, "healed read");
+    assert!(read_range(&vol, 0, 1 << 20) == data, "healed read");
     let before = hits(&engine);
-    assert!(read_all(&vol, 0, 1 << 20) == data, "cached after the heal");
+    assert!(
+        read_range(&vol, 0, 1 << 20) == data,
+        "cached after the heal"
+    );
     assert!(hits(&engine) > before, "the second read came from the ARC");
     let st = engine.pool_status("tank").unwrap();
     let cksum: u64 = st.groups[0].devices.iter().map(|d| d.checksum_errors).sum();
@@ -171,7 +151,7 @@ fn sequential_reads_are_prefetched() {
     let data: Vec<u8> = (0..(16u32 << 20)).map(|i| (i / 4096 % 253) as u8).collect();
     {
         let engine = Engine::open(&state, config()).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine
             .create_volume("tank/v", 16 << 20, &[("compression".into(), "lz4".into())])
             .unwrap();
@@ -186,7 +166,7 @@ fn sequential_reads_are_prefetched() {
     let vol = engine.open_volume("tank/v").unwrap();
     let chunk = 128u64 << 10;
     for i in 0..(16u64 << 20) / chunk {
-        let got = read_all(&vol, i * chunk, chunk);
+        let got = read_range(&vol, i * chunk, chunk);
         assert!(
             got[..] == data[(i * chunk) as usize..((i + 1) * chunk) as usize],
             "chunk {i}"
@@ -237,7 +217,7 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
     let l2_stats = |e: &Engine| e.pool_status("tank").unwrap().cache;
     {
         let engine = Engine::open(&state, small()).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine
             .create_volume("tank/v", 8 << 20, &[("compression".into(), "off".into())])
             .unwrap();
@@ -266,10 +246,13 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
         assert_eq!(st.cache[0].state, "ONLINE");
         // Twice through a 1 MiB ARC: blocks leave it for the cache device.
         for _ in 0..2 {
-            assert!(read_all(&vol, 0, 8 << 20) == data);
+            assert!(read_range(&vol, 0, 8 << 20) == data);
         }
         wait_for("the L2ARC feed", || l2_stats(&engine)[0].entries >= 256);
-        assert!(read_all(&vol, 0, 8 << 20) == data, "read through the L2ARC");
+        assert!(
+            read_range(&vol, 0, 8 << 20) == data,
+            "read through the L2ARC"
+        );
         assert!(
             engine.stats()[0].arc.l2_hits > 0,
             "{:?}",
@@ -278,7 +261,7 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
         // A rewrite is never served from the L2ARC's old copy.
         vol.write(0, &vec![0xee; 1 << 20], false).unwrap();
         engine.sync_all().unwrap();
-        all(&read_all(&vol, 0, 1 << 20), 0xee, "rewritten");
+        all(&read_range(&vol, 0, 1 << 20), 0xee, "rewritten");
         engine.shutdown().unwrap();
     }
     // A restart: the device's index is read back.
@@ -290,12 +273,12 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
     });
     let vol = engine.open_volume("tank/v").unwrap();
     all(
-        &read_all(&vol, 0, 1 << 20),
+        &read_range(&vol, 0, 1 << 20),
         0xee,
         "rewritten, after restart",
     );
     assert!(
-        read_all(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
+        read_range(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
         "after restart"
     );
     let hits = engine.stats()[0].arc.l2_hits;
@@ -319,7 +302,7 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
     });
     let vol = engine.open_volume("tank/v").unwrap();
     assert!(
-        read_all(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
+        read_range(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
         "over a corrupted L2ARC"
     );
     let arc = engine.stats()[0].arc;
@@ -328,7 +311,7 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
     let st = engine.remove_device("tank", l2.to_str().unwrap()).unwrap();
     assert!(st.cache.is_empty());
     assert!(
-        read_all(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
+        read_range(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
         "after remove"
     );
     // A missing cache device never stops an import.
@@ -353,7 +336,7 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
     });
     let vol = engine.open_volume("tank/v").unwrap();
     assert!(
-        read_all(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
+        read_range(&vol, 1 << 20, 7 << 20) == data[1 << 20..],
         "without the cache device"
     );
 }

@@ -2,8 +2,10 @@
 //! commit, intent-log replay, space accounting.
 
 use dataset::*;
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::{create_pool, read_range};
 use rand::{Rng, SeedableRng};
-use std::path::Path;
 use std::sync::Arc;
 
 fn config(txg_secs: f64) -> EngineConfig {
@@ -13,31 +15,6 @@ fn config(txg_secs: f64) -> EngineConfig {
         multihost_interval_ms: 50,
         ..EngineConfig::default()
     }
-}
-
-fn mirror_pool(engine: &Engine, dir: &Path) {
-    let spec = PoolSpec {
-        name: "tank".into(),
-        groups: vec![GroupSpec {
-            kind: GroupKind::Mirror,
-            devices: vec![dir.join("d0"), dir.join("d1")],
-        }],
-        create_size: Some(256 << 20),
-        force: false,
-    };
-    engine.create_pool(spec).unwrap();
-}
-
-fn read_all(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    for seg in vol.read(offset, len).unwrap() {
-        match seg {
-            ReadSegment::Data(d) => out.extend_from_slice(&d),
-            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
-        }
-    }
-    assert_eq!(out.len() as u64, len);
-    out
 }
 
 /// Compares without printing megabytes: names the first differing byte.
@@ -70,7 +47,7 @@ fn volume_io_survives_restart_and_matches_a_model() {
     let mut model = vec![0u8; 8 << 20];
     {
         let engine = Engine::open(&state, config(0.2)).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine
             .create_volume(
                 "tank/vol",
@@ -80,7 +57,7 @@ fn volume_io_survives_restart_and_matches_a_model() {
             .unwrap();
         let vol = engine.open_volume("tank/vol").unwrap();
         assert_eq!(vol.size(), 8 << 20);
-        same(&read_all(&vol, 0, 8 << 20), &model, "whole volume");
+        same(&read_range(&vol, 0, 8 << 20), &model, "whole volume");
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for i in 0..300 {
             let off = rng.random_range(0..(8u64 << 20) - 70000);
@@ -107,17 +84,17 @@ fn volume_io_survives_restart_and_matches_a_model() {
             }
             let check = rng.random_range(0..(8u64 << 20) - 100000);
             same(
-                &read_all(&vol, check, 100000),
+                &read_range(&vol, check, 100000),
                 &model[check as usize..check as usize + 100000],
                 &format!("step {i} at {check}"),
             );
         }
-        same(&read_all(&vol, 0, 8 << 20), &model, "whole volume");
+        same(&read_range(&vol, 0, 8 << 20), &model, "whole volume");
         engine.shutdown().unwrap();
     }
     let engine = Engine::open(&state, config(0.2)).unwrap();
     let vol = engine.open_volume("tank/vol").unwrap();
-    same(&read_all(&vol, 0, 8 << 20), &model, "whole volume");
+    same(&read_range(&vol, 0, 8 << 20), &model, "whole volume");
     assert!(prop(&engine, "tank/vol", "used") > 0);
 }
 
@@ -127,7 +104,7 @@ fn flushed_writes_are_replayed_from_the_log_after_a_crash() {
     let state = dir.path().join("state");
     // A txg timeout far beyond the test: only the intent log holds the writes.
     let engine = Engine::open(&state, config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine.create_volume("tank/vol", 4 << 20, &[]).unwrap();
     let vol = engine.open_volume("tank/vol").unwrap();
     vol.write(4096, &[0xaa; 10000], false).unwrap();
@@ -145,7 +122,7 @@ fn flushed_writes_are_replayed_from_the_log_after_a_crash() {
     want[4096..14096].fill(0xaa);
     want[4096..4196].fill(0);
     want[1 << 20..(1 << 20) + 4096].fill(0xbb);
-    let got = read_all(&vol, 0, 4 << 20);
+    let got = read_range(&vol, 0, 4 << 20);
     let tail_ok = got[2 << 20..(2 << 20) + 4096].iter().all(|&b| b == 0)
         || got[2 << 20..(2 << 20) + 4096].iter().all(|&b| b == 0xcc);
     assert!(tail_ok, "an unflushed write is either absent or whole");
@@ -157,7 +134,7 @@ fn flushed_writes_are_replayed_from_the_log_after_a_crash() {
 fn compression_shrinks_text_and_reports_the_ratio() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     for comp in ["off", "lz4", "gzip-9"] {
         let name = format!("tank/{}", comp.replace('-', ""));
         engine
@@ -203,14 +180,14 @@ fn compression_shrinks_text_and_reports_the_ratio() {
     vol.write(0, &data, false).unwrap();
     engine.sync_all().unwrap();
     assert_eq!(prop(&engine, "tank/rnd", "usedbydataset"), 2 << 20);
-    same(&read_all(&vol, 0, 2 << 20), &data, "random");
+    same(&read_range(&vol, 0, 2 << 20), &data, "random");
 }
 
 #[test]
 fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     let base = engine.list_pools()[0].allocated;
     engine
         .create_volume("tank/v", 16 << 20, &[("compression".into(), "off".into())])
@@ -253,7 +230,7 @@ fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
 fn bad_requests_are_refused_without_changing_anything() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine.create_volume("tank/v", 1 << 20, &[]).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
     assert!(matches!(
@@ -292,7 +269,7 @@ fn bad_requests_are_refused_without_changing_anything() {
     assert_eq!(vol.size(), 2 << 20);
     engine.set_property("tank/v", "readonly", "on").unwrap();
     assert!(matches!(vol.write(0, &[1], false), Err(Error::ReadOnly(_))));
-    assert_eq!(read_all(&vol, 0, 1 << 20), vec![0u8; 1 << 20]);
+    assert_eq!(read_range(&vol, 0, 1 << 20), vec![0u8; 1 << 20]);
     // A device that is already in a pool is refused by name.
     let spec = PoolSpec {
         name: "other".into(),
@@ -325,7 +302,7 @@ fn bad_requests_are_refused_without_changing_anything() {
 fn export_and_import_move_a_pool_by_its_devices() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine.create_volume("tank/v", 1 << 20, &[]).unwrap();
     engine
         .open_volume("tank/v")
@@ -343,7 +320,7 @@ fn export_and_import_move_a_pool_by_its_devices() {
         .import_pool("tank", &[dir.path().to_path_buf()], false)
         .unwrap();
     let vol = other.open_volume("tank/v").unwrap();
-    assert_eq!(&read_all(&vol, 0, 7), b"persist");
+    assert_eq!(&read_range(&vol, 0, 7), b"persist");
     other.destroy_pool("tank").unwrap();
     assert!(other
         .importable_pools(&[dir.path().to_path_buf()])
@@ -356,7 +333,7 @@ fn concurrent_writers_with_flushes_all_land() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let engine = Engine::open(&state, config(0.5)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine
         .create_volume("tank/v", 32 << 20, &[("volblocksize".into(), "4K".into())])
         .unwrap();
@@ -380,7 +357,7 @@ fn concurrent_writers_with_flushes_all_land() {
     for t in 0..8u64 {
         for i in 0..200u64 {
             let off = ((i * 8 + t) * 4096) % (32 << 20);
-            assert_eq!(read_all(&vol, off, 4096), vec![(t + 1) as u8; 4096]);
+            assert_eq!(read_range(&vol, off, 4096), vec![(t + 1) as u8; 4096]);
         }
     }
 }
@@ -389,7 +366,7 @@ fn concurrent_writers_with_flushes_all_land() {
 fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine
         .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
         .unwrap();
@@ -418,7 +395,7 @@ fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
     same(
-        &read_all(&vol, 0, 2 << 20),
+        &read_range(&vol, 0, 2 << 20),
         &data,
         "mirror read after corruption",
     );
@@ -472,7 +449,7 @@ fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
     let v = engine.open_volume("solo/v").unwrap();
     assert!(matches!(v.read(0, 4096), Err(Error::Corrupt(_))));
     same(
-        &read_all(&v, 65536, 65536),
+        &read_range(&v, 65536, 65536),
         &data[65536..131072],
         "undamaged blocks still read",
     );
@@ -482,7 +459,7 @@ fn a_lying_mirror_side_is_healed_and_a_lying_single_disk_is_reported() {
 fn trims_and_zeroes_of_every_shape_over_committed_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
-    mirror_pool(&engine, dir.path());
+    create_pool(&engine, dir.path());
     engine.create_volume("tank/v", 16 << 20, &[]).unwrap();
     let vol = engine.open_volume("tank/v").unwrap();
     const K: u64 = 1024;
@@ -509,7 +486,7 @@ fn trims_and_zeroes_of_every_shape_over_committed_blocks() {
             let mut want = data.clone();
             want[off as usize..(off + len) as usize].fill(0);
             same(
-                &read_all(&vol, (i as u64) << 20, 64 * K),
+                &read_range(&vol, (i as u64) << 20, 64 * K),
                 &want,
                 &format!("allocate={allocate} shape {off}+{len}"),
             );
@@ -524,7 +501,7 @@ fn a_mirror_missing_a_device_imports_degraded_and_keeps_serving() {
     let data: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i % 241) as u8).collect();
     {
         let engine = Engine::open(&state, config(3600.0)).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine.create_volume("tank/v", 4 << 20, &[]).unwrap();
         engine
             .open_volume("tank/v")
@@ -547,9 +524,9 @@ fn a_mirror_missing_a_device_imports_degraded_and_keeps_serving() {
         status.groups[0].devices
     );
     let vol = engine.open_volume("tank/v").unwrap();
-    same(&read_all(&vol, 0, 1 << 20), &data, "degraded read");
+    same(&read_range(&vol, 0, 1 << 20), &data, "degraded read");
     vol.write(2 << 20, b"still writable", true).unwrap();
-    assert_eq!(&read_all(&vol, 2 << 20, 14), b"still writable");
+    assert_eq!(&read_range(&vol, 2 << 20, 14), b"still writable");
 }
 
 #[test]
@@ -564,7 +541,7 @@ fn a_scan_larger_than_the_cache_does_not_evict_the_working_set() {
     };
     {
         let engine = Engine::open(&state, small()).unwrap();
-        mirror_pool(&engine, dir.path());
+        create_pool(&engine, dir.path());
         engine
             .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
             .unwrap();
@@ -579,13 +556,13 @@ fn a_scan_larger_than_the_cache_does_not_evict_the_working_set() {
     let vol = engine.open_volume("tank/v").unwrap();
     let hits = || engine.stats()[0].cache_hits;
     for _ in 0..3 {
-        read_all(&vol, 16384, 16384);
+        read_range(&vol, 16384, 16384);
     }
     assert_eq!(hits(), 2, "a small read is cached");
-    read_all(&vol, 1 << 20, 3 << 20); // a scan of 3x the cache
+    read_range(&vol, 1 << 20, 3 << 20); // a scan of 3x the cache
     let st = engine.stats()[0].arc;
     assert!(st.size <= st.max, "{st:?}");
     let before = hits();
-    read_all(&vol, 16384, 16384);
+    read_range(&vol, 16384, 16384);
     assert_eq!(hits(), before + 1, "the hot block survived the scan");
 }

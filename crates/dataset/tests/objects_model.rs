@@ -10,6 +10,7 @@
 //! 4 KiB sectors of the mirror (one allocation for both copies, as the
 //! pool counts it). Attributes and names never allocate.
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
 
 use common::{config, create_pool, prop, History, Tokens};

@@ -3,6 +3,7 @@
 //! model, and the pool's allocated space and every space figure equal what
 //! the model predicts (nothing leaked, nothing freed twice).
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
 
 use common::{config, create_pool, prop, History, Tokens};

@@ -4,6 +4,9 @@
 //! converts it with its data and snapshots whole.
 
 use dataset::*;
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::read_range;
 use std::path::Path;
 
 fn config() -> EngineConfig {
@@ -11,17 +14,6 @@ fn config() -> EngineConfig {
         multihost_interval_ms: 50,
         ..EngineConfig::default()
     }
-}
-
-fn read_all(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    for seg in vol.read(offset, len).unwrap() {
-        match seg {
-            ReadSegment::Data(d) => out.extend_from_slice(&d),
-            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
-        }
-    }
-    out
 }
 
 fn unpack(dir: &Path) {
@@ -66,11 +58,11 @@ fn a_format_2_pool_is_refused_by_name_then_upgraded_whole() {
     );
     let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
     let vol = engine.open_volume("old/vol").unwrap();
-    let head = read_all(&vol, 0, 1 << 20);
+    let head = read_range(&vol, 0, 1 << 20);
     assert!(head[..65536].iter().all(|&b| b == 0xab));
     assert_eq!(&head[65536..], &pattern[65536..]);
     let snap = engine.open_volume("old/vol@before").unwrap();
-    assert_eq!(read_all(&snap, 0, 1 << 20), pattern);
+    assert_eq!(read_range(&snap, 0, 1 << 20), pattern);
     // The converted block map keeps the snapshot's space exact.
     let used = |name: &str| {
         engine
@@ -102,7 +94,7 @@ fn a_format_2_pool_is_refused_by_name_then_upgraded_whole() {
     // Converted for good: the next start imports it from the cache file.
     let engine = Engine::open(&state, config()).unwrap();
     let vol = engine.open_volume("old/vol").unwrap();
-    assert_eq!(&read_all(&vol, 65536, 65536)[..], &pattern[65536..131072]);
+    assert_eq!(&read_range(&vol, 65536, 65536)[..], &pattern[65536..131072]);
     drop(vol);
     engine.shutdown().unwrap();
 }

@@ -1,4 +1,4 @@
-//! Helpers shared by the model tests (`snapshots.rs`, `objects_model.rs`).
+//! Helpers shared by the dataset crate's integration tests.
 
 use dataset::*;
 use std::path::Path;
@@ -362,4 +362,18 @@ impl<I: Tokens> History<I> {
             }
         }
     }
+}
+
+/// `len` bytes of a volume from `offset`, holes as zeros; the volume must
+/// return exactly that many.
+pub fn read_range(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for seg in vol.read(offset, len).unwrap() {
+        match seg {
+            ReadSegment::Data(d) => out.extend_from_slice(&d),
+            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    assert_eq!(out.len() as u64, len);
+    out
 }
