@@ -15,15 +15,24 @@
 #                     after a daemon restart (empty ARC) and dropped page
 #                     cache, vs fio reading the pool's device file itself with
 #                     O_DIRECT (libaio, 1 MiB, iodepth 8). Target >= 1.0x.
-#   cache-reuse       a WS working set read in a loop while a one-pass SCAN of
-#                     other blocks runs at the same time; the working set's
+#   cache-reuse       a WS working set read in a loop (RUNTIME seconds) while a
+#                     whole one-pass SCAN of other blocks runs at the same
+#                     time (to the volume's end, so no read-ahead past the
+#                     scan is counted against the working set); the working set's
 #                     hit rate = 1 - (bytes read from the devices - scan bytes)
 #                     / working-set bytes read. Target > 90%.
-# Each figure is printed with the daemon's peak/current RSS (MiB).
+# Each figure is printed with the daemon's peak/current RSS (MiB), and the
+# peak RSS is set against the sum of the memory bounds `pool status --json`
+# reports (memory.bounds_total: ARC max, prefetch, redb, log buffer, 2 x dirty).
+# The issue's cache-reuse shape is WS=2G SCAN=10G; a scaled run keeps its
+# ratios (scan = 5 x working set, ARC = 2 x working set), e.g. the quick run
+# above (CACHE=512M WS=256M SCAN=1280M).
 #
 # Environment:
 #   RUNTIME=15       seconds of the timed tests (seqread-cached, cache-reuse)
-#   CACHE=2G         [engine] cache_max_bytes of the daemon
+#   REPEAT=3         rounds of each test (the summary gives every round and
+#                    the ratio of the medians; cold rounds restart the daemon)
+#   CACHE=4G         [engine] cache_max_bytes of the daemon (2 x WS)
 #   FIT=1G           the volume that fits the cache (seqread-cached)
 #   WS=2G SCAN=10G   cache-reuse sizes (issue 15); scale down for a quick run
 #   COMP=off         compression of the volumes (off or lz4)
@@ -34,7 +43,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNTIME="${RUNTIME:-15}"
-CACHE="${CACHE:-2G}"
+REPEAT="${REPEAT:-3}"
+CACHE="${CACHE:-4G}"
 FIT="${FIT:-1G}"
 WS="${WS:-2G}"
 SCAN="${SCAN:-10G}"
@@ -96,8 +106,10 @@ npid=$!
 wait_port "$port" 30
 fill "nbd://127.0.0.1:$port/" "$FIT"
 seqread warm-nbdkit "nbd://127.0.0.1:$port/" "$FIT" >/dev/null
-read -r mbs _ < <(seqread seqread-cached-nbdkit "nbd://127.0.0.1:$port/" "$FIT" timed)
-printf 'seqread-cached\tnbdkit-file\t%s\t%s\n' "$mbs" "$(rss "$npid")" >>"$RESULTS"
+for ((round = 1; round <= REPEAT; round++)); do
+    read -r mbs _ < <(seqread seqread-cached-nbdkit-$round "nbd://127.0.0.1:$port/" "$FIT" timed)
+    printf 'seqread-cached\tnbdkit-file\t%s\t%s\n' "$mbs" "$(rss "$npid")" >>"$RESULTS"
+done
 stop_pids
 rm -f "$BENCH_DIR/nbdkit/disk.img"
 
@@ -145,19 +157,23 @@ fill "nbd://127.0.0.1:$nbd_port/bench/reuse" "$((WS_B + SCAN_B))"
 
 echo "==> seqread-cached" >&2
 seqread warm-cistern "nbd://127.0.0.1:$nbd_port/bench/fit" "$FIT" >/dev/null
-read -r mbs _ < <(seqread seqread-cached-cistern "nbd://127.0.0.1:$nbd_port/bench/fit" "$FIT" timed)
-printf 'seqread-cached\tcistern\t%s\t%s\n' "$mbs" "$(rss "$PID")" >>"$RESULTS"
+for ((round = 1; round <= REPEAT; round++)); do
+    read -r mbs _ < <(seqread seqread-cached-cistern-$round "nbd://127.0.0.1:$nbd_port/bench/fit" "$FIT" timed)
+    printf 'seqread-cached\tcistern\t%s\t%s\n' "$mbs" "$(rss "$PID")" >>"$RESULTS"
+done
 stat_of "m['arc']" >"$DIR/arc-after-cached.txt"
+stat_of "m['bounds_total']" >"$BENCH_DIR/bounds_total"
 
 echo "==> seqread-cold: restart (empty ARC), drop caches, one pass of 2 x CACHE" >&2
+for ((round = 1; round <= REPEAT; round++)); do
 stop_pids
 DROP_CACHES="${DROP_CACHES:-0}" drop_caches
 start_daemon
-read -r mbs _ < <(seqread seqread-cold-cistern "nbd://127.0.0.1:$nbd_port/bench/big" "$BIG_B")
+read -r mbs _ < <(seqread seqread-cold-cistern-$round "nbd://127.0.0.1:$nbd_port/bench/big" "$BIG_B")
 printf 'seqread-cold\tcistern\t%s\t%s\n' "$mbs" "$(rss "$PID")" >>"$RESULTS"
 stat_of "m['arc']" >"$DIR/arc-after-cold.txt"
 DROP_CACHES="${DROP_CACHES:-0}" drop_caches
-out="$BENCH_DIR/seqread-cold-raw.json"
+out="$BENCH_DIR/seqread-cold-raw-$round.json"
 # The longest allocated extent of the device file (holes would read as free zeros).
 raw_off=$(python3 - "$DIR/disks/d0" <<'EOF'
 import os, sys
@@ -178,8 +194,10 @@ fio --name=raw --filename="$DIR/disks/d0" --ioengine=libaio --direct=1 --rw=read
     --size="$BIG_B" --offset="$raw_off" --output-format=json "--output=$out" >"$out.log" 2>&1
 read -r mbs _ < <(fio_json "$out")
 printf 'seqread-cold\traw-odirect\t%s\t-\n' "$mbs" >>"$RESULTS"
+done
 
 echo "==> cache-reuse: $WS working set in a loop while a $SCAN scan runs" >&2
+for ((round = 1; round <= REPEAT; round++)); do
 stop_pids
 start_daemon
 uri="nbd://127.0.0.1:$nbd_port/bench/reuse"
@@ -187,10 +205,10 @@ uri="nbd://127.0.0.1:$nbd_port/bench/reuse"
 seqread warm-ws "$uri" "$WS_B" >/dev/null
 seqread warm-ws "$uri" "$WS_B" >/dev/null
 before=$(read_bytes)
-out="$BENCH_DIR/cache-reuse.json"
+out="$BENCH_DIR/cache-reuse-$round.json"
 fio --ioengine=nbd "--uri=$uri" --bs=1M --iodepth=4 --output-format=json "--output=$out" \
     --name=ws --rw=read --offset=0 --size="$WS_B" --time_based "--runtime=$RUNTIME" \
-    --name=scan --rw=read --offset="$WS_B" --size="$SCAN_B" "--runtime=$RUNTIME" >"$out.log" 2>&1
+    --name=scan --rw=read --offset="$WS_B" --size="$SCAN_B" >"$out.log" 2>&1
 after=$(read_bytes)
 python3 - "$out" "$before" "$after" "$(rss "$PID")" >>"$RESULTS" <<'EOF'
 import json, sys
@@ -201,31 +219,39 @@ ws_disk = max(0, disk - scan)
 rate = 100.0 * (1 - ws_disk / ws) if ws else 0.0
 print(f"cache-reuse\tcistern\t{rate:.1f}\t{sys.argv[4]}\t{ws}\t{scan}\t{disk}")
 EOF
-stat_of "m['arc']" >"$DIR/arc-after-reuse.txt"
+stat_of "m['arc']" >"$DIR/arc-after-reuse-$round.txt"
+done
 stop_pids
 unset CISTERN_API
 grep -q "panicked at" "$DIR/daemon.log" && echo "warning: the daemon panicked, see $DIR/daemon.log" >&2
 [[ "${KEEP_FILES:-0}" == 1 ]] || rm -rf "$DIR/disks" "$DIR/state"
 
 # ------------------------------------------------------------------ report
-python3 - "$RESULTS" "$CACHE" <<'EOF' | tee "$BENCH_DIR/summary.txt"
-import sys
+python3 - "$RESULTS" "$CACHE" "$(cat "$BENCH_DIR/bounds_total" 2>/dev/null || echo 0)" "$(load_note)" <<'EOF' | tee "$BENCH_DIR/summary.txt"
+import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-get = {(r[0], r[1]): r for r in rows}
-def ratio(test, ref):
-    a, b = get.get((test, "cistern")), get.get((test, ref))
-    return f"{float(a[2]) / float(b[2]):.2f}x" if a and b and float(b[2]) > 0 else "-"
-print(f"ARC bound (cache_max_bytes) {sys.argv[2]}")
-print(f"{'test':<16} {'target':<14} {'MB/s':>9} {'RSS peak/now MiB':>18} {'ratio':>7}")
-for r in rows:
-    test, target, fig, rss = r[:4]
-    if test == "cache-reuse":
-        ws, scan, disk = r[4:7]
-        print(f"{test:<16} {target:<14} working-set hit rate {fig}% (ws {int(ws) >> 20} MiB read, scan {int(scan) >> 20} MiB, devices {int(disk) >> 20} MiB)  RSS {rss.replace(' ', '/')}  target > 90%")
-        continue
-    ref = "nbdkit-file" if test == "seqread-cached" else "raw-odirect"
-    rt = ratio(test, ref) if target == "cistern" else ""
-    print(f"{test:<16} {target:<14} {fig:>9} {rss.replace(' ', '/'):>18} {rt:>7}")
-print("ratios: seqread-cached vs nbdkit (target >= 1.0x), seqread-cold vs raw O_DIRECT (target >= 1.0x)")
+bounds = int(sys.argv[3])
+print(f"ARC bound (cache_max_bytes) {sys.argv[2]}; sum of the memory bounds {bounds >> 20} MiB; {sys.argv[4]} at the end")
+def figs(test, target):
+    return [float(r[2]) for r in rows if r[0] == test and r[1] == target]
+print(f"{'test':<16} {'target':<14} {'MB/s per round':<30} {'median':>8} {'ratio':>7}")
+for test, ref in (("seqread-cached", "nbdkit-file"), ("seqread-cold", "raw-odirect")):
+    for target in (ref, "cistern"):
+        f = figs(test, target)
+        if not f:
+            continue
+        a, b = figs(test, "cistern"), figs(test, ref)
+        rt = f"{statistics.median(a) / statistics.median(b):.2f}x" if target == "cistern" and a and b else ""
+        print(f"{test:<16} {target:<14} {' '.join(f'{x:.0f}' for x in f):<30} {statistics.median(f):>8.0f} {rt:>7}")
+reuse = [r for r in rows if r[0] == "cache-reuse"]
+for r in reuse:
+    ws, scan, disk = r[4:7]
+    print(f"cache-reuse      working-set hit rate {r[2]}% (ws {int(ws) >> 20} MiB read, scan {int(scan) >> 20} MiB, devices {int(disk) >> 20} MiB)")
+if reuse:
+    print(f"cache-reuse      median hit rate {statistics.median(float(r[2]) for r in reuse):.1f}%  target > 90%")
+peaks = [int(r[3].split()[0]) for r in rows if r[1] == "cistern" and r[3] != "-"]
+if peaks and bounds:
+    print(f"daemon peak RSS {max(peaks)} MiB = {max(peaks) / (bounds >> 20):.2f}x the bounds' sum (limit 1.25x)")
+print("ratios of the medians: seqread-cached vs nbdkit (target >= 1.0x), seqread-cold vs raw O_DIRECT (target >= 1.0x)")
 EOF
 echo "(fio JSON, logs, ARC counters: $BENCH_DIR)" >&2

@@ -13,11 +13,13 @@
 //! and raises it back when the pressure is gone.
 
 use crate::l2arc::{L2Device, L2Stats};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub type Key = (u64, u64, u64, u64, u64);
 
@@ -31,13 +33,77 @@ pub fn checksum_word(sum: &[u8; 32]) -> u64 {
     u64::from_le_bytes(w)
 }
 
+/// The smallest share of the ARC kept for blocks read once (quick_cache's
+/// cold queue): prefetched blocks wait there until their demand read, so it
+/// must hold more than the read-ahead in flight (`COLD_MIN_BYTES`).
+const COLD_MIN_FRACTION: f64 = 0.1;
+const COLD_MIN_BYTES: u64 = 96 << 20;
+/// Shards of the in-flight table (claims of blocks being read).
+const LOADING_SHARDS: usize = 16;
+
+/// One ARC entry. `prefetched`: read ahead and not yet used by a demand
+/// read; that first demand read is the block's first access, not its second
+/// (as ZFS's ARC_FLAG_PREFETCH), so a prefetched one-pass scan stays in the
+/// cold queue and cannot push the working set out.
+pub struct Entry {
+    data: Arc<Vec<u8>>,
+    prefetched: AtomicBool,
+}
+
+type Val = Arc<Entry>;
+
 #[derive(Clone)]
 struct BlockWeighter;
 
-impl Weighter<Key, Arc<Vec<u8>>> for BlockWeighter {
-    fn weight(&self, _key: &Key, val: &Arc<Vec<u8>>) -> u64 {
-        val.capacity() as u64 + ENTRY_OVERHEAD
+impl Weighter<Key, Val> for BlockWeighter {
+    fn weight(&self, _key: &Key, val: &Val) -> u64 {
+        val.data.capacity() as u64 + ENTRY_OVERHEAD
     }
+}
+
+/// A block some thread is reading from the devices now.
+pub struct Loading {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Loading {
+    /// Waits until the reader is done (or `timeout`); true when it is.
+    /// Whether the block then is in the ARC is for the caller to look.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut done = self.done.lock();
+        while !*done {
+            if self.cv.wait_until(&mut done, deadline).timed_out() {
+                return *done;
+            }
+        }
+        true
+    }
+}
+
+/// The right to read a block from the devices: others that miss the same
+/// block wait for it instead of reading it a second time. Dropped after the
+/// block is in the ARC (or the read failed): waiters then look again.
+pub struct LoadClaim<'a> {
+    cache: &'a BlockCache,
+    key: Key,
+    loading: Arc<Loading>,
+}
+
+impl Drop for LoadClaim<'_> {
+    fn drop(&mut self) {
+        self.cache.loading_shard(&self.key).lock().remove(&self.key);
+        *self.loading.done.lock() = true;
+        self.loading.cv.notify_all();
+    }
+}
+
+pub enum Claim<'a> {
+    /// This caller reads the block.
+    Mine(LoadClaim<'a>),
+    /// Another reader has it in flight: wait on it, then look again.
+    Theirs(Arc<Loading>),
 }
 
 type L2List = Arc<RwLock<Vec<Arc<L2Device>>>>;
@@ -52,9 +118,9 @@ struct Evictions {
     private: Arc<RwLock<std::collections::HashSet<u64>>>,
 }
 
-impl Lifecycle<Key, Arc<Vec<u8>>> for Evictions {
+impl Lifecycle<Key, Val> for Evictions {
     type RequestState = ();
-    fn on_evict(&self, _state: &mut (), key: Key, val: Arc<Vec<u8>>) {
+    fn on_evict(&self, _state: &mut (), key: Key, val: Val) {
         self.count.fetch_add(1, Ordering::Relaxed);
         if self.private.read().contains(&key.0) {
             return;
@@ -62,7 +128,7 @@ impl Lifecycle<Key, Arc<Vec<u8>>> for Evictions {
         let l2 = self.l2.read();
         if !l2.is_empty() {
             let i = (key.2 ^ key.4) as usize % l2.len();
-            l2[i].offer(key, val);
+            l2[i].offer(key, val.data.clone());
         }
     }
 }
@@ -108,8 +174,9 @@ pub struct ArcStats {
 }
 
 pub struct BlockCache {
-    cache: Cache<Key, Arc<Vec<u8>>, BlockWeighter, DefaultHashBuilder, Evictions>,
+    cache: Cache<Key, Val, BlockWeighter, DefaultHashBuilder, Evictions>,
     evictions: Evictions,
+    loading: Vec<Mutex<HashMap<Key, Arc<Loading>>>>,
     min: u64,
     max: u64,
     target: AtomicU64,
@@ -131,8 +198,10 @@ impl BlockCache {
         let min = min.min(max);
         // Few shards for a small cache: an entry must fit one shard's share.
         let shards = (max / (16 << 20)).clamp(1, 16).next_power_of_two() as usize;
+        let cold = (COLD_MIN_BYTES as f64 / max.max(1) as f64).clamp(COLD_MIN_FRACTION, 0.5);
         let options = quick_cache::OptionsBuilder::new()
             .shards(shards)
+            .hot_allocation(1.0 - cold)
             .estimated_items_capacity(((max / 65536) as usize).clamp(64, 1 << 20))
             .weight_capacity(max.max(1))
             .build()
@@ -146,6 +215,9 @@ impl BlockCache {
                 evictions.clone(),
             ),
             evictions,
+            loading: (0..LOADING_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
             min,
             max,
             target: AtomicU64::new(max),
@@ -161,9 +233,10 @@ impl BlockCache {
         }
     }
 
-    /// A demand read: counted as a hit or a miss.
+    /// A demand read: counted as a hit or a miss. The first demand read of
+    /// a prefetched block leaves its recency as it is (one access).
     pub fn get(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
-        let got = self.cache.get(key);
+        let got = self.get_uncounted(key);
         let counter = if got.is_some() {
             &self.hits
         } else {
@@ -171,6 +244,17 @@ impl BlockCache {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         got
+    }
+
+    /// [`BlockCache::get`] for a demand read already counted (a miss that
+    /// waited for another reader's I/O).
+    pub fn get_uncounted(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
+        match self.cache.peek(key) {
+            Some(e) if e.prefetched.swap(false, Ordering::Relaxed) => Some(e),
+            Some(_) => self.cache.get(key),
+            None => None,
+        }
+        .map(|e| e.data.clone())
     }
 
     /// Keeps dataset `ds`'s blocks out of the L2ARC (its plaintext stays in
@@ -188,7 +272,48 @@ impl BlockCache {
     }
 
     pub fn insert(&self, key: Key, data: Arc<Vec<u8>>) {
-        self.cache.insert(key, data);
+        self.insert_entry(key, data, false);
+    }
+
+    /// A block read ahead (crate::prefetch): see [`Entry`].
+    pub fn insert_prefetched(&self, key: Key, data: Arc<Vec<u8>>) {
+        self.insert_entry(key, data, true);
+    }
+
+    fn insert_entry(&self, key: Key, data: Arc<Vec<u8>>, prefetched: bool) {
+        let entry = Arc::new(Entry {
+            data,
+            prefetched: AtomicBool::new(prefetched),
+        });
+        // A block version never changes: one already cached keeps its
+        // entry and recency (a second insert would count as an access).
+        if self.cache.contains_key(&key) {
+            return;
+        }
+        self.cache.insert(key, entry);
+    }
+
+    fn loading_shard(&self, key: &Key) -> &Mutex<HashMap<Key, Arc<Loading>>> {
+        let h = key.0 ^ key.1.rotate_left(17) ^ key.2.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.loading[(h >> 58) as usize % LOADING_SHARDS]
+    }
+
+    /// Claims the read of a missing block from the devices (see [`Claim`]).
+    pub fn claim(&self, key: Key) -> Claim<'_> {
+        let mut m = self.loading_shard(&key).lock();
+        if let Some(l) = m.get(&key) {
+            return Claim::Theirs(l.clone());
+        }
+        let loading = Arc::new(Loading {
+            done: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        m.insert(key, loading.clone());
+        Claim::Mine(LoadClaim {
+            cache: self,
+            key,
+            loading,
+        })
     }
 
     /// Drops every entry of a dataset (it was destroyed).
@@ -369,6 +494,84 @@ mod tests {
         let c = BlockCache::new(0, 1 << 20);
         c.insert((1, 1, 0, 5, 111), Arc::new(vec![1; 16]));
         assert!(c.get(&(1, 1, 0, 5, 222)).is_none());
+        assert_eq!(c.get(&(1, 1, 0, 5, 111)).unwrap()[0], 1);
+    }
+
+    #[test]
+    fn a_prefetched_scan_does_not_evict_the_working_set() {
+        let c = BlockCache::new(0, 8 << 20);
+        let block = || Arc::new(vec![1u8; 16384]);
+        let ws = 128u64; // 2 MiB, read three times: hot
+        for _ in 0..3 {
+            for i in 0..ws {
+                if c.get(&(1, 1, i, 1, 0)).is_none() {
+                    c.insert((1, 1, i, 1, 0), block());
+                }
+            }
+        }
+        // A one-pass scan of 64 MiB (8x the cache), each block read ahead
+        // and then read once by its demand read, as prefetch does it.
+        let hits_before = c.stats().hits;
+        let mut ws_reads = 0u64;
+        let ahead = 64u64;
+        for s in 0..4096u64 + ahead {
+            if s < 4096 {
+                c.insert_prefetched((1, 2, s, 1, 0), block());
+            }
+            if s >= ahead {
+                assert!(
+                    c.get(&(1, 2, s - ahead, 1, 0)).is_some(),
+                    "prefetched block {} was evicted before its read",
+                    s - ahead
+                );
+            }
+            if s % 32 == 0 {
+                for i in 0..ws {
+                    ws_reads += 1;
+                    if c.get(&(1, 1, i, 1, 0)).is_none() {
+                        c.insert((1, 1, i, 1, 0), block());
+                    }
+                }
+            }
+        }
+        let hits = c.stats().hits - hits_before - 4096;
+        assert!(
+            hits * 100 >= ws_reads * 95,
+            "working-set hit rate {hits}/{ws_reads} during a prefetched scan"
+        );
+    }
+
+    #[test]
+    fn a_block_in_flight_is_claimed_once() {
+        let c = Arc::new(BlockCache::new(0, 1 << 20));
+        let key = (1, 1, 7, 1, 0);
+        let Claim::Mine(mine) = c.claim(key) else {
+            panic!("the first claim is the caller's")
+        };
+        let Claim::Theirs(loading) = c.claim(key) else {
+            panic!("a second claim waits for the first")
+        };
+        assert!(!loading.wait(Duration::from_millis(10)), "still loading");
+        let waiter = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let done = loading.wait(Duration::from_secs(10));
+                (done, c.get_uncounted(&key).map(|d| d[0]))
+            })
+        };
+        c.insert(key, Arc::new(vec![9; 16]));
+        drop(mine);
+        assert_eq!(waiter.join().unwrap(), (true, Some(9)));
+        // Released: the next miss claims it again (a failed read is retried).
+        assert!(matches!(c.claim(key), Claim::Mine(_)));
+    }
+
+    #[test]
+    fn a_second_insert_keeps_the_first_entry() {
+        let c = BlockCache::new(0, 1 << 20);
+        c.insert_prefetched((1, 1, 0, 5, 111), Arc::new(vec![1; 16]));
+        c.insert((1, 1, 0, 5, 111), Arc::new(vec![1; 16]));
+        assert_eq!(c.stats().entries, 1);
         assert_eq!(c.get(&(1, 1, 0, 5, 111)).unwrap()[0], 1);
     }
 }

@@ -21,7 +21,9 @@ const STREAM_IDLE: Duration = Duration::from_secs(2);
 const MAX_WINDOW: u64 = 16 << 20;
 /// Largest single prefetch job, bytes (a window is split into jobs).
 const MAX_JOB: u64 = 4 << 20;
-const WORKERS: usize = 2;
+/// Threads reading ahead: enough to keep several device reads in flight
+/// while others verify what arrived.
+const WORKERS: usize = 4;
 
 struct Stream {
     ds: u64,

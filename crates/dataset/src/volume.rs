@@ -4,6 +4,7 @@
 //! object layer (`objects.rs`) uses the same paths for every object.
 
 use crate::blockmap::Chain;
+use crate::cache::Claim;
 use crate::objects::VOLUME_OBJECT;
 use crate::space::Class;
 use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
@@ -20,6 +21,9 @@ const MAX_LOG_RECORD: usize = 1 << 20;
 const MAX_STATUS_BLOCKS: u64 = 1 << 16;
 /// Largest single read of adjacent blocks.
 const MAX_READ_RUN: u64 = 8 << 20;
+/// Longest a read waits for another reader's I/O of the same block before
+/// it reads the block itself.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Clone, Copy)]
 pub(crate) enum Op<'a> {
@@ -139,7 +143,13 @@ fn read_committed(
             b * bs as u64
         ))
     };
+    // Blocks this call reads from the devices, each claimed so that a
+    // concurrent reader of the same block (prefetch or another request)
+    // waits for it instead of reading it again.
     let mut fetch: Vec<(u64, &BlockPointer)> = Vec::new();
+    let mut claims: Vec<Option<crate::cache::LoadClaim<'_>>> = Vec::new();
+    // Blocks another reader has in flight (demand reads wait for them).
+    let mut waits: Vec<(u64, &BlockPointer, Arc<crate::cache::Loading>)> = Vec::new();
     for &b in committed {
         match pointers.get(&b) {
             None => {
@@ -159,10 +169,20 @@ fn read_committed(
                 if p.cache.contains(&key) {
                     p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
                 } else if let Some(d) = l2_block(p, &key, bs) {
-                    p.cache.insert(key, d);
+                    p.cache.insert_prefetched(key, d);
                     p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    fetch.push((b, bp));
+                    match p.cache.claim(key) {
+                        // Looked at again under the claim: it may have
+                        // arrived since.
+                        Claim::Mine(c) if !p.cache.contains(&key) => {
+                            fetch.push((b, bp));
+                            claims.push(Some(c));
+                        }
+                        _ => {
+                            p.cache.prefetch_cached.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             }
             Some(bp) => {
@@ -176,21 +196,34 @@ fn read_committed(
                             p.cache.insert(key, d.clone());
                             out.insert(b, Some(d));
                         }
-                        None => fetch.push((b, bp)),
+                        None => match p.cache.claim(key) {
+                            Claim::Mine(c) => match p.cache.get_uncounted(&key) {
+                                Some(hit) => {
+                                    out.insert(b, Some(hit));
+                                }
+                                None => {
+                                    fetch.push((b, bp));
+                                    claims.push(Some(c));
+                                }
+                            },
+                            Claim::Theirs(l) => waits.push((b, bp, l)),
+                        },
                     },
                 }
             }
         }
     }
-    fetch.sort_unstable_by_key(|(_, bp)| (bp.dvas[0].group, bp.dvas[0].offset));
+    // Sorted by place on disk (claims follow their blocks).
+    let mut order: Vec<usize> = (0..fetch.len()).collect();
+    order.sort_unstable_by_key(|&i| (fetch[i].1.dvas[0].group, fetch[i].1.dvas[0].offset));
     let mut i = 0;
-    while i < fetch.len() {
+    while i < order.len() {
         // A run: blocks whose first copies lie back to back on one group.
-        let first = fetch[i].1.dvas[0];
+        let first = fetch[order[i]].1.dvas[0];
         let mut end = first.offset + first.asize as u64;
         let mut j = i + 1;
-        while j < fetch.len() {
-            let d = fetch[j].1.dvas[0];
+        while j < order.len() {
+            let d = fetch[order[j]].1.dvas[0];
             if d.group != first.group
                 || d.offset != end
                 || end - first.offset + d.asize as u64 > MAX_READ_RUN
@@ -204,7 +237,8 @@ fn read_committed(
             .pool
             .read_run(first.group, first.offset, (end - first.offset) as usize)
             .ok();
-        for &(b, bp) in &fetch[i..j] {
+        for &k in &order[i..j] {
+            let (b, bp) = fetch[k];
             let at = (bp.dvas[0].offset - first.offset) as usize;
             let quick = run.as_ref().and_then(|r| {
                 block::decode_verified_keyed(bp, &r[at..at + bp.psize as usize], unseal(b))
@@ -221,14 +255,35 @@ fn read_committed(
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
             let data = Arc::new(data);
-            p.cache.insert(arc_key(ds, obj, b, bp), data.clone());
+            let key = arc_key(ds, obj, b, bp);
             if prefetch {
+                p.cache.insert_prefetched(key, data);
                 p.cache.prefetch_reads.fetch_add(1, Ordering::Relaxed);
             } else {
+                p.cache.insert(key, data.clone());
                 out.insert(b, Some(data));
             }
+            // In the ARC now: waiters find it.
+            claims[k] = None;
         }
         i = j;
+    }
+    drop(claims);
+    for (b, bp, loading) in waits {
+        loading.wait(LOAD_WAIT);
+        let key = arc_key(ds, obj, b, bp);
+        if let Some(hit) = p.cache.get_uncounted(&key) {
+            out.insert(b, Some(hit));
+            continue;
+        }
+        // The other read failed, or the block left the ARC already: read it here.
+        let data = block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
+        let data = Arc::new(full_block(data, bs, ds, obj, b)?);
+        p.counters
+            .read_bytes
+            .fetch_add(bp.psize as u64, Ordering::Relaxed);
+        p.cache.insert(key, data.clone());
+        out.insert(b, Some(data));
     }
     Ok(())
 }

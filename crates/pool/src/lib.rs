@@ -1869,7 +1869,12 @@ impl Pool {
         )?;
         let at = self.regions.data_offset + offset;
         let mut last = None;
-        for dev in g.children.iter().filter_map(|c| c.readable()) {
+        // Mirror sides take turns by 1 MiB of offset, so that concurrent
+        // runs (prefetch workers, requests) keep every side busy.
+        let n = g.children.len().max(1);
+        let start = (offset >> 20) as usize % n;
+        let sides = g.children.iter().cycle().skip(start).take(n);
+        for dev in sides.filter_map(|c| c.readable()) {
             let mut buf = AlignedBuf::zeroed(len);
             match dev.read_direct_at(at, &mut buf) {
                 Ok(()) => return Ok(buf),
