@@ -168,6 +168,10 @@ def test_takeover_fences_a_stopped_owner_which_acknowledges_nothing_more(make_da
     except Exception:  # noqa: BLE001
         pass
     owner.kill9()
+    t0 = time.monotonic()
+    assert standby.stop(timeout=60) == 0
+    took = time.monotonic() - t0
+    assert took < 20, f"the new owner took {took:.0f}s to shut down\n{standby.log_tail(60)}"
 
 
 def test_takeover_after_kill9_of_the_owner(make_daemon, gateway):
