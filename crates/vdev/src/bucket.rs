@@ -36,6 +36,8 @@ use std::sync::{Arc, OnceLock};
 pub const DEFAULT_INLINE_MAX: usize = 256 << 10;
 /// Bytes per segment object.
 pub const SEGMENT_MAX: usize = 32 << 20;
+/// Segment PUTs of one sync in flight at once (bounds memory to 4 x 32 MiB).
+const UPLOADS_IN_FLIGHT: usize = 4;
 /// Granularity of the all-zero check (zeros are shipped as a length only).
 const CHUNK: usize = 64 << 10;
 /// Default size of the local cache (the device size) of a new bucket pool.
@@ -698,6 +700,7 @@ impl Shipper {
         };
         let inline = total as usize <= self.inline_max;
         let mut seg_buf: Vec<u8> = Vec::new();
+        let mut uploads = Uploads::default();
         let mut chunk = vec![0u8; CHUNK];
         for &(start, end) in ranges {
             let mut at = start;
@@ -724,7 +727,7 @@ impl Shipper {
                     });
                 } else {
                     if seg_buf.len() + n > SEGMENT_MAX {
-                        self.put_segment(&mut entry, std::mem::take(&mut seg_buf))?;
+                        self.put_segment(&mut entry, &mut uploads, std::mem::take(&mut seg_buf))?;
                     }
                     let seg = entry.segments.len() as u16;
                     let seg_offset = seg_buf.len() as u64;
@@ -750,13 +753,24 @@ impl Shipper {
             }
         }
         if !seg_buf.is_empty() {
-            self.put_segment(&mut entry, seg_buf)?;
+            self.put_segment(&mut entry, &mut uploads, seg_buf)?;
         }
+        // The entry may name a segment only once it is in the store.
+        while uploads.wait_oldest()? {}
         Ok(entry)
     }
 
-    /// Uploads one segment (create-if-absent: a name is never reused).
-    fn put_segment(&self, entry: &mut Entry, body: Vec<u8>) -> Result<(), String> {
+    /// Starts uploading one segment (create-if-absent: a name is never
+    /// reused); at most `UPLOADS_IN_FLIGHT` go at once.
+    fn put_segment(
+        &self,
+        entry: &mut Entry,
+        uploads: &mut Uploads,
+        body: Vec<u8>,
+    ) -> Result<(), String> {
+        if uploads.0.len() >= UPLOADS_IN_FLIGHT {
+            uploads.wait_oldest()?;
+        }
         let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
         let name = format!("{:016x}-{n:010}", self.epoch);
         let sum = *blake3::hash(&body).as_bytes();
@@ -767,16 +781,38 @@ impl Shipper {
             mode: PutMode::Create,
             ..Default::default()
         };
-        block(async move {
-            store
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        runtime().spawn(async move {
+            let r = store
                 .put_opts(&key, PutPayload::from(Bytes::from(body)), opts)
-                .await
-        })?
-        .map_err(|e| format!("segment {name}: {e}"))?;
+                .await;
+            let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
+        });
+        uploads.0.push_back((name.clone(), rx));
         self.stats.segments.fetch_add(1, Ordering::Relaxed);
         self.stats.segment_bytes.fetch_add(len, Ordering::Relaxed);
         entry.segments.push(SegmentRef { name, len, sum });
         Ok(())
+    }
+}
+
+/// Segment uploads of one entry still in flight, oldest first.
+#[derive(Default)]
+struct Uploads(std::collections::VecDeque<(String, std::sync::mpsc::Receiver<Result<(), String>>)>);
+
+impl Uploads {
+    /// Waits for the oldest upload; `Ok(false)` when none is left.
+    fn wait_oldest(&mut self) -> Result<bool, String> {
+        let Some((name, rx)) = self.0.pop_front() else {
+            return Ok(false);
+        };
+        match rx.recv() {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(format!("segment {name}: {e}")),
+            Err(_) => Err(format!(
+                "segment {name}: the upload ended without an answer"
+            )),
+        }
     }
 }
 
