@@ -116,7 +116,7 @@ echo "owner RSS (peak current MiB): $(rss "$OWNER_PID")" | tee -a "$RESULTS"
 CISTERN_API_OWNER=$OWNER_API
 start_cistern "$BENCH_DIR/standby" "$CONFIG"
 kill -STOP "$OWNER_PID"
-t=$(elapsed "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
+t=$(CISTERN_TOKEN=$(cat "$BENCH_DIR/standby/state/api.token") elapsed "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
 kill -CONT "$OWNER_PID"
 echo "takeover-seconds $t (log replayed into a fresh cache; SIZE=$SIZE written)" | tee -a "$RESULTS"
 export CISTERN_API=$CISTERN_API_OWNER
