@@ -483,3 +483,69 @@ fn resumable_receive_of_a_cut_stream_resumes_and_aborts() {
         )
         .is_err());
 }
+
+/// A bookmark keeps its snapshot's point in time after the snapshot is
+/// destroyed and serves as an incremental source: overwrites, new blocks
+/// and blocks trimmed since (tombstones kept for the bookmark) arrive.
+#[test]
+fn bookmark_is_an_incremental_source_after_its_snapshot_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(40);
+    src.create_volume("tank/vm", VOLSIZE, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    scribble(&v, &mut rng, 100);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    receive(
+        &dst,
+        "backup/vm",
+        &send(&src, "tank/vm@a", None, false),
+        false,
+    )
+    .unwrap();
+
+    src.bookmark("tank/vm@a", "#a").unwrap();
+    let err = src.bookmark("tank/vm@a", "tank/vm#a").unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert!(src.bookmark("tank/vm@a", "tank/other#x").is_err());
+    assert!(src.bookmark("tank/vm@nope", "#x").is_err());
+    src.destroy("tank/vm@a", &DestroyOptions::default())
+        .unwrap();
+    let marks = src.bookmarks(Some("tank")).unwrap();
+    assert_eq!(marks.len(), 1);
+    assert_eq!(marks[0].name, "tank/vm#a");
+    assert_eq!(marks[0].snapshot, "tank/vm@a");
+
+    // Changes after the bookmark: writes and a trim of blocks @a had.
+    scribble(&v, &mut rng, 10);
+    v.trim(0, 64 * BS, false).unwrap();
+    src.snapshot(&["tank/vm@b".into()], false).unwrap();
+    let incr = send(&src, "tank/vm@b", Some("#a"), false);
+    let got = receive(&dst, "backup/vm", &incr, false).unwrap();
+    assert_eq!(got.snapshots, vec!["backup/vm@b".to_string()]);
+    assert_eq!(read_vol(&dst, "backup/vm@b"), read_vol(&src, "tank/vm@b"));
+    // The long form names the same point.
+    let again = send(&src, "tank/vm@b", Some("tank/vm#a"), false);
+    assert_eq!(again.len(), incr.len());
+
+    // Bookmarks survive export/import (they live in the dataset's record).
+    src.export_pool("tank").unwrap();
+    src.import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    assert_eq!(src.bookmarks(None).unwrap().len(), 1);
+    let r = src
+        .destroy("tank/vm#a", &DestroyOptions::default())
+        .unwrap();
+    assert_eq!(r.destroyed, vec!["tank/vm#a".to_string()]);
+    assert!(src.bookmarks(None).unwrap().is_empty());
+    assert!(send_err(&src, "tank/vm@b", "#a").contains("tank/vm#a"));
+}
+
+fn send_err(e: &Engine, snap: &str, from: &str) -> String {
+    let opts = SendOptions {
+        snapshot: snap.into(),
+        from: Some(from.into()),
+        ..Default::default()
+    };
+    e.send(&opts, &mut Vec::new()).unwrap_err().to_string()
+}

@@ -5,6 +5,7 @@
 //! at the snapshot was born after the source snapshot's txg, found from the
 //! block map's birth txgs, never by comparing data (decision 0033).
 
+pub mod bookmark;
 pub mod stream;
 
 use crate::blockmap::{self, block_of, Addr, Chain};
@@ -404,6 +405,14 @@ fn scan_rows(
     emit(cur.take(), &mut f)
 }
 
+/// An incremental source resolved: its name as given (for messages), the
+/// snapshot's short name the receiver must hold, and its txg.
+struct From {
+    name: String,
+    short: String,
+    txg: u64,
+}
+
 /// One snapshot's part of a send: source and bounds.
 struct Part {
     rec: DatasetRecord,
@@ -415,13 +424,39 @@ struct Part {
 }
 
 impl Engine {
+    /// A resumed incremental's source: the snapshot `@short`, or, once
+    /// that is destroyed, a bookmark of the same point in time.
+    fn resume_source(&self, tok: &Token, short: &str) -> String {
+        let Some((ds, _)) = tok.snapshot.split_once('@') else {
+            return format!("@{short}");
+        };
+        let Ok((pool, _)) = split_dataset(ds) else {
+            return format!("@{short}");
+        };
+        let Ok(p) = self.pool(pool) else {
+            return format!("@{short}");
+        };
+        let datasets = p.datasets.read();
+        if datasets.contains_key(&format!("{ds}@{short}")) {
+            return format!("@{short}");
+        }
+        datasets
+            .get(ds)
+            .and_then(|r| {
+                r.bookmarks
+                    .iter()
+                    .find(|(_, b)| b.txg == tok.from_txg && b.snapshot == short)
+            })
+            .map_or(format!("@{short}"), |(name, _)| format!("#{name}"))
+    }
+
     /// Resolves the snapshots a send covers, oldest first.
     fn send_parts(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
         if let Some(t) = &opts.resume_token {
             let tok = decode_token(t)?;
             let again = SendOptions {
                 snapshot: tok.snapshot.clone(),
-                from: tok.from.as_ref().map(|f| format!("@{f}")),
+                from: tok.from.as_ref().map(|f| self.resume_source(&tok, f)),
                 ..Default::default()
             };
             let (p, mut parts) = self.send_parts(&again)?;
@@ -488,21 +523,52 @@ impl Engine {
                 });
             }
             Some(from) => {
-                let from_name = match from.strip_prefix('@') {
-                    Some(short) => format!("{ds}@{short}"),
-                    None if from.contains('@') => from.clone(),
-                    None => format!("{ds}@{from}"),
+                // The source: a snapshot, or a bookmark (`#b`, `ds#b`) that
+                // stands for the snapshot it was made from.
+                let f = if from.contains('#') {
+                    let (bds, b) = bookmark::split_bookmark(from, Some(ds))?;
+                    let bm = datasets
+                        .get(bds)
+                        .filter(|r| !r.is_snapshot())
+                        .and_then(|r| r.bookmarks.get(b).map(|bm| (r.id, bm)))
+                        .ok_or_else(|| {
+                            Error::NotFound(format!("incremental source '{bds}#{b}'"))
+                        })?;
+                    if bm.0 != rec.data_id() {
+                        return Err(Error::InvalidArgument(format!(
+                            "cannot send '{snap}': incremental source '{bds}#{b}' is not a bookmark of '{ds}'"
+                        )));
+                    }
+                    From {
+                        name: format!("{bds}#{b}"),
+                        short: bm.1.snapshot.clone(),
+                        txg: bm.1.txg,
+                    }
+                } else {
+                    let from_name = match from.strip_prefix('@') {
+                        Some(short) => format!("{ds}@{short}"),
+                        None if from.contains('@') => from.clone(),
+                        None => format!("{ds}@{from}"),
+                    };
+                    let f = datasets
+                        .get(&from_name)
+                        .filter(|r| r.is_snapshot())
+                        .ok_or_else(|| {
+                            Error::NotFound(format!("incremental source '{from_name}'"))
+                        })?;
+                    if f.data_id() != rec.data_id() {
+                        return Err(Error::InvalidArgument(format!(
+                            "cannot send '{snap}': incremental source '{from_name}' is not a snapshot of '{ds}'"
+                        )));
+                    }
+                    From {
+                        name: from_name,
+                        short: short_of(&f.name),
+                        txg: f.created_txg,
+                    }
                 };
-                let f = datasets
-                    .get(&from_name)
-                    .filter(|r| r.is_snapshot())
-                    .ok_or_else(|| Error::NotFound(format!("incremental source '{from_name}'")))?;
-                if f.data_id() != rec.data_id() {
-                    return Err(Error::InvalidArgument(format!(
-                        "cannot send '{snap}': incremental source '{from_name}' is not a snapshot of '{ds}'"
-                    )));
-                }
-                if f.created_txg >= rec.created_txg {
+                let from_name = f.name.clone();
+                if f.txg >= rec.created_txg {
                     return Err(Error::InvalidArgument(format!(
                         "cannot send '{snap}': incremental source '{from_name}' must be earlier than it"
                     )));
@@ -513,7 +579,7 @@ impl Engine {
                         .filter(|r| {
                             r.is_snapshot()
                                 && r.data_id() == rec.data_id()
-                                && r.created_txg > f.created_txg
+                                && r.created_txg > f.txg
                                 && r.created_txg <= rec.created_txg
                         })
                         .collect()
@@ -521,7 +587,7 @@ impl Engine {
                     vec![rec]
                 };
                 snaps.sort_by_key(|r| r.created_txg);
-                let mut prev = (short_of(&f.name), f.created_txg);
+                let mut prev = (f.short.clone(), f.txg);
                 for s in snaps {
                     parts.push(Part {
                         rec: s.clone(),
