@@ -379,3 +379,38 @@ def test_bookmark_as_incremental_source(pair, tmp_path):
     assert src.cli("list", "-H", "-o", "name", "-t", "bookmark").stdout.split() == ["tank/vm#a2"]
     gone = src.cli("send", "-i", "#a", "tank/vm@b", check=False)
     assert gone.returncode != 0 and "tank/vm#a" in gone.stderr, gone.stderr
+
+
+def test_recursive_send_of_a_tree(pair, tmp_path):
+    """`send -R`: a filesystem with a volume and a filesystem below it,
+    with snapshots and properties; incremental -R with a new child; a
+    child destroyed on the source goes on the target only with -F."""
+    src, dst = pair
+    rng = random.Random(41)
+    src.cli("create", "-o", "com.example:note=kept", "tank/top")
+    src.cli("create", "-V", "64M", "-o", "compression=lz4", "tank/top/vol")
+    src.cli("create", "tank/top/fs")
+    scribble(src, "tank/top/vol", rng, 50)
+    src.cli("snapshot", "-r", "tank/top@a")
+    full = send_to_file(src, tmp_path / "full", "-R", "tank/top@a")
+    out = receive_from(dst, full, "-v", "backup/top").stdout.decode()
+    names = dst.cli("list", "-H", "-o", "name", "-t", "all", "-r", "backup/top").stdout.split()
+    assert names == ["backup/top", "backup/top@a", "backup/top/fs", "backup/top/fs@a",
+                     "backup/top/vol", "backup/top/vol@a"], (names, out)
+    assert dst.props("backup/top")["com.example:note"] == "kept"
+    assert dst.props("backup/top/vol")["compression"] == "lz4"
+    assert nbd_sha(dst, "backup/top/vol@a") == nbd_sha(src, "tank/top/vol@a")
+
+    src.cli("create", "-V", "64M", "tank/top/new")
+    scribble(src, "tank/top/new", rng, 20)
+    src.cli("destroy", "-r", "tank/top/fs")
+    src.cli("snapshot", "-r", "tank/top@b")
+    incr = send_to_file(src, tmp_path / "incr", "-R", "-i", "@a", "tank/top@b")
+    receive_from(dst, incr, "backup/top")
+    assert nbd_sha(dst, "backup/top/new@b") == nbd_sha(src, "tank/top/new@b")
+    assert "backup/top/fs" in dst.cli("list", "-H", "-o", "name", "-r", "backup/top").stdout.split()
+    src.cli("snapshot", "-r", "tank/top@c")
+    incr = send_to_file(src, tmp_path / "incr2", "-R", "-I", "@b", "tank/top@c")
+    receive_from(dst, incr, "-F", "backup/top")
+    left = dst.cli("list", "-H", "-o", "name", "-r", "backup/top").stdout.split()
+    assert left == ["backup/top", "backup/top/new", "backup/top/vol"], left

@@ -61,6 +61,10 @@ pub struct ReceiveOptions {
 pub struct ReceiveSummary {
     /// Snapshots created, in order (full names).
     pub snapshots: Vec<String>,
+    /// `receive -F` of an incremental `-R` stream: datasets destroyed
+    /// because the source no longer has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destroyed: Vec<String>,
     pub bytes: u64,
     pub records: u64,
 }
@@ -81,6 +85,14 @@ pub struct Begin {
     pub next_object: u64,
     /// A resumed transfer (`send -t`): rows after this address (hex) only.
     pub resume_after: Option<String>,
+    /// `-R` streams: the dataset below the stream's top (`""` the top
+    /// itself, `/child/grandchild`), received under the target the same way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// `-R` streams: the dataset's locally set properties (a new dataset
+    /// is created with them).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub props: std::collections::BTreeMap<String, String>,
 }
 
 /// What a dataset's record keeps while a receive into it runs (and, with
@@ -421,6 +433,8 @@ struct Part {
     from: Option<(String, u64)>,
     /// `send -t`: rows after this address only.
     after: Option<Vec<u8>>,
+    /// `-R`: the dataset below the top (`""`: the top).
+    rel: Option<String>,
 }
 
 impl Engine {
@@ -448,6 +462,64 @@ impl Engine {
                     .find(|(_, b)| b.txg == tok.from_txg && b.snapshot == short)
             })
             .map_or(format!("@{short}"), |(name, _)| format!("#{name}"))
+    }
+
+    /// `send -R`: the parts of the dataset and of every dataset below it
+    /// that has the snapshot, parents first. Incremental where the child
+    /// has the source snapshot, full where it does not (a child created
+    /// since, as zfs).
+    fn send_parts_recursive(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
+        let snap = &opts.snapshot;
+        let (ds, short) = snap.split_once('@').ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "cannot send '{snap}': not a snapshot (name it DATASET@SNAPSHOT)"
+            ))
+        })?;
+        let from_short = match &opts.from {
+            None => None,
+            Some(f) if f.contains('#') => {
+                return Err(Error::InvalidArgument(
+                    "cannot send -R from a bookmark: name a snapshot (as zfs)".into(),
+                ))
+            }
+            Some(f) => Some(f.split_once('@').map_or(f.as_str(), |(_, s)| s).to_string()),
+        };
+        let (pool, _) = split_dataset(ds)?;
+        let p = self.pool(pool)?;
+        let names: Vec<String> = {
+            let datasets = p.datasets.read();
+            if !datasets.get(snap).is_some_and(|r| r.is_snapshot()) {
+                return Err(Error::NotFound(format!("snapshot '{snap}'")));
+            }
+            let mut n: Vec<String> = crate::snapshot_admin::subtree(&datasets, ds)
+                .into_iter()
+                .filter(|n| datasets.contains_key(&format!("{n}@{short}")))
+                .collect();
+            n.sort_by(|a, b| {
+                (a.matches('/').count(), a.as_str()).cmp(&(b.matches('/').count(), b.as_str()))
+            });
+            n
+        };
+        let mut parts = Vec::new();
+        for n in names {
+            let from = from_short.as_ref().and_then(|f| {
+                let has = p.datasets.read().contains_key(&format!("{n}@{f}"));
+                (has || n == ds).then(|| format!("@{f}"))
+            });
+            let one = SendOptions {
+                snapshot: format!("{n}@{short}"),
+                intermediates: opts.intermediates && from.is_some(),
+                from,
+                ..Default::default()
+            };
+            let (_, mut ps) = self.send_parts(&one)?;
+            let rel = n[ds.len()..].to_string();
+            for part in &mut ps {
+                part.rel = Some(rel.clone());
+            }
+            parts.extend(ps);
+        }
+        Ok((p, parts))
     }
 
     /// Resolves the snapshots a send covers, oldest first.
@@ -479,15 +551,13 @@ impl Engine {
             };
             return Ok((p, parts));
         }
-        if opts.recursive {
-            return Err(Error::InvalidArgument(
-                "send -R is not supported yet".into(),
-            ));
-        }
         if opts.raw {
             return Err(Error::InvalidArgument(
                 "send -w is not supported yet".into(),
             ));
+        }
+        if opts.recursive {
+            return self.send_parts_recursive(opts);
         }
         let snap = &opts.snapshot;
         let (pool, _) = split_dataset(snap)?;
@@ -520,6 +590,7 @@ impl Engine {
                     chain,
                     from: None,
                     after: None,
+                    rel: None,
                 });
             }
             Some(from) => {
@@ -595,6 +666,7 @@ impl Engine {
                         chain: Chain::of(s, datasets.values()),
                         from: Some(prev.clone()),
                         after: None,
+                        rel: None,
                     });
                     prev = (short_of(&s.name), s.created_txg);
                 }
@@ -623,7 +695,12 @@ impl Engine {
     /// `cistern send`: writes the stream of `opts` to `out`.
     pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
         let (p, parts) = self.send_parts(opts)?;
-        let mut w = stream::Writer::new(out, 0)?;
+        let flags = if opts.recursive {
+            stream::FLAG_RECURSIVE
+        } else {
+            0
+        };
+        let mut w = stream::Writer::new(out, flags)?;
         let mut sum = SendSummary::default();
         for part in parts {
             let begin = Begin {
@@ -636,6 +713,12 @@ impl Engine {
                 volblocksize: part.head.volblocksize,
                 next_object: part.rec.next_object.max(part.head.next_object),
                 resume_after: part.after.as_deref().map(hex),
+                props: if part.rel.is_some() {
+                    part.head.local.clone()
+                } else {
+                    Default::default()
+                },
+                dataset: part.rel.clone(),
             };
             let json = serde_json::to_vec(&begin).map_err(meta_err)?;
             w.record(Kind::Begin, &[&json])?;
@@ -774,6 +857,8 @@ impl Engine {
         let p = self.pool(pool)?;
         let mut r = stream::Reader::new(inp)?;
         let mut sum = ReceiveSummary::default();
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
+        let mut incremental = false;
         loop {
             let rec = r
                 .read_record()?
@@ -784,12 +869,32 @@ impl Engine {
                 Kind::Begin => {
                     let begin: Begin = serde_json::from_slice(&rec.payload)
                         .map_err(|e| bad_stream(format!("begin record: {e}")))?;
+                    // -R: each dataset of the tree lands at the same place below the target.
+                    let one_target = match &begin.dataset {
+                        Some(rel) if r.flags & stream::FLAG_RECURSIVE != 0 => {
+                            if !(rel.is_empty() || rel.starts_with('/'))
+                                || rel.contains('@')
+                                || rel.contains('#')
+                            {
+                                return Err(bad_stream(format!(
+                                    "dataset '{rel}' in a begin record"
+                                )));
+                            }
+                            format!("{target}{rel}")
+                        }
+                        Some(_) => return Err(bad_stream("a dataset in a stream without -R")),
+                        None => target.clone(),
+                    };
                     let short = match &snap_name {
                         Some(s) if sum.snapshots.is_empty() => s.clone(),
                         _ => short_of(&begin.snapshot),
                     };
+                    if begin.from.is_some() {
+                        incremental = true;
+                    }
+                    seen.insert(one_target.clone());
                     let made =
-                        self.receive_one(&p, opts, &target, &short, &begin, &mut r, &mut sum);
+                        self.receive_one(&p, opts, &one_target, &short, &begin, &mut r, &mut sum);
                     match made {
                         Ok(name) => sum.snapshots.push(name),
                         Err(e) => return Err(e),
@@ -799,6 +904,33 @@ impl Engine {
                     return Err(bad_stream(format!(
                         "unexpected {k:?} record outside a snapshot"
                     )))
+                }
+            }
+        }
+        // receive -F of an incremental -R stream: what the source no longer
+        // has below the top (a child destroyed there) goes here too (as zfs).
+        if opts.force && incremental && r.flags & stream::FLAG_RECURSIVE != 0 {
+            let gone: Vec<String> = {
+                let datasets = p.datasets.read();
+                crate::snapshot_admin::subtree(&datasets, &target)
+                    .into_iter()
+                    .filter(|n| {
+                        !seen.contains(n) && !seen.iter().any(|s| s.starts_with(&format!("{n}/")))
+                    })
+                    .collect()
+            };
+            for n in gone {
+                if p.datasets.read().contains_key(&n) {
+                    self.destroy(
+                        &n,
+                        &DestroyOptions {
+                            recursive: true,
+                            force: true,
+                            ..Default::default()
+                        },
+                    )?;
+                    tracing::info!(dataset = %n, "destroyed: no longer in the -R source");
+                    sum.destroyed.push(n);
                 }
             }
         }
@@ -1061,13 +1193,34 @@ impl Engine {
     }
 
     fn create_for_receive(&self, target: &str, begin: &Begin) -> Result<()> {
+        // -R: the source's locally set properties, but not what makes the
+        // source's keys or sizes (the target chooses those).
+        let mut props: Vec<(String, String)> = begin
+            .props
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "encryption"
+                        | "keyformat"
+                        | "keylocation"
+                        | "pbkdf2iters"
+                        | "volsize"
+                        | "volblocksize"
+                        | "refreservation"
+                        | "reservation"
+                        | "readonly"
+                )
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         match begin.kind {
             DatasetKind::Volume => {
-                let props = vec![("volblocksize".to_string(), begin.volblocksize.to_string())];
+                props.push(("volblocksize".to_string(), begin.volblocksize.to_string()));
                 self.create_volume(target, begin.volsize, &props)?;
             }
             DatasetKind::Bucket | DatasetKind::Filesystem => {
-                self.create_dataset(target, begin.kind, &[])?;
+                self.create_dataset(target, begin.kind, &props)?;
             }
             DatasetKind::Snapshot => {
                 return Err(bad_stream("a snapshot's begin names a snapshot kind"))
