@@ -24,6 +24,46 @@ pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/send", post(send))
         .route("/v1/receive", post(receive).delete(receive_abort))
+        .route(
+            "/v1/bookmarks",
+            axum::routing::get(bookmarks).post(bookmark),
+        )
+}
+
+/// `POST /v1/bookmarks`: `cistern bookmark SNAP BOOKMARK`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookmarkRequest {
+    pub snapshot: String,
+    pub bookmark: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct BookmarksQuery {
+    root: Option<String>,
+}
+
+async fn bookmark(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Json(req): Json<BookmarkRequest>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.bookmark(&req.snapshot, &req.bookmark))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn bookmarks(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<BookmarksQuery>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    let list = tokio::task::spawn_blocking(move || engine.bookmarks(q.root.as_deref()))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(axum::Json(list).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1011,6 +1011,10 @@ impl ImportedPool {
             let e = latest_snapshot.entry(r.data_id()).or_default();
             *e = (*e).max(r.created_txg);
         }
+        let latest_bookmark: HashMap<u64, u64> = recs
+            .values()
+            .filter_map(|r| Some((r.id, r.bookmarks.values().map(|b| b.txg).max()?)))
+            .collect();
         let origins: HashMap<u64, Chain> = recs
             .values()
             .filter(|r| r.origin.is_some())
@@ -1033,6 +1037,7 @@ impl ImportedPool {
                     addr,
                     txg,
                     latest_snapshot: latest_snapshot.get(&ds).copied().unwrap_or(0),
+                    latest_bookmark: latest_bookmark.get(&ds).copied().unwrap_or(0),
                     origin: origins.get(&ds),
                     new,
                 }

@@ -12,8 +12,14 @@ use crate::{Error, Result};
 use std::io::{Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"CISTSTRM";
-/// The stream version this build writes; it reads 1..=VERSION.
-pub const VERSION: u32 = 1;
+/// The newest stream version this build writes; it reads 1..=VERSION.
+/// A stream without feature flags is written as version 1 (what earlier
+/// builds read); one with flags as version 2, so earlier builds refuse it.
+pub const VERSION: u32 = 2;
+/// Header flag: a `-R` stream (BEGIN records name the dataset below the top).
+pub const FLAG_RECURSIVE: u32 = 1;
+/// The flags this build understands.
+pub const KNOWN_FLAGS: u32 = FLAG_RECURSIVE;
 /// Largest record payload a reader accepts (a block of 16 MiB plus its address).
 pub const MAX_RECORD: u32 = (16 << 20) + 4096;
 const SUM_LEN: usize = 16;
@@ -85,7 +91,8 @@ impl<'a> Writer<'a> {
         };
         let mut head = Vec::with_capacity(32);
         head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
+        let version: u32 = if flags == 0 { 1 } else { VERSION };
+        head.extend_from_slice(&version.to_le_bytes());
         head.extend_from_slice(&flags.to_le_bytes());
         let s = sum16(&[&head]);
         head.extend_from_slice(&s);
@@ -181,6 +188,12 @@ impl<'a> Reader<'a> {
                 r.version
             )));
         }
+        if r.flags & !KNOWN_FLAGS != 0 || (r.version == 1 && r.flags != 0) {
+            return Err(bad(format!(
+                "unknown stream feature flags {:#x} (this build knows {KNOWN_FLAGS:#x})",
+                r.flags
+            )));
+        }
         Ok(r)
     }
 
@@ -260,6 +273,34 @@ mod tests {
             kinds.push(rec.kind);
         }
         Ok(kinds)
+    }
+
+    /// Plain streams stay version 1 (what earlier builds read); a flagged
+    /// one is version 2; unknown flags, or flags on a v1 header, are refused.
+    #[test]
+    fn feature_flags_are_versioned() {
+        let s = sample();
+        assert_eq!(&s[8..12], &1u32.to_le_bytes());
+        let head = |version: u32, flags: u32| {
+            let mut h = Vec::new();
+            h.extend_from_slice(MAGIC);
+            h.extend_from_slice(&version.to_le_bytes());
+            h.extend_from_slice(&flags.to_le_bytes());
+            let sum = sum16(&[&h]);
+            h.extend_from_slice(&sum);
+            h
+        };
+        let mut out = Vec::new();
+        Writer::new(&mut out, FLAG_RECURSIVE).unwrap();
+        assert_eq!(out, head(2, FLAG_RECURSIVE));
+        let mut ok = &out[..];
+        assert_eq!(Reader::new(&mut ok).unwrap().flags, FLAG_RECURSIVE);
+        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (3, 0)] {
+            let h = head(v, f);
+            let mut inp = &h[..];
+            let e = Reader::new(&mut inp).err().unwrap().to_string();
+            assert!(e.contains("invalid send stream"), "{e}");
+        }
     }
 
     #[test]
