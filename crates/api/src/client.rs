@@ -1174,7 +1174,15 @@ impl Client {
         }
         req = req.header("content-type", "application/octet-stream");
         let mut body = body;
+        // A stall is a timeout of `stall`, not of the client's whole-call bound.
         self.decode(req.send(ureq::SendBody::from_reader(&mut body)))
+            .map_err(|e| match e {
+                ClientError::Timeout { url, .. } => ClientError::Timeout {
+                    url,
+                    secs: stall.as_secs().max(1),
+                },
+                e => e,
+            })
     }
 
     /// `POST path?query` with a JSON body whose answer is a stream: returns

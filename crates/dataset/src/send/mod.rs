@@ -855,6 +855,10 @@ impl Engine {
         };
         let (pool, _) = split_dataset(&target)?;
         let p = self.pool(pool)?;
+        // One receive per target at a time: a client that lost its
+        // connection may retry (send -t) while the daemon still unwinds
+        // the first one.
+        let _running = Receiving::enter(&p, &target)?;
         let mut r = stream::Reader::new(inp)?;
         let mut sum = ReceiveSummary::default();
         let mut seen: std::collections::BTreeSet<String> = Default::default();
@@ -1315,6 +1319,34 @@ impl Engine {
             *next = (*next).max(begin.next_object);
         }
         Ok(())
+    }
+}
+
+/// The receives running in this process, by pool and target.
+static RECEIVING: parking_lot::Mutex<Vec<(usize, String)>> = parking_lot::Mutex::new(Vec::new());
+
+/// A running receive's claim on its target (released when dropped).
+struct Receiving(usize, String);
+
+impl Receiving {
+    fn enter(p: &Arc<ImportedPool>, target: &str) -> Result<Receiving> {
+        let key = (Arc::as_ptr(p) as usize, target.to_string());
+        let mut running = RECEIVING.lock();
+        if running.contains(&key) {
+            return Err(Error::Busy(format!(
+                "cannot receive: a receive into '{target}' is running"
+            )));
+        }
+        running.push(key.clone());
+        Ok(Receiving(key.0, key.1))
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        RECEIVING
+            .lock()
+            .retain(|(p, t)| !(*p == self.0 && *t == self.1));
     }
 }
 
