@@ -58,6 +58,8 @@
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
 #   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
+#   TESTS="randwrite-4k-flush seqwrite-1m seqread-1m"   which tests nbdkit and cistern:* run
+#                       (seqread-1m reads what seqwrite-1m wrote)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -75,6 +77,7 @@ DROP_CACHES="${DROP_CACHES:-0}"
 REPEAT="${REPEAT:-3}"
 CMP_CACHE_MAX="${CMP_CACHE_MAX-64M}"
 KEEP_FILES="${KEEP_FILES:-0}"
+TESTS="${TESTS:-randwrite-4k-flush seqwrite-1m seqread-1m}"
 
 for tool in fio nbdkit python3; do
     command -v "$tool" >/dev/null || { echo "bench/nbd.sh: $tool is not installed (bash scripts/test.sh installs it)" >&2; exit 1; }
@@ -165,7 +168,7 @@ bench_nbdkit() {
     PIDS+=("$pid")
     wait_port "$port" 30
     local uri="nbd://127.0.0.1:$port/"
-    for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
+    for t in $TESTS; do
         echo "   nbdkit-file $t" >&2
         run_fio nbdkit-file "$t" "$uri"
     done
@@ -183,7 +186,7 @@ bench_raw() {
     [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
 }
 
-# log_counters -> "syncs flushes records" of pool bench (cumulative)
+# log_counters -> "syncs flushes records overlapped" of pool bench (cumulative)
 log_counters() {
     python3 - "$CISTERN_API" <<'EOF'
 import json, sys, urllib.request
@@ -191,7 +194,7 @@ import os
 req = urllib.request.Request(sys.argv[1] + "/v1/pools/bench/iostat",
                              headers={"Authorization": "Bearer " + os.environ.get("CISTERN_TOKEN", "")})
 s = json.load(urllib.request.urlopen(req, timeout=30))
-print(s["log_syncs"], s["log_flushes"], s["log_records"])
+print(s["log_syncs"], s["log_flushes"], s["log_records"], s.get("log_overlapped", 0))
 EOF
 }
 
@@ -247,7 +250,8 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
     export CISTERN_TOKEN
     local devs=("$dir/disks/d0")
     [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
-    local tests=(randwrite-4k-flush seqwrite-1m seqread-1m) slogfile=""
+    local tests slogfile=""
+    read -ra tests <<<"$TESTS"
     if [[ "$slog" == slog ]]; then
         slogfile="$SLOG_DIR/cistern-bench-slog-$$"
         rm -f "$slogfile"
@@ -449,9 +453,10 @@ if cmp:
 print()
 if logs:
     print("intent log during randwrite-4k-flush (group commit):")
-    for t, (syncs, flushes, records) in logs.items():
+    for t, (syncs, flushes, records, *more) in logs.items():
         per = f"{syncs / flushes:.3f}" if flushes else "-"
-        print(f"  {t:<22} {syncs:>8} log syncs / {flushes:>8} FLUSHes = {per} syncs per FLUSH, {records} records")
+        over = f", {more[0]} writes overlapped another" if more else ""
+        print(f"  {t:<22} {syncs:>8} log syncs / {flushes:>8} FLUSHes = {per} syncs per FLUSH, {records} records{over}")
     print()
 print("peak RSS (VmHWM) / RSS at the end, MiB:")
 for t, v in rss.items():

@@ -2352,6 +2352,7 @@ impl Engine {
             log_records: log.records.load(Ordering::Relaxed),
             log_commits: log.commits.load(Ordering::Relaxed),
             log_flushes: log.flushes.load(Ordering::Relaxed),
+            log_overlapped: log.overlapped.load(Ordering::Relaxed),
         })
     }
 }
