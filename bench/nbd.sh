@@ -53,11 +53,17 @@
 #   SLOG_DIR=/dev/shm   where the log device file of :slog targets goes
 #   REPEAT=3            rounds of cistern-cmp
 #   CMP_CACHE_MAX=64M   the ARC of cistern-cmp ([engine] cache_max_bytes; "" = default)
+#   CMP_PIN=1           cistern-cmp also reads plain and TLS with the daemon pinned
+#                       to CPU 0 and fio to CPU 1 (pin-plain, pin-tls), so the
+#                       client's TLS decryption does not eat the daemon's CPU
+#   CMP_NBDCOPY=1       cistern-cmp also times `nbdcopy URI null:` plain and TLS
 #   POOL_LAYOUT=single  or "mirror" (two files on the same disk)
 #   BENCH_DIR=bench/out/nbd-<time>   where files, logs and fio JSON go (same disk)
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
 #   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
+#   TESTS="randwrite-4k-flush seqwrite-1m seqread-1m"   which tests nbdkit and cistern:* run
+#                       (seqread-1m reads what seqwrite-1m wrote)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -74,7 +80,10 @@ CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"
 DROP_CACHES="${DROP_CACHES:-0}"
 REPEAT="${REPEAT:-3}"
 CMP_CACHE_MAX="${CMP_CACHE_MAX-64M}"
+CMP_PIN="${CMP_PIN:-1}"
+CMP_NBDCOPY="${CMP_NBDCOPY:-1}"
 KEEP_FILES="${KEEP_FILES:-0}"
+TESTS="${TESTS:-randwrite-4k-flush seqwrite-1m seqread-1m}"
 
 for tool in fio nbdkit python3; do
     command -v "$tool" >/dev/null || { echo "bench/nbd.sh: $tool is not installed (bash scripts/test.sh installs it)" >&2; exit 1; }
@@ -97,14 +106,47 @@ trap 'exit 130' INT TERM
 # fio_as ARGS: fio, or for a TLS target fio with HOME=$FIO_HOME so libnbd
 # finds the client certificate in $HOME/.pki/libnbd. libnbd ignores HOME
 # for root (it reads /etc/pki/libnbd), so root runs fio as nobody there.
+# FIO_CPUS: run fio pinned to those CPUs (taskset -c).
 fio_as() {
+    local pin=()
+    [[ -z "${FIO_CPUS:-}" ]] || pin=(taskset -c "$FIO_CPUS")
+    client_as "${pin[@]}" fio "$@"
+}
+
+# client_as CMD ARGS: CMD as the libnbd client (see fio_as) when FIO_HOME is set.
+client_as() {
     if [[ -z "${FIO_HOME:-}" ]]; then
-        fio "$@"
+        "$@"
     elif [[ "$(id -u)" == 0 ]]; then
-        setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$FIO_HOME" fio "$@"
+        setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$FIO_HOME" "$@"
     else
-        HOME="$FIO_HOME" fio "$@"
+        HOME="$FIO_HOME" "$@"
     fi
+}
+
+# nbdcopy_timed URI: seconds nbdcopy takes to read the whole export (to null:).
+nbdcopy_timed() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    nbdcopy "$1" null: || return 1
+    t1=$(date +%s.%N)
+    python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.4f}')" "$t0" "$t1"
+}
+export -f nbdcopy_timed
+
+# cpu_ticks PID: user+system CPU time of a process (all its threads) so far, in clock ticks.
+cpu_ticks() {
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+# fio_cpu JSON TEST: "client_cpu_seconds<TAB>bytes" of a fio run (usr+sys of its job).
+fio_cpu() {
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+d = job["read"] if sys.argv[2].startswith("seqread") else job["write"]
+print(f"{(job['usr_cpu'] + job['sys_cpu']) / 100 * job['job_runtime'] / 1000:.3f}\t{d['io_bytes']}")
+EOF
 }
 
 # run_fio TARGET TEST URI -> JSON in $BENCH_DIR/TARGET.TEST.json, a row in results.tsv
@@ -165,7 +207,7 @@ bench_nbdkit() {
     PIDS+=("$pid")
     wait_port "$port" 30
     local uri="nbd://127.0.0.1:$port/"
-    for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
+    for t in $TESTS; do
         echo "   nbdkit-file $t" >&2
         run_fio nbdkit-file "$t" "$uri"
     done
@@ -183,7 +225,7 @@ bench_raw() {
     [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
 }
 
-# log_counters -> "syncs flushes records" of pool bench (cumulative)
+# log_counters -> "syncs flushes records overlapped" of pool bench (cumulative)
 log_counters() {
     python3 - "$CISTERN_API" <<'EOF'
 import json, sys, urllib.request
@@ -191,7 +233,7 @@ import os
 req = urllib.request.Request(sys.argv[1] + "/v1/pools/bench/iostat",
                              headers={"Authorization": "Bearer " + os.environ.get("CISTERN_TOKEN", "")})
 s = json.load(urllib.request.urlopen(req, timeout=30))
-print(s["log_syncs"], s["log_flushes"], s["log_records"])
+print(s["log_syncs"], s["log_flushes"], s["log_records"], s.get("log_overlapped", 0))
 EOF
 }
 
@@ -247,7 +289,8 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
     export CISTERN_TOKEN
     local devs=("$dir/disks/d0")
     [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
-    local tests=(randwrite-4k-flush seqwrite-1m seqread-1m) slogfile=""
+    local tests slogfile=""
+    read -ra tests <<<"$TESTS"
     if [[ "$slog" == slog ]]; then
         slogfile="$SLOG_DIR/cistern-bench-slog-$$"
         rm -f "$slogfile"
@@ -316,21 +359,44 @@ bench_compare() { # compression volblocksize: plain, encrypted, TLS in one daemo
     "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/plain >/dev/null
     "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" \
         -o encryption=on -o keyformat=hex -o "keylocation=file://$dir/volume.key" bench/enc >/dev/null
-    local round t v uri
+    local round t v uri ticks0 ticks1 all_cpus
+    all_cpus="0-$(($(nproc) - 1))"
     for ((round = 1; round <= REPEAT; round++)); do
         for t in randwrite-4k-flush seqwrite-1m seqread-1m; do
             printf 'load\t%s\t%s\t%s\n' "$round" "$t" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS"
             # TLS goes last: the plain volume it reads was last written over TLS.
-            for v in plain enc tls; do
+            # pin-*: sequential reads again with the daemon on CPU 0 and fio on
+            # CPU 1, so the client's own TLS decryption does not take the
+            # daemon's CPU (client and daemon share the machine's cores).
+            local variants=(plain enc tls)
+            [[ "$t" == seqread-1m && "$CMP_PIN" == 1 && $(nproc) -ge 2 ]] && variants+=(pin-plain pin-tls)
+            for v in "${variants[@]}"; do
                 echo "   $name round $round $t $v" >&2
                 case "$v" in
-                plain) uri="nbd://127.0.0.1:$nbd_port/bench/plain" ;;
+                plain | pin-plain) uri="nbd://127.0.0.1:$nbd_port/bench/plain" ;;
                 enc) uri="nbd://127.0.0.1:$nbd_port/bench/enc" ;;
-                tls) uri="nbds://127.0.0.1:$nbd_port/bench/plain" && export FIO_HOME="$dir/pki/home" ;;
+                tls | pin-tls) uri="nbds://127.0.0.1:$nbd_port/bench/plain" && export FIO_HOME="$dir/pki/home" ;;
                 esac
-                run_fio "cmp-$v-r$round" "$t" "$uri"
-                unset FIO_HOME
+                FIO_CPUS=""
+                if [[ "$v" == pin-* ]]; then
+                    taskset -a -p -c 0 "$pid" >/dev/null
+                    FIO_CPUS=1
+                fi
+                ticks0=$(cpu_ticks "$pid")
+                run_fio "cmp-${v/pin-/pin}-r$round" "$t" "$uri"
+                ticks1=$(cpu_ticks "$pid")
+                printf 'cpu\t%s\tcmp-%s-r%s\t%s\t%s\n' "$t" "${v/pin-/pin}" "$round" "$((ticks1 - ticks0))" \
+                    "$(fio_cpu "$BENCH_DIR/cmp-${v/pin-/pin}-r$round.$t.json" "$t")" >>"$RESULTS"
+                [[ "$v" != pin-* ]] || taskset -a -p -c "$all_cpus" "$pid" >/dev/null
+                unset FIO_HOME FIO_CPUS
             done
+            # libnbd's own copy tool over the same volume, plaintext then TLS.
+            if [[ "$t" == seqread-1m && "$CMP_NBDCOPY" == 1 ]] && command -v nbdcopy >/dev/null; then
+                local s_plain s_tls
+                s_plain=$(nbdcopy_timed "nbd://127.0.0.1:$nbd_port/bench/plain")
+                s_tls=$(FIO_HOME="$dir/pki/home" client_as bash -c 'nbdcopy_timed "$1"' _ "nbds://127.0.0.1:$nbd_port/bench/plain")
+                printf 'nbdcopy\t%s\t%s\t%s\t%s\n' "$round" "$SIZE" "$s_plain" "$s_tls" >>"$RESULTS"
+            fi
         done
     done
     "$CISTERN_BIN" pool iostat -v bench >"$dir/iostat.txt" 2>&1 || true
@@ -372,11 +438,17 @@ done
 # ---------------------------------------------------------------- report
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
-rows, rss, logs, loads = [], {}, {}, {}
+import os
+rows, rss, logs, loads, cpu, copies = [], {}, {}, {}, {}, []
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if f[0] == "load":
         loads[(f[2], f[1])] = f[3]
+    elif f[0] == "cpu":
+        # (test, target) -> (daemon CPU-s, client CPU-s, bytes)
+        cpu[(f[1], f[2])] = (int(f[3]) / os.sysconf("SC_CLK_TCK"), float(f[4]), int(f[5]))
+    elif f[0] == "nbdcopy":
+        copies.append(f[1:])
     elif f[0] == "rss":
         rss[f[1]] = f[2]
     elif f[0] == "log":
@@ -446,12 +518,43 @@ if cmp:
     print("median:", ", ".join(f"{t} {k}/plain {statistics.median(x for x in v if x is not None):.2f}x"
                                for (t, k), v in med.items() if any(x is not None for x in v)))
     print("(figures: IOPS for randwrite-4k-flush, MB/s for the 1M tests; targets: enc >= 0.85x, tls >= 0.8x sequential)")
+    # Where the CPU goes: client and daemon share the machine's cores, so
+    # TLS costs twice (the daemon encrypts, fio's GnuTLS decrypts).
+    if cpu:
+        print()
+        print("CPU-seconds per GB moved (daemon: all its threads; client: fio usr+sys):")
+        print(f"{'test':<20} {'variant':<9} {'daemon':>8} {'client':>8} {'sum':>8}   (median of rounds)")
+        for test in ("seqwrite-1m", "seqread-1m"):
+            for kind in ("plain", "enc", "tls", "pinplain", "pintls"):
+                per = [(d / (b / 1e9), c / (b / 1e9)) for (t, tg), (d, c, b) in cpu.items()
+                       if t == test and tg.split("-")[1] == kind and b > 0]
+                if per:
+                    dm = statistics.median(x for x, _ in per)
+                    cm = statistics.median(y for _, y in per)
+                    print(f"{test:<20} {kind:<9} {dm:>8.2f} {cm:>8.2f} {dm + cm:>8.2f}")
+    pin = []
+    for rnd in sorted({k[1] for k in cmp if k[0] == "seqread-1m"}, key=int):
+        p, t = cmp.get(("seqread-1m", rnd, "pinplain")), cmp.get(("seqread-1m", rnd, "pintls"))
+        if p and t and float(p[3]) > 0:
+            pin.append(float(t[3]) / float(p[3]))
+            print(f"seqread-1m pinned (daemon CPU 0, fio CPU 1) round {rnd}: plain {float(p[3]):.0f} MB/s, "
+                  f"TLS {float(t[3]):.0f} MB/s, tls/plain {pin[-1]:.2f}x")
+    if pin:
+        print(f"median pinned seqread-1m tls/plain {statistics.median(pin):.2f}x")
+    if copies:
+        r = []
+        for rnd, size, sp, st in copies:
+            r.append(float(sp) / float(st))
+            print(f"nbdcopy URI null: round {rnd} ({size}): plain {float(sp):.2f} s, TLS {float(st):.2f} s, "
+                  f"tls/plain throughput {r[-1]:.2f}x")
+        print(f"median nbdcopy tls/plain {statistics.median(r):.2f}x (libnbd's nbdcopy, its default connections, GnuTLS)")
 print()
 if logs:
     print("intent log during randwrite-4k-flush (group commit):")
-    for t, (syncs, flushes, records) in logs.items():
+    for t, (syncs, flushes, records, *more) in logs.items():
         per = f"{syncs / flushes:.3f}" if flushes else "-"
-        print(f"  {t:<22} {syncs:>8} log syncs / {flushes:>8} FLUSHes = {per} syncs per FLUSH, {records} records")
+        over = f", {more[0]} writes overlapped another" if more else ""
+        print(f"  {t:<22} {syncs:>8} log syncs / {flushes:>8} FLUSHes = {per} syncs per FLUSH, {records} records{over}")
     print()
 print("peak RSS (VmHWM) / RSS at the end, MiB:")
 for t, v in rss.items():

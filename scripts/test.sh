@@ -129,7 +129,7 @@ pytest_rc=0
 # Bounded as a whole (default 40 min; the suite takes ~10): a hung test kills
 # pytest, and every process it started dies with it (PR_SET_PDEATHSIG).
 timeout -k 30 "${CISTERN_TEST_TIMEOUT:-2400}" \
-    "$VENV/bin/python" -m pytest -q -rfEsxX tests/ "$@" </dev/null || pytest_rc=$?
+    "$VENV/bin/python" -m pytest -q -rfEsxX --durations=30 tests/ "$@" </dev/null || pytest_rc=$?
 
 if ((cargo_rc != 0)); then
     echo "FAILED: cargo test --release --workspace (exit $cargo_rc)" >&2

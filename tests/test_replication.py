@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 import pytest
@@ -428,3 +429,97 @@ def test_push_over_https_checks_the_certificate_and_the_token(make_daemon, disks
     run_job(src, "tls")
     assert digest(dst, "tank2/vm@s1") == digest(src, "tank/vm@s1")
     assert dst.prop("tank2/vm", "readonly") == "on"
+
+
+# ---------------------------------------------------------------- resume and stall through a proxy
+
+
+def proxied_pair(make_daemon, disks, env=None):
+    """`src` with a 32 MiB volume of random data and a snapshot; `dst` with
+    small txgs (a resumable receive checkpoints every MiB)."""
+    src = make_daemon("src", config=GRIDS, env=env)
+    dst = make_daemon("dst", config=GRIDS.replace("[engine]\n", '[engine]\ndirty_max_bytes = "2M"\n'), env=env)
+    pool(src, disks, "tank")
+    pool(dst, disks, "tank2")
+    src.cli("create", "-V", "32M", "-o", "compression=off", "tank/vm")
+    with connected(src.uri("tank/vm")) as h:
+        for off in range(0, 32 * MiB, MiB):
+            h.pwrite(os.urandom(MiB), off)
+        h.flush()
+    src.cli("snapshot", "tank/vm@s1")
+    return src, dst
+
+
+def test_resumed_run_sends_only_the_rest(make_daemon, disks):
+    """A push cut (connection reset by a proxy) after ~60% of the stream:
+    the next run resumes from the target's token and its byte counter (run
+    history, metrics) covers the rest of the stream, not all of it again."""
+    from tcp_proxy import TcpProxy
+
+    src, dst = proxied_pair(make_daemon, disks)
+    size = int(src.cli("send", "-nvP", "tank/vm@s1").stdout.splitlines()[-1].split("\t")[1])
+    cut_at = size * 6 // 10
+    proxy = TcpProxy(dst.api_port, cut_at, "cut", "up")
+    try:
+        add(src, "r", "tank/vm", f"{proxy.url}/tank2/vm", dst, "--retry", "3600")
+        assert run_job(src, "r", check=False).returncode != 0
+        assert proxy.tripped.is_set()
+        first = status(src, "r")
+        assert first["history"][-1]["result"] == "failed", first["history"]
+        token = dst.prop("tank2/vm", "receive_resume_token")
+        assert token.startswith("1-"), token
+        proxy.limit = None  # the next run gets through
+        run_job(src, "r")
+    finally:
+        proxy.close()
+    st = status(src, "r")
+    last = st["history"][-1]
+    assert last["result"] == "ok" and last["resumed"], last
+    # The rest: what the cut left over plus at most the receiver's last
+    # checkpoint interval and what was in flight (a few MiB) — never the whole.
+    assert last["bytes"] <= size - cut_at + 6 * MiB, (last["bytes"], size, cut_at)
+    assert last["bytes"] < size * 6 // 10, (last["bytes"], size)
+    assert st["bytes_total"] == first["bytes_total"] + last["bytes"]
+    assert metric(src, 'cistern_replication_sent_bytes_total{job="r"}') == st["bytes_total"]
+    assert digest(dst, "tank2/vm@s1") == digest(src, "tank/vm@s1")
+    assert dst.prop("tank2/vm", "receive_resume_token") in ("-", "")
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_stalled_peer_times_out_with_a_clear_error(make_daemon, disks, direction):
+    """The other daemon stops answering mid-stream (a proxy that holds the
+    connection open and forwards nothing): the run fails after the stall
+    timeout (CISTERN_STREAM_STALL_SECS, 3 s here) saying so, instead of
+    hanging; the receiving side gives up too, and the next run completes."""
+    from tcp_proxy import TcpProxy
+
+    stall = {"CISTERN_STREAM_STALL_SECS": "3"}
+    src, dst = proxied_pair(make_daemon, disks, env=stall)
+    if direction == "push":
+        # src pushes into dst's /v1/receive: the upload stalls.
+        proxy = TcpProxy(dst.api_port, 8 * MiB, "hold", "up")
+        runner, job_args = src, ("tank/vm", f"{proxy.url}/tank2/vm", dst)
+    else:
+        # dst pulls from src's /v1/send: the download stalls.
+        proxy = TcpProxy(src.api_port, 8 * MiB, "hold", "down")
+        runner, job_args = dst, (f"{proxy.url}/tank/vm", "tank2/vm", src)
+    try:
+        add(runner, "s", *job_args, "--retry", "3600")
+        t = time.monotonic()
+        p = run_job(runner, "s", check=False, timeout=120)
+        took = time.monotonic() - t
+        assert p.returncode != 0, p.stdout
+        assert proxy.tripped.is_set()
+        assert took < 60, took
+        st = status(runner, "s")
+        err = st["history"][-1]["error"] or ""
+        assert st["history"][-1]["result"] == "failed" and st["state"] in ("failed", "failing"), st
+        assert "timeout" in err or "3 s" in err or "stall" in err, err
+        proxy.cut()
+        proxy.limit = None
+        # The receiving daemon gave up on the stalled stream as well: the
+        # next run resumes into the target instead of finding it busy.
+        wait_until(lambda: run_job(runner, "s", check=False).returncode == 0, 60, what="a run after the stall")
+    finally:
+        proxy.close()
+    assert digest(dst, "tank2/vm@s1") == digest(src, "tank/vm@s1")

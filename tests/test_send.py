@@ -341,3 +341,76 @@ def test_ext4_volume_round_trips(pair, tmp_path):
     with tf.nbdfuse(dst.uri("backup/fs@2"), tmp_path / "dmnt", log, read_only=True) as image:
         fsck = run(["e2fsck", "-f", "-n", image], check=False, timeout=300)
         assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+def test_bookmark_as_incremental_source(pair, tmp_path):
+    """`cistern bookmark`, `list -t bookmark`, `send -i #NAME` after the
+    snapshot is destroyed, `destroy DS#NAME` (as zfs)."""
+    src, dst = pair
+    rng = random.Random(40)
+    src.cli("create", "-V", "64M", "tank/vm")
+    scribble(src, "tank/vm", rng, 100)
+    src.cli("snapshot", "tank/vm@a")
+    receive_from(dst, send_to_file(src, tmp_path / "full", "tank/vm@a"), "backup/vm")
+    src.cli("bookmark", "tank/vm@a", "#a")
+    src.cli("bookmark", "tank/vm@a", "tank/vm#a2")
+    bad = src.cli("bookmark", "tank/vm@a", "tank/vm#a", check=False)
+    assert bad.returncode != 0 and "exists" in bad.stderr, bad.stderr
+    src.cli("destroy", "tank/vm@a")
+    rows = src.cli("list", "-H", "-p", "-t", "bookmark", "-o", "name,type,createtxg").stdout.splitlines()
+    assert [r.split("\t")[:2] for r in rows] == [["tank/vm#a", "bookmark"], ["tank/vm#a2", "bookmark"]], rows
+    assert int(rows[0].split("\t")[2]) > 0
+    # Not in the default listing; with snapshots on request.
+    assert "#" not in src.cli("list", "-H", "-o", "name").stdout
+    both = src.cli("list", "-H", "-o", "name", "-t", "snapshot,bookmark", "tank/vm").stdout.split()
+    assert both == ["tank/vm#a", "tank/vm#a2"], both
+
+    scribble(src, "tank/vm", rng, 20)
+    with connected(src.uri("tank/vm")) as c:
+        c.trim(8 * MiB, 0)
+        c.flush()
+    src.cli("snapshot", "tank/vm@b")
+    incr = send_to_file(src, tmp_path / "incr", "-i", "#a", "tank/vm@b")
+    receive_from(dst, incr, "backup/vm")
+    assert nbd_sha(dst, "backup/vm@b") == nbd_sha(src, "tank/vm@b")
+    assert send_to_file(src, tmp_path / "incr2", "-i", "tank/vm#a2", "tank/vm@b") == incr
+
+    src.cli("destroy", "tank/vm#a")
+    assert src.cli("list", "-H", "-o", "name", "-t", "bookmark").stdout.split() == ["tank/vm#a2"]
+    gone = src.cli("send", "-i", "#a", "tank/vm@b", check=False)
+    assert gone.returncode != 0 and "tank/vm#a" in gone.stderr, gone.stderr
+
+
+def test_recursive_send_of_a_tree(pair, tmp_path):
+    """`send -R`: a filesystem with a volume and a filesystem below it,
+    with snapshots and properties; incremental -R with a new child; a
+    child destroyed on the source goes on the target only with -F."""
+    src, dst = pair
+    rng = random.Random(41)
+    src.cli("create", "-o", "com.example:note=kept", "tank/top")
+    src.cli("create", "-V", "64M", "-o", "compression=lz4", "tank/top/vol")
+    src.cli("create", "tank/top/fs")
+    scribble(src, "tank/top/vol", rng, 50)
+    src.cli("snapshot", "-r", "tank/top@a")
+    full = send_to_file(src, tmp_path / "full", "-R", "tank/top@a")
+    out = receive_from(dst, full, "-v", "backup/top").stdout.decode()
+    names = dst.cli("list", "-H", "-o", "name", "-t", "all", "-r", "backup/top").stdout.split()
+    assert names == ["backup/top", "backup/top@a", "backup/top/fs", "backup/top/fs@a",
+                     "backup/top/vol", "backup/top/vol@a"], (names, out)
+    assert dst.props("backup/top")["com.example:note"] == "kept"
+    assert dst.props("backup/top/vol")["compression"] == "lz4"
+    assert nbd_sha(dst, "backup/top/vol@a") == nbd_sha(src, "tank/top/vol@a")
+
+    src.cli("create", "-V", "64M", "tank/top/new")
+    scribble(src, "tank/top/new", rng, 20)
+    src.cli("destroy", "-r", "tank/top/fs")
+    src.cli("snapshot", "-r", "tank/top@b")
+    incr = send_to_file(src, tmp_path / "incr", "-R", "-i", "@a", "tank/top@b")
+    receive_from(dst, incr, "backup/top")
+    assert nbd_sha(dst, "backup/top/new@b") == nbd_sha(src, "tank/top/new@b")
+    assert "backup/top/fs" in dst.cli("list", "-H", "-o", "name", "-r", "backup/top").stdout.split()
+    src.cli("snapshot", "-r", "tank/top@c")
+    incr = send_to_file(src, tmp_path / "incr2", "-R", "-I", "@b", "tank/top@c")
+    receive_from(dst, incr, "-F", "backup/top")
+    left = dst.cli("list", "-H", "-o", "name", "-r", "backup/top").stdout.split()
+    assert left == ["backup/top", "backup/top/new", "backup/top/vol"], left

@@ -120,3 +120,37 @@ def test_sanoid_and_auto_snapshot_queries_parse(daemon, pool, shims):
         assert int(used) >= 0 and int(avail) > 0, line
     assert newest.strip() == "tank/vol@2013-11-24T14:44"
     assert [l.split("\t") for l in auto.splitlines()] == [["tank", "true"], ["tank/vol", "false"]]
+
+
+# Bookmark-based replication as in zfs how-tos (and syncoid's
+# --create-bookmark): send -R once, keep a bookmark, destroy the snapshot,
+# send the next one incrementally from the bookmark. Verbatim zfs commands.
+REPLICATE = r"""#!/bin/bash
+set -euo pipefail
+SRC=$1; DST=$2
+zfs snapshot -r "$SRC@s1"
+zfs send -R "$SRC@s1" | zfs receive "$DST"
+zfs bookmark "$SRC/vol@s1" "$SRC/vol#s1"
+zfs destroy "$SRC/vol@s1"
+zfs list -H -t bookmark -o name,createtxg -r "$SRC"
+echo ---
+zfs snapshot "$SRC/vol@s2"
+zfs send -i "#s1" "$SRC/vol@s2" | zfs recv "$DST/vol"
+zfs list -H -t snapshot -o name -r "$DST"
+zfs destroy "$SRC/vol#s1"
+"""
+
+
+def test_bookmark_replication_script(daemon, pool, shims):
+    (shims.parent / "replicate.sh").write_text(REPLICATE)
+    daemon.cli("create", "tank/top")
+    daemon.cli("create", "-V", "64M", "tank/top/vol")
+    with connected(daemon.uri("tank/top/vol")) as h:
+        h.pwrite(pattern(1, 64 * 1024), 0)
+        h.flush()
+    p = _run(daemon, shims, "replicate.sh", "tank/top", "tank/copy")
+    assert p.returncode == 0, p.stdout + p.stderr
+    marks, snaps = p.stdout.split("---\n")
+    assert [line.split("\t")[0] for line in marks.splitlines()] == ["tank/top/vol#s1"], p.stdout
+    assert snaps.split() == ["tank/copy@s1", "tank/copy/vol@s1", "tank/copy/vol@s2"], p.stdout
+    assert daemon.cli("list", "-H", "-t", "bookmark", "-o", "name").stdout.strip() == ""

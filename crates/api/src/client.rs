@@ -432,6 +432,24 @@ impl Client {
         )
     }
 
+    /// `POST /v1/bookmarks`: `cistern bookmark SNAP BOOKMARK`.
+    pub fn bookmark(&self, snapshot: &str, bookmark: &str) -> Result<()> {
+        let body = crate::send::BookmarkRequest {
+            snapshot: snapshot.to_string(),
+            bookmark: bookmark.to_string(),
+        };
+        self.expect_empty(self.agent.post(self.url("/v1/bookmarks")).send_json(&body))
+    }
+
+    /// `GET /v1/bookmarks`: those of `root` and below (all without it).
+    pub fn bookmarks(&self, root: Option<&str>) -> Result<Vec<dataset::BookmarkInfo>> {
+        let mut req = self.agent.get(self.url("/v1/bookmarks"));
+        if let Some(r) = root {
+            req = req.query("root", r);
+        }
+        self.decode(req.call())
+    }
+
     pub fn health(&self) -> Result<Health> {
         self.decode(self.agent.get(self.url("/v1/health")).call())
     }
@@ -1156,7 +1174,15 @@ impl Client {
         }
         req = req.header("content-type", "application/octet-stream");
         let mut body = body;
+        // A stall is a timeout of `stall`, not of the client's whole-call bound.
         self.decode(req.send(ureq::SendBody::from_reader(&mut body)))
+            .map_err(|e| match e {
+                ClientError::Timeout { url, .. } => ClientError::Timeout {
+                    url,
+                    secs: stall.as_secs().max(1),
+                },
+                e => e,
+            })
     }
 
     /// `POST path?query` with a JSON body whose answer is a stream: returns

@@ -125,6 +125,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_flushes as f64,
         ),
         (
+            "cistern_pool_log_overlapped_writes_total",
+            "counter",
+            "Intent log writes issued while another was in flight (decision 0041).",
+            |s| s.log_overlapped as f64,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",

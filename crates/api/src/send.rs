@@ -20,10 +20,63 @@ const CHUNK: usize = 1 << 20;
 /// Chunks in flight each way: bounds a transfer's memory to ~8 MiB.
 const DEPTH: usize = 8;
 
+/// A peer that takes or gives no stream bytes for this long is given up on
+/// (the send ends, the receive fails and keeps its resume state), so a
+/// stalled connection never pins a transfer forever. 60 s;
+/// `CISTERN_STREAM_STALL_SECS` changes it (tests use a few seconds).
+pub fn stream_stall() -> std::time::Duration {
+    let secs = std::env::var("CISTERN_STREAM_STALL_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(60.0);
+    std::time::Duration::from_secs_f64(secs)
+}
+
 pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/send", post(send))
         .route("/v1/receive", post(receive).delete(receive_abort))
+        .route(
+            "/v1/bookmarks",
+            axum::routing::get(bookmarks).post(bookmark),
+        )
+}
+
+/// `POST /v1/bookmarks`: `cistern bookmark SNAP BOOKMARK`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookmarkRequest {
+    pub snapshot: String,
+    pub bookmark: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct BookmarksQuery {
+    root: Option<String>,
+}
+
+async fn bookmark(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Json(req): Json<BookmarkRequest>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.bookmark(&req.snapshot, &req.bookmark))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn bookmarks(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<BookmarksQuery>,
+) -> Result<Response, ApiError> {
+    let engine = st.engine.clone();
+    let list = tokio::task::spawn_blocking(move || engine.bookmarks(q.root.as_deref()))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(axum::Json(list).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -59,6 +112,8 @@ enum Msg {
 struct ChannelWriter {
     tx: mpsc::Sender<Msg>,
     buf: Vec<u8>,
+    rt: tokio::runtime::Handle,
+    stall: std::time::Duration,
 }
 
 impl ChannelWriter {
@@ -67,8 +122,18 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Msg::Data(chunk)).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+        // A client that stops reading (a stalled connection) ends the send.
+        let sent = self
+            .rt
+            .block_on(self.tx.send_timeout(Msg::Data(chunk), self.stall));
+        sent.map_err(|e| match e {
+            mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing for {} s", self.stall.as_secs_f64()),
+            ),
+            mpsc::error::SendTimeoutError::Closed(_) => {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+            }
         })
     }
 }
@@ -100,10 +165,13 @@ async fn send(
     }
     tracing::info!(snapshot = %opts.snapshot, from = ?opts.from, "send");
     let (tx, mut rx) = mpsc::channel::<Msg>(DEPTH);
+    let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter {
             tx: tx.clone(),
             buf: Vec::with_capacity(CHUNK),
+            rt,
+            stall: stream_stall(),
         };
         match engine.send(&opts, &mut w) {
             Ok(_) => {
@@ -150,7 +218,12 @@ impl std::io::Read for ChannelReader {
             match self.rx.blocking_recv() {
                 Some(Ok(b)) => self.cur = b,
                 Some(Err(e)) => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e))
+                    let kind = if e.starts_with("connection stalled") {
+                        std::io::ErrorKind::TimedOut
+                    } else {
+                        std::io::ErrorKind::UnexpectedEof
+                    };
+                    return Err(std::io::Error::new(kind, e));
                 }
                 None => return Ok(0),
             }
@@ -179,10 +252,25 @@ async fn receive(
     let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(DEPTH);
     // Reads the whole body even after the engine stopped (a refused
     // stream): the client then reads our answer instead of a broken pipe.
+    let stall = stream_stall();
     let pump = tokio::spawn(async move {
         let mut data = body.into_data_stream();
         let mut open = true;
-        while let Some(chunk) = data.next().await {
+        loop {
+            // A sender that stops sending fails the receive (which keeps
+            // its resume state) instead of holding the target forever.
+            let chunk = match tokio::time::timeout(stall, data.next()).await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(_) => {
+                    let why = format!(
+                        "connection stalled: no stream bytes for {} s",
+                        stall.as_secs_f64()
+                    );
+                    let _ = tx.send(Err(why)).await;
+                    break;
+                }
+            };
             let item = chunk.map_err(|e| format!("connection lost: {e}"));
             let failed = item.is_err();
             if open && tx.send(item).await.is_err() {

@@ -84,6 +84,8 @@ pub struct Config {
     pub api: ApiSection,
     /// `[replication.NAME]`: replication jobs (`replication::JobConfig`).
     pub replication: std::collections::BTreeMap<String, replication::JobConfig>,
+    /// `[bucket]`: how pools in a bucket reach it (decision 0039).
+    pub bucket: vdev::bucket::BucketConfig,
 }
 
 /// `[api]`: who may call the management API (api::auth). The token itself
@@ -349,6 +351,7 @@ pub struct Resolved {
     pub api_access: ApiSection,
     /// `[replication.NAME]` tables (checked when the daemon opens its jobs).
     pub replication: std::collections::BTreeMap<String, replication::JobConfig>,
+    pub bucket: vdev::bucket::BucketConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -484,6 +487,7 @@ pub fn resolve(
         nfs,
         api_access: cfg.api,
         replication: cfg.replication,
+        bucket: cfg.bucket,
     })
 }
 

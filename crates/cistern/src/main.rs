@@ -116,6 +116,9 @@ pub enum Command {
     Release(cmd::snapshot::HoldArgs),
     /// List the holds on snapshots.
     Holds(cmd::snapshot::HoldsArgs),
+    /// Keep a snapshot's point in time as a bookmark (an incremental send's
+    /// source after the snapshot is gone): `cistern bookmark POOL/DS@SNAP POOL/DS#NAME`.
+    Bookmark(cmd::send::BookmarkArgs),
     /// Changed block ranges between a snapshot and a later one or the dataset now.
     Diff(cmd::snapshot::DiffArgs),
     /// Write a snapshot as a stream to standard output:

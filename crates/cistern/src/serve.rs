@@ -201,6 +201,7 @@ async fn serve(
     };
 
     tracing::info!(state_dir = %state_dir.display(), "opening engine");
+    vdev::bucket::configure(&state_dir, r.bucket.clone());
     let engine = open_engine(&state_dir, r.engine.clone()).await?;
     // Kept whether or not S3 is served, so keys can be made before it is.
     let anonymous =

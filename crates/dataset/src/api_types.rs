@@ -336,6 +336,9 @@ pub struct PoolStats {
     /// Commit requests (FLUSH, FUA, fsync...) answered durable.
     #[serde(default)]
     pub log_flushes: u64,
+    /// Log writes issued while another was in flight (decision 0041).
+    #[serde(default)]
+    pub log_overlapped: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -479,4 +482,7 @@ pub struct PoolIostat {
     pub log_records: u64,
     pub log_commits: u64,
     pub log_flushes: u64,
+    /// Log writes issued while another was in flight (decision 0041).
+    #[serde(default)]
+    pub log_overlapped: u64,
 }

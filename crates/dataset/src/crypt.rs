@@ -469,27 +469,41 @@ impl ImportedPool {
         }
     }
 
-    /// Seals an intent-log payload of an encrypted dataset (sealed when logged,
-    /// opened at replay; bound to the dataset, kind and offset).
+    /// The key that seals dataset `ds`'s intent-log payloads, if it is
+    /// encrypted and loaded. Taken BEFORE the open txg's lock: the lock order
+    /// is datasets, then open (`ObjectSet::allocate` holds the first while
+    /// taking the second), so reading the datasets under `open` deadlocks
+    /// once the txg sync waits to write them.
+    pub(crate) fn log_key(&self, ds: u64) -> Option<Arc<MasterKey>> {
+        self.key_of(ds).ok().flatten()
+    }
+
+    /// Seals an intent-log payload with `key` (from [`ImportedPool::log_key`]):
+    /// sealed when logged, opened at replay; bound to the dataset, kind and offset.
     pub(crate) fn seal_log(
-        &self,
+        key: Option<&MasterKey>,
         ds: u64,
         kind: u8,
         offset: u64,
         payload: &[u8],
     ) -> Option<Vec<u8>> {
-        let key = self.key_of(ds).ok().flatten()?;
-        Some(key.seal(&log_aad(ds, kind, offset), payload))
+        Some(key?.seal(&log_aad(ds, kind, offset), payload))
     }
 
     /// Appends a volume write to the intent log, its payload sealed when the
     /// dataset is encrypted (as [`ImportedPool::seal_log`]), and only if the
     /// log keeps the record: bulk writes the txg carries are not sealed twice
     /// (decision 0037).
-    pub(crate) fn log_write(&self, ds: u64, offset: u64, payload: &[u8]) -> u64 {
+    pub(crate) fn log_write(
+        &self,
+        key: Option<&MasterKey>,
+        ds: u64,
+        offset: u64,
+        payload: &[u8],
+    ) -> u64 {
         let kind = intent_log::RecordKind::Write;
         let len = payload.len() as u64;
-        match self.key_of(ds).ok().flatten() {
+        match key {
             None => self.log.append(kind, ds, offset, len, payload),
             Some(key) => {
                 let aad = log_aad(ds, kind as u8, offset);

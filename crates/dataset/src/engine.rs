@@ -340,7 +340,7 @@ impl Engine {
             }
             let mut devs = Vec::new();
             for path in &g.devices {
-                if !path.is_absolute() {
+                if !path.is_absolute() && !vdev::bucket::is_location(path) {
                     return Err(Error::InvalidArgument(format!(
                         "device path {} is not absolute",
                         path.display()
@@ -444,6 +444,18 @@ impl Engine {
                 Err(e) => tracing::warn!(error = %e, "device has no usable label"),
             }
         }
+        self.import_opened(devs, force, upgrade, missing_log)
+    }
+
+    /// The second half of [`Engine::import_devices`]: devices already open
+    /// with their labels (a bucket device opened by `pool takeover`).
+    fn import_opened(
+        &self,
+        devs: Vec<(Vdev, pool::Label)>,
+        force: bool,
+        upgrade: Option<&mut Vec<String>>,
+        missing_log: bool,
+    ) -> Result<Arc<ImportedPool>> {
         if devs.is_empty() {
             return Err(Error::NotFound("no device of the pool is available".into()));
         }
@@ -971,6 +983,18 @@ impl Engine {
         force: bool,
         missing_log: bool,
     ) -> Result<PoolStatus> {
+        if let [dir] = dirs {
+            if vdev::bucket::is_location(dir) {
+                if !force {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}: a pool in a bucket is taken over, not imported (cistern pool takeover {pool} {})",
+                        dir.display(),
+                        dir.display()
+                    )));
+                }
+                return self.takeover_pool(pool, dir);
+            }
+        }
         let _admin = self.inner.admin.lock();
         let candidates: Vec<_> = self
             .scan(dirs)?
@@ -1016,6 +1040,41 @@ impl Engine {
             tracing::warn!(pool = %name, error = %e, "cannot record device paths");
         }
         history::log_internal(&p, "import");
+        events::post_event(&p.pool, class::POOL_IMPORT, &[]);
+        self.resume_scan(&p);
+        self.pool_status(&name)
+    }
+
+    /// `cistern pool takeover POOL LOCATION` (decision 0039): claims the
+    /// pool's log in the bucket (which fences its previous owner: its next
+    /// ship fails and it acknowledges nothing more), replays it into a local
+    /// cache and imports the pool.
+    pub fn takeover_pool(&self, pool: &str, location: &Path) -> Result<PoolStatus> {
+        let _admin = self.inner.admin.lock();
+        if self.inner.pools.read().contains_key(pool) {
+            return Err(Error::AlreadyExists(format!(
+                "a pool named '{pool}' is already imported"
+            )));
+        }
+        let started = std::time::Instant::now();
+        let dev = Vdev::take_over(location).map_err(|e| Error::Io(e.to_string()))?;
+        let label = dev.read_label().map_err(|e| Error::Io(e.to_string()))?;
+        if label.pool_name != pool && label.pool_guid.to_string() != pool {
+            return Err(Error::NotFound(format!(
+                "{} holds pool '{}', not '{pool}'",
+                location.display(),
+                label.pool_name
+            )));
+        }
+        let p = self.import_opened(vec![(dev, label)], true, None, false)?;
+        let name = p.pool.name.clone();
+        self.inner.pools.write().insert(name.clone(), p.clone());
+        self.write_cache()?;
+        tracing::info!(pool = %name, location = %location.display(), ms = started.elapsed().as_millis() as u64, "pool taken over");
+        if let Err(e) = history::store_vdev_paths(&p) {
+            tracing::warn!(pool = %name, error = %e, "cannot record device paths");
+        }
+        history::log_internal(&p, &format!("takeover {}", location.display()));
         events::post_event(&p.pool, class::POOL_IMPORT, &[]);
         self.resume_scan(&p);
         self.pool_status(&name)
@@ -2293,6 +2352,7 @@ impl Engine {
             log_records: log.records.load(Ordering::Relaxed),
             log_commits: log.commits.load(Ordering::Relaxed),
             log_flushes: log.flushes.load(Ordering::Relaxed),
+            log_overlapped: log.overlapped.load(Ordering::Relaxed),
         })
     }
 }

@@ -208,6 +208,8 @@ impl ImportedPool {
     /// Suspends the pool (commits and log writes failed with `cause`). The
     /// first suspension is logged at once, repeats at a bounded rate.
     pub(crate) fn suspend(&self, cause: &str) {
+        // A bucket device fenced by its log: fail writers at once, never wait.
+        self.pool.check_bucket_fence();
         let h = &self.health;
         let first = {
             let mut s = h.suspended.lock();

@@ -48,6 +48,7 @@ pub use holders::{FollowRollback, HolderInfo, OpenHandle, Revoke, RollbackPhase,
 pub use objects::{now_ns, ObjectAttrs, ObjectKind, ObjectOp, ObjectSet};
 pub use policy;
 pub use policy::EventKind;
+pub use send::bookmark::{Bookmark, BookmarkInfo};
 pub use send::{ReceiveOptions, ReceiveSummary, SendOptions, SendSummary};
 
 /// Metadata format and device label version this build writes (`pool upgrade`).

@@ -734,6 +734,8 @@ fn apply_op(
         allocate: false,
     });
     let mut outcome: Result<()> = Ok(());
+    // Looked up before `apply` takes the open txg's lock (see `log_key`).
+    let key = if log { p.log_key(ds) } else { None };
     let seq = volume::apply(
         p,
         ds,
@@ -748,7 +750,13 @@ fn apply_op(
             Ok(applied) if log => {
                 let plain = applied.encode();
                 // Names and payloads of an encrypted dataset are sealed (decision 0026).
-                let sealed = p.seal_log(ds, RecordKind::ObjectOp as u8, 0, &plain);
+                let sealed = ImportedPool::seal_log(
+                    key.as_deref(),
+                    ds,
+                    RecordKind::ObjectOp as u8,
+                    0,
+                    &plain,
+                );
                 p.log.append(
                     RecordKind::ObjectOp,
                     ds,

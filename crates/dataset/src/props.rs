@@ -171,6 +171,9 @@ pub struct DatasetRecord {
     /// A receive in progress into this dataset (decision 0033); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receive: Option<Box<crate::send::ReceiveState>>,
+    /// Bookmarks of this dataset by short name (decision 0040); absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bookmarks: BTreeMap<String, crate::send::bookmark::Bookmark>,
 }
 
 fn is_zero(v: &u64) -> bool {

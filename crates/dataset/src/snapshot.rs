@@ -62,6 +62,10 @@ pub(crate) struct VersionChange<'a> {
     pub txg: u64,
     /// Txg of the dataset's newest snapshot (0 if none).
     pub latest_snapshot: u64,
+    /// Txg of the dataset's newest bookmark (0 if none): a row that existed
+    /// then gets a tombstone when removed, so an incremental stream from the
+    /// bookmark says it was removed (decision 0040).
+    pub latest_bookmark: u64,
     /// For clones: the levels below the clone's own block map.
     pub origin: Option<&'a Chain>,
     /// The new value (an encoded block pointer, a name's target), or
@@ -112,7 +116,7 @@ impl VersionChange<'_> {
                         freed.extend(bp.dvas.iter().copied());
                     }
                     d.written -= phys;
-                    shadowed = older_exists;
+                    shadowed = older_exists || *birth <= self.latest_bookmark;
                 } else {
                     dead.insert((ds, self.txg, addr, *birth), phys as u64)
                         .map_err(meta_err)?;
@@ -180,7 +184,7 @@ pub(crate) enum Action {
         snapshot: u64,
         destroy_later: Vec<u64>,
     },
-    Clone(DatasetRecord),
+    Clone(Box<DatasetRecord>),
     /// A dataset, its snapshots and every block it holds.
     DestroyDataset(u64),
     /// The clone takes over its origin's history up to the origin snapshot.
@@ -366,6 +370,7 @@ impl ImportedPool {
                         // Keys come from the dataset (crypt::crypt_of).
                         crypt: None,
                         receive: None,
+                        bookmarks: BTreeMap::new(),
                     };
                     head.written = 0;
                     recs.insert(snap.id, snap);
@@ -429,7 +434,7 @@ impl ImportedPool {
                 rec.next_object = snap.next_object;
                 rec.inherited = snap.physical_used + snap.inherited;
                 rec.inherited_logical = snap.logical_used + snap.inherited_logical;
-                recs.insert(rec.id, rec);
+                recs.insert(rec.id, *rec);
             }
             Action::Promote(clone) => self.promote_in(tx, recs, clone)?,
             Action::Rename(list) => {

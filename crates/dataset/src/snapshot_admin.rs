@@ -145,6 +145,9 @@ impl Engine {
     /// `cistern destroy [-r] [-n] NAME`: a dataset (with `-r` its children
     /// and snapshots), or snapshots `DS@a`, `DS@a%b`, `DS@a,b`.
     pub fn destroy(&self, name: &str, opts: &DestroyOptions) -> Result<DestroyReport> {
+        if name.contains('#') {
+            return self.destroy_bookmark(name, opts.dry_run);
+        }
         if let Some((ds, spec)) = name.split_once('@') {
             // The spec (`a%b,c`) is checked name by name against existing snapshots.
             let (pool, _) = split_dataset(ds)?;
@@ -586,7 +589,7 @@ impl Engine {
             }
         };
         rec.id = p.next_dataset_id()?;
-        p.commit_txg(Some(Action::Clone(rec)))?;
+        p.commit_txg(Some(Action::Clone(Box::new(rec))))?;
         tracing::info!(origin = snapshot, clone = name, "clone created");
         self.dataset(name)
     }

@@ -1011,6 +1011,10 @@ impl ImportedPool {
             let e = latest_snapshot.entry(r.data_id()).or_default();
             *e = (*e).max(r.created_txg);
         }
+        let latest_bookmark: HashMap<u64, u64> = recs
+            .values()
+            .filter_map(|r| Some((r.id, r.bookmarks.values().map(|b| b.txg).max()?)))
+            .collect();
         let origins: HashMap<u64, Chain> = recs
             .values()
             .filter(|r| r.origin.is_some())
@@ -1033,6 +1037,7 @@ impl ImportedPool {
                     addr,
                     txg,
                     latest_snapshot: latest_snapshot.get(&ds).copied().unwrap_or(0),
+                    latest_bookmark: latest_bookmark.get(&ds).copied().unwrap_or(0),
                     origin: origins.get(&ds),
                     new,
                 }
@@ -1372,6 +1377,7 @@ impl ImportedPool {
             log_bytes: log.bytes.load(Ordering::Relaxed),
             log_syncs: log.syncs.load(Ordering::Relaxed),
             log_flushes: log.flushes.load(Ordering::Relaxed),
+            log_overlapped: log.overlapped.load(Ordering::Relaxed),
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
             dirty_bytes,

@@ -9,7 +9,7 @@ use crate::objects::VOLUME_OBJECT;
 use crate::space::Class;
 use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
 use crate::{Error, Extent, ReadPiece, ReadSegment, Result, Volume};
-use block::BlockPointer;
+use block::{BlockPointer, MasterKey};
 use intent_log::RecordKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -529,14 +529,20 @@ pub(crate) fn apply(
 }
 
 /// Appends a volume's change to the intent log (volume record kinds).
-fn log_volume_change(p: &ImportedPool, ds: u64, offset: u64, op: Op<'_>) -> u64 {
+fn log_volume_change(
+    p: &ImportedPool,
+    key: Option<&MasterKey>,
+    ds: u64,
+    offset: u64,
+    op: Op<'_>,
+) -> u64 {
     match op {
         Op::Write(data) => {
             let mut seq = 0;
             for (i, chunk) in data.chunks(MAX_LOG_RECORD).enumerate() {
                 let at = offset + (i * MAX_LOG_RECORD) as u64;
                 // An encrypted volume's data is sealed in the log too (decision 0026).
-                seq = p.log_write(ds, at, chunk);
+                seq = p.log_write(key, ds, at, chunk);
             }
             seq
         }
@@ -871,6 +877,8 @@ impl Volume {
             } => Class::Free,
         };
         let p = &self.pool;
+        // Looked up before `apply` takes the open txg's lock (see `log_key`).
+        let key = p.log_key(self.id);
         let seq = p.admit_change(&self.name(), class, || {
             apply(
                 p,
@@ -881,7 +889,7 @@ impl Volume {
                 op,
                 st.compressing,
                 Some(class),
-                |_| log_volume_change(p, self.id, offset, op),
+                |_| log_volume_change(p, key.as_deref(), self.id, offset, op),
             )
         })?;
         if fua {

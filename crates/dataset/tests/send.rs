@@ -483,3 +483,185 @@ fn resumable_receive_of_a_cut_stream_resumes_and_aborts() {
         )
         .is_err());
 }
+
+/// A bookmark keeps its snapshot's point in time after the snapshot is
+/// destroyed and serves as an incremental source: overwrites, new blocks
+/// and blocks trimmed since (tombstones kept for the bookmark) arrive.
+#[test]
+fn bookmark_is_an_incremental_source_after_its_snapshot_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(40);
+    src.create_volume("tank/vm", VOLSIZE, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    scribble(&v, &mut rng, 100);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    receive(
+        &dst,
+        "backup/vm",
+        &send(&src, "tank/vm@a", None, false),
+        false,
+    )
+    .unwrap();
+
+    src.bookmark("tank/vm@a", "#a").unwrap();
+    let err = src.bookmark("tank/vm@a", "tank/vm#a").unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert!(src.bookmark("tank/vm@a", "tank/other#x").is_err());
+    assert!(src.bookmark("tank/vm@nope", "#x").is_err());
+    src.destroy("tank/vm@a", &DestroyOptions::default())
+        .unwrap();
+    let marks = src.bookmarks(Some("tank")).unwrap();
+    assert_eq!(marks.len(), 1);
+    assert_eq!(marks[0].name, "tank/vm#a");
+    assert_eq!(marks[0].snapshot, "tank/vm@a");
+
+    // Changes after the bookmark: writes and a trim of blocks @a had.
+    scribble(&v, &mut rng, 10);
+    v.trim(0, 64 * BS, false).unwrap();
+    src.snapshot(&["tank/vm@b".into()], false).unwrap();
+    let incr = send(&src, "tank/vm@b", Some("#a"), false);
+    let got = receive(&dst, "backup/vm", &incr, false).unwrap();
+    assert_eq!(got.snapshots, vec!["backup/vm@b".to_string()]);
+    assert_eq!(read_vol(&dst, "backup/vm@b"), read_vol(&src, "tank/vm@b"));
+    // The long form names the same point.
+    let again = send(&src, "tank/vm@b", Some("tank/vm#a"), false);
+    assert_eq!(again.len(), incr.len());
+
+    // Bookmarks survive export/import (they live in the dataset's record).
+    src.export_pool("tank").unwrap();
+    src.import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    assert_eq!(src.bookmarks(None).unwrap().len(), 1);
+    let r = src
+        .destroy("tank/vm#a", &DestroyOptions::default())
+        .unwrap();
+    assert_eq!(r.destroyed, vec!["tank/vm#a".to_string()]);
+    assert!(src.bookmarks(None).unwrap().is_empty());
+    assert!(send_err(&src, "tank/vm@b", "#a").contains("tank/vm#a"));
+}
+
+fn send_err(e: &Engine, snap: &str, from: &str) -> String {
+    let opts = SendOptions {
+        snapshot: snap.into(),
+        from: Some(from.into()),
+        ..Default::default()
+    };
+    e.send(&opts, &mut Vec::new()).unwrap_err().to_string()
+}
+
+/// `send -R`: a filesystem with a volume and a filesystem below it, their
+/// snapshots and local properties, received as the same tree; the
+/// incremental -R sends a child created since in full.
+#[test]
+fn recursive_send_of_a_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let note = [("com.example:note".to_string(), "kept".to_string())];
+    src.create_dataset("tank/top", DatasetKind::Filesystem, &note)
+        .unwrap();
+    src.create_volume(
+        "tank/top/vol",
+        VOLSIZE,
+        &[("compression".into(), "lz4".into())],
+    )
+    .unwrap();
+    src.create_dataset("tank/top/fs", DatasetKind::Filesystem, &[])
+        .unwrap();
+    scribble(&src.open_volume("tank/top/vol").unwrap(), &mut rng, 50);
+    src.snapshot(&["tank/top@a".into()], true).unwrap();
+    let full = send_opts(&src, "tank/top@a", None, true);
+    let got = receive(&dst, "backup/top", &full, false).unwrap();
+    assert_eq!(
+        got.snapshots,
+        vec!["backup/top@a", "backup/top/fs@a", "backup/top/vol@a"]
+    );
+    assert_eq!(
+        read_vol(&dst, "backup/top/vol@a"),
+        read_vol(&src, "tank/top/vol@a")
+    );
+    let prop = |e: &Engine, ds: &str, p: &str| {
+        e.dataset(ds)
+            .unwrap()
+            .property(p)
+            .map(|x| x.value.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(prop(&dst, "backup/top", "com.example:note"), "kept");
+    assert_eq!(prop(&dst, "backup/top/vol", "compression"), "lz4");
+
+    // A child created between the snapshots arrives in full.
+    src.create_volume("tank/top/new", VOLSIZE, &[]).unwrap();
+    scribble(&src.open_volume("tank/top/new").unwrap(), &mut rng, 20);
+    scribble(&src.open_volume("tank/top/vol").unwrap(), &mut rng, 5);
+    src.snapshot(&["tank/top@b".into()], true).unwrap();
+    let incr = send_opts(&src, "tank/top@b", Some("@a"), true);
+    assert!(incr.len() < full.len(), "{} vs {}", incr.len(), full.len());
+    let got = receive(&dst, "backup/top", &incr, false).unwrap();
+    assert_eq!(
+        got.snapshots,
+        vec![
+            "backup/top@b",
+            "backup/top/fs@b",
+            "backup/top/new@b",
+            "backup/top/vol@b"
+        ]
+    );
+    for v in ["vol", "new"] {
+        assert_eq!(
+            read_vol(&dst, &format!("backup/top/{v}@b")),
+            read_vol(&src, &format!("tank/top/{v}@b")),
+            "{v}"
+        );
+    }
+    // A child destroyed on the source stays on the target, unless -F.
+    src.destroy(
+        "tank/top/fs",
+        &DestroyOptions {
+            recursive: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    src.snapshot(&["tank/top@c".into()], true).unwrap();
+    let got = receive(
+        &dst,
+        "backup/top",
+        &send_opts(&src, "tank/top@c", Some("@b"), true),
+        false,
+    )
+    .unwrap();
+    assert!(got.destroyed.is_empty());
+    assert!(dst.dataset("backup/top/fs").is_ok());
+    src.snapshot(&["tank/top@d".into()], true).unwrap();
+    let got = receive(
+        &dst,
+        "backup/top",
+        &send_opts(&src, "tank/top@d", Some("@c"), true),
+        true,
+    )
+    .unwrap();
+    assert_eq!(got.destroyed, vec!["backup/top/fs".to_string()]);
+    assert!(dst.dataset("backup/top/fs").is_err());
+    assert_eq!(
+        read_vol(&dst, "backup/top/vol@d"),
+        read_vol(&src, "tank/top/vol@d")
+    );
+    // A plain (non -R) stream is still version 1.
+    let plain = send(&src, "tank/top/vol@b", None, false);
+    assert_eq!(&plain[8..12], &1u32.to_le_bytes());
+    assert_eq!(&full[8..12], &2u32.to_le_bytes());
+}
+
+fn send_opts(e: &Engine, snap: &str, from: Option<&str>, recursive: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let opts = SendOptions {
+        snapshot: snap.into(),
+        from: from.map(str::to_string),
+        recursive,
+        ..Default::default()
+    };
+    e.send(&opts, &mut out).unwrap();
+    out
+}

@@ -29,6 +29,7 @@ pub const TARGETS: &[(&str, Entry)] = &[
     ("nfs_rpc", nfs_rpc),
     ("s3_parsers", s3_parsers),
     ("send_stream", send_stream),
+    ("objstore_record", objstore_record),
 ];
 
 // ------------------------------------------------------------------ NBD
@@ -590,4 +591,58 @@ pub fn send_stream(data: &[u8]) {
             _ => {}
         }
     }
+}
+
+// ------------------------------------------------------------------ object-store log
+
+/// Mode byte, then: even, 8 bytes of sequence number and a raw object (what
+/// a bucket, or whoever else can write to it, hands the pool); odd, a record
+/// built by the real encoder from arbitrary fields, which must decode to
+/// what was encoded and be refused once any byte of it is flipped.
+pub fn objstore_record(data: &[u8]) {
+    use objstore::record::{decode, encode, Kind};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        if rest.len() >= 8 {
+            let (seq, obj) = rest.split_at(8);
+            let seq = u64::from_be_bytes(seq.try_into().unwrap_or_default());
+            if let Ok(rec) = decode(seq, obj) {
+                assert_eq!(rec.seq, seq);
+            }
+        }
+        return;
+    }
+    let mut u = Unstructured::new(rest);
+    let Ok((seq, claim, epoch, node, entries, flip)) =
+        <(u64, bool, u64, String, Vec<Vec<u8>>, u16)>::arbitrary(&mut u)
+    else {
+        return;
+    };
+    if node.len() > objstore::record::MAX_NODE {
+        return;
+    }
+    let owner = objstore::OwnerId { node, epoch };
+    let (kind, entries): (Kind, Vec<bytes::Bytes>) = if claim {
+        (Kind::Claim, Vec::new())
+    } else {
+        (
+            Kind::Batch,
+            entries.into_iter().take(64).map(Into::into).collect(),
+        )
+    };
+    let enc = encode(seq, kind, &owner, &entries);
+    let rec = decode(seq, &enc).expect("an encoded record decodes");
+    assert_eq!(
+        (rec.kind, &rec.owner, &rec.entries),
+        (kind, &owner, &entries)
+    );
+    let mut bad = enc.to_vec();
+    let at = flip as usize % bad.len();
+    bad[at] ^= 1;
+    assert!(
+        decode(seq, &bad).is_err(),
+        "a flipped byte at {at} was accepted"
+    );
 }

@@ -16,6 +16,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
         "nfs_rpc" => nfs_rpc(),
         "s3_parsers" => s3_parsers(),
         "send_stream" => send_stream(),
+        "objstore_record" => objstore_record(),
         _ => Vec::new(),
     };
     v.into_iter()
@@ -640,5 +641,38 @@ fn send_stream() -> Vec<(&'static str, Vec<u8>)> {
         ("bucket-incremental", with_mode(0, &bucket)),
         ("cut", with_mode(0, &cut)),
         ("arbitrary", with_mode(1, &[3, 2, 4, 1, 2, 3, 4, 5, 6])),
+    ]
+}
+
+// ------------------------------------------------------------------ object-store log
+
+/// A claim and a batch as the log writes them, raw (mode 0: sequence number
+/// then the object) and one cut short.
+fn objstore_record() -> Vec<(&'static str, Vec<u8>)> {
+    use objstore::record::{encode, Kind};
+    let owner = objstore::OwnerId {
+        node: "host-a".into(),
+        epoch: 0x1234_5678,
+    };
+    let raw = |seq: u64, obj: &[u8]| {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&seq.to_be_bytes());
+        v.extend_from_slice(obj);
+        v
+    };
+    let claim = encode(1, Kind::Claim, &owner, &[]);
+    let batch = encode(
+        2,
+        Kind::Batch,
+        &owner,
+        &[
+            bytes::Bytes::from_static(b"first entry"),
+            bytes::Bytes::from(vec![0xa5; 600]),
+        ],
+    );
+    vec![
+        ("claim", raw(1, &claim)),
+        ("batch", raw(2, &batch)),
+        ("batch-cut", raw(2, &batch[..batch.len() / 2])),
     ]
 }

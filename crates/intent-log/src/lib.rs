@@ -194,6 +194,23 @@ struct Pending {
     bytes: Vec<u8>,
 }
 
+/// Log writes issued at once (decision 0041): the devices serve several
+/// O_DSYNC writes in flight far better than one after another.
+const MAX_IN_FLIGHT: usize = 8;
+
+/// A batch placed in the region and being written.
+struct InFlight {
+    id: u64,
+    /// Sequence number after the batch's last record.
+    end_seq: u64,
+    /// Where the batch starts, in the region with tag `tag`: log space from
+    /// here on stays live until the write is done.
+    start_pos: u64,
+    tag: u64,
+    done: bool,
+    failed: bool,
+}
+
 struct State {
     next_seq: u64,
     /// Records appended but not yet written, in sequence order.
@@ -203,7 +220,10 @@ struct State {
     durable_seq: u64,
     /// Records with seq < applied_seq are in a committed txg.
     applied_seq: u64,
-    writer_active: bool,
+    /// Batches being written, in placement (= sequence) order. A batch's
+    /// records count as durable once it and every batch before it are done.
+    in_flight: VecDeque<InFlight>,
+    next_batch: u64,
     /// Records below this may have been dropped unwritten (see `append`):
     /// they are durable only once a txg holds them.
     dropped_below: u64,
@@ -248,6 +268,8 @@ pub struct Stats {
     pub syncs: AtomicU64,
     /// Commit requests (FLUSH, FUA, fsync, S3 PUT...) answered durable.
     pub flushes: AtomicU64,
+    /// Log writes issued while another was still in flight.
+    pub overlapped: AtomicU64,
 }
 
 pub struct IntentLog {
@@ -280,7 +302,15 @@ impl IntentLog {
             from_seq = cp.applied_seq,
             "intent log replayed"
         );
-        let next_seq = seq.max(cp.applied_seq);
+        // Log writes overlap, so a crash can leave valid records past the
+        // first one that is missing (replay stops there). New records go
+        // where replay stopped; their sequence numbers start past any a
+        // record of the dead run could have (those placed after the hole are
+        // contiguous and fit in the region, one per HEADER bytes at most), so
+        // a stale record is never taken for a new one.
+        let next_seq = seq
+            .max(cp.applied_seq)
+            .saturating_add(size / HEADER as u64 + 1);
         let log = IntentLog {
             pool_guid,
             state: Mutex::new(State {
@@ -289,7 +319,8 @@ impl IntentLog {
                 pending_bytes: 0,
                 durable_seq: next_seq,
                 applied_seq: cp.applied_seq,
-                writer_active: false,
+                in_flight: VecDeque::new(),
+                next_batch: 0,
                 dropped_below: 0,
                 write_pos: pos,
                 next_disk_seq: seq,
@@ -438,14 +469,18 @@ impl IntentLog {
                 st.pending_bytes -= p.bytes.len();
             }
         }
-        if st.pending.is_empty() && !st.writer_active {
+        if st.pending.is_empty() && st.in_flight.is_empty() {
             st.durable_seq = st.durable_seq.max(cp.applied_seq);
         }
         self.changed.notify_all();
     }
 
     /// Returns once the record `seq` and every one before it is durable.
-    /// Concurrent callers share one write and one sync (group commit).
+    /// Concurrent callers share writes (group commit), and up to
+    /// [`MAX_IN_FLIGHT`] batches are written at once at successive places;
+    /// a batch counts once every batch placed before it is written too, so
+    /// replay, which stops at the first missing record, finds every record
+    /// acknowledged here.
     pub fn commit(&self, seq: u64) -> Result<(), LogError> {
         let mut st = self.state.lock();
         loop {
@@ -472,35 +507,67 @@ impl IntentLog {
                 self.changed.wait_for(&mut st, Duration::from_millis(50));
                 continue;
             }
-            if st.writer_active {
+            // Already being written: wait for that batch and those before it.
+            if st.in_flight.back().is_some_and(|b| b.end_seq > seq) {
                 self.changed.wait(&mut st);
                 continue;
             }
-            let Some(last) = st.pending.back().map(|p| p.seq) else {
+            let Some(first) = st.pending.front().map(|p| p.seq) else {
                 // Not pending and not durable: it went to a txg that is committing.
                 self.changed.wait_for(&mut st, Duration::from_millis(50));
                 continue;
             };
+            // A jump over records left to a txg waits for the writes before
+            // it: only contiguous records are ever placed past a write in
+            // flight, which bounds the sequence numbers a crash can leave
+            // past a hole (see `open`).
+            if st.in_flight.len() >= MAX_IN_FLIGHT
+                || (first != st.next_disk_seq && !st.in_flight.is_empty())
+            {
+                self.changed.wait(&mut st);
+                continue;
+            }
+            let last = st.pending.back().map_or(first, |p| p.seq);
+            let start_pos = st.write_pos;
             let batch: Vec<Pending> = st.pending.drain(..).collect();
             match self.place(&mut st, &batch) {
                 Ok(writes) => {
                     st.pending_bytes = 0;
-                    st.writer_active = true;
+                    let id = st.next_batch;
+                    st.next_batch += 1;
+                    let tag = st.region.log_tag();
+                    st.in_flight.push_back(InFlight {
+                        id,
+                        end_seq: last + 1,
+                        start_pos,
+                        tag,
+                        done: false,
+                        failed: false,
+                    });
+                    if st.in_flight.len() > 1 {
+                        self.stats.overlapped.fetch_add(1, Ordering::Relaxed);
+                    }
                     let region = st.region.clone();
                     drop(st);
                     let result = self.write_all(&region, &writes);
                     st = self.state.lock();
-                    st.writer_active = false;
                     match result {
-                        // Everything before the batch was written earlier or is in a committed txg.
                         Ok(()) => {
-                            st.durable_seq = st.durable_seq.max(last + 1);
+                            if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
+                                b.done = true;
+                            }
+                            Self::settle(&mut st);
                             self.stats.commits.fetch_add(1, Ordering::Relaxed);
                             self.stats
                                 .records
                                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
                         }
                         Err(e) => {
+                            // The batch stays in `in_flight`, not done: no
+                            // later batch counts as durable until `resume`.
+                            if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
+                                b.failed = true;
+                            }
                             tracing::error!(error = %e, "intent log write failed");
                             st.failed = Some(e.to_string());
                         }
@@ -519,7 +586,7 @@ impl IntentLog {
                     if let Some(f) = &st.failing {
                         return Err(LogError::Failed(f.clone()));
                     }
-                    // Wait for a txg to make the live part of the log unnecessary.
+                    // Wait for a txg (or a write in flight) to free log space.
                     drop(st);
                     (self.request_txg)();
                     st = self.state.lock();
@@ -535,7 +602,7 @@ impl IntentLog {
     fn place(&self, st: &mut State, batch: &[Pending]) -> Result<Vec<(u64, Vec<u8>)>, bool> {
         let size = st.region.size();
         let header = HEADER as u64;
-        let used = (st.write_pos + size - st.replay_start) % size;
+        let used = Self::used(st);
         // Slack so that the writer never catches up with replay_start exactly.
         let mut free = (size - used).saturating_sub(header);
         let mut pos = st.write_pos;
@@ -587,6 +654,34 @@ impl IntentLog {
         Ok(writes)
     }
 
+    /// Batches done at the head of the in-flight list make their records
+    /// durable (everything before the first batch was written earlier or is
+    /// in a committed txg).
+    fn settle(st: &mut State) {
+        while st.in_flight.front().is_some_and(|b| b.done) {
+            if let Some(b) = st.in_flight.pop_front() {
+                st.durable_seq = st.durable_seq.max(b.end_seq);
+            }
+        }
+    }
+
+    /// Log bytes from the oldest live position (replay start, or the start
+    /// of a write still in flight) up to `write_pos`.
+    fn used(st: &State) -> u64 {
+        let size = st.region.size();
+        let tag = st.region.log_tag();
+        let back = |from: u64| (st.write_pos + size - from) % size;
+        st.in_flight
+            .iter()
+            .filter(|b| b.tag == tag && !b.done && !b.failed)
+            .map(|b| match back(b.start_pos) {
+                // A batch starting at write_pos spans the whole region.
+                0 => size,
+                d => d,
+            })
+            .fold(back(st.replay_start), u64::max)
+    }
+
     fn write_all(
         &self,
         region: &MirroredRegion,
@@ -607,8 +702,7 @@ impl IntentLog {
     pub fn fill(&self) -> f64 {
         let st = self.state.lock();
         let size = st.region.size();
-        let used = (st.write_pos + size - st.replay_start) % size;
-        (used + st.pending_bytes as u64) as f64 / size as f64
+        (Self::used(&st) + st.pending_bytes as u64) as f64 / size as f64
     }
 
     /// While `Some`, a commit that needs a txg (the log is full, or its
@@ -628,6 +722,10 @@ impl IntentLog {
         st.failing = None;
         if st.failed.take().is_some() {
             st.dropped_below = st.next_seq;
+            // Failed batches end nothing any more: every record before
+            // dropped_below waits for a txg, and later ones go past them.
+            st.in_flight.retain(|b| !b.failed);
+            Self::settle(&mut st);
         }
         self.changed.notify_all();
     }

@@ -265,10 +265,15 @@ async fn connection(
     };
     match conn {
         Conn::Plain(rd, wr) => {
-            transmit(rd, wr, Wire::Tcp, peer, neg, shutdown, config, shared).await
+            let wire = |r, w| (r, Wire::Tcp(w));
+            transmit(rd, wr, wire, peer, neg, shutdown, config, shared).await
         }
         Conn::Tls(rd, wr) => {
-            let wire = |w| Wire::Stream(tokio::sync::Mutex::new(Box::new(w)));
+            // Worker threads seal their replies themselves (decision 0043).
+            let wire = |r: TlsRead, w| {
+                let (r, conn) = tls::share(r.unsplit(w));
+                (r, Wire::Tls(conn))
+            };
             transmit(rd, wr, wire, peer, neg, shutdown, config, shared).await
         }
     }
@@ -350,10 +355,10 @@ async fn handshake(
 
 /// The transmission phase over the handshake's reader and writer.
 #[allow(clippy::too_many_arguments)]
-async fn transmit<R, W>(
+async fn transmit<R, W, R2>(
     rd: BufReader<R>,
     mut wr: BufWriter<W>,
-    wire: impl FnOnce(W) -> Wire,
+    wire: impl FnOnce(R, W) -> (R2, Wire),
     peer: SocketAddr,
     neg: handshake::Negotiated,
     shutdown: watch::Receiver<bool>,
@@ -362,6 +367,7 @@ async fn transmit<R, W>(
 ) where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
+    R2: tokio::io::AsyncRead + Unpin,
 {
     let log = &shared.log;
     // The handshake flushed its last reply; replies now bypass the buffer.
@@ -369,17 +375,14 @@ async fn transmit<R, W>(
         info!(%peer, "connection lost after the handshake: {e}");
         return;
     }
-    let wr = wr.into_inner();
     // The small handshake buffer gives way to the transmission one; bytes
     // the client already sent stay first in line.
     let early = rd.buffer().to_vec();
-    let rd = BufReader::with_capacity(
-        IO_BUFFER,
-        std::io::Cursor::new(early).chain(rd.into_inner()),
-    );
+    let (rd, wr) = wire(rd.into_inner(), wr.into_inner());
+    let rd = BufReader::with_capacity(IO_BUFFER, std::io::Cursor::new(early).chain(rd));
     let export = neg.name.clone();
     info!(%peer, export = %export, "client connected");
-    let end = transmission::run(rd, wire(wr), Some(peer), neg, shutdown, config, shared).await;
+    let end = transmission::run(rd, wr, Some(peer), neg, shutdown, config, shared).await;
     transmission::log_end(peer, &export, &end, log);
     info!(%peer, export = %export, "connection closed: {end}");
 }

@@ -9,9 +9,11 @@
 //! writes it out as the socket becomes writable; later replies queue behind
 //! it, so every reply stays contiguous and in completion order.
 //!
-//! Over TLS ([`Wire::Stream`]) every reply is encrypted anyway, so `send`
-//! copies it into the pending buffer and the drain task writes it through
-//! the TLS stream, many replies per record batch.
+//! Over TLS ([`Wire::Tls`], decision 0043) the same thread seals the reply
+//! into TLS records straight from those slices (rustls under the
+//! connection's mutex: no gathering copy, no hand-off) and writes the
+//! records with one non-blocking `writev`; what the socket does not take
+//! stays queued in rustls for the drain task.
 //!
 //! Flow control: the permits of a queued reply are released only once its
 //! bytes are on the wire, so a client that stops reading stops the reader
@@ -22,7 +24,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
 
@@ -287,23 +288,21 @@ struct State {
     failed: bool,
     /// While draining: when the socket last took bytes (or draining began).
     progress: Option<Instant>,
-    /// Stream wire: bytes taken out of `pending` by the drain task and not
-    /// yet written.
-    writing: usize,
+    /// TLS wire: reply bytes (plaintext) queued in rustls as records the
+    /// socket did not take yet.
+    queued: usize,
 }
 
-/// Where replies go: a plain TCP socket (written with non-blocking writev
-/// from whichever thread finished the request), or a stream such as TLS
-/// that only the drain task writes.
+/// Where replies go, written from whichever thread finished the request: a
+/// plain TCP socket (non-blocking writev), or a TLS connection (sealed into
+/// records there, then the same).
 pub(crate) enum Wire {
     Tcp(OwnedWriteHalf),
-    Stream(tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>),
+    Tls(Arc<tls::SharedTls>),
 }
 
-/// Bytes a stream drain writes between two progress stamps.
-const STREAM_PIECE: usize = 256 * 1024;
-/// The largest spare buffer a stream drain keeps for the next batch.
-const STREAM_SPARE_MAX: usize = 16 << 20;
+/// How long a closing TLS connection tries to deliver its `close_notify`.
+const CLOSE_NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub(crate) struct Sink {
     sock: Wire,
@@ -368,6 +367,27 @@ impl Sink {
             return;
         }
         let mut bufs: &mut [IoSlice<'_>] = &mut slices[..];
+        if let Wire::Tls(conn) = &self.sock {
+            let len: usize = bufs.iter().map(|b| b.len()).sum();
+            match conn.send(bufs) {
+                Err(e) => self.fail(&mut st, &e),
+                // Everything queued so far is on the wire.
+                Ok(true) => {
+                    st.held.clear();
+                    st.queued = 0;
+                }
+                Ok(false) => {
+                    st.held.push(permits);
+                    st.queued += len;
+                    if !st.draining {
+                        st.draining = true;
+                        st.progress = Some(Instant::now());
+                        self.wake.notify_one();
+                    }
+                }
+            }
+            return;
+        }
         if let (false, Wire::Tcp(sock)) = (st.draining, &self.sock) {
             while !bufs.is_empty() {
                 match sock.try_write_vectored(bufs) {
@@ -409,7 +429,7 @@ impl Sink {
     pub(crate) fn stalled_for(&self, d: Duration) -> Option<usize> {
         let st = self.lock();
         let stalled = st.draining && !st.failed && st.progress.is_some_and(|t| t.elapsed() >= d);
-        stalled.then(|| st.pending.len() - st.sent + st.writing)
+        stalled.then(|| st.pending.len() - st.sent + st.queued)
     }
 
     /// Drops every queued reply and its permits, and ends the connection.
@@ -430,12 +450,20 @@ impl Sink {
 async fn drain(sink: Arc<Sink>) -> io::Result<()> {
     let sock = match &sink.sock {
         Wire::Tcp(s) => s,
-        Wire::Stream(w) => {
-            let mut w = w.lock().await;
-            let r = drain_stream(&sink, &mut **w).await;
+        Wire::Tls(conn) => {
+            let r = drain_tls(&sink, conn).await;
             if r.is_ok() {
-                // TLS close_notify and FIN; a client that is gone does not matter.
-                let _ = tokio::time::timeout(Duration::from_secs(1), w.shutdown()).await;
+                // close_notify; a client that is gone does not matter. The
+                // FIN follows when the connection's last owner drops it.
+                conn.close_notify();
+                let _ = tokio::time::timeout(CLOSE_NOTIFY_TIMEOUT, async {
+                    while let Ok((_, false)) = conn.try_flush() {
+                        if conn.writable().await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .await;
             }
             return r;
         }
@@ -499,62 +527,65 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
     }
 }
 
-/// The drain of a stream wire: takes everything queued (bytes and their
-/// permits) in one go, writes it in pieces, and releases the permits once
-/// the stream took it.
-async fn drain_stream(sink: &Sink, w: &mut (dyn AsyncWrite + Send + Unpin)) -> io::Result<()> {
+/// The drain of a TLS wire: writes the records rustls still queues as the
+/// socket becomes writable (replies the sending thread could not write at
+/// once, and alerts or key update answers the reader queued), and releases
+/// the permits of the queued replies once nothing is left.
+async fn drain_tls(sink: &Sink, conn: &tls::SharedTls) -> io::Result<()> {
     let mut broken = sink.broken.subscribe();
-    // Two buffers take turns (decision 0037): replies are copied into one
-    // while the other is written, and both keep their capacity. A fresh
-    // buffer per batch cost a page fault per 4 KiB written and an munmap
-    // per batch (the allocator maps large buffers).
-    let mut spare = Vec::new();
     loop {
-        let (mut buf, held) = loop {
+        // Wait for work (or the end).
+        loop {
             {
-                let mut st = sink.lock();
+                let st = sink.lock();
                 if st.failed {
                     return Err(io::ErrorKind::BrokenPipe.into());
                 }
-                if st.draining && !st.pending.is_empty() {
-                    let buf = std::mem::replace(&mut st.pending, std::mem::take(&mut spare));
-                    st.writing = buf.len();
-                    st.sent = 0;
-                    break (buf, std::mem::take(&mut st.held));
+                if st.draining {
+                    break;
                 }
-                st.draining = false;
                 if st.closing {
                     return Ok(());
                 }
             }
-            sink.wake.notified().await;
-        };
-        for piece in buf.chunks(STREAM_PIECE) {
+            tokio::select! {
+                _ = sink.wake.notified() => {}
+                _ = conn.flush_wanted() => {
+                    let mut st = sink.lock();
+                    if !st.draining {
+                        st.draining = true;
+                        st.progress = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        // Drain.
+        loop {
             let r = tokio::select! {
-                r = w.write_all(piece) => r,
+                r = conn.writable() => r,
                 _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
             };
             let mut st = sink.lock();
-            if let Err(e) = r {
-                sink.fail(&mut st, &e);
-                return Err(e);
+            if st.failed {
+                return Err(io::ErrorKind::BrokenPipe.into());
             }
-            st.writing -= piece.len();
-            st.progress = Some(Instant::now());
-        }
-        let r = tokio::select! {
-            r = w.flush() => r,
-            _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
-        };
-        if let Err(e) = r {
-            let mut st = sink.lock();
-            sink.fail(&mut st, &e);
-            return Err(e);
-        }
-        drop(held);
-        if buf.capacity() <= STREAM_SPARE_MAX {
-            buf.clear();
-            spare = buf;
+            match r.and_then(|()| conn.try_flush()) {
+                Ok((n, done)) => {
+                    if n > 0 {
+                        st.progress = Some(Instant::now());
+                    }
+                    if done {
+                        st.held.clear();
+                        st.queued = 0;
+                        st.draining = false;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    sink.fail(&mut st, &e);
+                    return Err(e);
+                }
+            }
         }
     }
 }

@@ -366,10 +366,23 @@ const BATCH_BYTES: usize = 8 << 20;
 impl GroupCommit {
     /// Starts the committer task on the current runtime; it ends when every
     /// `GroupCommit` is dropped, returning the log.
-    pub fn start(mut log: Log, queue: usize) -> (GroupCommit, tokio::task::JoinHandle<Log>) {
+    pub fn start(log: Log, queue: usize) -> (GroupCommit, tokio::task::JoinHandle<Log>) {
+        GroupCommit::start_with(log, queue, false)
+    }
+
+    /// As [`GroupCommit::start`]; with `strict`, once one append fails every
+    /// later one fails too without being written. A device shipping its
+    /// writes needs this: a sync acknowledged after an earlier one failed
+    /// would claim writes durable that the failed record carried.
+    pub fn start_with(
+        mut log: Log,
+        queue: usize,
+        strict: bool,
+    ) -> (GroupCommit, tokio::task::JoinHandle<Log>) {
         assert!(queue > 0);
         let (tx, mut rx) = mpsc::channel::<(Bytes, oneshot::Sender<Result<u64, LogError>>)>(queue);
         let task = tokio::spawn(async move {
+            let mut failed: Option<LogError> = None;
             while let Some(first) = rx.recv().await {
                 let mut size = first.0.len();
                 let mut batch = vec![first];
@@ -383,7 +396,15 @@ impl GroupCommit {
                     }
                 }
                 let entries: Vec<Bytes> = batch.iter().map(|(e, _)| e.clone()).collect();
-                let result = log.append(&entries).await;
+                let result = match &failed {
+                    Some(f) => Err(copy_error(f)),
+                    None => log.append(&entries).await,
+                };
+                if strict && failed.is_none() {
+                    if let Err(e) = &result {
+                        failed = Some(copy_error(e));
+                    }
+                }
                 for (_, done) in batch {
                     let _ = done.send(match &result {
                         Ok(seq) => Ok(*seq),
@@ -404,6 +425,21 @@ impl GroupCommit {
         (GroupCommit { tx }, task)
     }
 
+    /// Queues the entry and returns what will tell its outcome: the queue
+    /// order is the log order, so a caller can queue under its own lock and
+    /// wait outside it.
+    pub async fn enqueue(
+        &self,
+        entry: Bytes,
+    ) -> Result<oneshot::Receiver<Result<u64, LogError>>, LogError> {
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send((entry, done))
+            .await
+            .map_err(|_| LogError::Stopped)?;
+        Ok(wait)
+    }
+
     /// Returns once the entry is durable in the log, with its record's
     /// sequence number; an error means it was not acknowledged.
     pub async fn append(&self, entry: Bytes) -> Result<u64, LogError> {
@@ -413,6 +449,31 @@ impl GroupCommit {
             .await
             .map_err(|_| LogError::Stopped)?;
         wait.await.map_err(|_| LogError::Stopped)?
+    }
+}
+
+/// A copy of an append's error for every waiter of a batch (and, in strict
+/// mode, every later one): fenced stays fenced, anything else is "unknown".
+fn copy_error(e: &LogError) -> LogError {
+    match e {
+        LogError::Fenced { seq, by } => LogError::Fenced {
+            seq: *seq,
+            by: by.clone(),
+        },
+        LogError::Unknown {
+            seq,
+            attempts,
+            last,
+        } => LogError::Unknown {
+            seq: *seq,
+            attempts: *attempts,
+            last: last.clone(),
+        },
+        e => LogError::Unknown {
+            seq: 0,
+            attempts: PUT_ATTEMPTS,
+            last: e.to_string(),
+        },
     }
 }
 

@@ -411,6 +411,32 @@ impl Pool {
         self.beat(true)
     }
 
+    /// A pool in a bucket is fenced by its log, not by MMP (decision 0039):
+    /// once one of its devices found another owner's log record, the pool is
+    /// fenced exactly as if MMP had seen a takeover. Returns whether it is.
+    pub fn check_bucket_fence(&self) -> bool {
+        if self.is_fenced() {
+            return true;
+        }
+        for g in self.groups() {
+            for c in g.children() {
+                let why = c
+                    .device
+                    .as_ref()
+                    .and_then(|d| d.bucket_failure())
+                    .filter(|w| w.starts_with("fenced"));
+                if let Some(why) = why {
+                    tracing::error!(pool = %self.name, "{why}; this daemon stops writing the pool (fenced)");
+                    *self.own.fenced.lock() = Some(format!("pool '{}' {why}", self.name));
+                    self.own.is_fenced.store(true, Ordering::Release);
+                    self.own.lease_until.store(0, Ordering::Release);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// Whether another daemon took this pool over.
     pub fn is_fenced(&self) -> bool {
         self.own.is_fenced.load(Ordering::Acquire)

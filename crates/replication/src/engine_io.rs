@@ -8,8 +8,11 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 /// A peer that makes no progress for this long is given up on (the run
-/// fails and is retried; a resumable receive keeps what arrived).
-pub const STALL: Duration = Duration::from_secs(60);
+/// fails and is retried; a resumable receive keeps what arrived): 60 s, or
+/// `CISTERN_STREAM_STALL_SECS` (the daemon's own send/receive use the same).
+fn stall() -> Duration {
+    api::send::stream_stall()
+}
 
 /// The send engine's options for `spec` (also the JSON of `POST /v1/send`).
 fn send_options(spec: &StreamSpec) -> dataset::SendOptions {
@@ -60,7 +63,7 @@ pub fn remote_estimate(client: &api::Client, spec: &StreamSpec) -> Option<u64> {
 
 pub fn remote_send(client: &api::Client, spec: &StreamSpec, out: &mut dyn Write) -> Result<()> {
     let mut r = client
-        .post_for_stream("/v1/send", &[], &send_options(spec), STALL)
+        .post_for_stream("/v1/send", &[], &send_options(spec), stall())
         .map_err(Error::Remote)?;
     std::io::copy(&mut r, out).map_err(|e| Error::Stream(format!("receiving the stream: {e}")))?;
     Ok(())
@@ -76,7 +79,7 @@ pub fn remote_receive(
         q.push(("force", "1"));
     }
     let _: serde_json::Value = client
-        .post_stream("/v1/receive", &q, input, STALL)
+        .post_stream("/v1/receive", &q, input, stall())
         .map_err(Error::Remote)?;
     Ok(())
 }

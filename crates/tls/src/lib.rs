@@ -10,6 +10,8 @@
 //! - [`Incoming`] turns a listener into a stream of finished TLS
 //!   connections, handshaking several at once (one slow client does not
 //!   hold up the others).
+//! - [`share`] splits a finished connection into a reader and a writer that
+//!   worker threads seal their replies with directly (decision 0043).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
+mod shared;
+
 pub use rustls;
+pub use shared::{share, SharedTls, SharedTlsReader};
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 /// A client-side TLS stream (tests and tools that talk to our servers).

@@ -1,5 +1,6 @@
 //! One device of a pool: positioned I/O, error counters and the labels at both ends.
 
+pub mod bucket;
 mod label;
 mod mmp;
 
@@ -195,6 +196,9 @@ pub struct Vdev {
     /// (st_dev, st_ino) of the file opened, to notice the path being
     /// deleted or replaced by another file while the device is in use.
     identity: (u64, u64),
+    /// Set for a device that lives in a bucket: `path` is its location and
+    /// `file` its local cache; writes are shipped at sync (decision 0039).
+    bucket: Option<Box<bucket::Shipper>>,
 }
 
 /// What [`Vdev::probe`] found wrong with a device that is still open.
@@ -209,6 +213,9 @@ pub enum ProbeFault {
 impl Vdev {
     /// Opens an existing file or block device read-write.
     pub fn open(path: &Path) -> Result<Vdev, VdevError> {
+        if bucket::is_location(path) {
+            return Vdev::open_location(path, None);
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -259,11 +266,115 @@ impl Vdev {
             io: IoStats::default(),
             reason: parking_lot::Mutex::new(None),
             identity,
+            bucket: None,
         })
+    }
+
+    /// Opens a device that lives in a bucket (`s3://…`, `file:///…`): the
+    /// log is opened as `how.mode` says and replayed into the local cache.
+    pub fn open_bucket(how: bucket::BucketOpen<'_>) -> Result<Vdev, VdevError> {
+        let url = how.url.to_string();
+        let cache = how.cache.to_path_buf();
+        let (shipper, _size) = bucket::Shipper::open(how).map_err(|why| VdevError::Open {
+            path: PathBuf::from(&url),
+            source: io::Error::other(why),
+        })?;
+        let mut dev = Vdev::open(&cache)?;
+        dev.path = PathBuf::from(url);
+        dev.bucket = Some(Box::new(shipper));
+        Ok(dev)
+    }
+
+    /// `pool takeover`: claims the log of the bucket device at `path`
+    /// (fencing its owner) and replays it into this daemon's cache.
+    pub fn take_over(path: &Path) -> Result<Vdev, VdevError> {
+        Vdev::open_location_as(path, None, objstore::OpenMode::Takeover)
+    }
+
+    /// Opens a bucket device with the daemon's settings ([`bucket::configure`]).
+    fn open_location(path: &Path, create: Option<u64>) -> Result<Vdev, VdevError> {
+        let mode = if create.is_some() {
+            objstore::OpenMode::Create
+        } else {
+            objstore::OpenMode::Resume
+        };
+        Vdev::open_location_as(path, create, mode)
+    }
+
+    fn open_location_as(
+        path: &Path,
+        create: Option<u64>,
+        mode: objstore::OpenMode,
+    ) -> Result<Vdev, VdevError> {
+        let err = |why: String| VdevError::Open {
+            path: path.to_path_buf(),
+            source: io::Error::other(why),
+        };
+        let Some(settings) = bucket::settings() else {
+            return Err(err(
+                "bucket pools need the daemon's [bucket] settings".into()
+            ));
+        };
+        let url = path.to_string_lossy().to_string();
+        let cache = bucket::cache_path(&settings.state_dir, &url);
+        Vdev::open_bucket(bucket::BucketOpen {
+            url: &url,
+            cache: &cache,
+            size: create,
+            mode,
+            s3: settings.config.s3(),
+            node: &settings.node,
+            inline_max: settings
+                .config
+                .inline_max
+                .unwrap_or(bucket::DEFAULT_INLINE_MAX),
+            store: None,
+        })
+    }
+
+    /// Whether this device lives in a bucket.
+    pub fn is_bucket(&self) -> bool {
+        self.bucket.is_some()
+    }
+
+    /// Why a bucket device stopped shipping (fenced, or a failed PUT).
+    pub fn bucket_failure(&self) -> Option<String> {
+        self.bucket.as_ref().and_then(|b| b.failure())
+    }
+
+    /// Shipping counters of a bucket device.
+    pub fn bucket_stats(&self) -> Option<&bucket::ShipStats> {
+        self.bucket.as_ref().map(|b| &b.stats)
+    }
+
+    /// A write reached the cache: remember it for the next ship.
+    fn shipped_later(&self, offset: u64, len: usize) -> Result<(), VdevError> {
+        if let Some(b) = &self.bucket {
+            if let Some(why) = b.failure() {
+                return Err(self.ship_failed(why));
+            }
+            b.mark(offset, len as u64);
+        }
+        Ok(())
+    }
+
+    fn ship_failed(&self, why: String) -> VdevError {
+        self.errors.write.fetch_add(1, Ordering::Relaxed);
+        if self.state() != DeviceState::Faulted {
+            self.set_failed(DeviceState::Faulted, why.clone());
+        }
+        bucket::ship_error(&self.path, why)
     }
 
     /// Creates a sparse file of `size` bytes if `path` does not exist, then opens it.
     pub fn open_or_create(path: &Path, size: Option<u64>) -> Result<Vdev, VdevError> {
+        if bucket::is_location(path) {
+            // Only `pool create`/`add` come here: a new pool in the bucket.
+            let size = size
+                .or_else(|| bucket::settings().and_then(|st| st.config.cache_size))
+                .unwrap_or(bucket::DEFAULT_CACHE_SIZE);
+            return Vdev::open_location(path, Some(size));
+        }
         if let (Some(size), false) = (size, path.exists()) {
             let file = OpenOptions::new()
                 .write(true)
@@ -315,7 +426,8 @@ impl Vdev {
     /// large as it was (zed's removal and size checks, done by polling).
     pub fn probe(&self) -> Option<ProbeFault> {
         use std::os::unix::fs::MetadataExt;
-        match std::fs::metadata(&self.path) {
+        let local = self.bucket.as_ref().map_or(&self.path, |b| &b.cache);
+        match std::fs::metadata(local) {
             Err(e) => return Some(ProbeFault::Gone(format!("{}: {e}", self.path.display()))),
             Ok(m) if (m.dev(), m.ino()) != self.identity && self.identity != (0, 0) => {
                 return Some(ProbeFault::Gone(format!(
@@ -380,7 +492,8 @@ impl Vdev {
                 offset,
                 source,
             }
-        })
+        })?;
+        self.shipped_later(offset, data.len())
     }
 
     /// Writes `bufs` back to back starting at `offset` (one pwritev per
@@ -449,7 +562,7 @@ impl Vdev {
                 }
             }
         }
-        Ok(())
+        self.shipped_later(offset, total)
     }
 
     /// Writes an aligned buffer at an aligned offset bypassing the page
@@ -464,7 +577,7 @@ impl Vdev {
         match direct.write_all_at(data.as_slice(), offset) {
             Ok(()) => {
                 self.io.record(true, data.len(), started);
-                Ok(())
+                self.shipped_later(offset, data.len())
             }
             // Some filesystems accept O_DIRECT at open and refuse it at write.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -514,6 +627,11 @@ impl Vdev {
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
         let started = std::time::Instant::now();
+        if let Some(b) = &self.bucket {
+            let r = b.write_durable(&self.file, offset, data);
+            self.io.record(true, data.len(), started);
+            return r.map_err(|why| self.ship_failed(why));
+        }
         let r = self.dsync_file.write_all_at(data, offset);
         self.io.record(true, data.len(), started);
         r.map_err(|source| {
@@ -529,6 +647,10 @@ impl Vdev {
 
     /// Makes every completed write durable (fdatasync).
     pub fn sync(&self) -> Result<(), VdevError> {
+        if let Some(b) = &self.bucket {
+            // The bucket is the durable copy; the cache is rebuilt from it.
+            return b.sync(&self.file).map_err(|why| self.ship_failed(why));
+        }
         self.file.sync_data().map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);
             VdevError::Io {

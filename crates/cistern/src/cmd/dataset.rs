@@ -438,6 +438,64 @@ fn gather(
     Ok(out)
 }
 
+/// Bookmarks as listing rows (type `bookmark`): those of the named
+/// datasets (and below them with `recursive`), or every one.
+fn gather_bookmarks(
+    client: &api::Client,
+    names: &[String],
+    recursive: bool,
+) -> Result<Vec<DatasetInfo>> {
+    let mut found = Vec::new();
+    if names.is_empty() {
+        found = client.bookmarks(None)?;
+    }
+    for n in names {
+        if let Some((ds, _)) = n.split_once('#') {
+            let b = client
+                .bookmarks(Some(ds))?
+                .into_iter()
+                .find(|b| &b.name == n)
+                .ok_or_else(|| anyhow::anyhow!("cannot open '{n}': bookmark does not exist"))?;
+            found.push(b);
+            continue;
+        }
+        found.extend(
+            client
+                .bookmarks(Some(n))?
+                .into_iter()
+                .filter(|b| recursive || b.name.split_once('#').is_some_and(|(d, _)| d == n)),
+        );
+    }
+    let prop = |name: &str, value: String, parsable: String| dataset::Property {
+        name: name.into(),
+        value,
+        parsable,
+        source: "-".into(),
+    };
+    Ok(found
+        .into_iter()
+        .map(|b| DatasetInfo {
+            name: b.name,
+            // The listing's rows are datasets; `type` says what this one is.
+            kind: DatasetKind::Snapshot,
+            properties: vec![
+                prop("type", "bookmark".into(), "bookmark".into()),
+                prop(
+                    "creation",
+                    dataset::props::format_time(b.creation),
+                    b.creation.to_string(),
+                ),
+                prop(
+                    "createtxg",
+                    b.createtxg.to_string(),
+                    b.createtxg.to_string(),
+                ),
+                prop("guid", b.guid.to_string(), b.guid.to_string()),
+            ],
+        })
+        .collect())
+}
+
 /// zfs's order: by dataset name, a dataset before its snapshots, snapshots
 /// by creation txg.
 fn default_order(a: &DatasetInfo, b: &DatasetInfo) -> Ordering {
@@ -544,14 +602,33 @@ pub fn list(client: &api::Client, a: ListArgs) -> Result<()> {
     for k in &a.sort_keys {
         check_property(&k.prop)?;
     }
-    let mut datasets = gather(
-        client,
-        &a.datasets,
-        a.recursive,
-        a.depth,
-        types,
-        a.types.is_some(),
-    )?;
+    let dataset_types = TypeFilter {
+        bookmark: false,
+        ..types
+    };
+    let mut datasets = if dataset_types.volume
+        || dataset_types.filesystem
+        || dataset_types.snapshot
+        || dataset_types.bucket
+    {
+        gather(
+            client,
+            &a.datasets,
+            a.recursive,
+            a.depth,
+            dataset_types,
+            a.types.is_some(),
+        )?
+    } else {
+        Vec::new()
+    };
+    if types.bookmark {
+        datasets.extend(gather_bookmarks(
+            client,
+            &a.datasets,
+            a.recursive || a.depth.is_some(),
+        )?);
+    }
     sort_datasets(&mut datasets, &a.sort_keys);
     if a.format.json {
         return json(&datasets);

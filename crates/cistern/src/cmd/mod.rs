@@ -55,6 +55,7 @@ pub fn run(client: &api::Client, command: Command) -> Result<()> {
         Command::Release(a) => snapshot::hold(client, a, false),
         Command::Holds(a) => snapshot::holds(client, a),
         Command::Diff(a) => snapshot::diff(client, a),
+        Command::Bookmark(a) => send::bookmark(client, a),
         Command::Send(a) => send::send(client, a),
         Command::Receive(a) => send::receive(client, a),
         Command::Mount(a) => mount::mount(client, a),

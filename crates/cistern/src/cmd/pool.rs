@@ -27,6 +27,10 @@ pub enum PoolCommand {
     Export(ForcePoolArg),
     /// Import a pool, or without POOL list the pools that can be imported.
     Import(ImportArgs),
+    /// Take over a pool that lives in a bucket: `cistern pool takeover tank
+    /// s3://bucket/prefix`. Its previous owner is fenced (its next write
+    /// fails; it acknowledges nothing more); no lease or clock is involved.
+    Takeover(TakeoverArgs),
     /// Compare layouts for N drives before buying them: capacity, failures
     /// survived, predicted IOPS and MB/s (`-n 12 --size 8T --iops 180 --mbps 250`).
     Plan(Box<crate::cmd::plan::PlanArgs>),
@@ -258,6 +262,14 @@ pub struct ForcePoolArg {
 }
 
 #[derive(Debug, Args)]
+pub struct TakeoverArgs {
+    /// Pool name (as created).
+    pub pool: String,
+    /// Where the pool lives: s3://BUCKET/PREFIX or file:///DIR.
+    pub location: String,
+}
+
+#[derive(Debug, Args)]
 pub struct ImportArgs {
     /// Directory to search for devices (repeatable; default: the current directory).
     #[arg(short = 'd', value_name = "DIR")]
@@ -286,6 +298,11 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
         PoolCommand::Destroy(a) => Ok(client.destroy_pool_with(&a.pool, a.force)?),
         PoolCommand::Export(a) => Ok(client.export_pool_with(&a.pool, a.force)?),
         PoolCommand::Import(a) => import(client, a),
+        PoolCommand::Takeover(a) => {
+            let st = client.import_pool(&a.pool, &[PathBuf::from(&a.location)], true)?;
+            println!("pool '{}' taken over from {}", st.summary.name, a.location);
+            Ok(())
+        }
         PoolCommand::Iostat(a) => crate::cmd::iostat::run(client, a),
         PoolCommand::Plan(a) => crate::cmd::plan::run(*a),
         PoolCommand::Scrub(a) => scrub(client, a),
@@ -756,7 +773,12 @@ pub fn parse_vdev_spec(words: &[String], cwd: &Path) -> Result<Vec<GroupSpec>> {
             "" => bail!("empty device name"),
             _ => {}
         }
-        let path = absolute(Path::new(w), cwd);
+        // A pool in a bucket: its location is its one device (decision 0039).
+        let path = if w.starts_with("s3://") || w.starts_with("file://") {
+            PathBuf::from(w)
+        } else {
+            absolute(Path::new(w), cwd)
+        };
         if !seen.insert(path.clone()) {
             bail!("device {} is given more than once", path.display());
         }

@@ -65,6 +65,26 @@ pub struct ReceiveArgs {
     pub dataset: String,
 }
 
+#[derive(Debug, Args)]
+pub struct BookmarkArgs {
+    /// POOL/DS@SNAP
+    pub snapshot: String,
+    /// POOL/DS#NAME, or #NAME (in the snapshot's dataset).
+    pub bookmark: String,
+}
+
+/// `cistern bookmark POOL/DS@SNAP POOL/DS#NAME`.
+pub fn bookmark(client: &api::Client, a: BookmarkArgs) -> Result<()> {
+    if !a.bookmark.contains('#') {
+        bail!(
+            "cannot create bookmark '{}': not a bookmark name (POOL/DS#NAME or #NAME)",
+            a.bookmark
+        );
+    }
+    client.bookmark(&a.snapshot, &a.bookmark)?;
+    Ok(())
+}
+
 fn options(a: &SendArgs) -> dataset::SendOptions {
     dataset::SendOptions {
         snapshot: a.snapshot.clone().unwrap_or_default(),

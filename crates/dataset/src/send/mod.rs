@@ -5,6 +5,7 @@
 //! at the snapshot was born after the source snapshot's txg, found from the
 //! block map's birth txgs, never by comparing data (decision 0033).
 
+pub mod bookmark;
 pub mod stream;
 
 use crate::blockmap::{self, block_of, Addr, Chain};
@@ -60,6 +61,10 @@ pub struct ReceiveOptions {
 pub struct ReceiveSummary {
     /// Snapshots created, in order (full names).
     pub snapshots: Vec<String>,
+    /// `receive -F` of an incremental `-R` stream: datasets destroyed
+    /// because the source no longer has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destroyed: Vec<String>,
     pub bytes: u64,
     pub records: u64,
 }
@@ -80,6 +85,14 @@ pub struct Begin {
     pub next_object: u64,
     /// A resumed transfer (`send -t`): rows after this address (hex) only.
     pub resume_after: Option<String>,
+    /// `-R` streams: the dataset below the stream's top (`""` the top
+    /// itself, `/child/grandchild`), received under the target the same way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// `-R` streams: the dataset's locally set properties (a new dataset
+    /// is created with them).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub props: std::collections::BTreeMap<String, String>,
 }
 
 /// What a dataset's record keeps while a receive into it runs (and, with
@@ -404,6 +417,14 @@ fn scan_rows(
     emit(cur.take(), &mut f)
 }
 
+/// An incremental source resolved: its name as given (for messages), the
+/// snapshot's short name the receiver must hold, and its txg.
+struct From {
+    name: String,
+    short: String,
+    txg: u64,
+}
+
 /// One snapshot's part of a send: source and bounds.
 struct Part {
     rec: DatasetRecord,
@@ -412,16 +433,102 @@ struct Part {
     from: Option<(String, u64)>,
     /// `send -t`: rows after this address only.
     after: Option<Vec<u8>>,
+    /// `-R`: the dataset below the top (`""`: the top).
+    rel: Option<String>,
 }
 
 impl Engine {
+    /// A resumed incremental's source: the snapshot `@short`, or, once
+    /// that is destroyed, a bookmark of the same point in time.
+    fn resume_source(&self, tok: &Token, short: &str) -> String {
+        let Some((ds, _)) = tok.snapshot.split_once('@') else {
+            return format!("@{short}");
+        };
+        let Ok((pool, _)) = split_dataset(ds) else {
+            return format!("@{short}");
+        };
+        let Ok(p) = self.pool(pool) else {
+            return format!("@{short}");
+        };
+        let datasets = p.datasets.read();
+        if datasets.contains_key(&format!("{ds}@{short}")) {
+            return format!("@{short}");
+        }
+        datasets
+            .get(ds)
+            .and_then(|r| {
+                r.bookmarks
+                    .iter()
+                    .find(|(_, b)| b.txg == tok.from_txg && b.snapshot == short)
+            })
+            .map_or(format!("@{short}"), |(name, _)| format!("#{name}"))
+    }
+
+    /// `send -R`: the parts of the dataset and of every dataset below it
+    /// that has the snapshot, parents first. Incremental where the child
+    /// has the source snapshot, full where it does not (a child created
+    /// since, as zfs).
+    fn send_parts_recursive(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
+        let snap = &opts.snapshot;
+        let (ds, short) = snap.split_once('@').ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "cannot send '{snap}': not a snapshot (name it DATASET@SNAPSHOT)"
+            ))
+        })?;
+        let from_short = match &opts.from {
+            None => None,
+            Some(f) if f.contains('#') => {
+                return Err(Error::InvalidArgument(
+                    "cannot send -R from a bookmark: name a snapshot (as zfs)".into(),
+                ))
+            }
+            Some(f) => Some(f.split_once('@').map_or(f.as_str(), |(_, s)| s).to_string()),
+        };
+        let (pool, _) = split_dataset(ds)?;
+        let p = self.pool(pool)?;
+        let names: Vec<String> = {
+            let datasets = p.datasets.read();
+            if !datasets.get(snap).is_some_and(|r| r.is_snapshot()) {
+                return Err(Error::NotFound(format!("snapshot '{snap}'")));
+            }
+            let mut n: Vec<String> = crate::snapshot_admin::subtree(&datasets, ds)
+                .into_iter()
+                .filter(|n| datasets.contains_key(&format!("{n}@{short}")))
+                .collect();
+            n.sort_by(|a, b| {
+                (a.matches('/').count(), a.as_str()).cmp(&(b.matches('/').count(), b.as_str()))
+            });
+            n
+        };
+        let mut parts = Vec::new();
+        for n in names {
+            let from = from_short.as_ref().and_then(|f| {
+                let has = p.datasets.read().contains_key(&format!("{n}@{f}"));
+                (has || n == ds).then(|| format!("@{f}"))
+            });
+            let one = SendOptions {
+                snapshot: format!("{n}@{short}"),
+                intermediates: opts.intermediates && from.is_some(),
+                from,
+                ..Default::default()
+            };
+            let (_, mut ps) = self.send_parts(&one)?;
+            let rel = n[ds.len()..].to_string();
+            for part in &mut ps {
+                part.rel = Some(rel.clone());
+            }
+            parts.extend(ps);
+        }
+        Ok((p, parts))
+    }
+
     /// Resolves the snapshots a send covers, oldest first.
     fn send_parts(&self, opts: &SendOptions) -> Result<(Arc<ImportedPool>, Vec<Part>)> {
         if let Some(t) = &opts.resume_token {
             let tok = decode_token(t)?;
             let again = SendOptions {
                 snapshot: tok.snapshot.clone(),
-                from: tok.from.as_ref().map(|f| format!("@{f}")),
+                from: tok.from.as_ref().map(|f| self.resume_source(&tok, f)),
                 ..Default::default()
             };
             let (p, mut parts) = self.send_parts(&again)?;
@@ -444,15 +551,13 @@ impl Engine {
             };
             return Ok((p, parts));
         }
-        if opts.recursive {
-            return Err(Error::InvalidArgument(
-                "send -R is not supported yet".into(),
-            ));
-        }
         if opts.raw {
             return Err(Error::InvalidArgument(
                 "send -w is not supported yet".into(),
             ));
+        }
+        if opts.recursive {
+            return self.send_parts_recursive(opts);
         }
         let snap = &opts.snapshot;
         let (pool, _) = split_dataset(snap)?;
@@ -485,24 +590,56 @@ impl Engine {
                     chain,
                     from: None,
                     after: None,
+                    rel: None,
                 });
             }
             Some(from) => {
-                let from_name = match from.strip_prefix('@') {
-                    Some(short) => format!("{ds}@{short}"),
-                    None if from.contains('@') => from.clone(),
-                    None => format!("{ds}@{from}"),
+                // The source: a snapshot, or a bookmark (`#b`, `ds#b`) that
+                // stands for the snapshot it was made from.
+                let f = if from.contains('#') {
+                    let (bds, b) = bookmark::split_bookmark(from, Some(ds))?;
+                    let bm = datasets
+                        .get(bds)
+                        .filter(|r| !r.is_snapshot())
+                        .and_then(|r| r.bookmarks.get(b).map(|bm| (r.id, bm)))
+                        .ok_or_else(|| {
+                            Error::NotFound(format!("incremental source '{bds}#{b}'"))
+                        })?;
+                    if bm.0 != rec.data_id() {
+                        return Err(Error::InvalidArgument(format!(
+                            "cannot send '{snap}': incremental source '{bds}#{b}' is not a bookmark of '{ds}'"
+                        )));
+                    }
+                    From {
+                        name: format!("{bds}#{b}"),
+                        short: bm.1.snapshot.clone(),
+                        txg: bm.1.txg,
+                    }
+                } else {
+                    let from_name = match from.strip_prefix('@') {
+                        Some(short) => format!("{ds}@{short}"),
+                        None if from.contains('@') => from.clone(),
+                        None => format!("{ds}@{from}"),
+                    };
+                    let f = datasets
+                        .get(&from_name)
+                        .filter(|r| r.is_snapshot())
+                        .ok_or_else(|| {
+                            Error::NotFound(format!("incremental source '{from_name}'"))
+                        })?;
+                    if f.data_id() != rec.data_id() {
+                        return Err(Error::InvalidArgument(format!(
+                            "cannot send '{snap}': incremental source '{from_name}' is not a snapshot of '{ds}'"
+                        )));
+                    }
+                    From {
+                        name: from_name,
+                        short: short_of(&f.name),
+                        txg: f.created_txg,
+                    }
                 };
-                let f = datasets
-                    .get(&from_name)
-                    .filter(|r| r.is_snapshot())
-                    .ok_or_else(|| Error::NotFound(format!("incremental source '{from_name}'")))?;
-                if f.data_id() != rec.data_id() {
-                    return Err(Error::InvalidArgument(format!(
-                        "cannot send '{snap}': incremental source '{from_name}' is not a snapshot of '{ds}'"
-                    )));
-                }
-                if f.created_txg >= rec.created_txg {
+                let from_name = f.name.clone();
+                if f.txg >= rec.created_txg {
                     return Err(Error::InvalidArgument(format!(
                         "cannot send '{snap}': incremental source '{from_name}' must be earlier than it"
                     )));
@@ -513,7 +650,7 @@ impl Engine {
                         .filter(|r| {
                             r.is_snapshot()
                                 && r.data_id() == rec.data_id()
-                                && r.created_txg > f.created_txg
+                                && r.created_txg > f.txg
                                 && r.created_txg <= rec.created_txg
                         })
                         .collect()
@@ -521,7 +658,7 @@ impl Engine {
                     vec![rec]
                 };
                 snaps.sort_by_key(|r| r.created_txg);
-                let mut prev = (short_of(&f.name), f.created_txg);
+                let mut prev = (f.short.clone(), f.txg);
                 for s in snaps {
                     parts.push(Part {
                         rec: s.clone(),
@@ -529,6 +666,7 @@ impl Engine {
                         chain: Chain::of(s, datasets.values()),
                         from: Some(prev.clone()),
                         after: None,
+                        rel: None,
                     });
                     prev = (short_of(&s.name), s.created_txg);
                 }
@@ -557,7 +695,12 @@ impl Engine {
     /// `cistern send`: writes the stream of `opts` to `out`.
     pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
         let (p, parts) = self.send_parts(opts)?;
-        let mut w = stream::Writer::new(out, 0)?;
+        let flags = if opts.recursive {
+            stream::FLAG_RECURSIVE
+        } else {
+            0
+        };
+        let mut w = stream::Writer::new(out, flags)?;
         let mut sum = SendSummary::default();
         for part in parts {
             let begin = Begin {
@@ -570,6 +713,12 @@ impl Engine {
                 volblocksize: part.head.volblocksize,
                 next_object: part.rec.next_object.max(part.head.next_object),
                 resume_after: part.after.as_deref().map(hex),
+                props: if part.rel.is_some() {
+                    part.head.local.clone()
+                } else {
+                    Default::default()
+                },
+                dataset: part.rel.clone(),
             };
             let json = serde_json::to_vec(&begin).map_err(meta_err)?;
             w.record(Kind::Begin, &[&json])?;
@@ -706,8 +855,14 @@ impl Engine {
         };
         let (pool, _) = split_dataset(&target)?;
         let p = self.pool(pool)?;
+        // One receive per target at a time: a client that lost its
+        // connection may retry (send -t) while the daemon still unwinds
+        // the first one.
+        let _running = Receiving::enter(&p, &target)?;
         let mut r = stream::Reader::new(inp)?;
         let mut sum = ReceiveSummary::default();
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
+        let mut incremental = false;
         loop {
             let rec = r
                 .read_record()?
@@ -718,12 +873,32 @@ impl Engine {
                 Kind::Begin => {
                     let begin: Begin = serde_json::from_slice(&rec.payload)
                         .map_err(|e| bad_stream(format!("begin record: {e}")))?;
+                    // -R: each dataset of the tree lands at the same place below the target.
+                    let one_target = match &begin.dataset {
+                        Some(rel) if r.flags & stream::FLAG_RECURSIVE != 0 => {
+                            if !(rel.is_empty() || rel.starts_with('/'))
+                                || rel.contains('@')
+                                || rel.contains('#')
+                            {
+                                return Err(bad_stream(format!(
+                                    "dataset '{rel}' in a begin record"
+                                )));
+                            }
+                            format!("{target}{rel}")
+                        }
+                        Some(_) => return Err(bad_stream("a dataset in a stream without -R")),
+                        None => target.clone(),
+                    };
                     let short = match &snap_name {
                         Some(s) if sum.snapshots.is_empty() => s.clone(),
                         _ => short_of(&begin.snapshot),
                     };
+                    if begin.from.is_some() {
+                        incremental = true;
+                    }
+                    seen.insert(one_target.clone());
                     let made =
-                        self.receive_one(&p, opts, &target, &short, &begin, &mut r, &mut sum);
+                        self.receive_one(&p, opts, &one_target, &short, &begin, &mut r, &mut sum);
                     match made {
                         Ok(name) => sum.snapshots.push(name),
                         Err(e) => return Err(e),
@@ -733,6 +908,33 @@ impl Engine {
                     return Err(bad_stream(format!(
                         "unexpected {k:?} record outside a snapshot"
                     )))
+                }
+            }
+        }
+        // receive -F of an incremental -R stream: what the source no longer
+        // has below the top (a child destroyed there) goes here too (as zfs).
+        if opts.force && incremental && r.flags & stream::FLAG_RECURSIVE != 0 {
+            let gone: Vec<String> = {
+                let datasets = p.datasets.read();
+                crate::snapshot_admin::subtree(&datasets, &target)
+                    .into_iter()
+                    .filter(|n| {
+                        !seen.contains(n) && !seen.iter().any(|s| s.starts_with(&format!("{n}/")))
+                    })
+                    .collect()
+            };
+            for n in gone {
+                if p.datasets.read().contains_key(&n) {
+                    self.destroy(
+                        &n,
+                        &DestroyOptions {
+                            recursive: true,
+                            force: true,
+                            ..Default::default()
+                        },
+                    )?;
+                    tracing::info!(dataset = %n, "destroyed: no longer in the -R source");
+                    sum.destroyed.push(n);
                 }
             }
         }
@@ -995,13 +1197,34 @@ impl Engine {
     }
 
     fn create_for_receive(&self, target: &str, begin: &Begin) -> Result<()> {
+        // -R: the source's locally set properties, but not what makes the
+        // source's keys or sizes (the target chooses those).
+        let mut props: Vec<(String, String)> = begin
+            .props
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "encryption"
+                        | "keyformat"
+                        | "keylocation"
+                        | "pbkdf2iters"
+                        | "volsize"
+                        | "volblocksize"
+                        | "refreservation"
+                        | "reservation"
+                        | "readonly"
+                )
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         match begin.kind {
             DatasetKind::Volume => {
-                let props = vec![("volblocksize".to_string(), begin.volblocksize.to_string())];
+                props.push(("volblocksize".to_string(), begin.volblocksize.to_string()));
                 self.create_volume(target, begin.volsize, &props)?;
             }
             DatasetKind::Bucket | DatasetKind::Filesystem => {
-                self.create_dataset(target, begin.kind, &[])?;
+                self.create_dataset(target, begin.kind, &props)?;
             }
             DatasetKind::Snapshot => {
                 return Err(bad_stream("a snapshot's begin names a snapshot kind"))
@@ -1096,6 +1319,34 @@ impl Engine {
             *next = (*next).max(begin.next_object);
         }
         Ok(())
+    }
+}
+
+/// The receives running in this process, by pool and target.
+static RECEIVING: parking_lot::Mutex<Vec<(usize, String)>> = parking_lot::Mutex::new(Vec::new());
+
+/// A running receive's claim on its target (released when dropped).
+struct Receiving(usize, String);
+
+impl Receiving {
+    fn enter(p: &Arc<ImportedPool>, target: &str) -> Result<Receiving> {
+        let key = (Arc::as_ptr(p) as usize, target.to_string());
+        let mut running = RECEIVING.lock();
+        if running.contains(&key) {
+            return Err(Error::Busy(format!(
+                "cannot receive: a receive into '{target}' is running"
+            )));
+        }
+        running.push(key.clone());
+        Ok(Receiving(key.0, key.1))
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        RECEIVING
+            .lock()
+            .retain(|(p, t)| !(*p == self.0 && *t == self.1));
     }
 }
 

@@ -12,8 +12,14 @@ use crate::{Error, Result};
 use std::io::{Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"CISTSTRM";
-/// The stream version this build writes; it reads 1..=VERSION.
-pub const VERSION: u32 = 1;
+/// The newest stream version this build writes; it reads 1..=VERSION.
+/// A stream without feature flags is written as version 1 (what earlier
+/// builds read); one with flags as version 2, so earlier builds refuse it.
+pub const VERSION: u32 = 2;
+/// Header flag: a `-R` stream (BEGIN records name the dataset below the top).
+pub const FLAG_RECURSIVE: u32 = 1;
+/// The flags this build understands.
+pub const KNOWN_FLAGS: u32 = FLAG_RECURSIVE;
 /// Largest record payload a reader accepts (a block of 16 MiB plus its address).
 pub const MAX_RECORD: u32 = (16 << 20) + 4096;
 const SUM_LEN: usize = 16;
@@ -69,10 +75,17 @@ fn io_err(e: std::io::Error) -> Error {
     Error::Io(format!("writing the send stream: {e}"))
 }
 
+/// Records gather in a buffer this big before they are hashed into the
+/// stream checksum and written: blake3 hashes a long run at full SIMD width,
+/// where record-sized pieces at odd offsets keep it to one chunk at a time.
+const BATCH: usize = 1 << 20;
+
 /// Writes a stream; counts its bytes and hashes all of them.
 pub struct Writer<'a> {
     out: &'a mut dyn Write,
     hash: blake3::Hasher,
+    /// Whole records not yet in `hash` nor written.
+    buf: Vec<u8>,
     pub bytes: u64,
 }
 
@@ -81,22 +94,29 @@ impl<'a> Writer<'a> {
         let mut w = Writer {
             out,
             hash: blake3::Hasher::new(),
+            buf: Vec::with_capacity(BATCH + (64 << 10)),
             bytes: 0,
         };
         let mut head = Vec::with_capacity(32);
         head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
+        let version: u32 = if flags == 0 { 1 } else { VERSION };
+        head.extend_from_slice(&version.to_le_bytes());
         head.extend_from_slice(&flags.to_le_bytes());
         let s = sum16(&[&head]);
         head.extend_from_slice(&s);
-        w.put(&head)?;
+        w.buf.extend_from_slice(&head);
+        w.bytes += head.len() as u64;
         Ok(w)
     }
 
-    fn put(&mut self, b: &[u8]) -> Result<()> {
-        self.out.write_all(b).map_err(io_err)?;
-        self.hash.update(b);
-        self.bytes += b.len() as u64;
+    /// Hashes and writes what the buffer holds.
+    fn drain(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.hash.update(&self.buf);
+        self.out.write_all(&self.buf).map_err(io_err)?;
+        self.buf.clear();
         Ok(())
     }
 
@@ -107,26 +127,33 @@ impl<'a> Writer<'a> {
             .ok()
             .filter(|l| *l <= MAX_RECORD)
             .ok_or_else(|| Error::InvalidArgument(format!("send record of {len} bytes")))?;
-        let head = [&[kind as u8][..], &len.to_le_bytes()].concat();
-        let mut h = blake3::Hasher::new();
-        h.update(&head);
-        self.put(&head)?;
+        let start = self.buf.len();
+        self.buf.push(kind as u8);
+        self.buf.extend_from_slice(&len.to_le_bytes());
         for p in parts {
-            h.update(p);
-            self.put(p)?;
+            self.buf.extend_from_slice(p);
         }
-        let mut s = [0u8; SUM_LEN];
-        s.copy_from_slice(&h.finalize().as_bytes()[..SUM_LEN]);
-        self.put(&s)
+        // The record is contiguous here: one hash call over all of it.
+        let s = blake3::hash(&self.buf[start..]);
+        self.buf.extend_from_slice(&s.as_bytes()[..SUM_LEN]);
+        self.bytes += (self.buf.len() - start) as u64;
+        if self.buf.len() >= BATCH {
+            self.drain()?;
+        }
+        Ok(())
     }
 
     /// A record carrying the checksum of everything written before it.
     pub fn checkpoint(&mut self, kind: Kind) -> Result<()> {
+        self.drain()?;
         let sum = *self.hash.finalize().as_bytes();
-        self.record(kind, &[&sum])
+        self.record(kind, &[&sum])?;
+        // Written through, as every record was before the batching.
+        self.drain()
     }
 
     pub fn flush(&mut self) -> Result<()> {
+        self.drain()?;
         self.out.flush().map_err(io_err)
     }
 }
@@ -146,6 +173,12 @@ fn bad(why: impl std::fmt::Display) -> Error {
 pub struct Reader<'a> {
     inp: &'a mut dyn Read,
     hash: blake3::Hasher,
+    /// Read ahead: `buf[pos..end]` is not consumed yet; `buf[..hashed]` is
+    /// in `hash` (consumed bytes are hashed in long runs, lazily).
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    hashed: usize,
     pub bytes: u64,
     pub version: u32,
     pub flags: u32,
@@ -158,6 +191,10 @@ impl<'a> Reader<'a> {
         let mut r = Reader {
             inp,
             hash: blake3::Hasher::new(),
+            buf: vec![0u8; BATCH],
+            pos: 0,
+            end: 0,
+            hashed: 0,
             bytes: 0,
             version: 0,
             flags: 0,
@@ -181,17 +218,67 @@ impl<'a> Reader<'a> {
                 r.version
             )));
         }
+        if r.flags & !KNOWN_FLAGS != 0 || (r.version == 1 && r.flags != 0) {
+            return Err(bad(format!(
+                "unknown stream feature flags {:#x} (this build knows {KNOWN_FLAGS:#x})",
+                r.flags
+            )));
+        }
         Ok(r)
     }
 
-    fn take(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.inp.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => bad(format!("truncated at byte {}", self.bytes)),
-            _ => Error::Io(format!("reading the send stream: {e}")),
-        })?;
-        self.hash.update(buf);
-        self.bytes += buf.len() as u64;
+    /// Puts every consumed byte into the stream checksum.
+    fn hash_consumed(&mut self) {
+        if self.hashed < self.pos {
+            self.hash.update(&self.buf[self.hashed..self.pos]);
+            self.hashed = self.pos;
+        }
+    }
+
+    /// Makes at least one unconsumed byte available.
+    fn fill(&mut self) -> Result<()> {
+        if self.pos < self.end {
+            return Ok(());
+        }
+        self.hash_consumed();
+        self.pos = 0;
+        self.end = 0;
+        self.hashed = 0;
+        loop {
+            match self.inp.read(&mut self.buf) {
+                Ok(0) => return Err(bad(format!("truncated at byte {}", self.bytes))),
+                Ok(n) => {
+                    self.end = n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Err(bad(format!("truncated at byte {}", self.bytes)))
+                }
+                Err(e) => return Err(Error::Io(format!("reading the send stream: {e}"))),
+            }
+        }
+    }
+
+    /// Consumes `n` bytes, handing them to `f` in the pieces the buffer holds.
+    fn consume(&mut self, mut n: usize, mut f: impl FnMut(&[u8])) -> Result<()> {
+        while n > 0 {
+            self.fill()?;
+            let k = n.min(self.end - self.pos);
+            f(&self.buf[self.pos..self.pos + k]);
+            self.pos += k;
+            self.bytes += k as u64;
+            n -= k;
+        }
         Ok(())
+    }
+
+    fn take(&mut self, out: &mut [u8]) -> Result<()> {
+        let mut at = 0;
+        self.consume(out.len(), |b| {
+            out[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        })
     }
 
     /// The next record; `None` after the end record. Checkpoint records
@@ -203,15 +290,25 @@ impl<'a> Reader<'a> {
         if self.ended {
             return Ok(None);
         }
-        let before = *self.hash.finalize().as_bytes();
+        // The stream checksum is only wanted before a checkpoint record.
+        self.fill()?;
+        let before = if matches!(
+            Kind::from_u8(self.buf[self.pos]),
+            Some(Kind::SnapEnd | Kind::End)
+        ) {
+            self.hash_consumed();
+            Some(*self.hash.finalize().as_bytes())
+        } else {
+            None
+        };
         let mut head = [0u8; 5];
         self.take(&mut head)?;
         let len = u32::from_le_bytes(head[1..5].try_into().unwrap_or_default());
         if len > MAX_RECORD {
             return Err(bad(format!("record of {len} bytes at byte {}", self.bytes)));
         }
-        let mut payload = vec![0u8; len as usize];
-        self.take(&mut payload)?;
+        let mut payload = Vec::with_capacity(len as usize);
+        self.consume(len as usize, |b| payload.extend_from_slice(b))?;
         let mut sum = [0u8; SUM_LEN];
         let at = self.bytes;
         self.take(&mut sum)?;
@@ -220,7 +317,8 @@ impl<'a> Reader<'a> {
         }
         let kind = Kind::from_u8(head[0])
             .ok_or_else(|| bad(format!("unknown record kind {} at byte {at}", head[0])))?;
-        if matches!(kind, Kind::SnapEnd | Kind::End) && payload[..] != before[..] {
+        if matches!(kind, Kind::SnapEnd | Kind::End) && before.is_none_or(|b| payload[..] != b[..])
+        {
             return Err(bad(format!("stream checksum mismatch at byte {at}")));
         }
         if kind == Kind::End {
@@ -260,6 +358,38 @@ mod tests {
             kinds.push(rec.kind);
         }
         Ok(kinds)
+    }
+
+    /// Plain streams stay version 1 (what earlier builds read); a flagged
+    /// one is version 2; unknown flags, or flags on a v1 header, are refused.
+    #[test]
+    fn feature_flags_are_versioned() {
+        let s = sample();
+        assert_eq!(&s[8..12], &1u32.to_le_bytes());
+        let head = |version: u32, flags: u32| {
+            let mut h = Vec::new();
+            h.extend_from_slice(MAGIC);
+            h.extend_from_slice(&version.to_le_bytes());
+            h.extend_from_slice(&flags.to_le_bytes());
+            let sum = sum16(&[&h]);
+            h.extend_from_slice(&sum);
+            h
+        };
+        let mut out = Vec::new();
+        // The writer batches its output: flush before looking at the header.
+        Writer::new(&mut out, FLAG_RECURSIVE)
+            .unwrap()
+            .flush()
+            .unwrap();
+        assert_eq!(out, head(2, FLAG_RECURSIVE));
+        let mut ok = &out[..];
+        assert_eq!(Reader::new(&mut ok).unwrap().flags, FLAG_RECURSIVE);
+        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (3, 0)] {
+            let h = head(v, f);
+            let mut inp = &h[..];
+            let e = Reader::new(&mut inp).err().unwrap().to_string();
+            assert!(e.contains("invalid send stream"), "{e}");
+        }
     }
 
     #[test]

@@ -350,3 +350,43 @@ async fn tls_off_refuses_starttls() {
     c.go("mem").await;
     srv.stop().await;
 }
+
+/// Replies sealed on the worker threads (decision 0043) while the client
+/// does not read: the socket fills, the rest waits as records in rustls for
+/// the drain task, and every reply arrives whole and in one piece once the
+/// client reads again, with requests of the reader still decrypted meanwhile.
+#[tokio::test]
+async fn tls_replies_queue_while_the_client_does_not_read() {
+    let pki = Pki::new();
+    let srv = start_with(pki.server(false, false)).await;
+    let c = C::new(srv.addr).await;
+    let mut c = c.starttls(pki.client(None)).await.unwrap();
+    c.structured().await;
+    c.go("mem").await;
+    let data = pattern(1 << 20, 9);
+    c.req(0, CMD_WRITE, 1, 0, 1 << 20, &data).await;
+    assert_eq!(c.error().await, 0);
+    // 24 MiB of replies, far more than the socket buffers hold.
+    const N: u64 = 24;
+    for h in 0..N {
+        c.req(0, CMD_READ, 100 + h, 0, 1 << 20, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut seen = Vec::new();
+    for _ in 0..N {
+        let chunks = c.chunks().await;
+        seen.push(chunks[0].1);
+        let got: Vec<u8> = chunks
+            .iter()
+            .flat_map(|(_, _, d)| d[8..].to_vec())
+            .collect();
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "a reply's bytes differ");
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (100..100 + N).collect::<Vec<_>>());
+    // A clean end: DISC, then the server's close_notify and EOF.
+    c.req(0, CMD_DISC, 99, 0, 0, &[]).await;
+    c.closed().await;
+    srv.stop().await;
+}

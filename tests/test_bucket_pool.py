@@ -1,0 +1,207 @@
+"""A pool that lives in an S3 bucket (issue 18, decision 0039), against a
+real S3 server: versitygw on 127.0.0.1 (scripts/test.sh installs it).
+
+Every write acknowledged by FLUSH must read back on whoever owns the pool
+next; a taken-over owner is fenced and acknowledges nothing more."""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import helpers
+from conftest import cistern_bin, free_ports, popen, port_open
+
+GW_KEY, GW_SECRET = "testkey", "testsecret"
+
+
+def _versitygw() -> str | None:
+    for p in (os.environ.get("VERSITYGW"), shutil.which("versitygw"), "/work/cache/go-bin/versitygw"):
+        if p and Path(p).is_file():
+            return p
+    return None
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """versitygw with a posix backend; yields its port (bucket `bkt` exists)."""
+    binary = _versitygw()
+    if binary is None:
+        assert "CI" not in os.environ, "versitygw is not installed (scripts/test.sh installs it)"
+        pytest.skip("versitygw not installed")
+    root = tmp_path / "gw"
+    (root / "bkt").mkdir(parents=True)
+    (port,) = free_ports(1)
+    log = open(tmp_path / "versitygw.log", "wb")
+    proc = popen(
+        [binary, "--access", GW_KEY, "--secret", GW_SECRET, "--port", f"127.0.0.1:{port}", "posix", root],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    helpers.wait_until(lambda: port_open(port), 20, what="versitygw listening")
+    yield port
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+def bucket_config(port: int) -> str:
+    return f"""
+[bucket]
+endpoint = "http://127.0.0.1:{port}"
+region = "us-east-1"
+access_key_id = "{GW_KEY}"
+secret_access_key = "{GW_SECRET}"
+cache_size = {1 << 30}
+"""
+
+
+URL = "s3://bkt/pools/tank"
+
+
+def make_pool(d, url=URL):
+    d.cli("pool", "create", "tank", url, timeout=120)
+    d.cli("create", "-V", "256M", "tank/vol", timeout=60)
+
+
+def write_flushed(uri: str, writes: list[tuple[int, bytes]]):
+    """Writes each block and FLUSHes after it; returns what was acknowledged."""
+    acked = []
+    with helpers.connected(uri) as h:
+        for off, data in writes:
+            h.pwrite(data, off)
+            h.flush()
+            acked.append((off, data))
+    return acked
+
+
+def check_reads(uri: str, acked):
+    final = {}
+    for off, data in acked:  # a later write to the same offset wins
+        final[off] = data
+    with helpers.connected(uri) as h:
+        for off, data in final.items():
+            assert h.pread(len(data), off) == data, f"acknowledged write at {off} lost"
+
+
+def blocks(seed: str, n: int, size: int = 4096, stride: int = 1 << 20):
+    return [(i * stride, helpers.pattern(f"{seed}{i}", size)) for i in range(n)]
+
+
+def test_flushed_writes_survive_kill9_and_come_back_from_the_bucket(make_daemon, gateway):
+    d = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(d)
+    st = d.cli("pool", "status", "tank").stdout
+    assert URL in st, st
+    uri = d.uri("tank/vol")
+    acked = write_flushed(uri, blocks("a", 16))
+    # A large write goes through segment objects.
+    big = helpers.pattern("big", 8 << 20)
+    acked += write_flushed(uri, [(64 << 20, big)])
+    d.kill9()
+    # The cache is rebuilt from the bucket at every open.
+    shutil.rmtree(d.state_dir / "bucket")
+    d.start()
+    check_reads(uri, acked)
+
+
+def test_takeover_fences_a_stopped_owner_which_acknowledges_nothing_more(make_daemon, gateway):
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    uri = owner.uri("tank/vol")
+    acked = write_flushed(uri, blocks("a", 8))
+    owner.cli("snapshot", "tank/vol@before")
+    snap_data = acked[:]
+    # Overwrites offset 0 after the snapshot: the clone must still show "a0".
+    acked += write_flushed(uri, blocks("b", 8, stride=(1 << 20) + 8192))
+    # A client connected to the owner before it stops, to try writing after.
+    late = helpers.connect(uri)
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        standby = make_daemon("standby", config=bucket_config(gateway))
+        t0 = time.monotonic()
+        standby.cli("pool", "takeover", "tank", URL, timeout=120)
+        took = time.monotonic() - t0
+        print(f"takeover took {took:.1f}s")
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    # The old owner wakes up: a write + FLUSH must fail, never be acknowledged.
+    fenced_ack = []
+
+    def try_late():
+        try:
+            late.pwrite(b"L" * 4096, 200 << 20)
+            late.flush()
+            fenced_ack.append(True)
+        except Exception:  # noqa: BLE001 - any error is "not acknowledged"
+            fenced_ack.append(False)
+
+    t = threading.Thread(target=try_late)
+    t.start()
+    t.join(60)
+    assert fenced_ack == [False], "the fenced owner acknowledged a FLUSH"
+    helpers.wait_until(lambda: "fenced" in owner.log_text(), 30, what="fenced in the old owner's log")
+    status = owner.cli("pool", "status", "tank", check=False)
+    assert "fenced" in (status.stdout + status.stderr), status.stdout
+    # Everything acknowledged reads back on the new owner; the snapshot too.
+    suri = standby.uri("tank/vol")
+    check_reads(suri, acked)
+    with helpers.connected(suri) as h:
+        assert h.pread(4096, 200 << 20) != b"L" * 4096
+    assert "tank/vol@before" in standby.cli("list", "-t", "snapshot").stdout
+    standby.cli("clone", "tank/vol@before", "tank/before")
+    check_reads(standby.uri("tank/before"), snap_data)
+    # The new owner keeps serving writes.
+    more = write_flushed(suri, blocks("c", 4, stride=3 << 20))
+    check_reads(suri, more)
+    try:
+        helpers.close(late)
+    except Exception:  # noqa: BLE001
+        pass
+    owner.kill9()
+    t0 = time.monotonic()
+    assert standby.stop(timeout=60) == 0
+    took = time.monotonic() - t0
+    assert took < 20, f"the new owner took {took:.0f}s to shut down\n{standby.log_tail(60)}"
+
+
+def test_takeover_after_kill9_of_the_owner(make_daemon, gateway):
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    acked = write_flushed(owner.uri("tank/vol"), blocks("k", 12))
+    owner.kill9()
+    standby = make_daemon("standby", config=bucket_config(gateway))
+    standby.cli("pool", "takeover", "tank", URL, timeout=120)
+    check_reads(standby.uri("tank/vol"), acked)
+    # The killed owner restarting cannot resume: the pool is not its own any more.
+    owner.start()
+    assert "tank" not in owner.cli("pool", "list", "-H").stdout
+    assert "owned by" in owner.log_text()
+
+
+def test_two_daemons_creating_on_an_empty_bucket_exactly_one_owns_it(make_daemon, gateway):
+    a = make_daemon("a", config=bucket_config(gateway))
+    b = make_daemon("b", config=bucket_config(gateway))
+    url = "s3://bkt/pools/race"
+    procs = [
+        popen(
+            [cistern_bin(), "pool", "create", "tank", url],
+            env=d.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for d in (a, b)
+    ]
+    codes = [p.wait(120) for p in procs]
+    assert codes.count(0) == 1, codes
+    owners = [d for d in (a, b) if "tank" in d.cli("pool", "list", "-H").stdout]
+    assert len(owners) == 1
