@@ -433,7 +433,10 @@ mod tests {
         }
         assert!(c.size() <= 100_000, "{}", c.size());
         assert!(c.get(&(1, 1, 99, 1, 0)).is_some());
-        assert!(c.get(&(1, 1, 0, 1, 0)).is_none());
+        // The first blocks enter the empty hot queue (quick_cache admits
+        // there while it fills) and may stay: some later ones must be gone.
+        let gone = (0..100).filter(|&i| !c.contains(&(1, 1, i, 1, 0))).count();
+        assert!(gone >= 70, "{gone} of 100 blocks evicted");
         assert!(c.stats().evictions > 0);
     }
 

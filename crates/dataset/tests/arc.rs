@@ -216,10 +216,18 @@ fn prefetch_never_serves_data_past_a_rewrite() {
     // Rewrite what was read ahead: open txg, then committed.
     vol.write(2 << 20, &vec![2u8; 4 << 20], false).unwrap();
     for i in 16..48 {
-        all(&read_range(&vol, i * chunk, chunk), 2, "rewritten (open txg)");
+        all(
+            &read_range(&vol, i * chunk, chunk),
+            2,
+            "rewritten (open txg)",
+        );
     }
     engine.sync_all().unwrap();
-    all(&read_range(&vol, 2 << 20, 4 << 20), 2, "rewritten (committed)");
+    all(
+        &read_range(&vol, 2 << 20, 4 << 20),
+        2,
+        "rewritten (committed)",
+    );
     all(&read_range(&vol, 6 << 20, 2 << 20), 1, "beyond the rewrite");
     // A rewrite while the stream goes on and reads ahead concurrently.
     for round in 3..6u8 {
