@@ -1875,7 +1875,7 @@ impl Pool {
         let start = (offset >> 20) as usize % n;
         let sides = g.children.iter().cycle().skip(start).take(n);
         for dev in sides.filter_map(|c| c.readable()) {
-            let mut buf = AlignedBuf::zeroed(len);
+            let mut buf = AlignedBuf::for_read(len);
             match dev.read_direct_at(at, &mut buf) {
                 Ok(()) => return Ok(buf),
                 Err(e) => last = Some(e),
