@@ -5,6 +5,7 @@
 #   bash bench/nbd.sh                       # all targets, 15 s per timed test
 #   RUNTIME=5 TARGETS="nbdkit cistern:off:16K" bash bench/nbd.sh
 #   RUNTIME=5 TARGETS="cistern:off:16K cistern-tls:off:16K" bash bench/nbd.sh   # TLS vs plaintext
+#   RUNTIME=5 SIZE=512M TARGETS="tls-ref:off:16K" bash bench/nbd.sh   # TLS cost: Cistern and nbdkit
 #
 # cistern-tls:COMP:VBS is the same target with `[nbd] tls = "require"` and
 # client certificates (made with openssl in the bench dir); fio's nbd engine
