@@ -53,7 +53,8 @@
 #                         prints both TLS/plain ratios and their quotient
 #                         (1.00 = Cistern's TLS costs what nbdkit's does). The
 #                         negotiated cipher suites are printed from both servers'
-#                         logs.
+#                         logs. With CMP_PIN=1 (default) each round also reads
+#                         all four with the server on CPU 0 and fio on CPU 1.
 #
 # Environment:
 #   RUNTIME=15          seconds per timed test (randwrite, seqread)
@@ -475,17 +476,28 @@ bench_tls_ref() { # compression volblocksize: Cistern and nbdkit, plain and TLS
     local round v uri who ticks0 ticks1 p
     for ((round = 1; round <= REPEAT; round++)); do
         printf 'load\t%s\tref\t%s\n' "$round" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS"
-        for v in cplain ctls kplain ktls; do
+        local variants=(cplain ctls kplain ktls)
+        [[ "$CMP_PIN" == 1 && $(nproc) -ge 2 ]] && variants+=(pcplain pctls pkplain pktls)
+        for v in "${variants[@]}"; do
             echo "   $name round $round seqread-1m $v" >&2
             case "$v" in
-            cplain) uri="$c_plain" p="$pid" ;;
-            ctls) uri="$c_tls" p="$pid" && export FIO_HOME="$dir/pki/home" ;;
-            kplain) uri="$k_plain" p="$kit" ;;
-            ktls) uri="$k_tls" p="$kit" && export FIO_HOME="$dir/pki/home" ;;
+            *cplain) uri="$c_plain" p="$pid" ;;
+            *ctls) uri="$c_tls" p="$pid" && export FIO_HOME="$dir/pki/home" ;;
+            *kplain) uri="$k_plain" p="$kit" ;;
+            *ktls) uri="$k_tls" p="$kit" && export FIO_HOME="$dir/pki/home" ;;
             esac
+            # p*: the server on CPU 0, fio on CPU 1 (the client's decryption
+            # does not take the server's core).
+            FIO_CPUS=""
+            if [[ "$v" == p* ]]; then
+                taskset -a -p -c 0 "$p" >/dev/null
+                FIO_CPUS=1
+            fi
             ticks0=$(cpu_ticks "$p")
             run_fio "ref-$v-r$round" seqread-1m "$uri"
             ticks1=$(cpu_ticks "$p")
+            [[ "$v" != p* ]] || taskset -a -p -c "0-$(($(nproc) - 1))" "$p" >/dev/null
+            unset FIO_CPUS
             printf 'cpu\tseqread-1m\tref-%s-r%s\t%s\t%s\n' "$v" "$round" "$((ticks1 - ticks0))" \
                 "$(fio_cpu "$BENCH_DIR/ref-$v-r$round.seqread-1m.json" seqread-1m)" >>"$RESULTS"
             unset FIO_HOME
@@ -672,8 +684,17 @@ if ref:
     if rc:
         print(f"median: Cistern tls/plain {statistics.median(rc):.2f}x, nbdkit tls/plain {statistics.median(rk):.2f}x, "
               f"quotient {statistics.median(rq):.2f} (target: Cistern >= 0.80x)")
+    pc, pk = [], []
+    for rnd in sorted({k[0] for k in ref}, key=int):
+        cp, ct, kp, kt = (ref.get((rnd, k)) for k in ("pcplain", "pctls", "pkplain", "pktls"))
+        if cp and ct and kp and kt:
+            pc.append(ct / cp); pk.append(kt / kp)
+            print(f"pinned (server CPU 0, fio CPU 1) round {rnd}: Cistern {cp:.0f} / {ct:.0f} MB/s = {pc[-1]:.2f}x, "
+                  f"nbdkit {kp:.0f} / {kt:.0f} MB/s = {pk[-1]:.2f}x")
+    if pc:
+        print(f"median pinned: Cistern tls/plain {statistics.median(pc):.2f}x, nbdkit tls/plain {statistics.median(pk):.2f}x")
     print(f"{'CPU-s per GB':<14} {'server':>8} {'client':>8} {'sum':>8}   (median of rounds)")
-    for kind in ("cplain", "ctls", "kplain", "ktls"):
+    for kind in ("cplain", "ctls", "kplain", "ktls", "pcplain", "pctls", "pkplain", "pktls"):
         per = [(d / (b / 1e9), c / (b / 1e9)) for (t, tg), (d, c, b) in cpu.items()
                if t == "seqread-1m" and tg.startswith("ref-" + kind + "-") and b > 0]
         if per:
