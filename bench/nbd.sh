@@ -5,6 +5,7 @@
 #   bash bench/nbd.sh                       # all targets, 15 s per timed test
 #   RUNTIME=5 TARGETS="nbdkit cistern:off:16K" bash bench/nbd.sh
 #   RUNTIME=5 TARGETS="cistern:off:16K cistern-tls:off:16K" bash bench/nbd.sh   # TLS vs plaintext
+#   RUNTIME=5 SIZE=512M TARGETS="tls-ref:off:16K" bash bench/nbd.sh   # TLS cost: Cistern and nbdkit
 #
 # cistern-tls:COMP:VBS is the same target with `[nbd] tls = "require"` and
 # client certificates (made with openssl in the bench dir); fio's nbd engine
@@ -43,6 +44,17 @@
 #                         capped at CMP_CACHE_MAX so sequential reads come from
 #                         the devices (and are decrypted) instead of the ARC,
 #                         which holds plaintext.
+#   tls-ref:COMP:VBS      TLS against the machine's own reference (decision 0047):
+#                         one Cistern daemon (`tls = "on"`) and one nbdkit file
+#                         plugin (`--tls=on --tls-verify-peer`, the same
+#                         certificates); each round reads 1 MiB sequentially from
+#                         Cistern plain, Cistern TLS, nbdkit plain, nbdkit TLS
+#                         with the same fio (libnbd, GnuTLS), back to back, and
+#                         prints both TLS/plain ratios and their quotient
+#                         (1.00 = Cistern's TLS costs what nbdkit's does). The
+#                         negotiated cipher suites are printed from both servers'
+#                         logs. With CMP_PIN=1 (default) each round also reads
+#                         all four with the server on CPU 0 and fio on CPU 1.
 #
 # Environment:
 #   RUNTIME=15          seconds per timed test (randwrite, seqread)
@@ -409,6 +421,102 @@ bench_compare() { # compression volblocksize: plain, encrypted, TLS in one daemo
     fi
 }
 
+bench_tls_ref() { # compression volblocksize: Cistern and nbdkit, plain and TLS
+    local comp="$1" vbs="$2" name="tls-ref-$1-$2"
+    local dir="$BENCH_DIR/$name" nbd_port api_port kit_port pid kit
+    mkdir -p "$dir/disks" "$dir/kit-certs"
+    make_pki "$dir/pki"
+    # nbdkit takes a directory holding ca-cert.pem, server-cert.pem, server-key.pem.
+    cp "$dir/pki/home/.pki/libnbd/ca-cert.pem" "$dir/pki/server-cert.pem" "$dir/pki/server-key.pem" "$dir/kit-certs/"
+    chmod -R a+rX "$dir/pki" && chmod a+x "$BENCH_DIR" "$dir"
+    sed -i 's/^tls = "require"/tls = "on"/' "$dir/pki/cistern.toml"
+    if [[ -n "$CMP_CACHE_MAX" ]]; then
+        printf '[engine]\ncache_max_bytes = "%s"\n' "$CMP_CACHE_MAX" >>"$dir/pki/cistern.toml"
+    fi
+    nbd_port=$(free_port)
+    api_port=$(free_port)
+    while [[ "$api_port" == "$nbd_port" ]]; do api_port=$(free_port); done
+    RUST_LOG="${RUST_LOG:-info,nbd=debug}" "$CISTERN_BIN" serve --state-dir "$dir/state" --nbd "127.0.0.1:$nbd_port" \
+        --api "127.0.0.1:$api_port" --config "$dir/pki/cistern.toml" >"$dir/daemon.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$api_port" 60
+    wait_port "$nbd_port" 60
+    export CISTERN_API="http://127.0.0.1:$api_port"
+    for _ in $(seq 300); do "$CISTERN_BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
+    CISTERN_TOKEN=$(cat "$dir/state/api.token")
+    export CISTERN_TOKEN
+    "$CISTERN_BIN" pool create -s 4G bench "$dir/disks/d0" >/dev/null
+    "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/plain >/dev/null
+    truncate -s "$SIZE" "$dir/disks/kit.img"
+    kit_port=$(free_port)
+    while [[ "$kit_port" == "$nbd_port" || "$kit_port" == "$api_port" ]]; do kit_port=$(free_port); done
+    nbdkit -f -i 127.0.0.1 -p "$kit_port" --tls=on --tls-certificates="$dir/kit-certs" --tls-verify-peer \
+        file "$dir/disks/kit.img" >"$dir/nbdkit.log" 2>&1 &
+    kit=$!
+    PIDS+=("$kit")
+    wait_port "$kit_port" 30
+    local c_plain="nbd://127.0.0.1:$nbd_port/bench/plain" c_tls="nbds://127.0.0.1:$nbd_port/bench/plain"
+    local k_plain="nbd://127.0.0.1:$kit_port/" k_tls="nbds://127.0.0.1:$kit_port/"
+    # Both hold the same kind of data (fio's buffers, COMPRESS_PCT), written in plaintext.
+    echo "   $name fill" >&2
+    run_fio "ref-cfill-r0" seqwrite-1m "$c_plain"
+    run_fio "ref-kfill-r0" seqwrite-1m "$k_plain"
+    # The suite each server agrees on with libnbd: Cistern logs it; nbdkit's
+    # is asked of a second, verbose nbdkit on the same certificates.
+    local vport
+    vport=$(free_port)
+    nbdkit -f -v -D nbdkit.tls.session=1 -i 127.0.0.1 -p "$vport" --tls=require --tls-certificates="$dir/kit-certs" \
+        --tls-verify-peer memory 1M >"$dir/nbdkit-verbose.log" 2>&1 &
+    local vpid=$!
+    wait_port "$vport" 30
+    FIO_HOME="$dir/pki/home" client_as nbdinfo --size "nbds://127.0.0.1:$vport/" >/dev/null 2>&1 || true
+    kill "$vpid" 2>/dev/null || true
+    wait "$vpid" 2>/dev/null || true
+    local round v uri who ticks0 ticks1 p
+    for ((round = 1; round <= REPEAT; round++)); do
+        printf 'load\t%s\tref\t%s\n' "$round" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS"
+        local variants=(cplain ctls kplain ktls)
+        [[ "$CMP_PIN" == 1 && $(nproc) -ge 2 ]] && variants+=(pcplain pctls pkplain pktls)
+        for v in "${variants[@]}"; do
+            echo "   $name round $round seqread-1m $v" >&2
+            case "$v" in
+            *cplain) uri="$c_plain" p="$pid" ;;
+            *ctls) uri="$c_tls" p="$pid" && export FIO_HOME="$dir/pki/home" ;;
+            *kplain) uri="$k_plain" p="$kit" ;;
+            *ktls) uri="$k_tls" p="$kit" && export FIO_HOME="$dir/pki/home" ;;
+            esac
+            # p*: the server on CPU 0, fio on CPU 1 (the client's decryption
+            # does not take the server's core).
+            FIO_CPUS=""
+            if [[ "$v" == p* ]]; then
+                taskset -a -p -c 0 "$p" >/dev/null
+                FIO_CPUS=1
+            fi
+            ticks0=$(cpu_ticks "$p")
+            run_fio "ref-$v-r$round" seqread-1m "$uri"
+            ticks1=$(cpu_ticks "$p")
+            [[ "$v" != p* ]] || taskset -a -p -c "0-$(($(nproc) - 1))" "$p" >/dev/null
+            unset FIO_CPUS
+            printf 'cpu\tseqread-1m\tref-%s-r%s\t%s\t%s\n' "$v" "$round" "$((ticks1 - ticks0))" \
+                "$(fio_cpu "$BENCH_DIR/ref-$v-r$round.seqread-1m.json" seqread-1m)" >>"$RESULTS"
+            unset FIO_HOME
+        done
+    done
+    local suite_c suite_k # Cistern logs it at debug when the TLS rounds connect
+    suite_c=$(grep -o 'suite=Some("[A-Z0-9_]*")' "$dir/daemon.log" | head -1 | sed 's/suite=Some("\(.*\)")/\1/' || true)
+    suite_k=$(grep -o 'TLS session: .*' "$dir/nbdkit-verbose.log" | head -1 || true)
+    printf 'suite\tcistern\t%s\nsuite\tnbdkit\t%s\n' "${suite_c:-?}" "${suite_k:-?}" >>"$RESULTS"
+    printf 'rss\t%s\t%s\n' "$name-cistern" "$(rss "$pid")" >>"$RESULTS"
+    printf 'rss\t%s\t%s\n' "$name-nbdkit" "$(rss "$kit")" >>"$RESULTS"
+    unset CISTERN_API CISTERN_TOKEN
+    stop_pids
+    [[ "$KEEP_FILES" == 1 ]] || rm -rf "$dir/disks" "$dir/state"
+    if grep -q "panicked at" "$dir/daemon.log"; then
+        echo "warning: the daemon panicked, see $dir/daemon.log" >&2
+    fi
+}
+
 echo "==> bench/nbd.sh: RUNTIME=${RUNTIME}s SIZE=$SIZE JOBS=$JOBS COMPRESS_PCT=$COMPRESS_PCT POOL_LAYOUT=$POOL_LAYOUT" >&2
 echo "    files on $(df -h --output=source,fstype "$BENCH_DIR" | tail -1 | tr -s ' ') in $BENCH_DIR" >&2
 for t in $TARGETS; do
@@ -431,6 +539,10 @@ for t in $TARGETS; do
         IFS=: read -r _ comp vbs <<<"$t"
         bench_compare "$comp" "$vbs"
         ;;
+    tls-ref:*:*)
+        IFS=: read -r _ comp vbs <<<"$t"
+        bench_tls_ref "$comp" "$vbs"
+        ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
 done
@@ -439,7 +551,7 @@ done
 python3 - "$RESULTS" <<'EOF' | tee "$BENCH_DIR/summary.txt"
 import sys
 import os
-rows, rss, logs, loads, cpu, copies = [], {}, {}, {}, {}, []
+rows, rss, logs, loads, cpu, copies, suites = [], {}, {}, {}, {}, [], {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if f[0] == "load":
@@ -447,6 +559,8 @@ for line in open(sys.argv[1]):
     elif f[0] == "cpu":
         # (test, target) -> (daemon CPU-s, client CPU-s, bytes)
         cpu[(f[1], f[2])] = (int(f[3]) / os.sysconf("SC_CLK_TCK"), float(f[4]), int(f[5]))
+    elif f[0] == "suite":
+        suites[f[1]] = f[2]
     elif f[0] == "nbdcopy":
         copies.append(f[1:])
     elif f[0] == "rss":
@@ -548,6 +662,45 @@ if cmp:
             print(f"nbdcopy URI null: round {rnd} ({size}): plain {float(sp):.2f} s, TLS {float(st):.2f} s, "
                   f"tls/plain throughput {r[-1]:.2f}x")
         print(f"median nbdcopy tls/plain {statistics.median(r):.2f}x (libnbd's nbdcopy, its default connections, GnuTLS)")
+ref = {}
+for r in rows:
+    if r[1].startswith("ref-") and r[0] == "seqread-1m":
+        _, kind, rnd = r[1].split("-")
+        ref[(rnd[1:], kind)] = float(r[3])
+if ref:
+    import statistics
+    print()
+    print("tls-ref: seqread-1m MB/s, Cistern and nbdkit (file plugin), plaintext and TLS, same fio/libnbd/GnuTLS client:")
+    for who, s in suites.items():
+        print(f"  negotiated suite, {who}: {s}")
+    print(f"{'round':>5} {'load':>6} {'cistern':>8} {'c-tls':>8} {'nbdkit':>8} {'k-tls':>8} {'cistern tls/plain':>18} {'nbdkit tls/plain':>17} {'quotient':>9}")
+    rc, rk, rq = [], [], []
+    for rnd in sorted({k[0] for k in ref}, key=int):
+        cp, ct, kp, kt = (ref.get((rnd, k)) for k in ("cplain", "ctls", "kplain", "ktls"))
+        if not (cp and ct and kp and kt):
+            continue
+        rc.append(ct / cp); rk.append(kt / kp); rq.append(rc[-1] / rk[-1])
+        print(f"{rnd:>5} {loads.get(('ref', rnd), '-'):>6} {cp:>8.0f} {ct:>8.0f} {kp:>8.0f} {kt:>8.0f} {rc[-1]:>17.2f}x {rk[-1]:>16.2f}x {rq[-1]:>9.2f}")
+    if rc:
+        print(f"median: Cistern tls/plain {statistics.median(rc):.2f}x, nbdkit tls/plain {statistics.median(rk):.2f}x, "
+              f"quotient {statistics.median(rq):.2f} (target: Cistern >= 0.80x)")
+    pc, pk = [], []
+    for rnd in sorted({k[0] for k in ref}, key=int):
+        cp, ct, kp, kt = (ref.get((rnd, k)) for k in ("pcplain", "pctls", "pkplain", "pktls"))
+        if cp and ct and kp and kt:
+            pc.append(ct / cp); pk.append(kt / kp)
+            print(f"pinned (server CPU 0, fio CPU 1) round {rnd}: Cistern {cp:.0f} / {ct:.0f} MB/s = {pc[-1]:.2f}x, "
+                  f"nbdkit {kp:.0f} / {kt:.0f} MB/s = {pk[-1]:.2f}x")
+    if pc:
+        print(f"median pinned: Cistern tls/plain {statistics.median(pc):.2f}x, nbdkit tls/plain {statistics.median(pk):.2f}x")
+    print(f"{'CPU-s per GB':<14} {'server':>8} {'client':>8} {'sum':>8}   (median of rounds)")
+    for kind in ("cplain", "ctls", "kplain", "ktls", "pcplain", "pctls", "pkplain", "pktls"):
+        per = [(d / (b / 1e9), c / (b / 1e9)) for (t, tg), (d, c, b) in cpu.items()
+               if t == "seqread-1m" and tg.startswith("ref-" + kind + "-") and b > 0]
+        if per:
+            dm = statistics.median(x for x, _ in per)
+            cm = statistics.median(y for _, y in per)
+            print(f"  {kind:<12} {dm:>8.2f} {cm:>8.2f} {dm + cm:>8.2f}")
 print()
 if logs:
     print("intent log during randwrite-4k-flush (group commit):")

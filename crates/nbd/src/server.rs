@@ -342,7 +342,8 @@ async fn handshake(
     tls::bulk_buffers(stream.get_mut().1);
     ctx.client.tls = true;
     ctx.client.common_name = tls::peer_common_name(stream.get_ref().1);
-    debug!(%peer, client = ?ctx.client.common_name, "TLS on");
+    debug!(%peer, client = ?ctx.client.common_name,
+        suite = ?tls::negotiated_suite(stream.get_ref().1), "TLS on");
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(HANDSHAKE_BUFFER, rd);
     let mut wr = BufWriter::with_capacity(HANDSHAKE_BUFFER, wr);
