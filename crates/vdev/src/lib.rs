@@ -3,6 +3,7 @@
 pub mod bucket;
 mod label;
 mod mmp;
+pub mod standby;
 
 pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
@@ -199,6 +200,8 @@ pub struct Vdev {
     /// Set for a device that lives in a bucket: `path` is its location and
     /// `file` its local cache; writes are shipped at sync (decision 0039).
     bucket: Option<Box<bucket::Shipper>>,
+    /// A bucket device's heartbeat object writer (decision 0048).
+    heartbeat: Option<standby::Heartbeat>,
 }
 
 /// What [`Vdev::probe`] found wrong with a device that is still open.
@@ -267,6 +270,7 @@ impl Vdev {
             reason: parking_lot::Mutex::new(None),
             identity,
             bucket: None,
+            heartbeat: None,
         })
     }
 
@@ -279,8 +283,30 @@ impl Vdev {
             path: PathBuf::from(&url),
             source: io::Error::other(why),
         })?;
-        let mut dev = Vdev::open(&cache)?;
+        Vdev::from_bucket_cache(&url, &cache, shipper)
+    }
+
+    /// The device over a bucket device's cache and its shipper; starts the
+    /// owner's heartbeat object.
+    pub(crate) fn from_bucket_cache(
+        url: &str,
+        cache: &Path,
+        shipper: bucket::Shipper,
+    ) -> Result<Vdev, VdevError> {
+        let mut dev = Vdev::open(cache)?;
         dev.path = PathBuf::from(url);
+        let (store, prefix, epoch) = shipper.location();
+        let every = bucket::settings()
+            .and_then(|s| s.config.heartbeat_ms)
+            .unwrap_or(standby::DEFAULT_HEARTBEAT_MS)
+            .max(50);
+        let node = bucket::settings().map(|s| s.node).unwrap_or_default();
+        dev.heartbeat = Some(standby::Heartbeat::start(
+            store,
+            prefix,
+            format!("{node} {epoch:016x}"),
+            std::time::Duration::from_millis(every),
+        ));
         dev.bucket = Some(Box::new(shipper));
         Ok(dev)
     }
@@ -359,6 +385,9 @@ impl Vdev {
     }
 
     fn ship_failed(&self, why: String) -> VdevError {
+        if let Some(h) = &self.heartbeat {
+            h.stop();
+        }
         self.errors.write.fetch_add(1, Ordering::Relaxed);
         if self.state() != DeviceState::Faulted {
             self.set_failed(DeviceState::Faulted, why.clone());

@@ -377,7 +377,10 @@ mod tests {
         };
         let mut out = Vec::new();
         // The writer batches its output: flush before looking at the header.
-        Writer::new(&mut out, FLAG_RECURSIVE).unwrap().flush().unwrap();
+        Writer::new(&mut out, FLAG_RECURSIVE)
+            .unwrap()
+            .flush()
+            .unwrap();
         assert_eq!(out, head(2, FLAG_RECURSIVE));
         let mut ok = &out[..];
         assert_eq!(Reader::new(&mut ok).unwrap().flags, FLAG_RECURSIVE);
