@@ -313,7 +313,9 @@ def test_automatic_takeover_after_kill9_but_not_of_an_idle_live_owner(make_daemo
         60,
         what="the automatic takeover",
     )
-    assert "took the pool over automatically" in standby.log_text()
+    helpers.wait_until(
+        lambda: "took the pool over automatically" in standby.log_text(), 30, what="the takeover logged"
+    )
     check_reads(standby.uri("tank/vol"), acked)
     assert standby.stop(timeout=60) == 0
 

@@ -459,8 +459,14 @@ impl Engine {
         if devs.is_empty() {
             return Err(Error::NotFound("no device of the pool is available".into()));
         }
+        // A bucket pool's MMP slot is local to this daemon's cache (never
+        // shipped), so watching it for the label's owner can only wait: the
+        // log's create-if-absent claim has already fenced that owner
+        // (decisions 0039, 0048).
+        let all_bucket = devs.iter().all(|(d, _)| d.is_bucket());
         let label_owner = devs
             .iter()
+            .filter(|_| !all_bucket)
             .filter(|(_, l)| l.pool_state() == pool::PoolState::Active)
             .max_by_key(|(_, l)| l.generation)
             .and_then(|(_, l)| l.owner.clone());

@@ -383,7 +383,10 @@ fn a_warm_takeover_reads_only_what_follows_and_of_two_takers_one_wins() {
         assert_eq!(entries_of(&rest), vec![e("two")]);
         assert_eq!(b.next_seq(), 5);
         // The old owner is fenced by b's claim.
-        assert!(matches!(a.append(&[e("late")]).await, Err(LogError::Fenced { .. })));
+        assert!(matches!(
+            a.append(&[e("late")]).await,
+            Err(LogError::Fenced { .. })
+        ));
         b.append(&[e("b1")]).await.expect("b appends");
         // A second standby that still means to fence "a" finds b's claim: it
         // backs off instead of fencing the new owner.

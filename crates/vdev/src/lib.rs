@@ -295,18 +295,21 @@ impl Vdev {
     ) -> Result<Vdev, VdevError> {
         let mut dev = Vdev::open(cache)?;
         dev.path = PathBuf::from(url);
-        let (store, prefix, epoch) = shipper.location();
-        let every = bucket::settings()
-            .and_then(|s| s.config.heartbeat_ms)
-            .unwrap_or(standby::DEFAULT_HEARTBEAT_MS)
-            .max(50);
-        let node = bucket::settings().map(|s| s.node).unwrap_or_default();
-        dev.heartbeat = Some(standby::Heartbeat::start(
-            store,
-            prefix,
-            format!("{node} {epoch:016x}"),
-            std::time::Duration::from_millis(every),
-        ));
+        // Only a daemon's devices beat (tests opening devices directly count PUTs).
+        if let Some(st) = bucket::settings() {
+            let (store, prefix, epoch) = shipper.location();
+            let every = st
+                .config
+                .heartbeat_ms
+                .unwrap_or(standby::DEFAULT_HEARTBEAT_MS)
+                .max(50);
+            dev.heartbeat = Some(standby::Heartbeat::start(
+                store,
+                prefix,
+                format!("{} {epoch:016x}", st.node),
+                std::time::Duration::from_millis(every),
+            ));
+        }
         dev.bucket = Some(Box::new(shipper));
         Ok(dev)
     }
