@@ -382,3 +382,39 @@ def test_lost_put_answers_never_turn_into_a_lie(make_daemon, gateway):
         assert other.stop(timeout=60) == 0
     finally:
         proxy.close()
+
+
+def _no_fs():
+    from test_filesystem import _why_no_fs
+
+    return _why_no_fs()
+
+
+@pytest.mark.skipif(_no_fs() is not None, reason=_no_fs() or "")
+def test_ext4_on_a_bucket_pool_survives_a_warm_takeover(make_daemon, gateway, tmp_path):
+    import random
+
+    from conftest import run
+    from test_filesystem import _read_tree, _write_tree, loop_mount, nbdfuse
+
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    standby = start_standby(make_daemon, gateway)
+    log = tmp_path / "nbdfuse.log"
+    with nbdfuse(owner.uri("tank/vol"), tmp_path / "mnt", log) as image:
+        run(["mkfs.ext4", "-q", "-F", image], timeout=300)
+        with loop_mount(image, tmp_path / "fs") as fs:
+            tree = _write_tree(fs, random.Random(48), 60)
+        fd = os.open(image, os.O_RDWR)
+        try:
+            os.fsync(fd)  # FLUSH: from here the filesystem is acknowledged
+        finally:
+            os.close(fd)
+    owner.kill9()
+    standby.cli("pool", "takeover", "tank", timeout=120)
+    with nbdfuse(standby.uri("tank/vol"), tmp_path / "mnt2", log) as image:
+        fsck = run(["e2fsck", "-f", "-n", image], check=False, timeout=300)
+        assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+        with loop_mount(image, tmp_path / "fs2") as fs:
+            assert _read_tree(fs) == tree
+    assert standby.stop(timeout=60) == 0
