@@ -68,7 +68,11 @@ NBD_PORT=$(tr '\0' ' ' </proc/$OWNER_PID/cmdline | sed -n 's/.*--nbd 127.0.0.1:\
 "$CISTERN_BIN" create -V "$SIZE" bench/vol >/dev/null
 "$CISTERN_BIN" create -V "$SIZE" tank/vol >/dev/null
 # The warm standby tails the log through every round.
-CISTERN_SERVE_EXTRA="--standby tank s3://bkt/bench/tank" start_cistern "$BENCH_DIR/standby" "$CONFIG"
+# (Set and cleared, not a prefix assignment: with one, bash scopes the
+# function's `export CISTERN_API` to the call and later CLI calls go astray.)
+CISTERN_SERVE_EXTRA="--standby tank s3://bkt/bench/tank"
+start_cistern "$BENCH_DIR/standby" "$CONFIG"
+CISTERN_SERVE_EXTRA=""
 STANDBY_PID=$CISTERN_PID
 STANDBY_API=$CISTERN_API
 export CISTERN_API=$OWNER_API
