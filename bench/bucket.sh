@@ -14,8 +14,12 @@
 #   seqread-1m          1 MiB sequential reads of what was written (from the cache)
 #   put-rate            versitygw: sequential 4 KiB PUTs with If-None-Match: *
 #                       from one client (what one log writer can do), boto3
-# Then once: takeover time from kill -STOP of the owner to the standby serving
-# the volume (`cistern pool takeover`, replaying the log into a fresh cache).
+# Then once: takeover time from kill -STOP of the owner to the new owner
+# serving the volume: warm, by a standby daemon (`serve --standby`, tailing the
+# log since the pool was made, decision 0048) that applies only what it had
+# not yet; and cold, by a fresh daemon (`pool takeover tank LOCATION`)
+# replaying the whole log into a fresh cache (it takes the pool from the
+# standby). Prints both and the ratio.
 #
 # Environment: RUNTIME=10 SIZE=512M JOBS=8 REPEAT=3 BENCH_DIR=bench/out/bucket-<time>
 #   CISTERN_BIN=target/release/cistern VERSITYGW=/work/cache/go-bin/versitygw
@@ -63,6 +67,15 @@ NBD_PORT=$(tr '\0' ' ' </proc/$OWNER_PID/cmdline | sed -n 's/.*--nbd 127.0.0.1:\
 "$CISTERN_BIN" pool create tank "s3://bkt/bench/tank" >/dev/null
 "$CISTERN_BIN" create -V "$SIZE" bench/vol >/dev/null
 "$CISTERN_BIN" create -V "$SIZE" tank/vol >/dev/null
+# The warm standby tails the log through every round.
+# (Set and cleared, not a prefix assignment: with one, bash scopes the
+# function's `export CISTERN_API` to the call and later CLI calls go astray.)
+CISTERN_SERVE_EXTRA="--standby tank s3://bkt/bench/tank"
+start_cistern "$BENCH_DIR/standby" "$CONFIG"
+CISTERN_SERVE_EXTRA=""
+STANDBY_PID=$CISTERN_PID
+STANDBY_API=$CISTERN_API
+export CISTERN_API=$OWNER_API
 
 per_job=$("$PYTHON" -c "import sys; s=sys.argv[1].upper(); u={'K':1<<10,'M':1<<20,'G':1<<30}; n=int(float(s[:-1])*u[s[-1]]) if s[-1] in u else int(s); print(n//$JOBS//4096*4096)" "$SIZE")
 
@@ -112,13 +125,23 @@ for round in $(seq "$REPEAT"); do
 done
 echo "owner RSS (peak current MiB): $(rss "$OWNER_PID")" | tee -a "$RESULTS"
 
-# Takeover: a standby daemon takes the pool from a stopped owner.
+echo "standby RSS while tailing (peak current MiB): $(rss "$STANDBY_PID")" | tee -a "$RESULTS"
+log_objects=$(find "$BENCH_DIR/gw/bkt/bench/tank/log" -type f | wc -l)
+log_bytes=$(du -sb "$BENCH_DIR/gw/bkt/bench/tank" | cut -f1)
+
+# Warm takeover: the standby takes the pool from the stopped owner.
 CISTERN_API_OWNER=$OWNER_API
-start_cistern "$BENCH_DIR/standby" "$CONFIG"
 kill -STOP "$OWNER_PID"
-t=$(CISTERN_TOKEN=$(cat "$BENCH_DIR/standby/state/api.token") elapsed "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
+warm=$(elapsed env "CISTERN_API=$STANDBY_API" "CISTERN_TOKEN=$(cat "$BENCH_DIR/standby/state/api.token")" \
+    "$CISTERN_BIN" pool takeover tank)
 kill -CONT "$OWNER_PID"
-echo "takeover-seconds $t (log replayed into a fresh cache; SIZE=$SIZE written)" | tee -a "$RESULTS"
+echo "takeover-warm-seconds $warm (standby tailing; $log_objects log records, $log_bytes bytes in the bucket)" | tee -a "$RESULTS"
+# Cold takeover: a fresh daemon replays the whole log (fencing the standby).
+start_cistern "$BENCH_DIR/cold" "$CONFIG"
+cold=$(elapsed env "CISTERN_API=$CISTERN_API" "CISTERN_TOKEN=$(cat "$BENCH_DIR/cold/state/api.token")" \
+    "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
+echo "takeover-cold-seconds $cold (whole log replayed into a fresh cache; SIZE=$SIZE written)" | tee -a "$RESULTS"
+"$PYTHON" -c "import sys; print(f'takeover warm/cold {float(sys.argv[1]) / float(sys.argv[2]):.3f}x')" "$warm" "$cold" | tee -a "$RESULTS"
 export CISTERN_API=$CISTERN_API_OWNER
 
 "$PYTHON" - "$RESULTS" <<'EOF'

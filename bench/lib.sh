@@ -84,7 +84,9 @@ start_cistern() {
         printf '%s\n' "$config" >"$dir/cistern.toml"
         args=(--config "$dir/cistern.toml")
     fi
-    "$CISTERN_BIN" serve "${args[@]}" --state-dir "$dir/state" --api "127.0.0.1:$api_port" \
+    # CISTERN_SERVE_EXTRA: more serve flags, word-split (e.g. --standby POOL URL).
+    # shellcheck disable=SC2086
+    "$CISTERN_BIN" serve "${args[@]}" ${CISTERN_SERVE_EXTRA:-} --state-dir "$dir/state" --api "127.0.0.1:$api_port" \
         --nbd "127.0.0.1:$nbd_port" >"$dir/daemon.log" 2>&1 &
     CISTERN_PID=$!
     PIDS+=("$CISTERN_PID")

@@ -122,6 +122,7 @@ class Daemon:
         self.exit_codes: list[int] = []
         self.ignore_panics = False  # set by tests that make the daemon abort on purpose
         self.s3_addr: str | None = None  # `--s3 ADDR` when set (tests/s3_helpers.py)
+        self.serve_args: list[str] = []  # more `cistern serve` flags (e.g. --standby POOL LOCATION)
         _ALL_DAEMONS.append(self)
 
     # -- addresses
@@ -185,6 +186,7 @@ class Daemon:
             cmd += ["--config", self.config_path]
         if self.s3_addr is not None:
             cmd += ["--s3", self.s3_addr]
+        cmd += self.serve_args
         e = self.env()
         e.update(self.extra_env)
         if env:

@@ -205,3 +205,216 @@ def test_two_daemons_creating_on_an_empty_bucket_exactly_one_owns_it(make_daemon
     assert codes.count(0) == 1, codes
     owners = [d for d in (a, b) if "tank" in d.cli("pool", "list", "-H").stdout]
     assert len(owners) == 1
+
+
+# -- warm standby (decision 0048) -------------------------------------------------
+
+
+def start_standby(make_daemon, gateway, name="standby", extra=""):
+    """A daemon started with `serve --standby tank URL`."""
+    d = make_daemon(name, config=bucket_config(gateway) + extra, start=False)
+    d.serve_args = ["--standby", "tank", URL]
+    d.start()
+    return d
+
+
+def log_claims(gw_root: Path, prefix="pools/tank"):
+    """Claim records in the pool's log as versitygw stores them (kind byte at 10)."""
+    logdir = gw_root / "bkt" / prefix / "log"
+    return sum(1 for f in logdir.iterdir() if f.is_file() and f.read_bytes()[10:11] == b"\x01")
+
+
+def log_len(gw_root: Path, prefix="pools/tank"):
+    return sum(1 for f in (gw_root / "bkt" / prefix / "log").iterdir() if f.is_file())
+
+
+def standby_next(d) -> int:
+    for line in d.metrics().splitlines():
+        if line.startswith("cistern_bucket_standby_next_record{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("no standby metric")
+
+
+def test_warm_standby_tails_then_takes_over_a_stopped_owner(make_daemon, gateway, tmp_path):
+    gw_root = tmp_path / "gw"
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    uri = owner.uri("tank/vol")
+    acked = write_flushed(uri, blocks("a", 8))
+    owner.cli("snapshot", "tank/vol@before")
+    standby = start_standby(make_daemon, gateway)
+    st = standby.cli("pool", "status", "tank").stdout
+    assert "STANDBY" in st and URL in st, st
+    assert 'cistern_bucket_standby{pool="tank"' in standby.metrics()
+    # It follows what the owner writes after it started.
+    acked += write_flushed(uri, blocks("b", 8, stride=(1 << 20) + 8192))
+    helpers.wait_until(lambda: standby_next(standby) > log_len(gw_root) - 1, 30, what="the standby catching up")
+    # It wrote nothing to the bucket: the only claim is the owner's.
+    assert log_claims(gw_root) == 1
+    late = helpers.connect(uri)
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        out = standby.cli("pool", "takeover", "tank", timeout=120).stdout
+        took = time.monotonic() - t0
+        print(f"warm takeover took {took:.2f}s")
+        assert URL in out, out
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    assert "replayed" in standby.log_text()
+    assert log_claims(gw_root) == 2
+    fenced_ack = []
+
+    def try_late():
+        try:
+            late.pwrite(b"L" * 4096, 200 << 20)
+            late.flush()
+            fenced_ack.append(True)
+        except Exception:  # noqa: BLE001 - any error is "not acknowledged"
+            fenced_ack.append(False)
+
+    t = threading.Thread(target=try_late)
+    t.start()
+    t.join(60)
+    assert fenced_ack == [False], "the fenced owner acknowledged a FLUSH"
+    helpers.wait_until(lambda: "fenced" in owner.log_text(), 30, what="fenced in the old owner's log")
+    suri = standby.uri("tank/vol")
+    check_reads(suri, acked)
+    with helpers.connected(suri) as h:
+        assert h.pread(4096, 200 << 20) != b"L" * 4096
+    assert "tank/vol@before" in standby.cli("list", "-t", "snapshot").stdout
+    assert "ONLINE" in standby.cli("pool", "status", "tank").stdout
+    assert "cistern_bucket_standby{" not in standby.metrics()
+    more = write_flushed(suri, blocks("c", 4, stride=3 << 20))
+    check_reads(suri, more)
+    try:
+        helpers.close(late)
+    except Exception:  # noqa: BLE001
+        pass
+    owner.kill9()
+    # Stopped while the gateway is still up (it goes first at teardown).
+    assert standby.stop(timeout=60) == 0
+
+
+def test_automatic_takeover_after_kill9_but_not_of_an_idle_live_owner(make_daemon, gateway):
+    auto = "takeover_after_secs = 3\nheartbeat_ms = 300\n"
+    owner = make_daemon("owner", config=bucket_config(gateway) + auto)
+    make_pool(owner)
+    acked = write_flushed(owner.uri("tank/vol"), blocks("k", 12))
+    standby = start_standby(make_daemon, gateway, extra=auto)
+    # An idle owner keeps its heartbeat object fresh: no takeover.
+    time.sleep(6)
+    assert "STANDBY" in standby.cli("pool", "status", "tank").stdout
+    assert "tank" in owner.cli("pool", "list", "-H").stdout
+    acked += write_flushed(owner.uri("tank/vol"), blocks("m", 4, stride=5 << 20))
+    owner.kill9()
+    helpers.wait_until(
+        lambda: "ONLINE" in standby.cli("pool", "status", "tank", check=False).stdout,
+        60,
+        what="the automatic takeover",
+    )
+    helpers.wait_until(
+        lambda: "took the pool over automatically" in standby.log_text(), 30, what="the takeover logged"
+    )
+    check_reads(standby.uri("tank/vol"), acked)
+    assert standby.stop(timeout=60) == 0
+
+
+def test_two_standbys_racing_to_take_over_exactly_one_owns(make_daemon, gateway, tmp_path):
+    auto = "takeover_after_secs = 2\nheartbeat_ms = 300\n"
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    acked = write_flushed(owner.uri("tank/vol"), blocks("r", 6))
+    a = start_standby(make_daemon, gateway, "sa", extra=auto)
+    b = start_standby(make_daemon, gateway, "sb", extra=auto)
+    owner.kill9()
+
+    def owners():
+        return [d for d in (a, b) if "ONLINE" in d.cli("pool", "status", "tank", check=False).stdout]
+
+    helpers.wait_until(lambda: len(owners()) >= 1, 60, what="one standby taking over")
+    time.sleep(3)  # the loser's attempt has ended by now
+    won = owners()
+    assert len(won) == 1, [d.log_tail(30) for d in (a, b)]
+    check_reads(won[0].uri("tank/vol"), acked)
+    # The new owner writes on and stays the owner.
+    more = write_flushed(won[0].uri("tank/vol"), blocks("s", 3, stride=7 << 20))
+    check_reads(won[0].uri("tank/vol"), more)
+    assert owners() == won
+    for d in (a, b):
+        assert d.stop(timeout=60) == 0
+
+
+def test_lost_put_answers_never_turn_into_a_lie(make_daemon, gateway):
+    from http_fault_proxy import HttpFaultProxy
+
+    seen = {"log_puts": 0}
+
+    def decide(method, path):
+        # Every other log record's answer is lost after the object landed.
+        if method == "PUT" and "/log/" in path:
+            seen["log_puts"] += 1
+            if seen["log_puts"] % 2 == 0:
+                return "drop"
+        return "pass"
+
+    proxy = HttpFaultProxy(gateway, decide)
+    try:
+        cfg = bucket_config(gateway).replace(f"http://127.0.0.1:{gateway}", proxy.url)
+        owner = make_daemon("owner", config=cfg)
+        make_pool(owner)
+        acked, failed = [], 0
+        with helpers.connected(owner.uri("tank/vol")) as h:
+            for off, data in blocks("p", 16, stride=(1 << 20) + 4096):
+                try:
+                    h.pwrite(data, off)
+                    h.flush()
+                    acked.append((off, data))
+                except Exception:  # noqa: BLE001 - not acknowledged: allowed
+                    failed += 1
+                    break
+        assert proxy.counts["drop"] >= 3, proxy.counts
+        print(f"acknowledged {len(acked)}, failed {failed}, proxy {proxy.counts}")
+        owner.kill9()
+        other = make_daemon("other", config=bucket_config(gateway))
+        other.cli("pool", "takeover", "tank", URL, timeout=120)
+        check_reads(other.uri("tank/vol"), acked)
+        assert other.stop(timeout=60) == 0
+    finally:
+        proxy.close()
+
+
+def _no_fs():
+    from test_filesystem import _why_no_fs
+
+    return _why_no_fs()
+
+
+@pytest.mark.skipif(_no_fs() is not None, reason=_no_fs() or "")
+def test_ext4_on_a_bucket_pool_survives_a_warm_takeover(make_daemon, gateway, tmp_path):
+    import random
+
+    from conftest import run
+    from test_filesystem import _read_tree, _write_tree, loop_mount, nbdfuse
+
+    owner = make_daemon("owner", config=bucket_config(gateway))
+    make_pool(owner)
+    standby = start_standby(make_daemon, gateway)
+    log = tmp_path / "nbdfuse.log"
+    with nbdfuse(owner.uri("tank/vol"), tmp_path / "mnt", log) as image:
+        run(["mkfs.ext4", "-q", "-F", image], timeout=300)
+        with loop_mount(image, tmp_path / "fs") as fs:
+            tree = _write_tree(fs, random.Random(48), 60)
+        fd = os.open(image, os.O_RDWR)
+        try:
+            os.fsync(fd)  # FLUSH: from here the filesystem is acknowledged
+        finally:
+            os.close(fd)
+    owner.kill9()
+    standby.cli("pool", "takeover", "tank", timeout=120)
+    with nbdfuse(standby.uri("tank/vol"), tmp_path / "mnt2", log) as image:
+        fsck = run(["e2fsck", "-f", "-n", image], check=False, timeout=300)
+        assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+        with loop_mount(image, tmp_path / "fs2") as fs:
+            assert _read_tree(fs) == tree
+    assert standby.stop(timeout=60) == 0

@@ -715,7 +715,9 @@ async fn import_pool(
     State(st): State<ApiState>,
     Json(req): Json<ImportRequest>,
 ) -> ApiResult<Response> {
-    if req.dirs.is_empty() {
+    // Without directories only a forced import (`pool takeover POOL` on a
+    // warm standby, decision 0048) makes sense.
+    if req.dirs.is_empty() && !req.force {
         return Err(ApiError::bad_request(
             "give at least one directory to search",
         ));

@@ -11,6 +11,7 @@ mod output;
 mod quickstart;
 mod serve;
 mod shares;
+mod standby;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

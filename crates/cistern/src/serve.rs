@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Listen beyond loopback without TLS (labs only; logged as a warning).
     #[arg(long)]
     pub insecure: bool,
+    /// Stand by for a bucket pool: tail its log into a warm cache without
+    /// owning it; `cistern pool takeover POOL` makes this daemon the owner.
+    #[arg(long, num_args = 2, value_names = ["POOL", "LOCATION"])]
+    pub standby: Vec<String>,
 }
 
 /// The addresses actually bound (ports resolved when 0 was asked for).
@@ -93,6 +97,7 @@ pub type Setup = Box<dyn FnOnce(&Arc<Engine>, &Arc<Users>) -> Result<()> + Send>
 pub type Announce = Box<dyn FnOnce(&Arc<Engine>, &Endpoints) + Send>;
 
 pub fn main(args: ServeArgs, api_flag: Option<String>) -> Result<()> {
+    crate::standby::set(&args.standby)?;
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,
         None => Config::default(),
@@ -215,6 +220,13 @@ async fn serve(
             return Err(anyhow::Error::new(e).context("cannot open the S3 users"));
         }
     };
+    {
+        let e = engine.clone();
+        if let Err(err) = spawn_blocking(move || crate::standby::start(&e)).await {
+            shutdown_engine(&engine).await;
+            return Err(err);
+        }
+    }
     if let Some(setup) = setup {
         let (e, u) = (engine.clone(), users.clone());
         if let Err(err) = spawn_blocking(move || setup(&e, &u)).await {
@@ -298,6 +310,7 @@ async fn serve(
     let state = api::ApiState::new(engine.clone())
         .with_auth(auth)
         .with_metrics(Arc::new(crate::nbd_metrics::render))
+        .with_metrics(Arc::new(crate::standby::render_metrics))
         .with_metrics({
             let m = repl.clone();
             Arc::new(move || m.render_metrics())

@@ -459,8 +459,14 @@ impl Engine {
         if devs.is_empty() {
             return Err(Error::NotFound("no device of the pool is available".into()));
         }
+        // A bucket pool's MMP slot is local to this daemon's cache (never
+        // shipped), so watching it for the label's owner can only wait: the
+        // log's create-if-absent claim has already fenced that owner
+        // (decisions 0039, 0048).
+        let all_bucket = devs.iter().all(|(d, _)| d.is_bucket());
         let label_owner = devs
             .iter()
+            .filter(|_| !all_bucket)
             .filter(|(_, l)| l.pool_state() == pool::PoolState::Active)
             .max_by_key(|(_, l)| l.generation)
             .and_then(|(_, l)| l.owner.clone());
@@ -512,7 +518,12 @@ impl Engine {
     }
 
     pub fn pool_status(&self, pool: &str) -> Result<PoolStatus> {
-        let p = self.pool(pool)?;
+        let p = match self.pool(pool) {
+            Err(e @ Error::NotFound(_)) => {
+                return crate::standby_status::of(pool).ok_or(e);
+            }
+            r => r?,
+        };
         let known = history::vdev_paths(&p).unwrap_or_default();
         let groups = p
             .pool
@@ -983,6 +994,10 @@ impl Engine {
         force: bool,
         missing_log: bool,
     ) -> Result<PoolStatus> {
+        if dirs.is_empty() && force {
+            // `pool takeover POOL` on a warm standby (decision 0048).
+            return self.takeover_pool(pool, Path::new(""));
+        }
         if let [dir] = dirs {
             if vdev::bucket::is_location(dir) {
                 if !force {
@@ -1057,7 +1072,20 @@ impl Engine {
             )));
         }
         let started = std::time::Instant::now();
-        let dev = Vdev::take_over(location).map_err(|e| Error::Io(e.to_string()))?;
+        // A warm standby of this pool claims from where it has applied the
+        // log (decision 0048); otherwise the whole log is replayed.
+        let loc = location.to_string_lossy();
+        let warm = vdev::standby::take_over(pool, Some(loc.as_ref()).filter(|l| !l.is_empty()));
+        let dev = match warm {
+            Some(r) => r,
+            None if loc.is_empty() => {
+                return Err(Error::NotFound(format!(
+                    "this daemon is no standby of pool '{pool}': give its location (cistern pool takeover {pool} s3://BUCKET/PREFIX)"
+                )))
+            }
+            None => Vdev::take_over(location),
+        }
+        .map_err(|e| Error::Io(e.to_string()))?;
         let label = dev.read_label().map_err(|e| Error::Io(e.to_string()))?;
         if label.pool_name != pool && label.pool_guid.to_string() != pool {
             return Err(Error::NotFound(format!(

@@ -32,6 +32,7 @@ pub mod send;
 mod snapshot;
 mod snapshot_admin;
 pub mod space;
+mod standby_status;
 mod txg;
 mod upgrade;
 mod volume;

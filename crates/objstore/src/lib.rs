@@ -258,6 +258,76 @@ impl Log {
         })
     }
 
+    /// A warm standby's takeover: the records before `next` are already
+    /// applied, so only those from `next` on are read (returned for replay)
+    /// before the claim. Fencing is the same create-if-absent claim as
+    /// [`Log::open`] with `Takeover`. `fencing` is the node of the owner the
+    /// standby means to fence (the last claim it applied): a claim by any
+    /// other node found on the way means another standby took over first,
+    /// and this one backs off, so of several racing takers exactly one owns
+    /// the pool.
+    pub async fn take_over_from(
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        owner: OwnerId,
+        next: u64,
+        fencing: Option<&str>,
+    ) -> Result<(Log, Vec<Record>), LogError> {
+        let mut records: Vec<Record> = Vec::new();
+        let mut at = next.max(1);
+        let mut fencing = fencing.map(str::to_string);
+        for _round in 0..CLAIM_ROUNDS {
+            while let Some(rec) = read_record(store.as_ref(), &prefix, at).await? {
+                if rec.kind == Kind::Claim {
+                    match &fencing {
+                        Some(node) if *node != rec.owner.node => {
+                            return Err(LogError::OwnedByOther {
+                                owner: rec.owner.to_string(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => fencing = Some(rec.owner.node.clone()),
+                    }
+                }
+                records.push(rec);
+                at += 1;
+                if records.len() > LIST_BATCH_LIMIT {
+                    return Err(LogError::Unknown {
+                        seq: at,
+                        attempts: CLAIM_ROUNDS,
+                        last: "the log kept growing while claiming it".into(),
+                    });
+                }
+            }
+            if at == 1 {
+                return Err(LogError::Empty);
+            }
+            let mut log = Log {
+                store: store.clone(),
+                prefix: prefix.clone(),
+                owner: owner.clone(),
+                next: at,
+                unresolved: None,
+                fenced: None,
+            };
+            match log.append_record(Kind::Claim, &[]).await {
+                Ok(_) => {
+                    tracing::info!(owner = %owner, seq = at, "claimed the pool's log (warm standby)");
+                    return Ok((log, records));
+                }
+                // Someone wrote `at` first: read on (another taker's claim
+                // stops this one above) and claim the one after.
+                Err(LogError::Fenced { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LogError::Unknown {
+            seq: at,
+            attempts: CLAIM_ROUNDS,
+            last: "the log kept growing while claiming it".into(),
+        })
+    }
+
     pub fn owner(&self) -> &OwnerId {
         &self.owner
     }

@@ -366,3 +366,36 @@ fn random_faults_and_takeovers_never_lose_or_reorder_an_acknowledged_entry() {
         });
     }
 }
+
+#[test]
+fn a_warm_takeover_reads_only_what_follows_and_of_two_takers_one_wins() {
+    rt().block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let (mut a, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
+            .await
+            .expect("create");
+        a.append(&[e("one")]).await.expect("one");
+        a.append(&[e("two")]).await.expect("two");
+        // A standby has applied records 1..=2 (claim, "one"); "two" follows.
+        let (mut b, rest) = Log::take_over_from(store.clone(), prefix(), owner("b"), 3, Some("a"))
+            .await
+            .expect("take over");
+        assert_eq!(entries_of(&rest), vec![e("two")]);
+        assert_eq!(b.next_seq(), 5);
+        // The old owner is fenced by b's claim.
+        assert!(matches!(
+            a.append(&[e("late")]).await,
+            Err(LogError::Fenced { .. })
+        ));
+        b.append(&[e("b1")]).await.expect("b appends");
+        // A second standby that still means to fence "a" finds b's claim: it
+        // backs off instead of fencing the new owner.
+        let r = Log::take_over_from(store.clone(), prefix(), owner("c"), 3, Some("a")).await;
+        assert!(matches!(r, Err(LogError::OwnedByOther { .. })), "{r:?}");
+        b.append(&[e("b2")]).await.expect("b still owns");
+        // An empty log has nothing to take over.
+        let empty: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let r = Log::take_over_from(empty, prefix(), owner("c"), 1, None).await;
+        assert!(matches!(r, Err(LogError::Empty)), "{r:?}");
+    });
+}

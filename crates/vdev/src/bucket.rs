@@ -58,6 +58,12 @@ pub struct BucketConfig {
     pub cache_size: Option<u64>,
     /// Largest change shipped inline in a log record, bytes.
     pub inline_max: Option<usize>,
+    /// A standby (`serve --standby`) takes the pool over by itself once the
+    /// owner's log and heartbeat object have not changed for this long.
+    /// Off by default; safety never depends on it (decision 0048).
+    pub takeover_after_secs: Option<u64>,
+    /// How often an owner rewrites its heartbeat object, milliseconds.
+    pub heartbeat_ms: Option<u64>,
 }
 
 impl BucketConfig {
@@ -116,7 +122,7 @@ pub fn cache_path(state_dir: &Path, url: &str) -> PathBuf {
         .join(format!("{}.cache", &h.to_hex()[..16]))
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         match tokio::runtime::Builder::new_multi_thread()
@@ -133,7 +139,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 
 /// Runs `f` on the bucket runtime and waits for it from synchronous code
 /// (also from a thread of another runtime: the wait is a plain channel).
-fn block<T: Send + 'static>(
+pub(crate) fn block<T: Send + 'static>(
     f: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<T, String> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -547,6 +553,46 @@ impl Shipper {
             })?;
         }
         Ok((shipper, size))
+    }
+
+    /// A shipper for a log already claimed (a warm standby's takeover,
+    /// decision 0048): `cache` already holds every record before the claim.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn adopt(
+        url: &str,
+        cache: &Path,
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjPath,
+        log: Log,
+        size: u64,
+        inline_max: usize,
+    ) -> Result<Shipper, String> {
+        let epoch = log.owner().epoch;
+        let group = block(async move { GroupCommit::start_with(log, 4096, true).0 })?;
+        Ok(Shipper {
+            url: url.to_string(),
+            cache: cache.to_path_buf(),
+            store,
+            prefix,
+            group,
+            epoch,
+            size,
+            next_segment: AtomicU64::new(0),
+            dirty: Mutex::new(BTreeMap::new()),
+            order: Mutex::new(()),
+            failed: Mutex::new(None),
+            is_failed: AtomicBool::new(false),
+            inline_max,
+            queued: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            stats: ShipStats::default(),
+        })
+    }
+
+    /// The store, the pool's prefix in it and this owner's epoch (the
+    /// heartbeat object, decision 0048).
+    pub(crate) fn location(&self) -> (Arc<dyn ObjectStore>, ObjPath, u64) {
+        (self.store.clone(), self.prefix.clone(), self.epoch)
     }
 
     pub(crate) fn failure(&self) -> Option<String> {

@@ -3,6 +3,7 @@
 pub mod bucket;
 mod label;
 mod mmp;
+pub mod standby;
 
 pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
@@ -199,6 +200,8 @@ pub struct Vdev {
     /// Set for a device that lives in a bucket: `path` is its location and
     /// `file` its local cache; writes are shipped at sync (decision 0039).
     bucket: Option<Box<bucket::Shipper>>,
+    /// A bucket device's heartbeat object writer (decision 0048).
+    heartbeat: Option<standby::Heartbeat>,
 }
 
 /// What [`Vdev::probe`] found wrong with a device that is still open.
@@ -267,6 +270,7 @@ impl Vdev {
             reason: parking_lot::Mutex::new(None),
             identity,
             bucket: None,
+            heartbeat: None,
         })
     }
 
@@ -279,8 +283,33 @@ impl Vdev {
             path: PathBuf::from(&url),
             source: io::Error::other(why),
         })?;
-        let mut dev = Vdev::open(&cache)?;
+        Vdev::from_bucket_cache(&url, &cache, shipper)
+    }
+
+    /// The device over a bucket device's cache and its shipper; starts the
+    /// owner's heartbeat object.
+    pub(crate) fn from_bucket_cache(
+        url: &str,
+        cache: &Path,
+        shipper: bucket::Shipper,
+    ) -> Result<Vdev, VdevError> {
+        let mut dev = Vdev::open(cache)?;
         dev.path = PathBuf::from(url);
+        // Only a daemon's devices beat (tests opening devices directly count PUTs).
+        if let Some(st) = bucket::settings() {
+            let (store, prefix, epoch) = shipper.location();
+            let every = st
+                .config
+                .heartbeat_ms
+                .unwrap_or(standby::DEFAULT_HEARTBEAT_MS)
+                .max(50);
+            dev.heartbeat = Some(standby::Heartbeat::start(
+                store,
+                prefix,
+                format!("{} {epoch:016x}", st.node),
+                std::time::Duration::from_millis(every),
+            ));
+        }
         dev.bucket = Some(Box::new(shipper));
         Ok(dev)
     }
@@ -359,6 +388,9 @@ impl Vdev {
     }
 
     fn ship_failed(&self, why: String) -> VdevError {
+        if let Some(h) = &self.heartbeat {
+            h.stop();
+        }
         self.errors.write.fetch_add(1, Ordering::Relaxed);
         if self.state() != DeviceState::Faulted {
             self.set_failed(DeviceState::Faulted, why.clone());

@@ -265,8 +265,9 @@ pub struct ForcePoolArg {
 pub struct TakeoverArgs {
     /// Pool name (as created).
     pub pool: String,
-    /// Where the pool lives: s3://BUCKET/PREFIX or file:///DIR.
-    pub location: String,
+    /// Where the pool lives: s3://BUCKET/PREFIX or file:///DIR. Leave it
+    /// out on a daemon started with `serve --standby POOL LOCATION`.
+    pub location: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -299,8 +300,17 @@ pub fn run(client: &api::Client, cmd: PoolCommand) -> Result<()> {
         PoolCommand::Export(a) => Ok(client.export_pool_with(&a.pool, a.force)?),
         PoolCommand::Import(a) => import(client, a),
         PoolCommand::Takeover(a) => {
-            let st = client.import_pool(&a.pool, &[PathBuf::from(&a.location)], true)?;
-            println!("pool '{}' taken over from {}", st.summary.name, a.location);
+            let dirs: Vec<PathBuf> = a.location.iter().map(PathBuf::from).collect();
+            let st = client.import_pool(&a.pool, &dirs, true)?;
+            let from = match &a.location {
+                Some(l) => l.clone(),
+                None => st
+                    .groups
+                    .first()
+                    .map(|g| g.name.clone())
+                    .unwrap_or_else(|| "its standby".into()),
+            };
+            println!("pool '{}' taken over from {from}", st.summary.name);
             Ok(())
         }
         PoolCommand::Iostat(a) => crate::cmd::iostat::run(client, a),

@@ -1,0 +1,494 @@
+//! A warm standby for a bucket pool, and the owner's heartbeat object
+//! (issue 18, decision 0048).
+//!
+//! `cistern serve --standby POOL LOCATION` tails the pool's log: a thread
+//! reads each new log record as it appears (and the segments it names) and
+//! applies it to a local cache file, exactly as opening the device would,
+//! but never writes to the bucket. `pool takeover POOL` on that daemon then
+//! claims the log from the first record it has not applied
+//! ([`objstore::Log::take_over_from`]), which fences the old owner, applies
+//! only the records written since, and hands the pool a device over the
+//! warm cache: seconds instead of a whole-log replay.
+//!
+//! Safety is the claim's create-if-absent, never a timer. The heartbeat
+//! object an owner rewrites and `[bucket] takeover_after_secs` only decide
+//! *when* a standby tries to take over on its own (liveness): a standby
+//! that takes over a live but slow owner fences it, it does not corrupt it.
+
+use crate::bucket::{self, apply_records, block, Shipper};
+use crate::{Vdev, VdevError};
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, PutPayload};
+use objstore::record::Kind;
+use objstore::{Log, OwnerId, Tail};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The owner's heartbeat object, under the pool's prefix.
+pub const HEARTBEAT_KEY: &str = "heartbeat";
+/// How often an owner rewrites it unless `[bucket] heartbeat_ms` says.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 1000;
+/// How often a caught-up standby looks for the next record.
+const POLL: Duration = Duration::from_millis(200);
+/// Records read per round while catching up (bounds memory per round).
+const RECORDS_PER_POLL: usize = 64;
+/// Bounds the listing that finds the first record still stored.
+const LIST_LIMIT: usize = 1 << 20;
+
+/// What `pool status`, the API and the metrics say about a standby.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StandbyStatus {
+    pub pool: String,
+    pub location: String,
+    /// Every log record before this one is in the local cache.
+    pub next_seq: u64,
+    /// Log records applied since the standby started.
+    pub records_applied: u64,
+    /// The device size the log names (None: the log names none yet).
+    pub size: Option<u64>,
+    /// The owner of the last claim seen in the log.
+    pub owner: Option<String>,
+    /// Seconds since the log or the owner's heartbeat object last changed.
+    pub idle_secs: f64,
+    pub takeover_after_secs: Option<u64>,
+    /// The last error reading or applying the log (it keeps retrying).
+    pub error: Option<String>,
+}
+
+struct Progress {
+    next: u64,
+    applied: u64,
+    size: Option<u64>,
+    owner: Option<String>,
+    owner_node: Option<String>,
+    last_change: Instant,
+    heartbeat: Option<Bytes>,
+    error: Option<String>,
+    auto_fired: bool,
+}
+
+struct Shared {
+    pool: String,
+    url: String,
+    stop: AtomicBool,
+    progress: Mutex<Progress>,
+    takeover_after: Option<Duration>,
+}
+
+struct Standby {
+    shared: Arc<Shared>,
+    cache: PathBuf,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    thread: Option<std::thread::JoinHandle<File>>,
+}
+
+static STANDBYS: Mutex<BTreeMap<String, Standby>> = Mutex::new(BTreeMap::new());
+
+type AutoTakeover = Arc<dyn Fn(String, String) + Send + Sync>;
+static AUTO: Mutex<Option<AutoTakeover>> = Mutex::new(None);
+
+/// What runs an automatic takeover (the daemon: `takeover_pool(pool,
+/// location)`); it is called on its own thread.
+pub fn on_auto_takeover(f: impl Fn(String, String) + Send + Sync + 'static) {
+    *AUTO.lock() = Some(Arc::new(f));
+}
+
+/// Starts tailing the log of `pool` at `url` into a fresh local cache, with
+/// the daemon's settings ([`bucket::configure`]).
+pub fn start(pool: &str, url: &str) -> Result<(), String> {
+    let settings = bucket::settings().ok_or("a standby needs the daemon's [bucket] settings")?;
+    if !bucket::is_location(Path::new(url)) {
+        return Err(format!(
+            "{url}: a standby follows a pool in a bucket (s3://BUCKET/PREFIX or file:///DIR)"
+        ));
+    }
+    if STANDBYS.lock().contains_key(pool) {
+        return Err(format!("pool '{pool}' already has a standby here"));
+    }
+    let (store, prefix) =
+        objstore::location::open(url, &settings.config.s3()).map_err(|e| e.to_string())?;
+    let cache = bucket::cache_path(&settings.state_dir, url);
+    if let Some(dir) = cache.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    // The bucket is the pool: the cache starts empty and follows the log.
+    let _ = std::fs::remove_file(&cache);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&cache)
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let first = {
+        let (store, prefix) = (store.clone(), prefix.clone());
+        block(async move { first_seq(store.as_ref(), &prefix).await })??
+    };
+    let shared = Arc::new(Shared {
+        pool: pool.to_string(),
+        url: url.to_string(),
+        stop: AtomicBool::new(false),
+        progress: Mutex::new(Progress {
+            next: first,
+            applied: 0,
+            size: None,
+            owner: None,
+            owner_node: None,
+            last_change: Instant::now(),
+            heartbeat: None,
+            error: None,
+            auto_fired: false,
+        }),
+        takeover_after: settings
+            .config
+            .takeover_after_secs
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs),
+    });
+    tracing::info!(
+        pool,
+        location = url,
+        first,
+        "standby: tailing the pool's log"
+    );
+    spawn(
+        Standby {
+            shared,
+            cache,
+            store,
+            prefix,
+            thread: None,
+        },
+        file,
+    );
+    Ok(())
+}
+
+/// The first log record still stored (1 for an empty log).
+async fn first_seq(store: &dyn ObjectStore, prefix: &ObjPath) -> Result<u64, String> {
+    let mut first: Option<u64> = None;
+    let mut listing = store.list(Some(&prefix.child("log")));
+    let mut seen = 0usize;
+    while let Some(meta) = listing.next().await {
+        let meta = meta.map_err(|e| e.to_string())?;
+        if let Some(seq) = meta.location.filename().and_then(|n| n.parse::<u64>().ok()) {
+            first = Some(first.map_or(seq, |f| f.min(seq)));
+        }
+        seen += 1;
+        if seen > LIST_LIMIT {
+            break;
+        }
+    }
+    Ok(first.unwrap_or(1))
+}
+
+/// Starts (or restarts, after a failed takeover) the tail thread and
+/// registers the standby.
+fn spawn(mut sb: Standby, file: File) {
+    sb.shared.stop.store(false, Ordering::Release);
+    let (shared, store, prefix) = (sb.shared.clone(), sb.store.clone(), sb.prefix.clone());
+    let thread = std::thread::Builder::new()
+        .name("bucket-standby".into())
+        .spawn(move || tail_loop(shared, store, prefix, file));
+    match thread {
+        Ok(t) => {
+            sb.thread = Some(t);
+            STANDBYS.lock().insert(sb.shared.pool.clone(), sb);
+        }
+        Err(e) => tracing::error!(pool = %sb.shared.pool, "standby: cannot start its thread: {e}"),
+    }
+}
+
+fn tail_loop(
+    shared: Arc<Shared>,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    file: File,
+) -> File {
+    let mut tail = Some(Tail::new(
+        store.clone(),
+        prefix.clone(),
+        shared.progress.lock().next,
+    ));
+    let hb_key = prefix.child(HEARTBEAT_KEY);
+    while !shared.stop.load(Ordering::Acquire) {
+        let Some(mut t) = tail.take() else {
+            break;
+        };
+        let polled = block(async move {
+            let r = t.poll(RECORDS_PER_POLL).await;
+            (t, r)
+        });
+        let (t, r) = match polled {
+            Ok(x) => x,
+            Err(e) => {
+                shared.progress.lock().error = Some(e);
+                break;
+            }
+        };
+        tail = Some(t);
+        match r {
+            Ok(records) if !records.is_empty() => {
+                match apply_records(&store, &prefix, &file, &records) {
+                    Ok(size) => {
+                        let mut p = shared.progress.lock();
+                        p.next = records.last().map(|r| r.seq + 1).unwrap_or(p.next);
+                        p.applied += records.len() as u64;
+                        p.size = size.or(p.size);
+                        if let Some(c) = records.iter().rev().find(|r| r.kind == Kind::Claim) {
+                            p.owner = Some(c.owner.to_string());
+                            p.owner_node = Some(c.owner.node.clone());
+                            // A new owner: stand by for it afresh.
+                            p.auto_fired = false;
+                        }
+                        p.last_change = Instant::now();
+                        p.error = None;
+                    }
+                    Err(e) => {
+                        // Not applied: read the same records again next round
+                        // (they are absolute writes, so applying twice is harmless).
+                        tracing::warn!(pool = %shared.pool, "standby: {e}");
+                        let mut p = shared.progress.lock();
+                        p.error = Some(e);
+                        tail = Some(Tail::new(store.clone(), prefix.clone(), p.next));
+                        drop(p);
+                        pause(&shared, POLL);
+                    }
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let mut p = shared.progress.lock();
+                p.error = Some(e.to_string());
+                tail = Some(Tail::new(store.clone(), prefix.clone(), p.next));
+            }
+        }
+        // Caught up: has the owner's heartbeat moved?
+        let (s, k) = (store.clone(), hb_key.clone());
+        if let Ok(Ok(body)) = block(async move {
+            match s.get(&k).await {
+                Ok(r) => r.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        }) {
+            let mut p = shared.progress.lock();
+            if body.is_some() && body != p.heartbeat {
+                p.heartbeat = body;
+                p.last_change = Instant::now();
+            }
+        }
+        maybe_take_over(&shared);
+        pause(&shared, POLL);
+    }
+    file
+}
+
+/// Fires the automatic takeover once the owner has been still for
+/// `takeover_after` (log and heartbeat both unchanged, by this standby's
+/// own clock: no clocks are compared across machines).
+fn maybe_take_over(shared: &Shared) {
+    let Some(after) = shared.takeover_after else {
+        return;
+    };
+    let mut p = shared.progress.lock();
+    if p.auto_fired || p.size.is_none() || p.last_change.elapsed() < after {
+        return;
+    }
+    let Some(f) = AUTO.lock().clone() else {
+        return;
+    };
+    p.auto_fired = true;
+    let idle = p.last_change.elapsed().as_secs_f64();
+    drop(p);
+    tracing::warn!(pool = %shared.pool, idle_secs = idle, "standby: the owner's log and heartbeat are still; taking over");
+    let (pool, url) = (shared.pool.clone(), shared.url.clone());
+    let _ = std::thread::Builder::new()
+        .name("bucket-takeover".into())
+        .spawn(move || f(pool, url));
+}
+
+fn pause(shared: &Shared, d: Duration) {
+    let end = Instant::now() + d;
+    while !shared.stop.load(Ordering::Acquire) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether this daemon is a standby for `pool`.
+pub fn is_standby(pool: &str) -> bool {
+    STANDBYS.lock().contains_key(pool)
+}
+
+pub fn status(pool: &str) -> Option<StandbyStatus> {
+    STANDBYS.lock().get(pool).map(|s| status_of(&s.shared))
+}
+
+pub fn list() -> Vec<StandbyStatus> {
+    STANDBYS
+        .lock()
+        .values()
+        .map(|s| status_of(&s.shared))
+        .collect()
+}
+
+fn status_of(s: &Shared) -> StandbyStatus {
+    let p = s.progress.lock();
+    StandbyStatus {
+        pool: s.pool.clone(),
+        location: s.url.clone(),
+        next_seq: p.next,
+        records_applied: p.applied,
+        size: p.size,
+        owner: p.owner.clone(),
+        idle_secs: p.last_change.elapsed().as_secs_f64(),
+        takeover_after_secs: s.takeover_after.map(|d| d.as_secs()),
+        error: p.error.clone(),
+    }
+}
+
+/// `pool takeover POOL [LOCATION]` on a standby: stops tailing, claims the
+/// log after the last applied record (fencing the owner), applies what the
+/// owner wrote since and returns the device over the warm cache. `None`:
+/// this daemon is no standby for `pool` (the cold path applies).
+pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, VdevError>> {
+    let mut sb = STANDBYS.lock().remove(pool)?;
+    let err = |url: &str, why: String| VdevError::Open {
+        path: PathBuf::from(url),
+        source: io::Error::other(why),
+    };
+    if let Some(loc) = location.filter(|l| *l != sb.shared.url) {
+        let why = format!(
+            "this daemon is a standby of pool '{pool}' at {}, not at {loc}",
+            sb.shared.url
+        );
+        let url = sb.shared.url.clone();
+        STANDBYS.lock().insert(pool.to_string(), sb);
+        return Some(Err(err(&url, why)));
+    }
+    let url = sb.shared.url.clone();
+    sb.shared.stop.store(true, Ordering::Release);
+    let file = match sb.thread.take().map(|t| t.join()) {
+        Some(Ok(f)) => f,
+        _ => return Some(Err(err(&url, "the standby's tail thread died".into()))),
+    };
+    let started = Instant::now();
+    let (next, size, fencing) = {
+        let p = sb.shared.progress.lock();
+        (p.next, p.size, p.owner_node.clone())
+    };
+    let claimed = (|| {
+        let settings = bucket::settings().ok_or("no [bucket] settings")?;
+        let owner = OwnerId::new(&settings.node).map_err(|e| e.to_string())?;
+        let (store, prefix) = (sb.store.clone(), sb.prefix.clone());
+        let (log, records) = block(async move {
+            Log::take_over_from(store, prefix, owner, next, fencing.as_deref()).await
+        })?
+        .map_err(|e| e.to_string())?;
+        Ok::<_, String>((settings, log, records))
+    })();
+    let (settings, log, records) = match claimed {
+        Ok(x) => x,
+        Err(why) => {
+            // Nothing was claimed: keep standing by from where it was.
+            tracing::error!(pool, "standby: takeover failed: {why}");
+            spawn(sb, file);
+            return Some(Err(err(&url, why)));
+        }
+    };
+    // Claimed: the old owner is fenced from here on, whatever happens next.
+    let replayed = records.len();
+    let opened = (|| {
+        let size = apply_records(&sb.store, &sb.prefix, &file, &records)?
+            .or(size)
+            .ok_or_else(|| format!("{url}: the log names no device"))?;
+        if file.metadata().map_err(|e| e.to_string())?.len() < size {
+            file.set_len(size).map_err(|e| e.to_string())?;
+        }
+        file.sync_all().map_err(|e| e.to_string())?;
+        drop(file);
+        Shipper::adopt(
+            &url,
+            &sb.cache,
+            sb.store.clone(),
+            sb.prefix.clone(),
+            log,
+            size,
+            settings
+                .config
+                .inline_max
+                .unwrap_or(bucket::DEFAULT_INLINE_MAX),
+        )
+    })();
+    tracing::info!(
+        pool,
+        location = %url,
+        replayed,
+        ms = started.elapsed().as_millis() as u64,
+        "standby: claimed the log and applied what it had not yet"
+    );
+    Some(match opened {
+        Ok(shipper) => Vdev::from_bucket_cache(&url, &sb.cache, shipper),
+        Err(why) => Err(err(&url, why)),
+    })
+}
+
+/// The owner's heartbeat: rewrites `PREFIX/heartbeat` every interval so a
+/// standby can tell an idle owner from a stopped one. Stops when dropped or
+/// when the device fails (fenced).
+#[derive(Debug)]
+pub(crate) struct Heartbeat {
+    stop: Arc<AtomicBool>,
+}
+
+impl Heartbeat {
+    pub(crate) fn start(
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjPath,
+        owner: String,
+        every: Duration,
+    ) -> Heartbeat {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let key = prefix.child(HEARTBEAT_KEY);
+        let _ = std::thread::Builder::new()
+            .name("bucket-heartbeat".into())
+            .spawn(move || {
+                let mut beat = 0u64;
+                while !flag.load(Ordering::Acquire) {
+                    beat += 1;
+                    let body = Bytes::from(format!("{owner} {beat}\n"));
+                    let (s, k) = (store.clone(), key.clone());
+                    match block(async move { s.put(&k, PutPayload::from_bytes(body)).await }) {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::debug!("heartbeat object: {e}"),
+                        Err(e) => tracing::debug!("heartbeat object: {e}"),
+                    }
+                    let end = Instant::now() + every;
+                    while !flag.load(Ordering::Acquire) && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            });
+        Heartbeat { stop }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
