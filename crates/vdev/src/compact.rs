@@ -755,7 +755,8 @@ fn spawn(ctx: Arc<Ctx>, policy: Policy) -> std::io::Result<std::thread::JoinHand
     std::thread::Builder::new()
         .name("bucket-compact".into())
         .spawn(move || {
-            let mut next = Instant::now();
+            // Open already listed the bucket; the first check waits an interval.
+            let mut next = Instant::now() + policy.interval;
             while !ctx.stop.load(Ordering::Acquire) {
                 if Instant::now() >= next {
                     match run(&ctx, &policy, false) {
