@@ -304,6 +304,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             "Bytes the metadata region holds at most.",
             |s| s.metadata_size as f64,
         ),
+        (
+            "cistern_pool_bucket_physical_bytes",
+            "gauge",
+            "Bytes of a bucket pool's log and segment objects as last listed (0 for pools on local devices).",
+            |s| s.bucket_physical_bytes as f64,
+        ),
     ];
     let mut w = MetricsWriter::new();
     w.family("cistern_pools", "gauge", "Imported pools.");

@@ -85,6 +85,10 @@ pub struct PoolSummary {
     /// Free-space fragmentation, percent (None: nothing free).
     #[serde(default)]
     pub fragmentation: Option<u32>,
+    /// A pool in a bucket: the bucket's physical bytes and compaction
+    /// counters (decision 0049); the figures above stay logical.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<vdev::compact::Space>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -364,6 +368,9 @@ pub struct PoolStats {
     pub metadata_used: u64,
     #[serde(default)]
     pub metadata_size: u64,
+    /// Bytes of the bucket's log and segment objects (pools in a bucket).
+    #[serde(default)]
+    pub bucket_physical_bytes: u64,
 }
 
 /// `cistern destroy` flags.

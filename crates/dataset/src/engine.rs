@@ -1624,7 +1624,28 @@ fn summary(p: &ImportedPool) -> PoolSummary {
         raw_size,
         raw_allocated,
         fragmentation,
+        bucket: bucket_space(p),
     }
+}
+
+/// The bucket figures of a pool whose devices live in a bucket.
+pub(crate) fn bucket_space(p: &ImportedPool) -> Option<vdev::compact::Space> {
+    let mut out: Option<vdev::compact::Space> = None;
+    for s in p.pool.devices().iter().filter_map(|d| d.bucket_space()) {
+        let o = out.get_or_insert_with(Default::default);
+        if let Some(b) = s.physical_bytes {
+            o.physical_bytes = Some(o.physical_bytes.unwrap_or(0) + b);
+        }
+        o.log_objects += s.log_objects;
+        o.log_bytes += s.log_bytes;
+        o.segment_objects += s.segment_objects;
+        o.segment_bytes += s.segment_bytes;
+        o.checkpoints += s.checkpoints;
+        o.deleted_objects += s.deleted_objects;
+        o.deleted_bytes += s.deleted_bytes;
+        o.last_copied_bytes += s.last_copied_bytes;
+    }
+    out
 }
 
 /// A pool-layer error as a sentence (without "invalid layout:").

@@ -1397,6 +1397,12 @@ impl ImportedPool {
             suspended: u64::from(self.is_suspended()),
             metadata_used,
             metadata_size,
+            bucket_physical_bytes: self
+                .pool
+                .devices()
+                .iter()
+                .filter_map(|d| d.bucket_space()?.physical_bytes)
+                .sum(),
         }
     }
 

@@ -32,11 +32,41 @@ pub enum PutFault {
 pub struct Faults {
     script: Mutex<VecDeque<PutFault>>,
     puts: AtomicU64,
+    /// A simulated kill -9: after this many more PUTs and DELETEs, every
+    /// later one fails without reaching the store (decision 0049's tests).
+    crash: Mutex<Option<u64>>,
+    crashed: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {
     pub fn push(&self, f: PutFault) {
         self.script.lock().push_back(f);
+    }
+
+    /// Lets `n` more PUTs/DELETEs through, then fails every later one.
+    pub fn crash_after(&self, n: u64) {
+        *self.crash.lock() = Some(n);
+    }
+
+    /// Whether the simulated crash point was reached.
+    pub fn crashed(&self) -> bool {
+        self.crashed.load(Ordering::SeqCst)
+    }
+
+    /// Counts one mutating call; false once the crash point is passed.
+    fn survives(&self) -> bool {
+        let mut c = self.crash.lock();
+        match c.as_mut() {
+            None => true,
+            Some(0) => {
+                self.crashed.store(true, Ordering::SeqCst);
+                false
+            }
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
     }
 
     /// PUTs that reached the store.
@@ -81,6 +111,9 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        if !self.faults.survives() {
+            return Err(injected("crashed"));
+        }
         let fault = self.faults.script.lock().pop_front();
         match fault {
             Some(PutFault::Fail) => Err(injected("PUT failed")),
@@ -114,6 +147,9 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {
+        if !self.faults.survives() {
+            return Err(injected("crashed"));
+        }
         self.inner.delete(location).await
     }
 

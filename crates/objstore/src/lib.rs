@@ -186,12 +186,15 @@ async fn read_raw(
     }
 }
 
-/// The owner of the last claim in `records`.
+/// The owner of the last claim in `records`; once compaction deleted the
+/// claim (decision 0049), the writer of the last record: every record after
+/// a claim is its owner's.
 pub fn last_owner(records: &[Record]) -> Option<&OwnerId> {
     records
         .iter()
         .rev()
         .find(|r| r.kind == Kind::Claim)
+        .or(records.last())
         .map(|r| &r.owner)
 }
 

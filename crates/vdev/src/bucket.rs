@@ -64,9 +64,38 @@ pub struct BucketConfig {
     pub takeover_after_secs: Option<u64>,
     /// How often an owner rewrites its heartbeat object, milliseconds.
     pub heartbeat_ms: Option<u64>,
+    /// Segments whose live share falls under this percentage are rewritten
+    /// by compaction (decision 0049; default 50, 0 keeps every segment).
+    pub compact_below_percent: Option<u8>,
+    /// Seconds between background compaction checks (default 60; 0: off).
+    pub compact_interval_secs: Option<u64>,
+    /// Seconds a checkpoint waits before deleting what it supersedes, for
+    /// readers that started before it (default 30).
+    pub compact_grace_secs: Option<u64>,
 }
 
 impl BucketConfig {
+    /// The compaction policy, or `None` when background compaction is off.
+    pub fn compact_policy(&self) -> Option<crate::compact::Policy> {
+        let d = crate::compact::Policy::default();
+        let interval = self
+            .compact_interval_secs
+            .map_or(d.interval, std::time::Duration::from_secs);
+        if interval.is_zero() {
+            return None;
+        }
+        Some(crate::compact::Policy {
+            below_percent: self
+                .compact_below_percent
+                .unwrap_or(d.below_percent)
+                .min(100),
+            interval,
+            grace: self
+                .compact_grace_secs
+                .map_or(d.grace, std::time::Duration::from_secs),
+        })
+    }
+
     pub fn s3(&self) -> S3Settings {
         S3Settings {
             endpoint: self.endpoint.clone(),
@@ -348,7 +377,7 @@ pub struct BucketOpen<'a> {
     pub store: Option<(Arc<dyn ObjectStore>, ObjPath)>,
 }
 
-fn seg_key(prefix: &ObjPath, name: &str) -> ObjPath {
+pub(crate) fn seg_key(prefix: &ObjPath, name: &str) -> ObjPath {
     prefix.child("seg").child(name)
 }
 
@@ -361,14 +390,43 @@ pub(crate) fn apply_records(
     records: &[Record],
 ) -> Result<Option<u64>, String> {
     let mut size = None;
-    for rec in records.iter().filter(|r| r.kind == Kind::Batch) {
-        for raw in &rec.entries {
+    // Replay starts at the last checkpoint (decision 0049).
+    let base = crate::compact::last_checkpoint(records)?;
+    let from = base.as_ref().map_or(0, |(_, c)| c.replay_from);
+    if let Some((_, ck)) = base {
+        size = Some(ck.image.size);
+        apply_entry(store, prefix, file, &ck.image).map_err(|e| format!("checkpoint: {e}"))?;
+    }
+    for rec in records
+        .iter()
+        .filter(|r| r.kind == Kind::Batch && r.seq > from)
+    {
+        for raw in rec
+            .entries
+            .iter()
+            .filter(|e| !crate::compact::is_checkpoint(e))
+        {
             let entry = Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq))?;
+            size = Some(entry.size);
+            apply_entry(store, prefix, file, &entry)?;
+        }
+    }
+    Ok(size)
+}
+
+/// Applies one entry to the cache file, fetching the segments it names.
+fn apply_entry(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjPath,
+    file: &File,
+    entry: &Entry,
+) -> Result<(), String> {
+    {
+        {
             let cur = file.metadata().map_err(|e| e.to_string())?.len();
             if cur < entry.size {
                 file.set_len(entry.size).map_err(|e| e.to_string())?;
             }
-            size = Some(entry.size);
             let mut segs: Vec<Option<Bytes>> = vec![None; entry.segments.len()];
             for op in &entry.ops {
                 match op {
@@ -393,10 +451,10 @@ pub(crate) fn apply_records(
             }
         }
     }
-    Ok(size)
+    Ok(())
 }
 
-fn fetch_segment(
+pub(crate) fn fetch_segment(
     store: &Arc<dyn ObjectStore>,
     prefix: &ObjPath,
     seg: &SegmentRef,
@@ -463,12 +521,12 @@ pub(crate) struct Shipper {
     group: GroupCommit,
     epoch: u64,
     size: u64,
-    next_segment: AtomicU64,
+    next_segment: Arc<AtomicU64>,
     /// Changed ranges not shipped yet: start -> end, merged.
     dirty: Mutex<BTreeMap<u64, u64>>,
     /// Held from taking the dirty ranges until their entry is queued, so
     /// queue order (= log order) is the order in which the cache changed.
-    order: Mutex<()>,
+    order: Arc<Mutex<()>>,
     failed: Mutex<Option<String>>,
     is_failed: AtomicBool,
     inline_max: usize,
@@ -477,6 +535,8 @@ pub(crate) struct Shipper {
     queued: AtomicU64,
     acked: AtomicU64,
     pub(crate) stats: ShipStats,
+    /// Checkpoints, compaction and physical space (decision 0049).
+    pub(crate) compactor: crate::compact::Compactor,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -525,6 +585,20 @@ impl Shipper {
         };
         file.set_len(size).map_err(|e| e.to_string())?;
         let group = block(async move { GroupCommit::start_with(log, 4096, true).0 })?;
+        let next_segment = Arc::new(AtomicU64::new(0));
+        let order = Arc::new(Mutex::new(()));
+        let compactor = crate::compact::Compactor::new(crate::compact::Ctx {
+            store: store.clone(),
+            prefix: prefix.clone(),
+            group: group.clone(),
+            epoch,
+            size,
+            next_segment: next_segment.clone(),
+            order: order.clone(),
+            space: Default::default(),
+            running: Mutex::new(()),
+            stop: AtomicBool::new(false),
+        });
         let shipper = Shipper {
             url: how.url.to_string(),
             cache: how.cache.to_path_buf(),
@@ -533,15 +607,16 @@ impl Shipper {
             group,
             epoch,
             size,
-            next_segment: AtomicU64::new(0),
+            next_segment,
             dirty: Mutex::new(BTreeMap::new()),
-            order: Mutex::new(()),
+            order,
             failed: Mutex::new(None),
             is_failed: AtomicBool::new(false),
             inline_max: how.inline_max,
             queued: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             stats: ShipStats::default(),
+            compactor,
         };
         if how.mode == OpenMode::Create {
             // The first entry names the device size: the log alone describes it.

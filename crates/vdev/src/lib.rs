@@ -1,6 +1,7 @@
 //! One device of a pool: positioned I/O, error counters and the labels at both ends.
 
 pub mod bucket;
+pub mod compact;
 mod label;
 mod mmp;
 pub mod standby;
@@ -359,6 +360,15 @@ impl Vdev {
                 .unwrap_or(bucket::DEFAULT_INLINE_MAX),
             store: None,
         })
+        .inspect(|dev| {
+            if let Some(policy) = settings.config.compact_policy() {
+                dev.start_bucket_compactor(policy);
+            }
+            // A first physical figure for `pool list` (best effort).
+            if let Some(Err(e)) = dev.bucket_refresh_space() {
+                tracing::warn!(device = %url, "listing the bucket: {e}");
+            }
+        })
     }
 
     /// Whether this device lives in a bucket.
@@ -374,6 +384,33 @@ impl Vdev {
     /// Shipping counters of a bucket device.
     pub fn bucket_stats(&self) -> Option<&bucket::ShipStats> {
         self.bucket.as_ref().map(|b| &b.stats)
+    }
+
+    /// The bucket's physical figures (decision 0049), as of the last listing.
+    pub fn bucket_space(&self) -> Option<compact::Space> {
+        self.bucket.as_ref().map(|b| b.compactor.space())
+    }
+
+    /// Lists the bucket now and returns its physical figures.
+    pub fn bucket_refresh_space(&self) -> Option<Result<compact::Space, String>> {
+        self.bucket.as_ref().map(|b| b.compactor.refresh())
+    }
+
+    /// Runs one compaction now (a checkpoint even if little would be freed
+    /// when `force`); `None` for a device not in a bucket.
+    pub fn bucket_compact(
+        &self,
+        policy: &compact::Policy,
+        force: bool,
+    ) -> Option<Result<compact::Report, String>> {
+        self.bucket.as_ref().map(|b| b.compactor.run(policy, force))
+    }
+
+    /// Starts background compaction of a bucket device (no-op otherwise).
+    pub fn start_bucket_compactor(&self, policy: compact::Policy) {
+        if let Some(b) = &self.bucket {
+            b.compactor.start(policy);
+        }
     }
 
     /// A write reached the cache: remember it for the next ship.

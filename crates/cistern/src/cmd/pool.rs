@@ -975,7 +975,7 @@ fn refuse_devices_of_other_pools(client: &api::Client, groups: &[GroupSpec]) -> 
 /// figures are `cistern list POOL`'s (and `usable`/`avail` here).
 const POOL_COLUMNS: &[&str] = &[
     "name", "size", "alloc", "free", "ckpoint", "expandsz", "frag", "cap", "dedup", "health",
-    "altroot", "guid", "txg", "usable", "avail",
+    "altroot", "guid", "txg", "usable", "avail", "physical",
 ];
 
 /// What `pool list` shows without -o (zpool's default columns).
@@ -1043,6 +1043,12 @@ fn pool_cell(p: &PoolSummary, col: &str, parsable: bool) -> String {
         "health" => p.health.clone(),
         "guid" => p.guid.to_string(),
         "txg" => p.txg.to_string(),
+        // The bucket's bytes (pools in a bucket, decision 0049).
+        "physical" => p
+            .bucket
+            .as_ref()
+            .and_then(|b| b.physical_bytes)
+            .map_or("-".into(), size),
         _ => "-".into(),
     }
 }
@@ -1053,7 +1059,16 @@ pub fn pool_table(pools: &[PoolSummary], columns: &[&str], parsable: bool) -> Ta
     for (i, c) in columns.iter().enumerate() {
         if matches!(
             *c,
-            "size" | "alloc" | "free" | "cap" | "txg" | "frag" | "usable" | "avail" | "dedup"
+            "size"
+                | "alloc"
+                | "free"
+                | "cap"
+                | "txg"
+                | "frag"
+                | "usable"
+                | "avail"
+                | "dedup"
+                | "physical"
         ) {
             t.align_right(i);
         }
@@ -1360,6 +1375,17 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
         o.push_str(&format!("action: {act}\n"));
     }
     o.push_str(&format!("   txg: {}\n", s.summary.txg));
+    if let Some(b) = &s.summary.bucket {
+        o.push_str(&format!(
+            "bucket: {} physical ({} log objects, {} segments of {}), {} checkpoints, {} deleted\n",
+            b.physical_bytes.map_or("-".into(), human_size),
+            b.log_objects,
+            b.segment_objects,
+            human_size(b.segment_bytes),
+            b.checkpoints,
+            human_size(b.deleted_bytes)
+        ));
+    }
     if let (true, Some(m)) = (verbose, &s.memory) {
         let a = &m.arc;
         let reads = (a.hits + a.misses).max(1);
@@ -1622,6 +1648,7 @@ mod tests {
             raw_size: 0,
             raw_allocated: 0,
             fragmentation: None,
+            bucket: None,
         }
     }
 
