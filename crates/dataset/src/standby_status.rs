@@ -33,6 +33,7 @@ pub(crate) fn of(pool: &str) -> Option<PoolStatus> {
             raw_size: size,
             raw_allocated: 0,
             fragmentation: None,
+            bucket: None,
         },
         groups: vec![GroupStatus {
             name: s.location.clone(),

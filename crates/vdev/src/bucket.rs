@@ -585,6 +585,38 @@ impl Shipper {
         };
         file.set_len(size).map_err(|e| e.to_string())?;
         let group = block(async move { GroupCommit::start_with(log, 4096, true).0 })?;
+        let shipper = Shipper::assemble(
+            how.url,
+            how.cache,
+            (store, prefix),
+            group,
+            epoch,
+            size,
+            how.inline_max,
+        );
+        if how.mode == OpenMode::Create {
+            // The first entry names the device size: the log alone describes it.
+            let _order = shipper.order.lock();
+            shipper.queue_and_wait(Entry {
+                size,
+                segments: vec![],
+                ops: vec![],
+            })?;
+        }
+        Ok((shipper, size))
+    }
+
+    /// The shipper of an open log and its group committer, with its
+    /// compactor (decision 0049); `open` and `adopt` both end here.
+    fn assemble(
+        url: &str,
+        cache: &Path,
+        (store, prefix): (Arc<dyn ObjectStore>, ObjPath),
+        group: GroupCommit,
+        epoch: u64,
+        size: u64,
+        inline_max: usize,
+    ) -> Shipper {
         let next_segment = Arc::new(AtomicU64::new(0));
         let order = Arc::new(Mutex::new(()));
         let compactor = crate::compact::Compactor::new(crate::compact::Ctx {
@@ -599,9 +631,9 @@ impl Shipper {
             running: Mutex::new(()),
             stop: AtomicBool::new(false),
         });
-        let shipper = Shipper {
-            url: how.url.to_string(),
-            cache: how.cache.to_path_buf(),
+        Shipper {
+            url: url.to_string(),
+            cache: cache.to_path_buf(),
             store,
             prefix,
             group,
@@ -612,22 +644,12 @@ impl Shipper {
             order,
             failed: Mutex::new(None),
             is_failed: AtomicBool::new(false),
-            inline_max: how.inline_max,
+            inline_max,
             queued: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             stats: ShipStats::default(),
             compactor,
-        };
-        if how.mode == OpenMode::Create {
-            // The first entry names the device size: the log alone describes it.
-            let _order = shipper.order.lock();
-            shipper.queue_and_wait(Entry {
-                size,
-                segments: vec![],
-                ops: vec![],
-            })?;
         }
-        Ok((shipper, size))
     }
 
     /// A shipper for a log already claimed (a warm standby's takeover,
@@ -644,24 +666,15 @@ impl Shipper {
     ) -> Result<Shipper, String> {
         let epoch = log.owner().epoch;
         let group = block(async move { GroupCommit::start_with(log, 4096, true).0 })?;
-        Ok(Shipper {
-            url: url.to_string(),
-            cache: cache.to_path_buf(),
-            store,
-            prefix,
+        Ok(Shipper::assemble(
+            url,
+            cache,
+            (store, prefix),
             group,
             epoch,
             size,
-            next_segment: AtomicU64::new(0),
-            dirty: Mutex::new(BTreeMap::new()),
-            order: Mutex::new(()),
-            failed: Mutex::new(None),
-            is_failed: AtomicBool::new(false),
             inline_max,
-            queued: AtomicU64::new(0),
-            acked: AtomicU64::new(0),
-            stats: ShipStats::default(),
-        })
+        ))
     }
 
     /// The store, the pool's prefix in it and this owner's epoch (the
