@@ -57,7 +57,7 @@ def test_raw_encrypted_volume_sent_without_its_key(pair, tmp_path):
     src, dst = pair
     rng = random.Random(26)
     src.cli("create", "-V", "64M", "-o", "encryption=on", "-o", "keyformat=passphrase",
-            "-o", "pbkdf2iters=1000", "tank/sec", input=PASS + "\n")
+            "-o", "pbkdf2iters=100000", "tank/sec", input=PASS + "\n")
     scribble(src, "tank/sec", rng, 150)
     src.cli("snapshot", "tank/sec@a")
     want_a = nbd_sha(src, "tank/sec@a")

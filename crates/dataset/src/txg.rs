@@ -82,22 +82,29 @@ pub enum Dirty {
     /// Deallocated.
     Hole,
     /// A block received raw (`send -w`, decision 0044): stored bytes as
-    /// they came (compressed, maybe sealed), in an embedded-form pointer
-    /// whose `birth` is the txg the block was sealed in on the sender.
-    /// The commit places it as it is: no compression, no key.
-    Raw(Arc<BlockPointer>),
+    /// they came (compressed, maybe sealed) and their pointer (no DVA;
+    /// `birth` is the txg the block was sealed in on the sender). The
+    /// commit places it as it is: no compression, no key, no copy.
+    Raw(Arc<RawBlock>),
+}
+
+/// See [`Dirty::Raw`].
+#[derive(Debug)]
+pub struct RawBlock {
+    pub bp: BlockPointer,
+    pub stored: Arc<Vec<u8>>,
 }
 
 impl Dirty {
     /// The block's logical bytes of a raw block (readers only: a receive
     /// never opens them); `key` opens a sealed one.
     pub(crate) fn open_raw(
-        bp: &BlockPointer,
+        raw: &RawBlock,
         key: Option<&block::MasterKey>,
         obj: u64,
         blk: u64,
     ) -> Result<Vec<u8>> {
-        let stored = bp.embedded.as_deref().unwrap_or_default();
+        let (bp, stored) = (&raw.bp, raw.stored.as_slice());
         let unseal = block::Unseal {
             key,
             object: obj,
@@ -842,10 +849,11 @@ impl ImportedPool {
 
         // Compress, (encrypt,) checksum, in parallel.
         let encode_one = |k: &BlockKey| -> Option<EncodedBlock> {
-            if let Dirty::Raw(bp) = &dirty[k] {
+            if let Dirty::Raw(raw) = &dirty[k] {
                 // As received: the bytes were verified against this checksum.
+                let bp = &raw.bp;
                 return Some(EncodedBlock {
-                    payload: Arc::new(bp.embedded.clone().unwrap_or_default()),
+                    payload: raw.stored.clone(),
                     lsize: bp.lsize,
                     compression: bp.compression,
                     checksum_algo: bp.checksum_algo,
@@ -924,7 +932,7 @@ impl ImportedPool {
                 };
                 // A sealed block received raw keeps the txg its seal names.
                 let birth = match &dirty[k] {
-                    Dirty::Raw(bp) if bp.crypt.is_some() => bp.birth,
+                    Dirty::Raw(raw) if raw.bp.crypt.is_some() => raw.bp.birth,
                     _ => txg,
                 };
                 placed.push(match e {

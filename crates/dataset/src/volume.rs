@@ -277,12 +277,12 @@ fn materialized(
         Dirty::Zero => Some(Arc::new(vec![0u8; bs as usize])),
         Dirty::Hole => None,
         Dirty::Partial(_) => unreachable!("partial blocks are merged by the caller"),
-        Dirty::Raw(bp) => {
+        Dirty::Raw(raw) => {
             let k = match p {
                 Some(p) => p.key_of(key.0)?,
                 None => None,
             };
-            let data = Dirty::open_raw(bp, k.as_deref(), key.1, key.2)?;
+            let data = Dirty::open_raw(raw, k.as_deref(), key.1, key.2)?;
             Some(Arc::new(full_block(data, bs, key.0, key.1, key.2)?))
         }
     })

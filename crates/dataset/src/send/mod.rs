@@ -1573,19 +1573,26 @@ fn flush_raw(
             let quick = run_bytes.as_ref().and_then(|(base, r)| {
                 let at = (bp.dvas[0].offset - base) as usize;
                 let b = r.get(at..at + bp.psize as usize)?;
-                (bp.checksum_algo.compute(b) == bp.checksum).then(|| b.to_vec())
+                (bp.checksum_algo.compute(b) == bp.checksum).then_some(b)
             });
-            let stored = match quick {
+            let slow;
+            let stored: &[u8] = match quick {
                 Some(b) => b,
-                None => read_stored(p, bp).map_err(|e| {
-                    Error::Corrupt(format!("{name}: object {obj} block {blk}: {e}"))
-                })?,
+                None => {
+                    slow = read_stored(p, bp).map_err(|e| {
+                        Error::Corrupt(format!("{name}: object {obj} block {blk}: {e}"))
+                    })?;
+                    &slow
+                }
             };
+            // The embedded form: the pointer, then the stored bytes, written
+            // from the read buffer as they are (not copied into the pointer).
             bp.dvas.clear();
-            bp.embedded = Some(stored);
+            bp.embedded = Some(Vec::new());
+            let head = bp.encode();
             w.record(
                 Kind::Raw,
-                &[&obj.to_be_bytes(), &blk.to_be_bytes(), &bp.encode()],
+                &[&obj.to_be_bytes(), &blk.to_be_bytes(), &head, stored],
             )?;
         }
         i = j;
@@ -1723,7 +1730,15 @@ fn put_rows(p: &ImportedPool, ds: u64, rows: Vec<Row>) -> Result<()> {
             }
             Row::Raw { obj, blk, bp } => {
                 let n = bp.psize as u64;
-                if open.dirty.insert((ds, obj, blk), Dirty::Raw(bp)).is_none() {
+                // The stored bytes move into the dirty block, uncopied.
+                let mut bp = Arc::unwrap_or_clone(bp);
+                let stored = Arc::new(bp.embedded.take().unwrap_or_default());
+                let raw = crate::txg::RawBlock { bp, stored };
+                if open
+                    .dirty
+                    .insert((ds, obj, blk), Dirty::Raw(Arc::new(raw)))
+                    .is_none()
+                {
                     open.dirty_bytes += n;
                 }
                 if obj >= FIRST_DYNAMIC_OBJECT && blk != objects::ATTR_BLOCK {
