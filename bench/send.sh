@@ -13,7 +13,12 @@
 #    time against the full send's; the 1% stream must take <= 5% of it.
 # Prints both daemons' peak RSS (VmHWM).
 #
-# Environment: SIZE=4G, BENCH_DIR=bench/out/send-<time>, CISTERN_BIN=target/release/cistern.
+# Sends are raw (`send -w`: blocks as stored; the source and the nbdcopy
+# reference both have compression off, so neither side compresses), full
+# send and nbdcopy REPEAT times alternately, medians compared.
+#
+# Environment: SIZE=4G, REPEAT=3, RAW=1 (0: logical streams),
+# BENCH_DIR=bench/out/send-<time>, CISTERN_BIN=target/release/cistern.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CISTERN_BIN="${CISTERN_BIN:-$ROOT/target/release/cistern}"

@@ -509,6 +509,11 @@ fn attrs_outside_open(p: &ImportedPool, st: &State, obj: u64) -> Result<Option<O
 fn decode_dirty_attrs(d: &Dirty) -> Result<Option<ObjectAttrs>> {
     match d {
         Dirty::Data(b) => ObjectAttrs::decode(b).map(Some),
+        // Received raw and not committed yet: only its own receive writes
+        // there, and it never reads attributes back.
+        Dirty::Raw(_) => Err(Error::Busy(
+            "object attributes are being received (raw)".into(),
+        )),
         _ => Ok(None),
     }
 }

@@ -65,6 +65,7 @@ pub type NameKey = (u64, u64, String);
 pub struct TxgChanges {
     pub blocks: HashMap<BlockKey, Dirty>,
     pub names: BTreeMap<NameKey, Option<u64>>,
+    pub raw_names: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
 }
 
 /// A changed block, not yet committed.
@@ -80,6 +81,46 @@ pub enum Dirty {
     Zero,
     /// Deallocated.
     Hole,
+    /// A block received raw (`send -w`, decision 0044): stored bytes as
+    /// they came (compressed, maybe sealed) and their pointer (no DVA;
+    /// `birth` is the txg the block was sealed in on the sender). The
+    /// commit places it as it is: no compression, no key, no copy.
+    Raw(Arc<RawBlock>),
+}
+
+/// See [`Dirty::Raw`].
+#[derive(Debug)]
+pub struct RawBlock {
+    pub bp: BlockPointer,
+    pub stored: Arc<Vec<u8>>,
+}
+
+impl Dirty {
+    /// The block's logical bytes of a raw block (readers only: a receive
+    /// never opens them); `key` opens a sealed one.
+    pub(crate) fn open_raw(
+        raw: &RawBlock,
+        key: Option<&block::MasterKey>,
+        obj: u64,
+        blk: u64,
+    ) -> Result<Vec<u8>> {
+        let (bp, stored) = (&raw.bp, raw.stored.as_slice());
+        let unseal = block::Unseal {
+            key,
+            object: obj,
+            block: blk,
+        };
+        match block::decode_verified_keyed(bp, stored, Some(unseal)) {
+            Some(Ok(d)) => Ok(d),
+            Some(Err(block::BlockError::KeyUnavailable)) => Err(Error::KeyUnavailable(format!(
+                "object {obj} block {blk}: received raw, its key is not loaded"
+            ))),
+            Some(Err(e)) => Err(Error::Corrupt(format!("object {obj} block {blk}: {e}"))),
+            None => Err(Error::Corrupt(format!(
+                "object {obj} block {blk}: received raw block fails its checksum"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +193,9 @@ fn restore(dirty: &mut HashMap<BlockKey, Dirty>, k: BlockKey, older: &Dirty) {
             }
             Dirty::Data(d) => Dirty::Data(Arc::new(p.over(Some(d)))),
             Dirty::Zero | Dirty::Hole => Dirty::Data(Arc::new(p.over(None))),
+            // A write over a block received raw whose commit failed: the
+            // newer partial block stays; its base is read at the next commit.
+            Dirty::Raw(_) => return,
         },
         Some(_) => return,
     };
@@ -163,6 +207,9 @@ pub struct OpenTxg {
     pub dirty: HashMap<BlockKey, Dirty>,
     /// Names changed in this txg (`None`: removed).
     pub names: BTreeMap<NameKey, Option<u64>>,
+    /// Name rows received raw (`send -w`): (dataset, address as stored)
+    /// -> value as stored (`None`: removed); sealed names need no key.
+    pub raw_names: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
     /// Next object id of each dataset that created objects (persisted in its record at commit).
     pub next_object: HashMap<u64, u64>,
     pub dirty_bytes: u64,
@@ -366,6 +413,7 @@ impl ImportedPool {
                 txg: txg + 3,
                 dirty: HashMap::new(),
                 names: BTreeMap::new(),
+                raw_names: BTreeMap::new(),
                 next_object: HashMap::new(),
                 dirty_bytes: 0,
                 charged: HashMap::new(),
@@ -630,7 +678,12 @@ impl ImportedPool {
         let started = Instant::now();
         let (txg, dirty, cp, next_objects, discarded) = {
             let mut open = self.open.lock();
-            if !force && open.dirty.is_empty() && open.names.is_empty() && action.is_none() {
+            if !force
+                && open.dirty.is_empty()
+                && open.names.is_empty()
+                && open.raw_names.is_empty()
+                && action.is_none()
+            {
                 return Ok(ActionOutcome::default());
             }
             // Kept aside, not dropped: the action can still be refused
@@ -656,6 +709,7 @@ impl ImportedPool {
             let dirty = Arc::new(TxgChanges {
                 blocks: std::mem::take(&mut open.dirty),
                 names: std::mem::take(&mut open.names),
+                raw_names: std::mem::take(&mut open.raw_names),
             });
             let next_objects = open.next_object.clone();
             *self.syncing_charged.lock() = crate::space::SyncingCharges {
@@ -687,6 +741,9 @@ impl ImportedPool {
                 }
                 for (k, v) in dirty.names.iter() {
                     open.names.entry(k.clone()).or_insert(*v);
+                }
+                for (k, v) in dirty.raw_names.iter() {
+                    open.raw_names.entry(k.clone()).or_insert(v.clone());
                 }
                 for (ds, n) in std::mem::take(&mut *self.syncing_charged.lock()).by_ds {
                     *open.charged.entry(ds).or_default() += n;
@@ -748,7 +805,7 @@ impl ImportedPool {
                 let zeros = vec![0u8; bs as usize];
                 return Some(block::encode_sealed(&zeros, comp.max_lz4(), sum, seal));
             }
-            Dirty::Hole => return None,
+            Dirty::Hole | Dirty::Raw(_) => return None,
         };
         if k.1 == crate::objects::VOLUME_OBJECT {
             return Some(block::encode_sealed(&data, comp, sum, seal));
@@ -773,10 +830,11 @@ impl ImportedPool {
         keys.sort_unstable();
         // Encrypted datasets' blocks are sealed with their root's key (decision 0026).
         let crypt_keys = crate::crypt::commit_keys(self);
-        if let Some(k) = keys
-            .iter()
-            .find(|k| matches!(crypt_keys.get(&k.0), Some(None)))
-        {
+        if let Some(k) = keys.iter().find(|k| {
+            // Raw blocks and holes need no key (a raw receive writes both).
+            matches!(crypt_keys.get(&k.0), Some(None))
+                && !matches!(dirty[k], Dirty::Raw(_) | Dirty::Hole)
+        }) {
             // Writes are refused before a key goes (unload_key commits first).
             tracing::error!(
                 dataset = k.0,
@@ -791,6 +849,18 @@ impl ImportedPool {
 
         // Compress, (encrypt,) checksum, in parallel.
         let encode_one = |k: &BlockKey| -> Option<EncodedBlock> {
+            if let Dirty::Raw(raw) = &dirty[k] {
+                // As received: the bytes were verified against this checksum.
+                let bp = &raw.bp;
+                return Some(EncodedBlock {
+                    payload: raw.stored.clone(),
+                    lsize: bp.lsize,
+                    compression: bp.compression,
+                    checksum_algo: bp.checksum_algo,
+                    checksum: bp.checksum,
+                    crypt: bp.crypt,
+                });
+            }
             let (comp, sum) = settings
                 .get(&k.0)
                 .copied()
@@ -812,7 +882,8 @@ impl ImportedPool {
                     let bs = self.block_size_of(k.0)?;
                     return Some(block::encode(&vec![0u8; bs as usize], comp.max_lz4(), sum));
                 }
-                Dirty::Hole => return None,
+                // Raw blocks were taken as they are above.
+                Dirty::Hole | Dirty::Raw(_) => return None,
             };
             if k.1 == crate::objects::VOLUME_OBJECT {
                 return Some(block::encode_shared(&data, comp, sum));
@@ -859,10 +930,15 @@ impl ImportedPool {
                     k.2 == crate::objects::ATTR_BLOCK
                         || (k.1 != crate::objects::VOLUME_OBJECT && e.psize() as usize <= embed_max)
                 };
+                // A sealed block received raw keeps the txg its seal names.
+                let birth = match &dirty[k] {
+                    Dirty::Raw(raw) if raw.bp.crypt.is_some() => raw.bp.birth,
+                    _ => txg,
+                };
                 placed.push(match e {
-                    Some(e) if embed(e) => Some(e.embedded(txg)),
+                    Some(e) if embed(e) => Some(e.embedded(birth)),
                     Some(e) => match alloc.allocate(e.psize() as u64) {
-                        Some(dva) => Some(e.pointer(dva, txg)),
+                        Some(dva) => Some(e.pointer(dva, birth)),
                         None => {
                             for d in placed.iter().flatten().flat_map(|bp| &bp.dvas) {
                                 alloc.free(*d);
@@ -1026,7 +1102,13 @@ impl ImportedPool {
         let mut outcome = ActionOutcome::default();
         let mut has_action = false;
         // Name rows as stored: sealed for encrypted datasets (decision 0035).
-        let name_rows = crate::namerow::commit_rows(self, &changes.names)?;
+        let mut name_rows = crate::namerow::commit_rows(self, &changes.names)?;
+        name_rows.extend(
+            changes
+                .raw_names
+                .iter()
+                .map(|((ds, addr), v)| (*ds, addr.clone(), v.clone())),
+        );
         let tx = self.db().begin_write().map_err(meta_err)?;
         {
             let mut blocks = tx.open_table(BLOCK_MAP).map_err(meta_err)?;

@@ -66,7 +66,7 @@ pub(crate) fn read_outside_open(
                 committed.push(b);
             }
             Some(d) => {
-                out.insert(b, materialized(d, bs));
+                out.insert(b, materialized(Some(p), (ds, obj, b), d, bs)?);
             }
             None => committed.push(b),
         }
@@ -319,13 +319,28 @@ fn full_block(mut data: Vec<u8>, bs: u32, ds: u64, obj: u64, b: u64) -> Result<V
 }
 
 /// Contents of a dirty block that needs nothing below it (not `Partial`).
-fn materialized(d: &Dirty, bs: u32) -> Option<Arc<Vec<u8>>> {
-    match d {
+/// A block received raw (`send -w`) is opened here, for the reader, with
+/// `p`'s key of its dataset when `p` is given.
+fn materialized(
+    p: Option<&ImportedPool>,
+    key: BlockKey,
+    d: &Dirty,
+    bs: u32,
+) -> Result<Option<Arc<Vec<u8>>>> {
+    Ok(match d {
         Dirty::Data(v) => Some(v.clone()),
         Dirty::Zero => Some(Arc::new(vec![0u8; bs as usize])),
         Dirty::Hole => None,
         Dirty::Partial(_) => unreachable!("partial blocks are merged by the caller"),
-    }
+        Dirty::Raw(raw) => {
+            let k = match p {
+                Some(p) => p.key_of(key.0)?,
+                None => None,
+            };
+            let data = Dirty::open_raw(raw, k.as_deref(), key.1, key.2)?;
+            Some(Arc::new(full_block(data, bs, key.0, key.1, key.2)?))
+        }
+    })
 }
 
 /// Applies a write or zeroing of object `obj` to the open txg. A front
@@ -413,7 +428,7 @@ pub(crate) fn apply(
         }
         p.check_writable(ds, root)?;
         let weight = |d: Option<&Dirty>| match d {
-            Some(Dirty::Data(_) | Dirty::Partial(_)) => full,
+            Some(Dirty::Data(_) | Dirty::Partial(_) | Dirty::Raw(_)) => full,
             Some(Dirty::Zero) => unit,
             _ => 0,
         };
@@ -488,7 +503,7 @@ pub(crate) fn apply(
                         }
                     }
                     Some(d) => patch(
-                        materialized(d, bs)
+                        materialized(None, key, d, bs)?
                             .map(|a| a.to_vec())
                             .unwrap_or_else(|| vec![0u8; bs as usize]),
                     ),
@@ -659,7 +674,7 @@ pub(crate) fn read_pieces(
                 let base = fetched.remove(&b).flatten();
                 Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
             }
-            Some(d) => materialized(d, bs),
+            Some(d) => materialized(Some(p), (chain.data_id(), obj, b), d, bs)?,
             None => fetched.remove(&b).flatten(),
         };
         let start = b * bsz;
@@ -958,7 +973,7 @@ impl Volume {
                 .as_ref()
                 .or_else(|| syncing.and_then(|s| s.blocks.get(&(ds, VOLUME_OBJECT, b))));
             let (hole, zero) = match dirty {
-                Some(Dirty::Data(_) | Dirty::Partial(_)) => (false, false),
+                Some(Dirty::Data(_) | Dirty::Partial(_) | Dirty::Raw(_)) => (false, false),
                 Some(Dirty::Zero) => (false, true),
                 Some(Dirty::Hole) => (true, true),
                 None if committed.contains_key(&b) => (false, false),

@@ -18,8 +18,11 @@ pub const MAGIC: &[u8; 8] = b"CISTSTRM";
 pub const VERSION: u32 = 2;
 /// Header flag: a `-R` stream (BEGIN records name the dataset below the top).
 pub const FLAG_RECURSIVE: u32 = 1;
+/// Header flag: a raw stream (`-w`, decision 0044): blocks as stored
+/// (RAW records), name rows as stored (RAW_NAME), the key wrapped.
+pub const FLAG_RAW: u32 = 2;
 /// The flags this build understands.
-pub const KNOWN_FLAGS: u32 = FLAG_RECURSIVE;
+pub const KNOWN_FLAGS: u32 = FLAG_RECURSIVE | FLAG_RAW;
 /// Largest record payload a reader accepts (a block of 16 MiB plus its address).
 pub const MAX_RECORD: u32 = (16 << 20) + 4096;
 const SUM_LEN: usize = 16;
@@ -40,9 +43,13 @@ pub enum Kind {
     SnapEnd = 5,
     /// The end of the stream: blake3 of the stream before this record.
     End = 6,
-    /// A block row as stored (raw, `-w`): object | block | pointer length
-    /// u16 BE | encoded block pointer (no DVAs) | stored bytes.
+    /// A block row as stored (raw, `-w`): object u64 BE | block u64 BE |
+    /// the block pointer in its embedded form (no DVAs; the stored bytes
+    /// follow it, as an embedded pointer carries them).
     Raw = 7,
+    /// A name row as stored (raw, `-w`): address length u16 BE | address |
+    /// value (empty: a tombstone). Sealed names travel without the key.
+    RawName = 8,
 }
 
 impl Kind {
@@ -56,6 +63,7 @@ impl Kind {
             5 => Kind::SnapEnd,
             6 => Kind::End,
             7 => Kind::Raw,
+            8 => Kind::RawName,
             _ => return None,
         })
     }
@@ -384,7 +392,10 @@ mod tests {
         assert_eq!(out, head(2, FLAG_RECURSIVE));
         let mut ok = &out[..];
         assert_eq!(Reader::new(&mut ok).unwrap().flags, FLAG_RECURSIVE);
-        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (3, 0)] {
+        let mut out = Vec::new();
+        Writer::new(&mut out, FLAG_RAW).unwrap().flush().unwrap();
+        assert_eq!(out, head(2, FLAG_RAW));
+        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (1, FLAG_RAW), (3, 0)] {
             let h = head(v, f);
             let mut inp = &h[..];
             let e = Reader::new(&mut inp).err().unwrap().to_string();

@@ -1,0 +1,344 @@
+//! `send -w` (raw, decision 0044) between two engines: blocks travel as
+//! stored (compressed as on disk, sealed with the source's key), so an
+//! encrypted dataset — sealed names too — is sent without its key, and
+//! the target opens with the source's key once `load-key` runs.
+
+use dataset::*;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::sync::Arc;
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        txg_timeout_secs: 3600.0,
+        multihost_interval_ms: 50,
+        ..EngineConfig::default()
+    }
+}
+
+const BS: u64 = 16384;
+const VOLSIZE: u64 = BS * 256;
+const HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+
+fn material() -> KeyMaterial {
+    KeyMaterial::from_bytes(HEX.as_bytes())
+}
+
+fn props(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    p.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn crypt_props() -> Vec<(String, String)> {
+    props(&[
+        ("encryption", "on"),
+        ("keyformat", "hex"),
+        ("keylocation", "prompt"),
+        ("compression", "lz4"),
+        ("volblocksize", "16384"),
+    ])
+}
+
+fn engine(dir: &Path, pool: &str) -> Arc<Engine> {
+    let e = Engine::open(&dir.join(format!("state-{pool}")), config()).unwrap();
+    e.create_pool(PoolSpec {
+        name: pool.into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![dir.join(format!("{pool}-d0"))],
+        }],
+        create_size: Some(256 << 20),
+        force: false,
+    })
+    .unwrap();
+    e
+}
+
+fn read_vol(e: &Engine, name: &str) -> Result<Vec<u8>> {
+    let v = e.open_volume(name)?;
+    let mut out = Vec::new();
+    for seg in v.read(0, v.size())? {
+        match seg {
+            ReadSegment::Data(d) => out.extend_from_slice(&d),
+            ReadSegment::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    Ok(out)
+}
+
+fn send_raw(e: &Engine, snap: &str, from: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let opts = SendOptions {
+        snapshot: snap.into(),
+        from: from.map(str::to_string),
+        intermediates: from.is_some(),
+        raw: true,
+        ..Default::default()
+    };
+    let sum = e.send(&opts, &mut out).unwrap();
+    assert_eq!(sum.bytes, out.len() as u64);
+    // Version 2 with the RAW flag (bit 1).
+    assert_eq!(&out[8..12], &2u32.to_le_bytes());
+    assert_eq!(&out[12..16], &2u32.to_le_bytes());
+    out
+}
+
+fn receive(e: &Engine, target: &str, stream: &[u8]) -> Result<ReceiveSummary> {
+    let mut inp = stream;
+    e.receive(
+        &ReceiveOptions {
+            target: target.into(),
+            ..Default::default()
+        },
+        &mut inp,
+    )
+}
+
+fn prop_of(e: &Engine, ds: &str, name: &str) -> String {
+    e.dataset(ds)
+        .unwrap()
+        .property(name)
+        .map(|p| p.value.clone())
+        .unwrap_or_default()
+}
+
+/// Half compressible text, half random: lz4 shrinks some blocks only.
+fn scribble(v: &Volume, rng: &mut rand::rngs::StdRng, blocks: usize) {
+    for _ in 0..blocks {
+        let b = rng.random_range(0..VOLSIZE / BS);
+        let mut data = vec![0u8; BS as usize];
+        if b % 2 == 0 {
+            rng.fill(&mut data[..]);
+        } else {
+            let word = format!("block {b} {} ", rng.random::<u32>());
+            for (i, c) in data.iter_mut().enumerate() {
+                *c = word.as_bytes()[i % word.len()];
+            }
+        }
+        v.write(b * BS, &data, false).unwrap();
+    }
+}
+
+#[test]
+fn raw_compressed_volume_full_and_incremental() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(44);
+    let p = props(&[("compression", "lz4"), ("volblocksize", "16384")]);
+    src.create_volume("tank/vm", VOLSIZE, &p).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    scribble(&v, &mut rng, 200);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let full = send_raw(&src, "tank/vm@a", None);
+    let mut plain = Vec::new();
+    let opts = SendOptions {
+        snapshot: "tank/vm@a".into(),
+        ..Default::default()
+    };
+    src.send(&opts, &mut plain).unwrap();
+    // Plain streams stay version 1; raw ones carry blocks as compressed on disk.
+    assert_eq!(&plain[8..16], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    assert!(
+        full.len() < plain.len() * 9 / 10,
+        "raw {} plain {}",
+        full.len(),
+        plain.len()
+    );
+    receive(&dst, "backup/vm", &full).unwrap();
+    assert_eq!(
+        read_vol(&dst, "backup/vm@a").unwrap(),
+        read_vol(&src, "tank/vm@a").unwrap()
+    );
+
+    scribble(&v, &mut rng, 20);
+    v.trim(0, 8 * BS, false).unwrap();
+    src.snapshot(&["tank/vm@b".into()], false).unwrap();
+    scribble(&v, &mut rng, 5);
+    src.snapshot(&["tank/vm@c".into()], false).unwrap();
+    let incr = send_raw(&src, "tank/vm@c", Some("@a"));
+    let got = receive(&dst, "backup/vm", &incr).unwrap();
+    assert_eq!(
+        got.snapshots,
+        vec!["backup/vm@b".to_string(), "backup/vm@c".to_string()]
+    );
+    for s in ["b", "c"] {
+        assert_eq!(
+            read_vol(&dst, &format!("backup/vm@{s}")).unwrap(),
+            read_vol(&src, &format!("tank/vm@{s}")).unwrap()
+        );
+    }
+}
+
+#[test]
+fn raw_encrypted_volume_needs_no_key_to_send_and_opens_with_the_source_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    src.create_volume_keyed("tank/sec", VOLSIZE, &crypt_props(), Some(&material()))
+        .unwrap();
+    let v = src.open_volume("tank/sec").unwrap();
+    scribble(&v, &mut rng, 150);
+    drop(v);
+    src.snapshot(&["tank/sec@a".into()], false).unwrap();
+    let want_a = read_vol(&src, "tank/sec@a").unwrap();
+    src.unload_key("tank/sec").unwrap();
+    assert!(read_vol(&src, "tank/sec@a").is_err());
+    // A plain send needs the key; a raw one does not.
+    let mut out = Vec::new();
+    let plain = SendOptions {
+        snapshot: "tank/sec@a".into(),
+        ..Default::default()
+    };
+    assert!(src.send(&plain, &mut out).is_err());
+    let full = send_raw(&src, "tank/sec@a", None);
+    // The key never travels: its bytes are nowhere in the stream.
+    let key = hex_bytes(HEX);
+    assert!(!full.windows(key.len()).any(|w| w == key.as_slice()));
+
+    receive(&dst, "backup/sec", &full).unwrap();
+    assert_eq!(prop_of(&dst, "backup/sec", "keystatus"), "unavailable");
+    assert_eq!(prop_of(&dst, "backup/sec", "encryptionroot"), "backup/sec");
+    assert!(read_vol(&dst, "backup/sec@a").is_err());
+    dst.load_key("backup/sec", None, Some(&material()), false)
+        .unwrap();
+    assert_eq!(read_vol(&dst, "backup/sec@a").unwrap(), want_a);
+    dst.unload_key("backup/sec").unwrap();
+
+    // Incremental, sender and receiver both without the key.
+    src.load_key("tank/sec", None, Some(&material()), false)
+        .unwrap();
+    let v = src.open_volume("tank/sec").unwrap();
+    scribble(&v, &mut rng, 30);
+    drop(v);
+    src.snapshot(&["tank/sec@b".into()], false).unwrap();
+    let want_b = read_vol(&src, "tank/sec@b").unwrap();
+    src.unload_key("tank/sec").unwrap();
+    let incr = send_raw(&src, "tank/sec@b", Some("@a"));
+    receive(&dst, "backup/sec", &incr).unwrap();
+    dst.load_key("backup/sec", None, Some(&material()), false)
+        .unwrap();
+    assert_eq!(read_vol(&dst, "backup/sec@b").unwrap(), want_b);
+    assert_eq!(read_vol(&dst, "backup/sec@a").unwrap(), want_a);
+    // A wrong key is still refused on the target.
+    dst.unload_key("backup/sec").unwrap();
+    let wrong = KeyMaterial::from_bytes("11".repeat(32).as_bytes());
+    assert!(dst
+        .load_key("backup/sec", None, Some(&wrong), false)
+        .is_err());
+
+    // Into an unencrypted dataset: refused, clearly, nothing changed.
+    let p = props(&[("volblocksize", "16384")]);
+    dst.create_volume("backup/clear", VOLSIZE, &p).unwrap();
+    dst.snapshot(&["backup/clear@a".into()], false).unwrap();
+    let e = receive(&dst, "backup/clear", &incr)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not encrypted"), "{e}");
+    // An unencrypted raw stream under an encrypted dataset: refused too.
+    src.create_volume("tank/open", VOLSIZE, &p).unwrap();
+    src.snapshot(&["tank/open@a".into()], false).unwrap();
+    let open = send_raw(&src, "tank/open@a", None);
+    let e = receive(&dst, "backup/sec/x", &open)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("encrypted"), "{e}");
+    assert!(dst.dataset("backup/sec/x").is_err());
+}
+
+fn hex_bytes(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn bucket_image(e: &Engine, name: &str) -> Vec<(String, Vec<u8>)> {
+    let os = e.open_objects(name).unwrap();
+    let mut out = Vec::new();
+    for (key, obj) in os.list(objects::ROOT_DIR, "", None, 100_000).unwrap() {
+        let a = os.attrs(obj).unwrap().unwrap();
+        out.push((key, os.read(obj, 0, a.size).unwrap()));
+    }
+    out
+}
+
+#[test]
+fn raw_sealed_names_bucket_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut cp = crypt_props();
+    cp.retain(|(k, _)| k != "volblocksize");
+    src.create_dataset_keyed("tank/b", DatasetKind::Bucket, &cp, Some(&material()))
+        .unwrap();
+    let os = src.open_objects("tank/b").unwrap();
+    let put = |key: &str, data: &[u8]| {
+        let obj = os.create(ObjectKind::File, key.as_bytes()).unwrap();
+        os.write(obj, 0, data).unwrap();
+        if let Some(old) = os.link(objects::ROOT_DIR, key, obj).unwrap() {
+            os.remove(old).unwrap();
+        }
+    };
+    for i in 0..30 {
+        put(&format!("k{i}"), &vec![i as u8; [10, 3000, 70_000][i % 3]]);
+    }
+    src.snapshot(&["tank/b@1".into()], false).unwrap();
+    let want1 = bucket_image(&src, "tank/b@1");
+    // Sealed names: a plain send is refused, a raw one needs no key.
+    let mut out = Vec::new();
+    let plain = SendOptions {
+        snapshot: "tank/b@1".into(),
+        ..Default::default()
+    };
+    assert!(src.send(&plain, &mut out).is_err());
+    for i in 0..3 {
+        put(&format!("k{i}"), b"changed");
+    }
+    let obj = os.unlink(objects::ROOT_DIR, "k9").unwrap().unwrap();
+    os.remove(obj).unwrap();
+    put("new", b"new object");
+    drop(os);
+    src.snapshot(&["tank/b@2".into()], false).unwrap();
+    let want2 = bucket_image(&src, "tank/b@2");
+    src.unload_key("tank/b").unwrap();
+    let full = send_raw(&src, "tank/b@1", None);
+    let incr = send_raw(&src, "tank/b@2", Some("@1"));
+    // Names are sealed in the stream too.
+    assert!(!full.windows(3).any(|w| w == b"k17"));
+    receive(&dst, "backup/b", &full).unwrap();
+    receive(&dst, "backup/b", &incr).unwrap();
+    assert_eq!(prop_of(&dst, "backup/b", "keystatus"), "unavailable");
+    dst.load_key("backup/b", None, Some(&material()), false)
+        .unwrap();
+    assert_eq!(bucket_image(&dst, "backup/b@1"), want1);
+    assert_eq!(bucket_image(&dst, "backup/b@2"), want2);
+    assert_eq!(bucket_image(&dst, "backup/b"), want2);
+}
+
+#[test]
+fn damaged_raw_streams_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let p = props(&[("compression", "lz4"), ("volblocksize", "16384")]);
+    src.create_volume("tank/vm", VOLSIZE, &p).unwrap();
+    scribble(&src.open_volume("tank/vm").unwrap(), &mut rng, 60);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let full = send_raw(&src, "tank/vm@a", None);
+    for at in [40, full.len() / 3, full.len() / 2, full.len() - 20] {
+        let mut bad = full.clone();
+        bad[at] ^= 0x01;
+        let e = receive(&dst, "backup/vm", &bad).unwrap_err().to_string();
+        assert!(e.contains("invalid send stream"), "byte {at}: {e}");
+        assert!(
+            dst.dataset("backup/vm").is_err(),
+            "byte {at} left a dataset"
+        );
+    }
+    let e = receive(&dst, "backup/vm", &full[..full.len() / 2])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("truncated"), "{e}");
+    assert!(dst.dataset("backup/vm").is_err());
+    receive(&dst, "backup/vm", &full).unwrap();
+}
