@@ -10,7 +10,8 @@ The default suite runs a bounded version (5 planned runs, seed 14, 8 MiB).
 The long one is opt-in: CISTERN_SEND_INTERRUPT=1 runs RUNS (default 12;
 CISTERN_SEND_INTERRUPT_RUNS) seeded runs of a CISTERN_SEND_INTERRUPT_MIB
 (default 16) MiB volume, seed CISTERN_SEND_INTERRUPT_SEED (default 14);
-decision 0045 records seeds 14, 1, 2, 3 x 12 runs passing.
+decision 0045 records what passed (seeds 14, 1, 2, 3, 4 x 12 runs of
+16 MiB; seed 7 x 20 runs of 32 MiB).
 Every 5th run is aborted (`receive -A`) instead of resumed; every 3rd
 resume first sends its stream with a byte flipped, which is refused."""
 
