@@ -164,3 +164,43 @@ class Volume:
 
     def __repr__(self):
         return f"Volume({self.name} @ {self.uri})"
+
+
+# A resumable receive checkpoints every MiB with txgs this small.
+SMALL_TXGS = '[engine]\ndirty_max_bytes = "2M"\n'
+
+
+def with_small_txgs(config: str | None) -> str:
+    """`config` (TOML) with SMALL_TXGS in its [engine] table."""
+    config = config or ""
+    if "[engine]\n" in config:
+        return config.replace("[engine]\n", SMALL_TXGS, 1)
+    return SMALL_TXGS + config
+
+
+def two_daemons(make_daemon, disks, src_pool: str = "tank", dst_pool: str = "backup", *, size: str = "1G",
+                mirror: bool = False, config: str | None = None, small_txgs: bool = False, env: dict | None = None):
+    """The send/receive and replication set-up: daemons `src` (pool
+    `src_pool`) and `dst` (pool `dst_pool`), each pool one sparse file of
+    `size` under `disks` (a 2-way mirror with `mirror`), both with `config`;
+    `small_txgs`: the target's txgs are small (see SMALL_TXGS)."""
+    src = make_daemon("src", config=config, env=env)
+    dst = make_daemon("dst", config=with_small_txgs(config) if small_txgs else config, env=env)
+    for d, pool in ((src, src_pool), (dst, dst_pool)):
+        if mirror:
+            d.cli("pool", "create", "-s", size, pool, "mirror", disks / f"{pool}-a", disks / f"{pool}-b")
+        else:
+            d.cli("pool", "create", "-s", size, pool, disks / f"{pool}-d0")
+    return src, dst
+
+
+def fill_random(d, vol: str, size: int, randbytes=None):
+    """Writes `size` bytes of random data (`randbytes(n)`, default
+    os.urandom) over volume `vol` of daemon `d`, flushed."""
+    import os
+
+    randbytes = randbytes or os.urandom
+    with connected(d.uri(vol)) as c:
+        for off in range(0, size, MiB):
+            c.pwrite(randbytes(min(MiB, size - off)), off)
+        c.flush()

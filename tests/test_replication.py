@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 
 import pytest
 
 from conftest import free_ports
-from helpers import MiB, connected, pattern, wait_until
+from helpers import MiB, connected, fill_random, pattern, two_daemons, wait_until
 
 # The job-running daemon's grids: `short` for the source, `long` for the target.
 GRIDS = """
@@ -93,10 +92,7 @@ def metric(d, name: str) -> float:
 @pytest.fixture
 def pair(make_daemon, disks):
     """Two daemons: `src` (pool tank, volume tank/vm 32M) and `dst` (pool tank2)."""
-    src = make_daemon("src", config=GRIDS)
-    dst = make_daemon("dst", config=GRIDS)
-    pool(src, disks, "tank")
-    pool(dst, disks, "tank2")
+    src, dst = two_daemons(make_daemon, disks, "tank", "tank2", mirror=True, config=GRIDS)
     src.cli("create", "-V", "32M", "tank/vm")
     return src, dst
 
@@ -437,15 +433,9 @@ def test_push_over_https_checks_the_certificate_and_the_token(make_daemon, disks
 def proxied_pair(make_daemon, disks, env=None):
     """`src` with a 32 MiB volume of random data and a snapshot; `dst` with
     small txgs (a resumable receive checkpoints every MiB)."""
-    src = make_daemon("src", config=GRIDS, env=env)
-    dst = make_daemon("dst", config=GRIDS.replace("[engine]\n", '[engine]\ndirty_max_bytes = "2M"\n'), env=env)
-    pool(src, disks, "tank")
-    pool(dst, disks, "tank2")
+    src, dst = two_daemons(make_daemon, disks, "tank", "tank2", mirror=True, config=GRIDS, small_txgs=True, env=env)
     src.cli("create", "-V", "32M", "-o", "compression=off", "tank/vm")
-    with connected(src.uri("tank/vm")) as h:
-        for off in range(0, 32 * MiB, MiB):
-            h.pwrite(os.urandom(MiB), off)
-        h.flush()
+    fill_random(src, "tank/vm", 32 * MiB)
     src.cli("snapshot", "tank/vm@s1")
     return src, dst
 

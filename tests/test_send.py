@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import cistern_bin, run
-from helpers import MiB, connected
+from helpers import MiB, connected, two_daemons
 
 SIZE = 64 * MiB
 
@@ -36,14 +36,9 @@ def scribble(d, name: str, rng: random.Random, n: int, size: int = SIZE):
 
 
 @pytest.fixture
-def pair(make_daemon, tmp_path):
+def pair(make_daemon, disks):
     """Two daemons: `src` with pool tank, `dst` with pool backup."""
-    src, dst = make_daemon("src"), make_daemon("dst")
-    for d, pool in ((src, "tank"), (dst, "backup")):
-        disks = tmp_path / f"{pool}-disks"
-        disks.mkdir()
-        d.cli("pool", "create", "-s", "1G", pool, disks / "d0")
-    return src, dst
+    return two_daemons(make_daemon, disks)
 
 
 def send_to_file(d, path, *args):

@@ -408,6 +408,130 @@ fn receive_killed_mid_stream_is_undone_or_resumable() {
     }
 }
 
+/// Regression (issue 14, seed 14 run 9 of tests/test_send_interrupt.py):
+/// a `-s` receive interrupted before its first checkpoint keeps state
+/// whose token has no address yet. `send -t` of that token must make a
+/// resume stream (not a new one, which the target refuses as
+/// "partially-complete state" forever). Full and incremental, after a
+/// kill -9 of the receiving engine and after a cut stream.
+#[test]
+fn resume_before_the_first_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    let size = 8u64 << 20;
+    src.create_volume("tank/vm", size, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+    for off in (0..size).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    scribble(&v, &mut rng, 200);
+    src.snapshot(&["tank/vm@b".into()], false).unwrap();
+    let full = send(&src, "tank/vm@a", None, false);
+    let incr = send(&src, "tank/vm@b", Some("@a"), false);
+    let rs = |e: &Engine, target: &str, stream: &[u8]| {
+        let mut inp = stream;
+        e.receive(
+            &ReceiveOptions {
+                target: target.into(),
+                resumable: true,
+                ..Default::default()
+            },
+            &mut inp,
+        )
+    };
+    for (i, (incremental, kill)) in [(true, true), (false, true), (true, false), (false, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let state = dir.path().join(format!("state-{i}"));
+        let mut e = Engine::open(&state, small_txgs()).unwrap();
+        let pool = format!("backup{i}");
+        e.create_pool(PoolSpec {
+            name: pool.clone(),
+            groups: vec![GroupSpec {
+                kind: GroupKind::Disk,
+                devices: vec![dir.path().join(format!("{pool}-d0"))],
+            }],
+            create_size: Some(256 << 20),
+            force: false,
+        })
+        .unwrap();
+        let target = format!("{pool}/vm");
+        let (stream, snap) = if incremental {
+            receive(&e, &target, &full, false).unwrap();
+            (&incr, "b")
+        } else {
+            (&full, "a")
+        };
+        // Far below the first checkpoint (1 MiB of rows).
+        let cut = 64 << 10;
+        if kill {
+            e.sync_all().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut r = Stall {
+                data: stream.clone(),
+                at: 0,
+                limit: cut,
+                reached: Some(tx),
+            };
+            let (e2, t2) = (e.clone(), target.clone());
+            std::thread::spawn(move || {
+                let _ = e2.receive(
+                    &ReceiveOptions {
+                        target: t2,
+                        resumable: true,
+                        ..Default::default()
+                    },
+                    &mut r,
+                );
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            Engine::forget_as_if_killed(e);
+            e = Engine::open(&state, small_txgs()).unwrap();
+        } else {
+            let err = rs(&e, &target, &stream[..cut]).unwrap_err().to_string();
+            assert!(err.contains("send -t"), "{err}");
+        }
+        assert!(
+            e.dataset(&format!("{target}@{snap}")).is_err(),
+            "half a snapshot"
+        );
+        if incremental {
+            assert_eq!(
+                read_vol(&e, &format!("{target}@a")),
+                read_vol(&src, "tank/vm@a")
+            );
+        }
+        let token = prop_of(&e, &target, "receive_resume_token")
+            .expect("no receive_resume_token after an interrupted -s receive");
+        // A new stream is still refused while the partial state is there...
+        let err = rs(&e, &target, stream).unwrap_err().to_string();
+        assert!(err.contains("partially-complete"), "{err}");
+        // ...but the token's stream (all of it: nothing was committed) resumes.
+        let mut rest = Vec::new();
+        src.send(
+            &SendOptions {
+                resume_token: Some(token),
+                ..Default::default()
+            },
+            &mut rest,
+        )
+        .unwrap();
+        rs(&e, &target, &rest).unwrap();
+        assert_eq!(prop_of(&e, &target, "receive_resume_token"), None);
+        assert_eq!(
+            read_vol(&e, &format!("{target}@{snap}")),
+            read_vol(&src, &format!("tank/vm@{snap}")),
+            "case {i}"
+        );
+    }
+}
+
 #[test]
 fn resumable_receive_of_a_cut_stream_resumes_and_aborts() {
     let dir = tempfile::tempdir().unwrap();

@@ -650,12 +650,16 @@ impl Engine {
                     tok.snapshot
                 )));
             }
-            part.after = match &tok.after {
-                None => None,
-                Some(h) => Some(unhex(h).ok_or_else(|| {
+            // Always Some: a token taken before the receiver's first
+            // checkpoint (nothing committed yet) still makes a resume
+            // stream (`resume_after` ""), not a new one the receiver must
+            // refuse because the target holds partial state.
+            part.after = Some(match &tok.after {
+                None => Vec::new(),
+                Some(h) => unhex(h).ok_or_else(|| {
                     Error::InvalidArgument("cannot resume send: invalid resume token".into())
-                })?),
-            };
+                })?,
+            });
             return Ok((p, parts));
         }
         if opts.recursive {
@@ -1270,6 +1274,9 @@ impl Engine {
     pub fn receive_abort(&self, target: &str) -> Result<()> {
         let (pool, _) = split_dataset(target)?;
         let p = self.pool(pool)?;
+        // Not under a receive still running (a client that lost its
+        // connection may abort while the daemon unwinds the receive).
+        let _running = Receiving::enter(&p, target)?;
         let rec = p
             .datasets
             .read()
