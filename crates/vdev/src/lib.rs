@@ -360,15 +360,19 @@ impl Vdev {
                 .unwrap_or(bucket::DEFAULT_INLINE_MAX),
             store: None,
         })
-        .inspect(|dev| {
-            if let Some(policy) = settings.config.compact_policy() {
-                dev.start_bucket_compactor(policy);
-            }
-            // A first physical figure for `pool list` (best effort).
-            if let Some(Err(e)) = dev.bucket_refresh_space() {
-                tracing::warn!(device = %url, "listing the bucket: {e}");
-            }
-        })
+        .inspect(|dev| dev.start_bucket_background(&settings.config))
+    }
+
+    /// What an owner of a bucket device runs beside its writes, however it
+    /// came to own it (open, takeover, a standby's takeover): background
+    /// compaction and a first physical figure for `pool list` (best effort).
+    pub(crate) fn start_bucket_background(&self, config: &bucket::BucketConfig) {
+        if let Some(policy) = config.compact_policy() {
+            self.start_bucket_compactor(policy);
+        }
+        if let Some(Err(e)) = self.bucket_refresh_space() {
+            tracing::warn!(device = %self.path().display(), "listing the bucket: {e}");
+        }
     }
 
     /// Whether this device lives in a bucket.

@@ -437,7 +437,8 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
         "standby: claimed the log and applied what it had not yet"
     );
     Some(match opened {
-        Ok(shipper) => Vdev::from_bucket_cache(&url, &sb.cache, shipper),
+        Ok(shipper) => Vdev::from_bucket_cache(&url, &sb.cache, shipper)
+            .inspect(|dev| dev.start_bucket_background(&settings.config)),
         Err(why) => Err(err(&url, why)),
     })
 }
