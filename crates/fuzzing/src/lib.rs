@@ -30,6 +30,7 @@ pub const TARGETS: &[(&str, Entry)] = &[
     ("s3_parsers", s3_parsers),
     ("send_stream", send_stream),
     ("objstore_record", objstore_record),
+    ("bucket_entry", bucket_entry),
 ];
 
 // ------------------------------------------------------------------ NBD
@@ -645,4 +646,24 @@ pub fn objstore_record(data: &[u8]) {
         decode(seq, &bad).is_err(),
         "a flipped byte at {at} was accepted"
     );
+}
+
+// ------------------------------------------------------------------ bucket log entries
+
+/// A bucket pool's log entry as a bucket hands it back (decision 0039) or a
+/// checkpoint (entry version 2, decision 0049): never a panic, and whatever
+/// decodes encodes back to bytes that decode to the same thing.
+pub fn bucket_entry(data: &[u8]) {
+    use vdev::bucket::Entry;
+    use vdev::compact::{is_checkpoint, Checkpoint};
+    let raw = bytes::Bytes::copy_from_slice(data);
+    if is_checkpoint(&raw) {
+        if let Ok(c) = Checkpoint::decode(&raw) {
+            let again = Checkpoint::decode(&c.encode()).expect("an encoded checkpoint decodes");
+            assert_eq!(again, c);
+        }
+    } else if let Ok(e) = Entry::decode(&raw) {
+        let again = Entry::decode(&e.encode()).expect("an encoded entry decodes");
+        assert_eq!(again, e);
+    }
 }

@@ -17,6 +17,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
         "s3_parsers" => s3_parsers(),
         "send_stream" => send_stream(),
         "objstore_record" => objstore_record(),
+        "bucket_entry" => bucket_entry(),
         _ => Vec::new(),
     };
     v.into_iter()
@@ -674,5 +675,59 @@ fn objstore_record() -> Vec<(&'static str, Vec<u8>)> {
         ("claim", raw(1, &claim)),
         ("batch", raw(2, &batch)),
         ("batch-cut", raw(2, &batch[..batch.len() / 2])),
+    ]
+}
+
+// ------------------------------------------------------------------ bucket log entries
+
+/// An entry with each kind of change, a checkpoint, and one cut short.
+fn bucket_entry() -> Vec<(&'static str, Vec<u8>)> {
+    use vdev::bucket::{Entry, Op, SegmentRef};
+    use vdev::compact::Checkpoint;
+    let seg = SegmentRef {
+        name: "seg/0000000012345678-1".into(),
+        len: 1 << 20,
+        sum: [7; 32],
+    };
+    let entry = Entry {
+        size: 64 << 20,
+        segments: vec![seg.clone()],
+        ops: vec![
+            Op::Data {
+                offset: 4096,
+                data: bytes::Bytes::from_static(b"inline change"),
+            },
+            Op::Zero {
+                offset: 1 << 20,
+                len: 8192,
+            },
+            Op::Seg {
+                offset: 2 << 20,
+                len: 1 << 20,
+                seg: 0,
+                seg_offset: 0,
+            },
+        ],
+    }
+    .encode();
+    let checkpoint = Checkpoint {
+        replay_from: 42,
+        dead_epochs: vec![0x1234],
+        image: Entry {
+            size: 64 << 20,
+            segments: vec![seg],
+            ops: vec![Op::Seg {
+                offset: 0,
+                len: 1 << 20,
+                seg: 0,
+                seg_offset: 0,
+            }],
+        },
+    }
+    .encode();
+    vec![
+        ("entry", entry.to_vec()),
+        ("checkpoint", checkpoint.to_vec()),
+        ("entry-cut", entry[..entry.len() / 2].to_vec()),
     ]
 }
