@@ -77,6 +77,15 @@ fn receive(e: &Engine, target: &str, stream: &[u8], force: bool) -> Result<Recei
     )
 }
 
+/// Random data over `v` from 0 up to `end`, a MiB at a time.
+fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
+    for off in (0..end).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+}
+
 fn scribble(v: &Volume, rng: &mut rand::rngs::StdRng, blocks: usize) {
     for _ in 0..blocks {
         let b = rng.random_range(0..VOLSIZE / BS);
@@ -307,17 +316,9 @@ fn receive_killed_mid_stream_is_undone_or_resumable() {
     src.create_volume("tank/vm", size, &[]).unwrap();
     let v = src.open_volume("tank/vm").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    for off in (0..size).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
+    fill_random(&v, &mut rng, size);
     src.snapshot(&["tank/vm@a".into()], false).unwrap();
-    for off in (0..size * 3 / 4).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
+    fill_random(&v, &mut rng, size * 3 / 4);
     src.snapshot(&["tank/vm@b".into()], false).unwrap();
     let full = send(&src, "tank/vm@a", None, false);
     let incr = send(&src, "tank/vm@b", Some("@a"), false);
@@ -422,11 +423,7 @@ fn resume_before_the_first_checkpoint() {
     src.create_volume("tank/vm", size, &[]).unwrap();
     let v = src.open_volume("tank/vm").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(14);
-    for off in (0..size).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
+    fill_random(&v, &mut rng, size);
     src.snapshot(&["tank/vm@a".into()], false).unwrap();
     scribble(&v, &mut rng, 200);
     src.snapshot(&["tank/vm@b".into()], false).unwrap();
@@ -551,11 +548,7 @@ fn resumable_receive_of_a_cut_stream_resumes_and_aborts() {
     src.create_volume("tank/vm", size, &[]).unwrap();
     let v = src.open_volume("tank/vm").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for off in (0..size).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
+    fill_random(&v, &mut rng, size);
     src.snapshot(&["tank/vm@a".into()], false).unwrap();
     let full = send(&src, "tank/vm@a", None, false);
     let rs = |stream: &[u8]| {
