@@ -97,6 +97,26 @@ def blocks(seed: str, n: int, size: int = 4096, stride: int = 1 << 20):
     return [(i * stride, helpers.pattern(f"{seed}{i}", size)) for i in range(n)]
 
 
+def assert_fenced(owner, late):
+    """The woken old owner's write + FLUSH on `late` fails (is never
+    acknowledged), and it says "fenced" in its log."""
+    fenced_ack = []
+
+    def try_late():
+        try:
+            late.pwrite(b"L" * 4096, 200 << 20)
+            late.flush()
+            fenced_ack.append(True)
+        except Exception:  # noqa: BLE001 - any error is "not acknowledged"
+            fenced_ack.append(False)
+
+    t = threading.Thread(target=try_late)
+    t.start()
+    t.join(60)
+    assert fenced_ack == [False], "the fenced owner acknowledged a FLUSH"
+    helpers.wait_until(lambda: "fenced" in owner.log_text(), 30, what="fenced in the old owner's log")
+
+
 def test_flushed_writes_survive_kill9_and_come_back_from_the_bucket(make_daemon, gateway):
     d = make_daemon("owner", config=bucket_config(gateway))
     make_pool(d)
@@ -135,21 +155,7 @@ def test_takeover_fences_a_stopped_owner_which_acknowledges_nothing_more(make_da
     finally:
         os.kill(owner.pid, signal.SIGCONT)
     # The old owner wakes up: a write + FLUSH must fail, never be acknowledged.
-    fenced_ack = []
-
-    def try_late():
-        try:
-            late.pwrite(b"L" * 4096, 200 << 20)
-            late.flush()
-            fenced_ack.append(True)
-        except Exception:  # noqa: BLE001 - any error is "not acknowledged"
-            fenced_ack.append(False)
-
-    t = threading.Thread(target=try_late)
-    t.start()
-    t.join(60)
-    assert fenced_ack == [False], "the fenced owner acknowledged a FLUSH"
-    helpers.wait_until(lambda: "fenced" in owner.log_text(), 30, what="fenced in the old owner's log")
+    assert_fenced(owner, late)
     status = owner.cli("pool", "status", "tank", check=False)
     assert "fenced" in (status.stdout + status.stderr), status.stdout
     # Everything acknowledged reads back on the new owner; the snapshot too.
@@ -263,21 +269,7 @@ def test_warm_standby_tails_then_takes_over_a_stopped_owner(make_daemon, gateway
         os.kill(owner.pid, signal.SIGCONT)
     assert "replayed" in standby.log_text()
     assert log_claims(gw_root) == 2
-    fenced_ack = []
-
-    def try_late():
-        try:
-            late.pwrite(b"L" * 4096, 200 << 20)
-            late.flush()
-            fenced_ack.append(True)
-        except Exception:  # noqa: BLE001 - any error is "not acknowledged"
-            fenced_ack.append(False)
-
-    t = threading.Thread(target=try_late)
-    t.start()
-    t.join(60)
-    assert fenced_ack == [False], "the fenced owner acknowledged a FLUSH"
-    helpers.wait_until(lambda: "fenced" in owner.log_text(), 30, what="fenced in the old owner's log")
+    assert_fenced(owner, late)
     suri = standby.uri("tank/vol")
     check_reads(suri, acked)
     with helpers.connected(suri) as h:
