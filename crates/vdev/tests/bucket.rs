@@ -3,16 +3,15 @@
 //! faults: nothing is acknowledged unless its log record is in the store.
 
 use object_store::memory::InMemory;
-use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::faults::{FaultyStore, PutFault};
 use objstore::OpenMode;
 use std::path::Path;
 use std::sync::Arc;
-use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::{DeviceState, Vdev};
 
-const SIZE: u64 = 64 << 20;
+mod common;
+use common::SIZE;
 
 fn open(
     store: &Arc<dyn ObjectStore>,
@@ -20,16 +19,7 @@ fn open(
     node: &str,
     mode: OpenMode,
 ) -> Result<Vdev, vdev::VdevError> {
-    Vdev::open_bucket(BucketOpen {
-        url: "mem://test",
-        cache,
-        size: Some(SIZE),
-        mode,
-        s3: Default::default(),
-        node,
-        inline_max: DEFAULT_INLINE_MAX,
-        store: Some((store.clone(), ObjPath::from("pool"))),
-    })
+    common::open("mem://test", store, cache, node, mode)
 }
 
 fn read(dev: &Vdev, offset: u64, len: usize) -> Vec<u8> {

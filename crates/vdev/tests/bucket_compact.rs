@@ -3,18 +3,17 @@
 //! the Nth fails) at any point of a compaction loses nothing.
 
 use object_store::memory::InMemory;
-use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::faults::{Faults, FaultyStore};
 use objstore::OpenMode;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::compact::Policy;
 use vdev::Vdev;
 
-const SIZE: u64 = 64 << 20;
+mod common;
+
 const MIB: usize = 1 << 20;
 /// The part of the device the tests write and compare.
 const SPAN: usize = 32 * MIB;
@@ -25,16 +24,7 @@ fn open(
     node: &str,
     mode: OpenMode,
 ) -> Result<Vdev, vdev::VdevError> {
-    Vdev::open_bucket(BucketOpen {
-        url: "mem://compact",
-        cache,
-        size: Some(SIZE),
-        mode,
-        s3: Default::default(),
-        node,
-        inline_max: DEFAULT_INLINE_MAX,
-        store: Some((store.clone(), ObjPath::from("pool"))),
-    })
+    common::open("mem://compact", store, cache, node, mode)
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -1,0 +1,33 @@
+//! Helpers shared by the bucket device tests.
+
+use object_store::path::Path as ObjPath;
+use object_store::ObjectStore;
+use objstore::OpenMode;
+use std::path::Path;
+use std::sync::Arc;
+use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
+use vdev::Vdev;
+
+/// Size of every test device.
+pub const SIZE: u64 = 64 << 20;
+
+/// A bucket device of `SIZE` at prefix `pool` of `store`, cache file `cache`,
+/// opened by `node` as `mode` says (`url` only names it).
+pub fn open(
+    url: &str,
+    store: &Arc<dyn ObjectStore>,
+    cache: &Path,
+    node: &str,
+    mode: OpenMode,
+) -> Result<Vdev, vdev::VdevError> {
+    Vdev::open_bucket(BucketOpen {
+        url,
+        cache,
+        size: Some(SIZE),
+        mode,
+        s3: Default::default(),
+        node,
+        inline_max: DEFAULT_INLINE_MAX,
+        store: Some((store.clone(), ObjPath::from("pool"))),
+    })
+}
