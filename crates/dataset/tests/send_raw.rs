@@ -5,16 +5,10 @@
 
 use dataset::*;
 use rand::{Rng, SeedableRng};
-use std::path::Path;
-use std::sync::Arc;
 
-fn config() -> EngineConfig {
-    EngineConfig {
-        txg_timeout_secs: 3600.0,
-        multihost_interval_ms: 50,
-        ..EngineConfig::default()
-    }
-}
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::single_disk_engine as engine;
 
 const BS: u64 = 16384;
 const VOLSIZE: u64 = BS * 256;
@@ -38,21 +32,6 @@ fn crypt_props() -> Vec<(String, String)> {
         ("compression", "lz4"),
         ("volblocksize", "16384"),
     ])
-}
-
-fn engine(dir: &Path, pool: &str) -> Arc<Engine> {
-    let e = Engine::open(&dir.join(format!("state-{pool}")), config()).unwrap();
-    e.create_pool(PoolSpec {
-        name: pool.into(),
-        groups: vec![GroupSpec {
-            kind: GroupKind::Disk,
-            devices: vec![dir.join(format!("{pool}-d0"))],
-        }],
-        create_size: Some(256 << 20),
-        force: false,
-    })
-    .unwrap();
-    e
 }
 
 fn read_vol(e: &Engine, name: &str) -> Result<Vec<u8>> {

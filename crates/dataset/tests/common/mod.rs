@@ -27,6 +27,23 @@ pub fn create_pool(engine: &Engine, dir: &Path) {
         .unwrap();
 }
 
+/// An engine in `dir` with pool `pool` on one 256 MiB file (the two
+/// daemons' pools of the send tests).
+pub fn single_disk_engine(dir: &Path, pool: &str) -> std::sync::Arc<Engine> {
+    let e = Engine::open(&dir.join(format!("state-{pool}")), config()).unwrap();
+    e.create_pool(PoolSpec {
+        name: pool.into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![dir.join(format!("{pool}-d0"))],
+        }],
+        create_size: Some(256 << 20),
+        force: false,
+    })
+    .unwrap();
+    e
+}
+
 /// A numeric property of a dataset or snapshot, parsed from its `-p` form.
 pub fn prop(engine: &Engine, ds: &str, name: &str) -> u64 {
     engine
