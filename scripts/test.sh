@@ -82,6 +82,27 @@ if ((${#pip_missing[@]})); then
 fi
 
 # ---------------------------------------------------------------- rust
+# versitygw (an S3 server with conditional writes) stands in for S3 in the
+# object-store log tests (crates/objstore/tests/versitygw.rs, the bucket-pool
+# tests); built once. On a fresh machine its `go install` is mostly module
+# downloads, so it runs in the background while cargo builds.
+export CISTERN_GO_TOOLS="${CISTERN_GO_TOOLS:-/work/cache/go-bin}"
+export VERSITYGW="$CISTERN_GO_TOOLS/versitygw"
+go_pid=
+if [[ ! -x "$VERSITYGW" ]] && command -v go >/dev/null 2>&1; then
+    log "go install versitygw into $CISTERN_GO_TOOLS (in the background)"
+    mkdir -p "$CISTERN_GO_TOOLS"
+    (GOBIN="$CISTERN_GO_TOOLS" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0 \
+        >"$CISTERN_GO_TOOLS/install.log" 2>&1 </dev/null) &
+    go_pid=$!
+fi
+wait_for_versitygw() {
+    [[ -n "$go_pid" ]] || return 0
+    wait "$go_pid" || { cat "$CISTERN_GO_TOOLS/install.log" >&2
+        echo "warning: cannot install versitygw; the objstore S3 and bucket-pool tests will fail" >&2; }
+    go_pid=
+}
+
 log "cargo build --release"
 cargo build --release 2>&1
 # cargo-deb builds the Debian package tests/test_packaging.py installs;
@@ -100,15 +121,7 @@ for tool in fsx@0.3.2 pjdfstest@0.2.2; do
             echo "warning: cannot install $tool; tests/test_fs_tools.py will fail" >&2
     fi
 done
-# versitygw (an S3 server with conditional writes) stands in for S3 in the
-# object-store log tests (crates/objstore/tests/versitygw.rs); built once.
-export CISTERN_GO_TOOLS="${CISTERN_GO_TOOLS:-/work/cache/go-bin}"
-export VERSITYGW="$CISTERN_GO_TOOLS/versitygw"
-if [[ ! -x "$VERSITYGW" ]] && command -v go >/dev/null 2>&1; then
-    log "go install versitygw into $CISTERN_GO_TOOLS"
-    GOBIN="$CISTERN_GO_TOOLS" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0 2>&1 ||
-        echo "warning: cannot install versitygw; the objstore S3 test will fail" >&2
-fi
+wait_for_versitygw
 # A failing `cargo test` does not hide the integration results: both run,
 # and the script fails if either did.
 cargo_rc=0

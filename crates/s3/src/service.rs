@@ -324,6 +324,54 @@ struct Read {
     part_sums: Option<Checksums>,
 }
 
+/// The conditions of a GET or HEAD (two s3s input types, the same fields).
+macro_rules! read_cond {
+    ($i:expr) => {
+        ReadCond {
+            if_match: $i.if_match.as_ref(),
+            if_none_match: $i.if_none_match.as_ref(),
+            if_modified_since: $i.if_modified_since.as_ref().map(ts_secs),
+            if_unmodified_since: $i.if_unmodified_since.as_ref().map(ts_secs),
+            not_modified_is_304: true,
+        }
+    };
+}
+
+/// The object headers a GET and a HEAD answer alike: s3s gives them two
+/// output types with the same fields, so one list fills both; `$extra` adds
+/// the fields only one of them has.
+macro_rules! read_output {
+    ($ty:ident, $read:expr, $checksum_mode:expr, $part_number:expr, { $($extra:tt)* }) => {{
+        let Read { f, st, size, start, end, ranged, part_sums, .. } = $read;
+        let r = &f.rec;
+        let sums = stored_sums(part_sums, ranged, $checksum_mode, r);
+        $ty {
+            content_length: Some((end - start) as i64),
+            content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),
+            accept_ranges: Some("bytes".into()),
+            e_tag: Some(etag(&r.etag)),
+            last_modified: Some(ts(r.mtime_ns)),
+            metadata: (!r.meta.is_empty()).then(|| r.meta.clone().into_iter().collect()),
+            content_type: r.headers.content_type.clone(),
+            content_encoding: r.headers.content_encoding.clone(),
+            content_disposition: r.headers.content_disposition.clone(),
+            content_language: r.headers.content_language.clone(),
+            cache_control: r.headers.cache_control.clone(),
+            expires: obj_headers(&r.headers)?,
+            checksum_crc32: sums.crc32,
+            checksum_crc32c: sums.crc32c,
+            checksum_sha1: sums.sha1,
+            checksum_sha256: sums.sha256,
+            checksum_crc64nvme: sums.crc64nvme,
+            checksum_type: sums.kind.map(ChecksumType::from),
+            version_id: Cistern::version_out(st.versioning.is_some(), r),
+            parts_count: ($part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
+            $($extra)*
+            ..Default::default()
+        }
+    }};
+}
+
 /// The checksums a GET or HEAD answers with: a part's own, or the whole
 /// object's when asked for (ChecksumMode) and the whole object is read.
 fn stored_sums(
@@ -1326,63 +1374,30 @@ impl S3 for Cistern {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let cred = creds(&req);
         let i = req.input;
-        let cond = ReadCond {
-            if_match: i.if_match.as_ref(),
-            if_none_match: i.if_none_match.as_ref(),
-            if_modified_since: i.if_modified_since.as_ref().map(ts_secs),
-            if_unmodified_since: i.if_unmodified_since.as_ref().map(ts_secs),
-            not_modified_is_304: true,
-        };
-        let Read {
-            b,
-            f,
-            st,
-            size,
-            start,
-            end,
-            ranged,
-            part_sums,
-        } = self
+        let read = self
             .prepare_read(
                 cred.as_deref(),
                 (&i.bucket, &i.key, i.version_id.as_deref()),
-                &cond,
+                &read_cond!(i),
                 i.range,
                 i.part_number,
             )
             .await?;
-        let (os, f2) = (b.os.clone(), f.clone());
-        let plan = self.run(move |s| s.plan(&os, &f2, start, end)).await?;
-        let body = self.stream(b.os.clone(), plan);
-        let sums = stored_sums(part_sums, ranged, i.checksum_mode.is_some(), &f.rec);
-        let r = &f.rec;
-        Ok(S3Response::new(GetObjectOutput {
-            body: Some(body),
-            content_length: Some((end - start) as i64),
-            content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),
-            accept_ranges: Some("bytes".into()),
-            e_tag: Some(etag(&r.etag)),
-            last_modified: Some(ts(r.mtime_ns)),
-            metadata: (!r.meta.is_empty()).then(|| r.meta.clone().into_iter().collect()),
-            content_type: r.headers.content_type.clone(),
-            content_encoding: r.headers.content_encoding.clone(),
-            content_disposition: r.headers.content_disposition.clone(),
-            content_language: r.headers.content_language.clone(),
-            cache_control: r.headers.cache_control.clone(),
-            expires: obj_headers(&r.headers)?,
-            checksum_crc32: sums.crc32,
-            checksum_crc32c: sums.crc32c,
-            checksum_sha1: sums.sha1,
-            checksum_sha256: sums.sha256,
-
-            checksum_crc64nvme: sums.crc64nvme,
-            checksum_type: sums.kind.map(ChecksumType::from),
-            version_id: Cistern::version_out(st.versioning.is_some(), r),
-            tag_count: (!r.tags.is_empty()).then_some(r.tags.len() as i32),
-            parts_count: (i.part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
-            storage_class: None,
-            ..Default::default()
-        }))
+        let (os, f, start, end) = (read.b.os.clone(), read.f.clone(), read.start, read.end);
+        let plan = self.run(move |s| s.plan(&os, &f, start, end)).await?;
+        let body = self.stream(read.b.os.clone(), plan);
+        let tag_count = (!read.f.rec.tags.is_empty()).then_some(read.f.rec.tags.len() as i32);
+        Ok(S3Response::new(read_output!(
+            GetObjectOutput,
+            read,
+            i.checksum_mode.is_some(),
+            i.part_number,
+            {
+                body: Some(body),
+                tag_count,
+                storage_class: None,
+            }
+        )))
     }
 
     async fn head_object(
@@ -1391,62 +1406,31 @@ impl S3 for Cistern {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let cred = creds(&req);
         let i = req.input;
-        let cond = ReadCond {
-            if_match: i.if_match.as_ref(),
-            if_none_match: i.if_none_match.as_ref(),
-            if_modified_since: i.if_modified_since.as_ref().map(ts_secs),
-            if_unmodified_since: i.if_unmodified_since.as_ref().map(ts_secs),
-            not_modified_is_304: true,
-        };
-        let Read {
-            b: _,
-            f,
-            st,
-            size,
-            start,
-            end,
-            ranged,
-            part_sums,
-        } = self
+        let read = self
             .prepare_read(
                 cred.as_deref(),
                 (&i.bucket, &i.key, i.version_id.as_deref()),
-                &cond,
+                &read_cond!(i),
                 i.range,
                 i.part_number,
             )
             .await?;
-        let r = &f.rec;
+        // HeadObjectOutput has no tag count field: it travels as a header.
         let mut headers = http::HeaderMap::new();
-        if !r.tags.is_empty() {
-            headers.insert("x-amz-tagging-count", http::HeaderValue::from(r.tags.len()));
+        if !read.f.rec.tags.is_empty() {
+            headers.insert(
+                "x-amz-tagging-count",
+                http::HeaderValue::from(read.f.rec.tags.len()),
+            );
         }
-        let sums = stored_sums(part_sums, ranged, i.checksum_mode.is_some(), r);
         Ok(S3Response::with_headers(
-            HeadObjectOutput {
-                content_length: Some((end - start) as i64),
-                content_range: ranged.then(|| format!("bytes {start}-{}/{size}", end.max(1) - 1)),
-                accept_ranges: Some("bytes".into()),
-                e_tag: Some(etag(&r.etag)),
-                last_modified: Some(ts(r.mtime_ns)),
-                metadata: (!r.meta.is_empty()).then(|| r.meta.clone().into_iter().collect()),
-                content_type: r.headers.content_type.clone(),
-                content_encoding: r.headers.content_encoding.clone(),
-                content_disposition: r.headers.content_disposition.clone(),
-                content_language: r.headers.content_language.clone(),
-                cache_control: r.headers.cache_control.clone(),
-                expires: obj_headers(&r.headers)?,
-                checksum_crc32: sums.crc32,
-                checksum_crc32c: sums.crc32c,
-                checksum_sha1: sums.sha1,
-                checksum_sha256: sums.sha256,
-
-                checksum_crc64nvme: sums.crc64nvme,
-                checksum_type: sums.kind.map(ChecksumType::from),
-                version_id: Cistern::version_out(st.versioning.is_some(), r),
-                parts_count: (i.part_number.is_some() && r.parts > 0).then_some(r.parts as i32),
-                ..Default::default()
-            },
+            read_output!(
+                HeadObjectOutput,
+                read,
+                i.checksum_mode.is_some(),
+                i.part_number,
+                {}
+            ),
             headers,
         ))
     }
