@@ -463,3 +463,25 @@ def test_compaction_shrinks_the_bucket_and_figures_agree(make_daemon, gateway, t
     check_reads(d.uri("tank/vol"), acked)
     d.cli("clone", "tank/vol@s", "tank/s")
     check_reads(d.uri("tank/s"), snap)
+
+
+def test_a_bucket_pool_of_an_earlier_build_still_opens(make_daemon, tmp_path):
+    """A bucket as an earlier build left it (fixtures/bucket-pool-v1.tar.gz,
+    made by tests/fixture_bucket_pool.py: segments, a checkpoint, then log
+    records of FLUSHed writes and a kill -9) is taken over by this build with
+    every acknowledged write and the snapshot, and scrubs clean."""
+    fixture = Path(__file__).resolve().parent.parent / "crates/vdev/tests/fixtures/bucket-pool-v1.tar.gz"
+    where = tmp_path / "bucket"
+    where.mkdir()
+    subprocess.run(["tar", "-xzf", str(fixture), "-C", str(where)], check=True)
+    d = make_daemon()
+    d.cli("pool", "takeover", "tank", f"file://{where}", timeout=120)
+    at_a = bytes((i * 7) % 251 for i in range(4 << 20))
+    now = at_a[: 1 << 20] + b"\xab" * 65536 + at_a[(1 << 20) + 65536 :]
+    with helpers.connected(d.uri("tank/vol")) as h:
+        assert h.pread(4 << 20, 0) == now
+    with helpers.connected(d.uri("tank/vol@a")) as h:
+        assert h.pread(4 << 20, 0) == at_a
+    d.cli("pool", "scrub", "-w", "tank", timeout=120)
+    st = d.cli_json("pool", "status", "tank")["pools"]["tank"]
+    assert st["scan"]["errors"] == 0 and not st["data_errors"], st
