@@ -349,6 +349,17 @@ impl BlockExport for VolumeExport {
         Ok(())
     }
 
+    fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<(), ExportError>> {
+        // A gate being shut (revoke, close) waits for no one here.
+        let g = self.gate.vol.try_read().ok()?;
+        let r = g.as_deref()?.try_write(offset, data)?.map_err(map_error);
+        drop(g);
+        if r.is_ok() {
+            self.gate.changed();
+        }
+        Some(r)
+    }
+
     fn flush(&self) -> Result<(), ExportError> {
         self.gate.with(|v| v.flush().map_err(map_error))
     }

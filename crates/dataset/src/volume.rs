@@ -917,6 +917,54 @@ impl Volume {
         self.modify(offset, Op::Write(data), fua)
     }
 
+    /// [`Volume::write`] without FUA, only if it cannot block (decision
+    /// 0053: the NBD reader runs it in place, without a thread hand-off):
+    /// `None` when the pool is fenced, closed or suspended, when writes
+    /// would be throttled or a txg is asked for (dirty past half of
+    /// dirty_max), or when space is short; the caller then uses `write`,
+    /// which waits, commits and reports as usual. The change is applied and
+    /// logged exactly as `write` does it (a FLUSH after it covers it).
+    pub fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+        let p = &self.pool;
+        if p.pool.is_fenced()
+            || p.is_closed()
+            || p.is_suspended()
+            || p.nospace_logged.load(Ordering::Relaxed)
+            || p.open.lock().dirty_bytes > p.config.dirty_max_bytes / 2
+        {
+            return None;
+        }
+        let st = match self.current() {
+            Ok(st) => st,
+            Err(e) => return Some(Err(e)),
+        };
+        if st.readonly {
+            return Some(Err(Error::ReadOnly(self.name())));
+        }
+        if let Err(e) = self.check_range(offset, data.len() as u64, st.size) {
+            return Some(Err(e));
+        }
+        // Looked up before `apply` takes the open txg's lock (see `log_key`).
+        let key = p.log_key(self.id);
+        let op = Op::Write(data);
+        match apply(
+            p,
+            self.id,
+            VOLUME_OBJECT,
+            st.bs,
+            offset,
+            op,
+            st.compressing,
+            Some(Class::Write),
+            |_| log_volume_change(p, key.as_deref(), self.id, offset, op),
+        ) {
+            Ok(_) => Some(Ok(())),
+            // Refused without a change: the blocking path commits and retries.
+            Err(Error::NoSpace(_)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     pub fn flush(&self) -> Result<()> {
         self.current()?;
         self.pool.commit_log(self.pool.log.last_seq())

@@ -160,6 +160,15 @@ pub trait BlockExport: Send + Sync + 'static {
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError>;
     /// `fua`: durable before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+    /// A WRITE without FUA tried on the connection's reader task, in place
+    /// of a hand-off to a worker thread (decision 0053). It must not block:
+    /// no waiting for I/O, a commit, a suspended pool or a lock held for
+    /// long. `None`: it would, nothing was changed, and the server runs
+    /// [`BlockExport::write`] on a worker instead. Default: always `None`.
+    fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<(), ExportError>> {
+        let _ = (offset, data);
+        None
+    }
     /// Every write completed before this call, on any connection, becomes durable.
     fn flush(&self) -> Result<(), ExportError>;
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;

@@ -1427,3 +1427,141 @@ fn bad_client_log_is_rate_limited() {
 }
 
 mod tls_tests;
+
+/// An export that takes WRITEs on the reader task (`try_write`, decision
+/// 0053) unless told to refuse, and counts which path each one took.
+struct InlineExport {
+    mem: Arc<RamExport>,
+    refuse: std::sync::atomic::AtomicBool,
+    tried: AtomicU64,
+    inline: AtomicU64,
+    blocking: AtomicU64,
+}
+
+impl BlockExport for InlineExport {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn preferred_block_size(&self) -> u32 {
+        4096
+    }
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        self.mem.read(offset, len)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.blocking.fetch_add(1, Ordering::SeqCst);
+        self.mem.write(offset, data, fua)
+    }
+    fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<(), ExportError>> {
+        self.tried.fetch_add(1, Ordering::SeqCst);
+        if self.refuse.load(Ordering::SeqCst) {
+            return None;
+        }
+        if data.first() == Some(&0xee) {
+            return Some(Err(ExportError::NoSpace("full".into())));
+        }
+        self.inline.fetch_add(1, Ordering::SeqCst);
+        Some(self.mem.write(offset, data, false))
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.mem.flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.mem.trim(offset, len, fua)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        allocate: bool,
+        fua: bool,
+    ) -> Result<(), ExportError> {
+        self.mem.write_zeroes(offset, len, allocate, fua)
+    }
+    fn block_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<StatusExtent>, ExportError> {
+        self.mem.block_status(context, offset, len)
+    }
+}
+
+struct InlineProvider(Arc<InlineExport>);
+
+impl ExportProvider for InlineProvider {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "inline".into(),
+            description: String::new(),
+        }]
+    }
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockExport>> {
+        (name == "inline").then(|| self.0.clone() as Arc<dyn BlockExport>)
+    }
+}
+
+/// Small WRITEs without FUA go through `try_write` on the reader; FUA,
+/// large, out-of-range and refused ones take the worker path, and the data
+/// lands exactly once either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_run_inline_unless_refused() {
+    let exp = Arc::new(InlineExport {
+        mem: RamExport::new(1 << 20, false),
+        refuse: false.into(),
+        tried: 0.into(),
+        inline: 0.into(),
+        blocking: 0.into(),
+    });
+    let (addr, stop, task) = serve_provider(
+        Arc::new(InlineProvider(exp.clone())),
+        ServerConfig::default(),
+    )
+    .await;
+    let mut c = C::session(addr, "inline", false).await;
+    let counts = |e: &InlineExport| {
+        (
+            e.tried.load(Ordering::SeqCst),
+            e.inline.load(Ordering::SeqCst),
+            e.blocking.load(Ordering::SeqCst),
+        )
+    };
+    c.req(0, CMD_WRITE, 1, 4096, 4, b"abcd").await;
+    assert_eq!(c.simple().await, (0, 1));
+    assert_eq!(counts(&exp), (1, 1, 0));
+    // FUA: durable before the reply, so a worker runs `write`.
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 2, 8192, 4, b"efgh").await;
+    assert_eq!(c.simple().await, (0, 2));
+    assert_eq!(counts(&exp), (1, 1, 1));
+    // Larger than the inline bound.
+    let big = vec![3u8; 128 * 1024];
+    c.req(0, CMD_WRITE, 3, 256 * 1024, big.len() as u32, &big)
+        .await;
+    assert_eq!(c.simple().await, (0, 3));
+    assert_eq!(counts(&exp), (1, 1, 2));
+    // Beyond the export: the worker path reports it, try_write is not asked.
+    c.req(0, CMD_WRITE, 4, (1 << 20) - 2, 4, b"ijkl").await;
+    assert_eq!(c.simple().await, (ENOSPC, 4));
+    assert_eq!(counts(&exp), (1, 1, 2));
+    // An error from try_write is the reply.
+    c.req(0, CMD_WRITE, 5, 0, 2, &[0xee, 0]).await;
+    assert_eq!(c.simple().await, (ENOSPC, 5));
+    assert_eq!(counts(&exp), (2, 1, 2));
+    // Refused (it would block): the worker writes it, once.
+    exp.refuse.store(true, Ordering::SeqCst);
+    c.req(0, CMD_WRITE, 6, 4100, 4, b"mnop").await;
+    assert_eq!(c.simple().await, (0, 6));
+    assert_eq!(counts(&exp), (3, 1, 3));
+    c.req(0, CMD_READ, 7, 4096, 8, &[]).await;
+    assert_eq!(c.simple().await, (0, 7));
+    assert_eq!(c.get(8).await, b"abcdmnop");
+    c.req(0, CMD_READ, 8, 8192, 4, &[]).await;
+    assert_eq!(c.simple().await, (0, 8));
+    assert_eq!(c.get(4).await, b"efgh");
+    stop.send(true).unwrap();
+    let _ = tokio::time::timeout(T, task).await;
+}

@@ -335,6 +335,21 @@ where
             continue;
         }
 
+        // ---- a small WRITE without FUA runs right here if the export can
+        // take it without blocking (decision 0053): no hand-off to a
+        // worker thread, the reply goes out from this task.
+        if req.command == Command::Write
+            && req.flags & CMD_FLAG_FUA == 0
+            && req.len <= INLINE_WRITE_MAX
+        {
+            if let Some(reply) = try_write_inline(&session, &req, &payload) {
+                let mut permits = permits;
+                permits.release_bytes();
+                sink.send(&reply, permits);
+                continue;
+            }
+        }
+
         // ---- hand it to the connection's blocking workers
         if dispatcher.submit(Job {
             req,
@@ -731,6 +746,53 @@ async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> io::Resul
 
 fn in_range(offset: u64, len: u64, size: u64) -> bool {
     offset.checked_add(len).is_some_and(|end| end <= size)
+}
+
+/// Largest WRITE tried on the reader task (decision 0053): small ones cost
+/// less than the thread hand-off they save; large ones would hold the
+/// reader (and the runtime thread) for their copy and hashing.
+const INLINE_WRITE_MAX: u32 = 64 * 1024;
+
+/// A WRITE (no FUA, payload read) done on the reader task through
+/// [`BlockExport::try_write`]; `None`: it goes to a worker as usual (also
+/// for every error the checks of [`execute`] report, so they stay in one place).
+fn try_write_inline(s: &Session, req: &Request, payload: &[u8]) -> Option<Reply> {
+    let (off, len) = (req.offset, u64::from(req.len));
+    if len == 0 || s.is_revoked() {
+        return None;
+    }
+    let e = &*s.export;
+    let r = match catch_unwind(AssertUnwindSafe(|| {
+        if e.read_only() || !in_range(off, len, e.size()) {
+            return None;
+        }
+        e.try_write(off, payload)
+    })) {
+        Ok(r) => r?,
+        Err(_) => {
+            tracing::error!(offset = off, len, "export panicked (inline write)");
+            return Some(error_reply(
+                s.structured,
+                req.handle,
+                Fail::new(EIO, "internal error"),
+            ));
+        }
+    };
+    Some(match r {
+        Ok(()) => {
+            ServerStats::add(&stats().bytes_written, len);
+            Reply::Simple {
+                handle: req.handle,
+                error: 0,
+            }
+        }
+        Err(x) => {
+            let f = Fail::export(x, off, len);
+            debug!(command = "write", offset = off, len, errno = f.errno,
+                message = %f.message, "request failed");
+            error_reply(s.structured, req.handle, f)
+        }
+    })
 }
 
 /// Executes one request against the export (on the blocking pool).
