@@ -55,6 +55,18 @@ class Daemon:
     def uri(self, name):
         return f"nbd://127.0.0.1:{self.nbd}/{name}"
 
+    def metric(self, name) -> float:
+        """One unlabelled metric from /metrics (0 if absent)."""
+        import urllib.request
+        token = (self.state / "api.token").read_text().strip()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.apiport}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
     def rss(self) -> str:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith(("VmHWM", "VmRSS")):
@@ -132,7 +144,11 @@ def main():
         prev = snap
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     for name, d in (("source", src), ("target", dst)):
-        print(f"{name} daemon: " + ", ".join(d.rss()))
+        # The ARC (cache_max_bytes) holds what was written and read: the
+        # RSS beyond it is the daemon's own.
+        print(f"{name} daemon: " + ", ".join(d.rss())
+              + f"; ARC {d.metric('cistern_arc_size_bytes') / MiB:.0f} MiB"
+              + f" (max {d.metric('cistern_arc_max_bytes') / MiB:.0f} MiB)")
 
 
 try:
