@@ -56,16 +56,14 @@ class Daemon:
         return f"nbd://127.0.0.1:{self.nbd}/{name}"
 
     def metric(self, name) -> float:
-        """One unlabelled metric from /metrics (0 if absent)."""
+        """A metric from /metrics, summed over its labels (0 if absent)."""
         import urllib.request
         token = (self.state / "api.token").read_text().strip()
         req = urllib.request.Request(f"http://127.0.0.1:{self.apiport}/metrics",
                                      headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(req, timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return 0.0
+            return sum(float(line.rsplit(None, 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith((name + " ", name + "{")))
 
     def rss(self) -> str:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -112,6 +110,8 @@ def main():
     # Fill with random data through NBD (1 MiB writes).
     change(src, "tank/vm", 1.0, random.Random(1))
     src.cli("snapshot", "tank/vm@s0")
+    print("source after the fill: " + ", ".join(src.rss())
+          + f"; ARC {src.metric('cistern_arc_size_bytes') / MiB:.0f} MiB")
 
     print(f"load average before: {os.getloadavg()[0]:.2f}; REPEAT={REPEAT}; send {' '.join(RAW) or '(logical)'}")
     copies, fulls = [], []
