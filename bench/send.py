@@ -55,6 +55,16 @@ class Daemon:
     def uri(self, name):
         return f"nbd://127.0.0.1:{self.nbd}/{name}"
 
+    def metric(self, name) -> float:
+        """A metric from /metrics, summed over its labels (0 if absent)."""
+        import urllib.request
+        token = (self.state / "api.token").read_text().strip()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.apiport}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return sum(float(line.rsplit(None, 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith((name + " ", name + "{")))
+
     def rss(self) -> str:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith(("VmHWM", "VmRSS")):
@@ -100,6 +110,8 @@ def main():
     # Fill with random data through NBD (1 MiB writes).
     change(src, "tank/vm", 1.0, random.Random(1))
     src.cli("snapshot", "tank/vm@s0")
+    print("source after the fill: " + ", ".join(src.rss())
+          + f"; ARC {src.metric('cistern_arc_size_bytes') / MiB:.0f} MiB")
 
     print(f"load average before: {os.getloadavg()[0]:.2f}; REPEAT={REPEAT}; send {' '.join(RAW) or '(logical)'}")
     copies, fulls = [], []
@@ -132,7 +144,11 @@ def main():
         prev = snap
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     for name, d in (("source", src), ("target", dst)):
-        print(f"{name} daemon: " + ", ".join(d.rss()))
+        # The ARC (cache_max_bytes) holds what was written and read: the
+        # RSS beyond it is the daemon's own.
+        print(f"{name} daemon: " + ", ".join(d.rss())
+              + f"; ARC {d.metric('cistern_arc_size_bytes') / MiB:.0f} MiB"
+              + f" (max {d.metric('cistern_arc_max_bytes') / MiB:.0f} MiB)")
 
 
 try:

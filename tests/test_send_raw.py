@@ -36,8 +36,8 @@ def test_raw_compressed_volume_full_and_incremental(pair, tmp_path):
     src.cli("snapshot", "tank/vm@a")
     plain = send_to_file(src, tmp_path / "plain", "tank/vm@a")
     full = send_to_file(src, tmp_path / "full", "-w", "tank/vm@a")
-    assert full[8:16] == bytes([2, 0, 0, 0, 2, 0, 0, 0])  # version 2, flag RAW
-    assert plain[8:12] == bytes([1, 0, 0, 0])
+    assert full[8:16] == bytes([3, 0, 0, 0, 2, 0, 0, 0])  # version 3 (decision 0050), flag RAW
+    assert plain[8:12] == bytes([3, 0, 0, 0])
     # As stored: the compressed blocks stay compressed on the wire.
     assert len(full) < len(plain) * 0.8, (len(full), len(plain))
     receive_from(dst, full, "backup/vm")

@@ -743,10 +743,10 @@ fn recursive_send_of_a_tree() {
         read_vol(&dst, "backup/top/vol@d"),
         read_vol(&src, "tank/top/vol@d")
     );
-    // A plain (non -R) stream is still version 1.
+    // Version 3 (decision 0050): a plain (non -R) stream without flags.
     let plain = send(&src, "tank/top/vol@b", None, false);
-    assert_eq!(&plain[8..12], &1u32.to_le_bytes());
-    assert_eq!(&full[8..12], &2u32.to_le_bytes());
+    assert_eq!(&plain[8..16], &[3, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&full[8..12], &3u32.to_le_bytes());
 }
 
 fn send_opts(e: &Engine, snap: &str, from: Option<&str>, recursive: bool) -> Vec<u8> {

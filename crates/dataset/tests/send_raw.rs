@@ -57,8 +57,8 @@ fn send_raw(e: &Engine, snap: &str, from: Option<&str>) -> Vec<u8> {
     };
     let sum = e.send(&opts, &mut out).unwrap();
     assert_eq!(sum.bytes, out.len() as u64);
-    // Version 2 with the RAW flag (bit 1).
-    assert_eq!(&out[8..12], &2u32.to_le_bytes());
+    // Version 3 (decision 0050) with the RAW flag (bit 1).
+    assert_eq!(&out[8..12], &3u32.to_le_bytes());
     assert_eq!(&out[12..16], &2u32.to_le_bytes());
     out
 }
@@ -116,8 +116,9 @@ fn raw_compressed_volume_full_and_incremental() {
         ..Default::default()
     };
     src.send(&opts, &mut plain).unwrap();
-    // Plain streams stay version 1; raw ones carry blocks as compressed on disk.
-    assert_eq!(&plain[8..16], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    // Plain streams are version 3 without flags; raw ones carry blocks as
+    // compressed on disk.
+    assert_eq!(&plain[8..16], &[3, 0, 0, 0, 0, 0, 0, 0]);
     assert!(
         full.len() < plain.len() * 9 / 10,
         "raw {} plain {}",
@@ -320,4 +321,55 @@ fn damaged_raw_streams_are_refused_and_change_nothing() {
     assert!(e.contains("truncated"), "{e}");
     assert!(dst.dataset("backup/vm").is_err());
     receive(&dst, "backup/vm", &full).unwrap();
+}
+
+/// `stream` rewritten record by record as an earlier build wrote it
+/// (version 1 without flags, 2 with them): every byte in the checkpoints.
+fn as_version(stream: &[u8], version: u32) -> Vec<u8> {
+    use dataset::send::stream::{Kind, Reader, Writer};
+    let mut inp = stream;
+    let mut r = Reader::new(&mut inp).unwrap();
+    let mut out = Vec::new();
+    let mut w = Writer::with_version(&mut out, r.flags, version).unwrap();
+    while let Some(rec) = r.read_record().unwrap() {
+        match rec.kind {
+            Kind::SnapEnd | Kind::End => w.checkpoint(rec.kind).unwrap(),
+            k => w.record(k, &[&rec.payload]).unwrap(),
+        }
+    }
+    w.flush().unwrap();
+    drop(w);
+    assert_eq!(&out[8..12], &version.to_le_bytes());
+    out
+}
+
+/// Streams of earlier builds (version 2 raw, version 1 plain, decision
+/// 0050) still receive, and a damaged one is still refused.
+#[test]
+fn version_1_and_2_streams_still_receive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(50);
+    let p = props(&[("compression", "lz4"), ("volblocksize", "16384")]);
+    src.create_volume("tank/vm", VOLSIZE, &p).unwrap();
+    scribble(&src.open_volume("tank/vm").unwrap(), &mut rng, 40);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let want = read_vol(&src, "tank/vm@a").unwrap();
+    let raw2 = as_version(&send_raw(&src, "tank/vm@a", None), 2);
+    let mut bad = raw2.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x01;
+    let e = receive(&dst, "backup/raw", &bad).unwrap_err().to_string();
+    assert!(e.contains("invalid send stream"), "{e}");
+    assert!(dst.dataset("backup/raw").is_err());
+    receive(&dst, "backup/raw", &raw2).unwrap();
+    assert_eq!(read_vol(&dst, "backup/raw@a").unwrap(), want);
+    let mut plain = Vec::new();
+    let opts = SendOptions {
+        snapshot: "tank/vm@a".into(),
+        ..Default::default()
+    };
+    src.send(&opts, &mut plain).unwrap();
+    receive(&dst, "backup/plain", &as_version(&plain, 1)).unwrap();
+    assert_eq!(read_vol(&dst, "backup/plain@a").unwrap(), want);
 }

@@ -7,15 +7,23 @@
 //! header:  "CISTSTRM" | version u32 LE | flags u32 LE | blake3(previous 16 bytes)[..16]
 //! record:  kind u8 | len u32 LE | payload[len] | blake3(kind | len | payload)[..16]
 //! ```
+//!
+//! Version 3 (decision 0050) hashes every byte once: a checkpoint carries
+//! blake3 of the header and the record checksums before it (not of every
+//! byte), and a RAW record's checksum leaves out its stored bytes, which
+//! the block pointer it covers checksums already ([`Reader::read_record`]).
 
 use crate::{Error, Result};
 use std::io::{Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"CISTSTRM";
-/// The newest stream version this build writes; it reads 1..=VERSION.
-/// A stream without feature flags is written as version 1 (what earlier
-/// builds read); one with flags as version 2, so earlier builds refuse it.
-pub const VERSION: u32 = 2;
+/// The stream version this build writes; it reads 1..=VERSION. Versions
+/// 1 (no feature flags) and 2 (flags) hash every stream byte into the
+/// checkpoints and every payload byte into its record's checksum; version
+/// 3 (decision 0050) chains the record checksums instead and leaves a RAW
+/// record's stored bytes to its pointer's checksum, so each byte is hashed
+/// once on either side. Earlier builds refuse version 3 with a clear error.
+pub const VERSION: u32 = 3;
 /// Header flag: a `-R` stream (BEGIN records name the dataset below the top).
 pub const FLAG_RECURSIVE: u32 = 1;
 /// Header flag: a raw stream (`-w`, decision 0044): blocks as stored
@@ -79,6 +87,16 @@ fn sum16(parts: &[&[u8]]) -> [u8; SUM_LEN] {
     out
 }
 
+/// Version 3: how much of a RAW record's payload its record checksum
+/// covers: object, block and the embedded pointer, not the `psize` stored
+/// bytes after it (the pointer's checksum covers those). The pointer's
+/// psize is at payload bytes 24..28 (docs/send-stream.md).
+fn raw_covered(payload: &[u8]) -> Option<usize> {
+    let psize = payload.get(24..28)?;
+    let psize = u32::from_le_bytes([psize[0], psize[1], psize[2], psize[3]]) as usize;
+    payload.len().checked_sub(psize).filter(|c| *c >= 28)
+}
+
 fn io_err(e: std::io::Error) -> Error {
     Error::Io(format!("writing the send stream: {e}"))
 }
@@ -88,9 +106,12 @@ fn io_err(e: std::io::Error) -> Error {
 /// where record-sized pieces at odd offsets keep it to one chunk at a time.
 const BATCH: usize = 1 << 20;
 
-/// Writes a stream; counts its bytes and hashes all of them.
+/// Writes a stream; counts its bytes and hashes them into the checkpoints.
 pub struct Writer<'a> {
     out: &'a mut dyn Write,
+    version: u32,
+    /// Versions 1 and 2: every byte drained; 3: the header and every
+    /// record checksum.
     hash: blake3::Hasher,
     /// Whole records not yet in `hash` nor written.
     buf: Vec<u8>,
@@ -99,19 +120,34 @@ pub struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     pub fn new(out: &'a mut dyn Write, flags: u32) -> Result<Writer<'a>> {
+        Self::with_version(out, flags, VERSION)
+    }
+
+    /// A stream of an earlier `version` (1 without flags, 2 with them):
+    /// what earlier builds wrote, for tests that receive old streams.
+    #[doc(hidden)]
+    pub fn with_version(out: &'a mut dyn Write, flags: u32, version: u32) -> Result<Writer<'a>> {
+        let version = match version {
+            3 => 3,
+            _ if flags == 0 => 1,
+            _ => 2,
+        };
         let mut w = Writer {
             out,
+            version,
             hash: blake3::Hasher::new(),
             buf: Vec::with_capacity(BATCH + (64 << 10)),
             bytes: 0,
         };
         let mut head = Vec::with_capacity(32);
         head.extend_from_slice(MAGIC);
-        let version: u32 = if flags == 0 { 1 } else { VERSION };
         head.extend_from_slice(&version.to_le_bytes());
         head.extend_from_slice(&flags.to_le_bytes());
         let s = sum16(&[&head]);
         head.extend_from_slice(&s);
+        if version >= 3 {
+            w.hash.update(&head);
+        }
         w.buf.extend_from_slice(&head);
         w.bytes += head.len() as u64;
         Ok(w)
@@ -122,7 +158,9 @@ impl<'a> Writer<'a> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        self.hash.update(&self.buf);
+        if self.version < 3 {
+            self.hash.update(&self.buf);
+        }
         self.out.write_all(&self.buf).map_err(io_err)?;
         self.buf.clear();
         Ok(())
@@ -141,9 +179,20 @@ impl<'a> Writer<'a> {
         for p in parts {
             self.buf.extend_from_slice(p);
         }
+        let covered = if self.version >= 3 && kind == Kind::Raw {
+            raw_covered(&self.buf[start + 5..]).ok_or_else(|| {
+                self.buf.truncate(start);
+                Error::InvalidArgument("a raw send record without its pointer".into())
+            })?
+        } else {
+            len as usize
+        };
         // The record is contiguous here: one hash call over all of it.
-        let s = blake3::hash(&self.buf[start..]);
+        let s = blake3::hash(&self.buf[start..start + 5 + covered]);
         self.buf.extend_from_slice(&s.as_bytes()[..SUM_LEN]);
+        if self.version >= 3 {
+            self.hash.update(&s.as_bytes()[..SUM_LEN]);
+        }
         self.bytes += (self.buf.len() - start) as u64;
         if self.buf.len() >= BATCH {
             self.drain()?;
@@ -219,6 +268,9 @@ impl<'a> Reader<'a> {
             return Err(bad("header checksum mismatch"));
         }
         r.version = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default());
+        if r.version >= 3 {
+            r.hash.update(&head);
+        }
         r.flags = u32::from_le_bytes(head[12..16].try_into().unwrap_or_default());
         if r.version == 0 || r.version > VERSION {
             return Err(bad(format!(
@@ -235,8 +287,12 @@ impl<'a> Reader<'a> {
         Ok(r)
     }
 
-    /// Puts every consumed byte into the stream checksum.
+    /// Puts every consumed byte into the stream checksum (versions 1, 2).
     fn hash_consumed(&mut self) {
+        if self.version >= 3 {
+            self.hashed = self.pos;
+            return;
+        }
         if self.hashed < self.pos {
             self.hash.update(&self.buf[self.hashed..self.pos]);
             self.hashed = self.pos;
@@ -320,8 +376,20 @@ impl<'a> Reader<'a> {
         let mut sum = [0u8; SUM_LEN];
         let at = self.bytes;
         self.take(&mut sum)?;
-        if sum != sum16(&[&head, &payload]) {
+        // Version 3: a RAW record's checksum covers its pointer, not the
+        // stored bytes after it (the pointer's psize of them); those are
+        // checked against the pointer's own checksum when the row is
+        // decoded (`Row::decode`), before anything is stored.
+        let covered = if self.version >= 3 && head[0] == Kind::Raw as u8 {
+            raw_covered(&payload).ok_or_else(|| bad(format!("short raw record at byte {at}")))?
+        } else {
+            payload.len()
+        };
+        if sum != sum16(&[&head, &payload[..covered]]) {
             return Err(bad(format!("record checksum mismatch at byte {at}")));
+        }
+        if self.version >= 3 {
+            self.hash.update(&sum);
         }
         let kind = Kind::from_u8(head[0])
             .ok_or_else(|| bad(format!("unknown record kind {} at byte {at}", head[0])))?;
@@ -347,33 +415,60 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::send::Row;
+    use std::sync::Arc;
 
-    fn sample() -> Vec<u8> {
+    /// A stream of `version` with one row of each kind a volume sends.
+    fn sample_v(version: u32, flags: u32) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut w = Writer::new(&mut out, 0).unwrap();
+        let mut w = Writer::with_version(&mut out, flags, version).unwrap();
         w.record(Kind::Begin, &[b"{}"]).unwrap();
         w.record(Kind::Data, &[&[7u8; 20]]).unwrap();
+        let e = block::encode(
+            &[9u8; 300],
+            block::Compression::Off,
+            block::ChecksumAlgo::Blake3,
+        );
+        let (k, raw) = Row::Raw {
+            obj: 1,
+            blk: 2,
+            bp: Arc::new(e.embedded(5)),
+        }
+        .encode();
+        w.record(k, &[&raw]).unwrap();
         w.checkpoint(Kind::SnapEnd).unwrap();
         w.checkpoint(Kind::End).unwrap();
         out
     }
 
+    fn sample() -> Vec<u8> {
+        sample_v(VERSION, 0)
+    }
+
+    /// Reads a stream as a receive does: rows decoded (a RAW row's stored
+    /// bytes checked against its pointer) as they arrive.
     fn read_all(b: &[u8]) -> Result<Vec<Kind>> {
         let mut inp = b;
         let mut r = Reader::new(&mut inp)?;
         let mut kinds = Vec::new();
         while let Some(rec) = r.read_record()? {
+            if rec.kind == Kind::Raw {
+                Row::decode(rec.kind, &rec.payload)?;
+            }
             kinds.push(rec.kind);
         }
         Ok(kinds)
     }
 
-    /// Plain streams stay version 1 (what earlier builds read); a flagged
-    /// one is version 2; unknown flags, or flags on a v1 header, are refused.
+    /// This build writes version 3 (decision 0050); earlier versions are
+    /// written on request (v1 plain, v2 flagged) and still read; unknown
+    /// versions and flags, or flags on a v1 header, are refused.
     #[test]
     fn feature_flags_are_versioned() {
         let s = sample();
-        assert_eq!(&s[8..12], &1u32.to_le_bytes());
+        assert_eq!(&s[8..12], &3u32.to_le_bytes());
+        assert_eq!(&sample_v(2, 0)[8..12], &1u32.to_le_bytes());
+        assert_eq!(&sample_v(2, FLAG_RAW)[8..12], &2u32.to_le_bytes());
         let head = |version: u32, flags: u32| {
             let mut h = Vec::new();
             h.extend_from_slice(MAGIC);
@@ -385,7 +480,7 @@ mod tests {
         };
         let mut out = Vec::new();
         // The writer batches its output: flush before looking at the header.
-        Writer::new(&mut out, FLAG_RECURSIVE)
+        Writer::with_version(&mut out, FLAG_RECURSIVE, 2)
             .unwrap()
             .flush()
             .unwrap();
@@ -394,8 +489,8 @@ mod tests {
         assert_eq!(Reader::new(&mut ok).unwrap().flags, FLAG_RECURSIVE);
         let mut out = Vec::new();
         Writer::new(&mut out, FLAG_RAW).unwrap().flush().unwrap();
-        assert_eq!(out, head(2, FLAG_RAW));
-        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (1, FLAG_RAW), (3, 0)] {
+        assert_eq!(out, head(3, FLAG_RAW));
+        for (v, f) in [(2, 1 << 7), (1, FLAG_RECURSIVE), (1, FLAG_RAW), (4, 0)] {
             let h = head(v, f);
             let mut inp = &h[..];
             let e = Reader::new(&mut inp).err().unwrap().to_string();
@@ -403,21 +498,50 @@ mod tests {
         }
     }
 
+    /// Every flipped bit and every cut is refused, in each version this
+    /// build reads; in version 3 a RAW row's stored bytes are refused by
+    /// their pointer's checksum, the rest by the stream's own.
     #[test]
     fn round_trip_and_every_damage_is_refused() {
-        let s = sample();
-        assert_eq!(
-            read_all(&s).unwrap(),
-            vec![Kind::Begin, Kind::Data, Kind::SnapEnd, Kind::End]
-        );
-        for i in 0..s.len() {
-            let mut bad = s.clone();
-            bad[i] ^= 0x10;
-            assert!(read_all(&bad).is_err(), "flipped byte {i} accepted");
+        for (version, flags) in [(1, 0), (2, FLAG_RAW), (3, 0), (3, FLAG_RAW)] {
+            let s = sample_v(version, flags);
+            assert_eq!(
+                read_all(&s).unwrap(),
+                vec![Kind::Begin, Kind::Data, Kind::Raw, Kind::SnapEnd, Kind::End]
+            );
+            for i in 0..s.len() {
+                let mut bad = s.clone();
+                bad[i] ^= 0x10;
+                assert!(
+                    read_all(&bad).is_err(),
+                    "v{version}: flipped byte {i} accepted"
+                );
+            }
+            for n in 0..s.len() {
+                let e = read_all(&s[..n]).unwrap_err().to_string();
+                assert!(e.contains("invalid send stream"), "{e}");
+            }
         }
-        for n in 0..s.len() {
-            let e = read_all(&s[..n]).unwrap_err().to_string();
-            assert!(e.contains("invalid send stream"), "{e}");
+    }
+
+    /// Version 3 checkpoints chain the record checksums: records dropped,
+    /// repeated or swapped (each intact) fail the next checkpoint.
+    #[test]
+    fn reordered_records_fail_the_checkpoint() {
+        let s = sample();
+        // Record boundaries after the header: Begin (5+2+16), Data (5+20+16).
+        let (b, d) = (32 + 23, 32 + 23 + 41);
+        let mut swapped = s[..32].to_vec();
+        swapped.extend_from_slice(&s[b..d]);
+        swapped.extend_from_slice(&s[32..b]);
+        swapped.extend_from_slice(&s[d..]);
+        let mut dropped = s[..32].to_vec();
+        dropped.extend_from_slice(&s[b..]);
+        let mut twice = s[..d].to_vec();
+        twice.extend_from_slice(&s[b..]);
+        for bad in [swapped, dropped, twice] {
+            let e = read_all(&bad).unwrap_err().to_string();
+            assert!(e.contains("stream checksum mismatch"), "{e}");
         }
     }
 }
