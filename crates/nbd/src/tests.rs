@@ -1412,6 +1412,46 @@ async fn stalled_clients_cannot_hold_the_daemon_wide_budget() {
     srv.stop().await;
 }
 
+/// Replies that meet a full socket are queued (by reference) and written
+/// later from where the socket stopped: every byte arrives, in order, whole.
+#[tokio::test]
+async fn replies_queued_behind_a_full_socket_arrive_whole() {
+    let srv = start().await;
+    srv.mem.fill(0, &pattern(1 << 20, 5));
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(16 * 1024).unwrap();
+    let s = sock.connect(srv.addr).await.unwrap();
+    let mut c = C { s: Io::Tcp(s) };
+    let mut g = [0u8; 18];
+    c.s.read_exact(&mut g).await.unwrap();
+    c.put(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .await;
+    c.go("mem").await;
+    // Odd offsets and lengths: replies split anywhere, headers included.
+    let reqs: Vec<(u64, u32)> = (0..12u64)
+        .map(|h| (h * 4099 % 65536, (1 << 19) + h as u32 * 777))
+        .collect();
+    for (h, &(off, len)) in reqs.iter().enumerate() {
+        c.req(0, CMD_READ, h as u64, off, len, &[]).await;
+    }
+    // Let the socket fill and the rest queue.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let want = pattern(1 << 20, 5);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..reqs.len() {
+        let (err, h) = tokio::time::timeout(T, c.simple()).await.unwrap();
+        assert_eq!(err, 0);
+        let (off, len) = reqs[h as usize];
+        let got = c.get(len as usize).await;
+        assert!(
+            got == want[off as usize..(off + len as u64) as usize],
+            "reply {h} differs"
+        );
+        assert!(seen.insert(h));
+    }
+    srv.stop().await;
+}
+
 #[test]
 fn bad_client_log_is_rate_limited() {
     let log = crate::limits::BadClients::new(Duration::from_millis(200));
