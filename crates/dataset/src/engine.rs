@@ -1126,6 +1126,20 @@ impl Engine {
         props_in: &[(String, String)],
         key: Option<&crate::KeyMaterial>,
     ) -> Result<DatasetInfo> {
+        self.create_volume_as(name, volsize, props_in, key, &|_| {})
+    }
+
+    /// [`Engine::create_volume_keyed`]; `finish` completes the record
+    /// before its one store (a receive marks it as being received in the
+    /// same transaction that creates it, decision 0051).
+    pub(crate) fn create_volume_as(
+        &self,
+        name: &str,
+        volsize: u64,
+        props_in: &[(String, String)],
+        key: Option<&crate::KeyMaterial>,
+        finish: &dyn Fn(&mut DatasetRecord),
+    ) -> Result<DatasetInfo> {
         let (pool_name, Some(_)) = split_dataset(name)? else {
             return Err(Error::InvalidArgument(format!(
                 "'{name}': a volume is named POOL/VOLUME"
@@ -1172,7 +1186,7 @@ impl Engine {
         p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;
         let crypt_rec = crate::crypt::record_for(id, &mut crypt)?;
-        let rec = DatasetRecord {
+        let mut rec = DatasetRecord {
             id,
             crypt: crypt_rec,
             name: name.to_string(),
@@ -1187,6 +1201,7 @@ impl Engine {
                 .unwrap_or(0),
             ..Default::default()
         };
+        finish(&mut rec);
         p.store_dataset(&rec)?;
         crate::crypt::after_store(&p, id, crypt);
         tracing::info!(dataset = name, volsize, volblocksize, "volume created");

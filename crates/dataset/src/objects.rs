@@ -1595,6 +1595,19 @@ impl crate::Engine {
         props_in: &[(String, String)],
         key: Option<&crate::KeyMaterial>,
     ) -> Result<crate::DatasetInfo> {
+        self.create_dataset_as(name, kind, props_in, key, &|_| {})
+    }
+
+    /// [`crate::Engine::create_dataset_keyed`]; `finish` completes the
+    /// record before its one store (decision 0051).
+    pub(crate) fn create_dataset_as(
+        &self,
+        name: &str,
+        kind: DatasetKind,
+        props_in: &[(String, String)],
+        key: Option<&crate::KeyMaterial>,
+        finish: &dyn Fn(&mut crate::props::DatasetRecord),
+    ) -> Result<crate::DatasetInfo> {
         if !matches!(kind, DatasetKind::Bucket | DatasetKind::Filesystem) {
             return Err(Error::InvalidArgument(format!(
                 "'{name}': create_dataset makes buckets and filesystems; volumes take a size (-V)"
@@ -1630,7 +1643,7 @@ impl crate::Engine {
         p.check_new(&p.datasets.read(), name, &local)?;
         let id = p.next_dataset_id()?;
         let crypt_rec = crate::crypt::record_for(id, &mut crypt)?;
-        let rec = crate::props::DatasetRecord {
+        let mut rec = crate::props::DatasetRecord {
             id,
             crypt: crypt_rec,
             name: name.to_string(),
@@ -1641,6 +1654,7 @@ impl crate::Engine {
             next_object: FIRST_DYNAMIC_OBJECT,
             ..Default::default()
         };
+        finish(&mut rec);
         p.store_dataset(&rec)?;
         crate::crypt::after_store(&p, id, crypt);
         tracing::info!(dataset = name, ?kind, "dataset created");

@@ -2,6 +2,7 @@
 //! buckets, full then incremental, every snapshot equal bit for bit; bad
 //! streams refused with the target unchanged.
 
+use dataset::send::crash_point;
 use dataset::*;
 use rand::{Rng, SeedableRng};
 
@@ -759,4 +760,108 @@ fn send_opts(e: &Engine, snap: &str, from: Option<&str>, recursive: bool) -> Vec
     };
     e.send(&opts, &mut out).unwrap();
     out
+}
+
+/// Regression (issue 14, decision 0051): a kill -9 right after a full
+/// receive created its dataset. The dataset used to be created in one
+/// metadata transaction and marked as being received in the next, so a
+/// kill between them left an empty, unmarked dataset that the next full
+/// receive refused ("exists, must specify -F") and no token resumed.
+/// Now it is created marked: without -s the restart removes it and the
+/// stream is received again; with -s it resumes with `send -t`.
+#[test]
+fn full_receive_killed_after_creating_its_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    src.create_volume("tank/vm", VOLSIZE, &[]).unwrap();
+    let v = src.open_volume("tank/vm").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(51);
+    scribble(&v, &mut rng, 64);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let full = send(&src, "tank/vm@a", None, false);
+    // Blocks the receives into these targets where they were prepared
+    // (the engine is "killed" meanwhile); other tests' receives go on.
+    // Once per target: the receives after the restart go through.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let tx = std::sync::Mutex::new(tx);
+    let fired = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    crash_point::set(Some(std::sync::Arc::new(
+        move |point: &str, target: &str| {
+            if point == "prepared"
+                && target.starts_with("kwin")
+                && fired.lock().unwrap().insert(target.to_string())
+            {
+                let _ = tx.lock().unwrap().send(target.to_string());
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        },
+    )));
+    for resumable in [false, true] {
+        let pool = format!("kwin{}", resumable as u8);
+        let state = dir.path().join(format!("state-{pool}"));
+        let e = Engine::open(&state, config()).unwrap();
+        e.create_pool(PoolSpec {
+            name: pool.clone(),
+            groups: vec![GroupSpec {
+                kind: GroupKind::Disk,
+                devices: vec![dir.path().join(format!("{pool}-d0"))],
+            }],
+            create_size: Some(256 << 20),
+            force: false,
+        })
+        .unwrap();
+        let target = format!("{pool}/vm");
+        let (e2, t2, stream) = (e.clone(), target.clone(), full.clone());
+        std::thread::spawn(move || {
+            let _ = e2.receive(
+                &ReceiveOptions {
+                    target: t2,
+                    resumable,
+                    ..Default::default()
+                },
+                &mut stream.as_slice(),
+            );
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(got, target);
+        Engine::forget_as_if_killed(e);
+        let e = Engine::open(&state, config()).unwrap();
+        assert!(
+            e.dataset(&format!("{target}@a")).is_err(),
+            "half a snapshot"
+        );
+        if !resumable {
+            // Removed at import: the same full stream is received again.
+            assert!(e.dataset(&target).is_err(), "an empty dataset stayed");
+            receive(&e, &target, &full, false).unwrap();
+        } else {
+            let token = prop_of(&e, &target, "receive_resume_token")
+                .expect("no receive_resume_token after an interrupted -s receive");
+            let mut rest = Vec::new();
+            src.send(
+                &SendOptions {
+                    resume_token: Some(token),
+                    ..Default::default()
+                },
+                &mut rest,
+            )
+            .unwrap();
+            let mut inp = rest.as_slice();
+            e.receive(
+                &ReceiveOptions {
+                    target: target.clone(),
+                    resumable: true,
+                    ..Default::default()
+                },
+                &mut inp,
+            )
+            .unwrap();
+            assert_eq!(prop_of(&e, &target, "receive_resume_token"), None);
+        }
+        assert_eq!(
+            read_vol(&e, &format!("{target}@a")),
+            read_vol(&src, "tank/vm@a")
+        );
+    }
+    crash_point::set(None);
 }

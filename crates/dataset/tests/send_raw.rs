@@ -373,3 +373,290 @@ fn version_1_and_2_streams_still_receive() {
     receive(&dst, "backup/plain", &as_version(&plain, 1)).unwrap();
     assert_eq!(read_vol(&dst, "backup/plain@a").unwrap(), want);
 }
+
+/// A reader that hands out `limit` bytes of `data`, says so, then blocks
+/// until the test ends (the receiving engine is "killed" meanwhile).
+struct Stall {
+    data: Vec<u8>,
+    at: usize,
+    limit: usize,
+    reached: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl std::io::Read for Stall {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.at >= self.limit {
+            if let Some(tx) = self.reached.take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+        let n = out.len().min(self.limit - self.at);
+        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Checkpoints every 2 MiB of rows (half of dirty_max_bytes).
+fn small_txgs() -> EngineConfig {
+    EngineConfig {
+        dirty_max_bytes: 4 << 20,
+        ..common::config()
+    }
+}
+
+/// An engine with pool `pool` on one file, state in `state`.
+fn open_target(dir: &std::path::Path, pool: &str) -> (std::path::PathBuf, std::sync::Arc<Engine>) {
+    let state = dir.join(format!("state-{pool}"));
+    let e = Engine::open(&state, small_txgs()).unwrap();
+    e.create_pool(PoolSpec {
+        name: pool.into(),
+        groups: vec![GroupSpec {
+            kind: GroupKind::Disk,
+            devices: vec![dir.join(format!("{pool}-d0"))],
+        }],
+        create_size: Some(256 << 20),
+        force: false,
+    })
+    .unwrap();
+    (state, e)
+}
+
+/// Receives `limit` bytes of `stream` into `target` with -s, kills the
+/// engine (as kill -9) and opens it again.
+fn receive_killed(
+    e: std::sync::Arc<Engine>,
+    state: &std::path::Path,
+    target: &str,
+    stream: &[u8],
+    limit: usize,
+) -> std::sync::Arc<Engine> {
+    e.sync_all().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut r = Stall {
+        data: stream.to_vec(),
+        at: 0,
+        limit,
+        reached: Some(tx),
+    };
+    let (e2, t2) = (e.clone(), target.to_string());
+    std::thread::spawn(move || {
+        let _ = e2.receive(
+            &ReceiveOptions {
+                target: t2,
+                resumable: true,
+                ..Default::default()
+            },
+            &mut r,
+        );
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Engine::forget_as_if_killed(e);
+    Engine::open(state, small_txgs()).unwrap()
+}
+
+fn token_of(e: &Engine, ds: &str) -> Option<String> {
+    e.dataset(ds)
+        .unwrap()
+        .property("receive_resume_token")
+        .map(|p| p.value.clone())
+}
+
+/// `send -t TOKEN` into `target` with -s.
+fn resume(src: &Engine, dst: &Engine, token: String, target: &str) -> (Vec<u8>, ReceiveSummary) {
+    let mut rest = Vec::new();
+    src.send(
+        &SendOptions {
+            resume_token: Some(token),
+            ..Default::default()
+        },
+        &mut rest,
+    )
+    .unwrap();
+    let mut inp = rest.as_slice();
+    let got = dst
+        .receive(
+            &ReceiveOptions {
+                target: target.into(),
+                resumable: true,
+                ..Default::default()
+            },
+            &mut inp,
+        )
+        .unwrap();
+    (rest, got)
+}
+
+fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
+    for off in (0..end).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
+}
+
+/// Kill -9 of the receiving engine during a raw (`-w`) receive of an
+/// encrypted volume, full then incremental: after the restart the target
+/// is its old self plus a resume token (never a half-received snapshot),
+/// `send -t` of the token is raw again (no key needed on either side),
+/// and the resumed transfer ends equal to the source.
+#[test]
+fn raw_receive_killed_mid_stream_resumes_raw_to_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(51);
+    let size = 4u64 << 20;
+    src.create_volume_keyed("tank/sec", size, &crypt_props(), Some(&material()))
+        .unwrap();
+    let v = src.open_volume("tank/sec").unwrap();
+    fill_random(&v, &mut rng, size);
+    src.snapshot(&["tank/sec@a".into()], false).unwrap();
+    fill_random(&v, &mut rng, size * 3 / 4);
+    drop(v);
+    src.snapshot(&["tank/sec@b".into()], false).unwrap();
+    let (want_a, want_b) = (
+        read_vol(&src, "tank/sec@a").unwrap(),
+        read_vol(&src, "tank/sec@b").unwrap(),
+    );
+    src.unload_key("tank/sec").unwrap();
+    let full = send_raw(&src, "tank/sec@a", None);
+    let incr = send_raw(&src, "tank/sec@b", Some("@a"));
+
+    let (state, e) = open_target(dir.path(), "kraw");
+    let t = "kraw/sec";
+    let e = receive_killed(e, &state, t, &full, full.len() * 3 / 5);
+    assert!(e.dataset("kraw/sec@a").is_err(), "half a snapshot");
+    let token = token_of(&e, t).expect("no receive_resume_token after a killed -s receive");
+    let (rest, _) = resume(&src, &e, token, t);
+    // Raw again (version 2, flag RAW), and only what was missing.
+    assert_eq!(&rest[8..16], &[2, 0, 0, 0, 2, 0, 0, 0]);
+    assert!(
+        rest.len() < full.len() * 3 / 4,
+        "{} of {}",
+        rest.len(),
+        full.len()
+    );
+    assert_eq!(token_of(&e, t), None);
+    assert_eq!(prop_of(&e, t, "encryptionroot"), t);
+
+    let e = receive_killed(e, &state, t, &incr, incr.len() * 3 / 5);
+    assert!(e.dataset("kraw/sec@b").is_err(), "half a snapshot");
+    let token = token_of(&e, t).expect("no receive_resume_token after a killed -s receive");
+    e.load_key(t, None, Some(&material()), false).unwrap();
+    assert_eq!(read_vol(&e, "kraw/sec@a").unwrap(), want_a, "old self");
+    e.unload_key(t).unwrap();
+    resume(&src, &e, token, t);
+    e.load_key(t, None, Some(&material()), false).unwrap();
+    assert_eq!(read_vol(&e, "kraw/sec@a").unwrap(), want_a);
+    assert_eq!(read_vol(&e, "kraw/sec@b").unwrap(), want_b);
+}
+
+/// `send -R -w` killed while a child is received (decision 0051): the
+/// parts before it are complete, the child has a token and no half
+/// snapshot, the datasets after it nothing. `send -t` of the child's
+/// token sends the child's rest and then the rest of the tree, received
+/// into the top; incremental `-R -I` the same way. Ends equal.
+#[test]
+fn recursive_raw_receive_killed_in_a_child_resumes_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = engine(dir.path(), "tank");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(52);
+    let p = props(&[("compression", "lz4"), ("volblocksize", "16384")]);
+    src.create_dataset("tank/top", DatasetKind::Filesystem, &[])
+        .unwrap();
+    for (ds, size) in [
+        ("tank/top/c0", 1u64 << 20),
+        ("tank/top/c1", 4 << 20),
+        ("tank/top/c2", 1 << 20),
+    ] {
+        src.create_volume(ds, size, &p).unwrap();
+        fill_random(&src.open_volume(ds).unwrap(), &mut rng, size);
+    }
+    src.snapshot(&["tank/top@a".into()], true).unwrap();
+    let send_r = |snap: &str, from: Option<&str>| {
+        let mut out = Vec::new();
+        let opts = SendOptions {
+            snapshot: snap.into(),
+            from: from.map(str::to_string),
+            intermediates: from.is_some(),
+            recursive: true,
+            raw: true,
+            ..Default::default()
+        };
+        src.send(&opts, &mut out).unwrap();
+        out
+    };
+    let full = send_r("tank/top@a", None);
+    let (state, e) = open_target(dir.path(), "kwr");
+    // The top's part is the first MiB of six: kill in the middle of c1's.
+    let e = receive_killed(e, &state, "kwr/top", &full, full.len() / 2);
+    assert!(e.dataset("kwr/top@a").is_ok());
+    assert_eq!(
+        read_vol(&e, "kwr/top/c0@a").unwrap(),
+        read_vol(&src, "tank/top/c0@a").unwrap()
+    );
+    assert!(e.dataset("kwr/top/c1@a").is_err(), "half a snapshot");
+    assert!(e.dataset("kwr/top/c2").is_err());
+    assert_eq!(token_of(&e, "kwr/top"), None);
+    let token = token_of(&e, "kwr/top/c1").expect("no token on the interrupted child");
+    // Received into the child itself it is refused, with a hint.
+    let mut rest = Vec::new();
+    src.send(
+        &SendOptions {
+            resume_token: Some(token.clone()),
+            ..Default::default()
+        },
+        &mut rest,
+    )
+    .unwrap();
+    let err = receive(&e, "kwr/top/c1", &rest).unwrap_err().to_string();
+    assert!(err.contains("resumes into its top"), "{err}");
+    let (rest, got) = resume(&src, &e, token, "kwr/top");
+    assert_eq!(&rest[12..16], &3u32.to_le_bytes(), "flags RECURSIVE|RAW");
+    assert_eq!(got.snapshots, vec!["kwr/top/c1@a", "kwr/top/c2@a"]);
+    for ds in ["top/c0", "top/c1", "top/c2"] {
+        assert_eq!(
+            read_vol(&e, &format!("kwr/{ds}@a")).unwrap(),
+            read_vol(&src, &format!("tank/{ds}@a")).unwrap(),
+            "{ds}"
+        );
+        assert_eq!(token_of(&e, &format!("kwr/{ds}")), None);
+    }
+
+    // Incremental -R -I over two snapshots, killed in c1's first one.
+    for (ds, size) in [("tank/top/c1", 4u64 << 20), ("tank/top/c2", 1 << 20)] {
+        fill_random(&src.open_volume(ds).unwrap(), &mut rng, size);
+    }
+    src.snapshot(&["tank/top@b".into()], true).unwrap();
+    scribble(&src.open_volume("tank/top/c1").unwrap(), &mut rng, 10);
+    src.snapshot(&["tank/top@c".into()], true).unwrap();
+    let incr = send_r("tank/top@c", Some("@a"));
+    let e = receive_killed(e, &state, "kwr/top", &incr, incr.len() / 2);
+    assert!(e.dataset("kwr/top/c1@b").is_err(), "half a snapshot");
+    assert_eq!(
+        read_vol(&e, "kwr/top/c1@a").unwrap(),
+        read_vol(&src, "tank/top/c1@a").unwrap()
+    );
+    let token = token_of(&e, "kwr/top/c1").expect("no token on the interrupted child");
+    let (_, got) = resume(&src, &e, token, "kwr/top");
+    assert_eq!(
+        got.snapshots,
+        vec![
+            "kwr/top/c1@b",
+            "kwr/top/c1@c",
+            "kwr/top/c2@b",
+            "kwr/top/c2@c"
+        ]
+    );
+    for ds in ["top/c0", "top/c1", "top/c2"] {
+        for s in ["b", "c"] {
+            assert_eq!(
+                read_vol(&e, &format!("kwr/{ds}@{s}")).unwrap(),
+                read_vol(&src, &format!("tank/{ds}@{s}")).unwrap(),
+                "{ds}@{s}"
+            );
+        }
+    }
+}

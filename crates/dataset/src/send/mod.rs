@@ -98,6 +98,35 @@ pub struct Begin {
     /// with the source's passphrase (decision 0044).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crypt: Option<RawCrypt>,
+    /// `-R` streams: the whole `-R` send this part belongs to, so a
+    /// receive interrupted in it resumes across the tree (decision 0051).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeSend>,
+}
+
+/// The `-R` send a part belongs to (decision 0051): what `send -t` needs
+/// to send the parts after an interrupted one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TreeSend {
+    /// The `-R` send's snapshot: its top's full source name (`tank/top@c`).
+    pub snapshot: String,
+    /// Incremental source's short name (`a` of `-i @a`), if any.
+    pub from: Option<String>,
+    /// `-I`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub intermediates: bool,
+    /// In a receive state and its token: the interrupted part's dataset
+    /// below the top (`""`, `/child`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rel: Option<String>,
+}
+
+impl TreeSend {
+    /// The order of `send -R` parts: parents first, then by name.
+    fn order(rel: &str) -> (usize, &str) {
+        (rel.matches('/').count(), rel)
+    }
 }
 
 /// An encrypted dataset's key material in a raw stream: wrapped, never
@@ -141,6 +170,9 @@ pub struct ReceiveState {
     /// A raw (`-w`) stream: its token resumes raw.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub raw: bool,
+    /// A part of a `-R` stream: its token resumes the rest of the tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeSend>,
 }
 
 /// What a resume token carries (`receive_resume_token`, `send -t`).
@@ -155,6 +187,9 @@ struct Token {
     /// A raw (`-w`) transfer: resumed raw (decision 0044).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     raw: bool,
+    /// A part of a `-R` transfer: `send -t` also sends the parts after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tree: Option<TreeSend>,
 }
 
 const TOKEN_PREFIX: &str = "1-";
@@ -172,6 +207,7 @@ impl ReceiveState {
             to_txg: self.to_txg,
             after: self.after.clone(),
             raw: self.raw,
+            tree: self.tree.clone(),
         };
         let json = serde_json::to_vec(&t).ok()?;
         Some(format!("{TOKEN_PREFIX}{}", hex(&json)))
@@ -660,6 +696,26 @@ impl Engine {
                     Error::InvalidArgument("cannot resume send: invalid resume token".into())
                 })?,
             });
+            // A part of a -R transfer: the parts of that send after it
+            // follow (decision 0051), as the -R stream would have sent them.
+            if let Some(t) = &tok.tree {
+                let rel = t.rel.clone().unwrap_or_default();
+                part.rel = Some(rel.clone());
+                let all = SendOptions {
+                    snapshot: t.snapshot.clone(),
+                    from: t.from.as_ref().map(|f| format!("@{f}")),
+                    intermediates: t.intermediates,
+                    recursive: true,
+                    raw: tok.raw || opts.raw,
+                    ..Default::default()
+                };
+                let (_, rest) = self.send_parts_recursive(&all)?;
+                let at = TreeSend::order(&rel);
+                parts.extend(rest.into_iter().filter(|q| {
+                    let r = q.rel.as_deref().unwrap_or_default();
+                    TreeSend::order(r) > at || (r == rel && q.rec.created_txg > tok.to_txg)
+                }));
+            }
             return Ok((p, parts));
         }
         if opts.recursive {
@@ -802,7 +858,19 @@ impl Engine {
     pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
         let (p, parts) = self.send_parts(opts)?;
         let raw = opts.raw || opts.resume_token.as_deref().is_some_and(token_is_raw);
-        let mut flags = if opts.recursive {
+        // The -R send each part belongs to (a resumed -R transfer: the
+        // token's), so an interruption anywhere resumes across the tree.
+        let tree = match &opts.resume_token {
+            Some(t) => decode_token(t)?.tree.map(|t| TreeSend { rel: None, ..t }),
+            None if opts.recursive => Some(TreeSend {
+                snapshot: opts.snapshot.clone(),
+                from: opts.from.as_deref().map(short_of),
+                intermediates: opts.intermediates,
+                rel: None,
+            }),
+            None => None,
+        };
+        let mut flags = if tree.is_some() {
             stream::FLAG_RECURSIVE
         } else {
             0
@@ -829,6 +897,7 @@ impl Engine {
                     Default::default()
                 },
                 dataset: part.rel.clone(),
+                tree: tree.clone().filter(|_| part.rel.is_some()),
                 crypt: if raw {
                     raw_crypt(&p, part.chain.data_id(), &part.rec.name)?
                 } else {
@@ -985,6 +1054,7 @@ impl Engine {
         let mut sum = ReceiveSummary::default();
         let mut seen: std::collections::BTreeSet<String> = Default::default();
         let mut incremental = false;
+        let mut resumed = false;
         loop {
             let rec = r
                 .read_record()?
@@ -1018,6 +1088,7 @@ impl Engine {
                     if begin.from.is_some() {
                         incremental = true;
                     }
+                    resumed |= begin.resume_after.is_some();
                     seen.insert(one_target.clone());
                     let made =
                         self.receive_one(&p, opts, &one_target, &short, &begin, &mut r, &mut sum);
@@ -1035,7 +1106,9 @@ impl Engine {
         }
         // receive -F of an incremental -R stream: what the source no longer
         // has below the top (a child destroyed there) goes here too (as zfs).
-        if opts.force && incremental && r.flags & stream::FLAG_RECURSIVE != 0 {
+        // Not after a resumed -R stream: it holds only the parts after the
+        // interrupted one, so `seen` is not the source's tree.
+        if opts.force && incremental && !resumed && r.flags & stream::FLAG_RECURSIVE != 0 {
             let gone: Vec<String> = {
                 let datasets = p.datasets.read();
                 crate::snapshot_admin::subtree(&datasets, &target)
@@ -1086,20 +1159,25 @@ impl Engine {
         }
         let mut state = match &begin.resume_after {
             Some(after) => self.prepare_resume(target, existing, begin, after)?,
-            None => self.prepare_receive(p, opts, target, short, begin, existing)?,
+            None => self.prepare_receive(p, opts, target, short, begin, existing, raw)?,
         };
         state.raw |= raw;
         let resumable = state.resumable;
+        crash_point::at("prepared", target);
         // From here the record says a receive runs: a crash is undone at
-        // import (or kept for resuming, with -s).
-        set_state(p, target, Some(state.clone()))?;
-        // A new dataset of a raw encrypted stream takes the source's key
-        // as it was wrapped (keystatus unavailable until load-key).
-        let adopted = match (&begin.crypt, raw, &begin.from, &begin.resume_after) {
-            (Some(c), true, None, None) => adopt_raw_key(p, target, c),
-            _ => Ok(()),
-        };
-        let applied = adopted.and_then(|()| self.apply_rows(p, target, begin, r, sum, &state));
+        // import (or kept for resuming, with -s). A dataset a full stream
+        // created already says so: it was created with this state (and,
+        // raw and encrypted, with the source's wrapped key) in one
+        // transaction, so no crash leaves it empty and unmarked.
+        let marked = p
+            .datasets
+            .read()
+            .get(target)
+            .and_then(|r| r.receive.as_deref().cloned());
+        if marked.as_ref() != Some(&state) {
+            set_state(p, target, Some(state.clone()))?;
+        }
+        let applied = self.apply_rows(p, target, begin, r, sum, &state);
         // The record after the snapshot's end is read (and verified) first:
         // the last snapshot of a stream appears only with a sound end record.
         let applied = applied.and_then(|()| r.peek().map(|_| ()));
@@ -1115,6 +1193,18 @@ impl Engine {
                     .get(target)
                     .and_then(|r| r.receive.as_ref().and_then(|s| s.token()));
                 if let Some(token) = token {
+                    // A -R part: the token resumes the whole rest of the
+                    // tree, received into the top (decision 0051).
+                    let top = state
+                        .tree
+                        .as_ref()
+                        .and_then(|t| target.strip_suffix(t.rel.as_deref().unwrap_or_default()))
+                        .filter(|_| r.flags & stream::FLAG_RECURSIVE != 0);
+                    if let Some(top) = top {
+                        return Err(Error::InvalidArgument(format!(
+                            "{e}\npartially received snapshot of '{target}' is saved; it and the rest of the -R stream after it\n(what is left: `{short}` of '{target}', then the datasets after it) resume with\n`cistern send -t {token} | cistern receive -s {top}`\n(or discard it: `cistern receive -A {target}`)"
+                        )));
+                    }
                     return Err(Error::InvalidArgument(format!(
                         "{e}\npartially received snapshot is saved; resume the transfer with\n`cistern send -t {token}` (or discard it: `cistern receive -A {target}`)"
                     )));
@@ -1143,8 +1233,15 @@ impl Engine {
             .filter(|s| s.resumable && s.snapshot == begin.snapshot && s.to_txg == begin.to_txg)
             .cloned()
             .ok_or_else(|| {
+                // A -R transfer's resume stream goes into the tree's top.
+                let hint = match &begin.dataset {
+                    Some(rel) if !rel.is_empty() => format!(
+                        "\n(a -R transfer resumes into its top: receive it into the dataset that '{rel}' is below)"
+                    ),
+                    _ => String::new(),
+                };
                 Error::InvalidArgument(format!(
-                    "cannot receive resume stream: '{target}' has no partially received state of '{}'",
+                    "cannot receive resume stream: '{target}' has no partially received state of '{}'{hint}",
                     begin.snapshot
                 ))
             })?;
@@ -1160,6 +1257,7 @@ impl Engine {
 
     /// Checks and prepares the target of a new (not resumed) stream: a
     /// new dataset for a full stream, the base snapshot for an incremental one.
+    #[allow(clippy::too_many_arguments)]
     fn prepare_receive(
         &self,
         p: &Arc<ImportedPool>,
@@ -1168,6 +1266,7 @@ impl Engine {
         short: &str,
         begin: &Begin,
         existing: Option<DatasetRecord>,
+        raw: bool,
     ) -> Result<ReceiveState> {
         let snap_full = format!("{target}@{short}");
         if existing.as_ref().is_some_and(|r| r.receive.is_some()) {
@@ -1184,7 +1283,11 @@ impl Engine {
             to_txg: begin.to_txg,
             resumable: opts.resumable,
             after: None,
-            raw: false,
+            raw,
+            tree: begin.tree.clone().map(|mut t| {
+                t.rel = Some(begin.dataset.clone().unwrap_or_default());
+                t
+            }),
         };
         match (&begin.from, existing) {
             (None, Some(_)) if !opts.force => {
@@ -1202,9 +1305,9 @@ impl Engine {
                     )));
                 }
                 self.destroy(target, &DestroyOptions::default())?;
-                self.create_for_receive(target, begin)?;
+                self.create_for_receive(target, begin, &state)?;
             }
-            (None, None) => self.create_for_receive(target, begin)?,
+            (None, None) => self.create_for_receive(target, begin, &state)?,
             (Some(_), None) => {
                 return Err(Error::NotFound(format!(
                     "cannot receive incremental stream: destination '{target}'"
@@ -1333,7 +1436,10 @@ impl Engine {
         Ok(changed)
     }
 
-    fn create_for_receive(&self, target: &str, begin: &Begin) -> Result<()> {
+    /// Creates a full stream's dataset already marked with its receive
+    /// `state` (one transaction: a kill -9 cannot leave it empty and
+    /// unmarked, which the next full receive would refuse without -F).
+    fn create_for_receive(&self, target: &str, begin: &Begin, state: &ReceiveState) -> Result<()> {
         // -R: the source's locally set properties, but not what makes the
         // source's keys or sizes (the target chooses those).
         let mut props: Vec<(String, String)> = begin
@@ -1355,13 +1461,23 @@ impl Engine {
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        // A raw encrypted stream's dataset takes the source's key as it
+        // was wrapped (keystatus unavailable until load-key), from its
+        // creation on: nothing is ever sealed with an inherited key.
+        let adopt = begin.crypt.as_ref().filter(|_| state.raw);
+        let finish = |rec: &mut DatasetRecord| {
+            rec.receive = Some(Box::new(state.clone()));
+            if let Some(c) = adopt {
+                rec.crypt = Some(Box::new(adopted_crypt(rec.id, c)));
+            }
+        };
         match begin.kind {
             DatasetKind::Volume => {
                 props.push(("volblocksize".to_string(), begin.volblocksize.to_string()));
-                self.create_volume(target, begin.volsize, &props)?;
+                self.create_volume_as(target, begin.volsize, &props, None, &finish)?;
             }
             DatasetKind::Bucket | DatasetKind::Filesystem => {
-                self.create_dataset(target, begin.kind, &props)?;
+                self.create_dataset_as(target, begin.kind, &props, None, &finish)?;
             }
             DatasetKind::Snapshot => {
                 return Err(bad_stream("a snapshot's begin names a snapshot kind"))
@@ -1813,20 +1929,12 @@ fn check_raw_target(
     }
 }
 
-/// Makes the dataset a raw stream just created an encryption root with the
-/// source's wrapped master key: `load-key` with the source's key opens it.
-fn adopt_raw_key(p: &ImportedPool, target: &str, c: &RawCrypt) -> Result<()> {
-    // Whatever creating it wrote is committed first: from here its blocks
-    // are sealed with a key this pool does not hold.
-    p.sync_now()?;
-    let mut rec = p
-        .datasets
-        .read()
-        .get(target)
-        .cloned()
-        .ok_or_else(|| Error::NotFound(format!("dataset '{target}'")))?;
-    rec.crypt = Some(Box::new(crate::crypt::CryptRecord {
-        root: rec.id,
+/// The crypt record that makes the dataset a raw stream creates (record
+/// id `id`) an encryption root with the source's wrapped master key:
+/// `load-key` with the source's key opens it.
+fn adopted_crypt(id: u64, c: &RawCrypt) -> crate::crypt::CryptRecord {
+    crate::crypt::CryptRecord {
+        root: id,
         algo: c.algo.clone(),
         wrap: Some(crate::crypt::WrapRecord {
             keyformat: c.keyformat.clone(),
@@ -1839,9 +1947,30 @@ fn adopt_raw_key(p: &ImportedPool, target: &str, c: &RawCrypt) -> Result<()> {
         }),
         names: c.names,
         wrapped_by: None,
-    }));
-    p.store_dataset(&rec)?;
-    Ok(())
+    }
+}
+
+/// Kill -9 windows of a receive, for tests: a hook called at named points
+/// with the target (`prepared`: the target is ready, its receive state
+/// not yet written when it existed before). A test blocks there and
+/// drops the engine as if killed. Not part of the API.
+#[doc(hidden)]
+pub mod crash_point {
+    /// Called with (point, target).
+    pub type Hook = std::sync::Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+    static HOOK: parking_lot::Mutex<Option<Hook>> = parking_lot::Mutex::new(None);
+
+    pub fn set(h: Option<Hook>) {
+        *HOOK.lock() = h;
+    }
+
+    pub(crate) fn at(point: &str, target: &str) {
+        let h = HOOK.lock().clone();
+        if let Some(h) = h {
+            h(point, target);
+        }
+    }
 }
 
 #[cfg(test)]
