@@ -900,6 +900,13 @@ mod tests {
     }
 
     #[test]
+    fn bucket_cache_bytes_is_read() {
+        let c = Config::parse("[bucket]\ncache_bytes = 1073741824\n").unwrap();
+        assert_eq!(c.bucket.cache_bytes, Some(1 << 30));
+        assert_eq!(Config::parse("").unwrap().bucket.cache_bytes, None);
+    }
+
+    #[test]
     fn parses_listen_addresses() {
         assert_eq!(
             parse_listen_addr("127.0.0.1:10810").unwrap(),

@@ -1198,6 +1198,8 @@ impl ImportedPool {
         // brings back the previous txg, which still points there.
         {
             let _scan = self.scan.free_gate();
+            // Still allocated, so nothing writes there meanwhile.
+            self.pool.discard(freed.iter().chain(&orphaned));
             let mut alloc = self.pool.allocator();
             for dva in freed.iter().chain(&orphaned) {
                 if !alloc.free(*dva) {

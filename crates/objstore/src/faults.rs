@@ -36,6 +36,10 @@ pub struct Faults {
     /// later one fails without reaching the store (decision 0049's tests).
     crash: Mutex<Option<u64>>,
     crashed: std::sync::atomic::AtomicBool,
+    /// GETs of segment objects (`/seg/` in the key) to fail, and to answer
+    /// with one byte flipped (decision 0054's tests).
+    get_fail: AtomicU64,
+    get_corrupt: AtomicU64,
 }
 
 impl Faults {
@@ -67,6 +71,22 @@ impl Faults {
                 true
             }
         }
+    }
+
+    /// The next `n` segment GETs fail.
+    pub fn fail_segment_gets(&self, n: u64) {
+        self.get_fail.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` segment GETs answer with one byte changed.
+    pub fn corrupt_segment_gets(&self, n: u64) {
+        self.get_corrupt.store(n, Ordering::SeqCst);
+    }
+
+    fn take(counter: &AtomicU64) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// PUTs that reached the store.
@@ -143,7 +163,29 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.inner.get_opts(location, options).await
+        let segment = location.as_ref().contains("/seg/");
+        if segment && Faults::take(&self.faults.get_fail) {
+            return Err(injected("GET failed"));
+        }
+        let r = self.inner.get_opts(location, options).await?;
+        if !(segment && Faults::take(&self.faults.get_corrupt)) {
+            return Ok(r);
+        }
+        let (meta, range, attributes) = (r.meta.clone(), r.range.clone(), r.attributes.clone());
+        let mut body = r.bytes().await?.to_vec();
+        let mid = body.len() / 2;
+        if let Some(b) = body.get_mut(mid) {
+            *b ^= 0x40;
+        }
+        let body = bytes::Bytes::from(body);
+        Ok(GetResult {
+            payload: object_store::GetResultPayload::Stream(Box::pin(futures::stream::once(
+                async move { Ok(body) },
+            ))),
+            meta,
+            range,
+            attributes,
+        })
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {

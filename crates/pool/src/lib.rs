@@ -1648,6 +1648,42 @@ impl Pool {
         settle_writes(&self.name, dva.group as usize, &devices, results)
     }
 
+    /// The space of `dva` was freed (its txg committed): devices in a
+    /// bucket ship it as zeros so compaction can drop it (decision 0054).
+    /// Call before the allocator may hand the space out again. A failure
+    /// only leaves the bytes live in the bucket, so it is logged, not raised.
+    pub fn discard<'a>(&self, dvas: impl IntoIterator<Item = &'a Dva>) {
+        if !self.devices().iter().any(|d| d.is_bucket()) {
+            return;
+        }
+        let mut touched: Vec<Arc<Vdev>> = Vec::new();
+        for dva in dvas {
+            let Ok(group) = self.group(dva.group) else {
+                continue;
+            };
+            if group.geometry().is_some() {
+                continue;
+            }
+            let at = self.regions.data_offset + dva.offset;
+            for dev in group.children.iter().filter_map(|c| c.writable()) {
+                if !dev.is_bucket() {
+                    continue;
+                }
+                match dev.discard(at, dva.asize as u64) {
+                    Ok(()) if !touched.iter().any(|d| Arc::ptr_eq(d, &dev)) => touched.push(dev),
+                    Ok(()) => {}
+                    Err(e) => tracing::warn!(pool = %self.name, "discarding freed space: {e}"),
+                }
+            }
+        }
+        // Shipped now: an idle pool has no later commit to carry them.
+        for dev in touched {
+            if let Err(e) = dev.sync() {
+                tracing::warn!(pool = %self.name, "shipping discarded space: {e}");
+            }
+        }
+    }
+
     /// Reads `len` bytes of `dva` and returns them once `verify` accepts.
     ///
     /// Mirror: tries each copy until one verifies. Raidz: reads the data

@@ -58,6 +58,10 @@ pub struct BucketConfig {
     pub cache_size: Option<u64>,
     /// Largest change shipped inline in a log record, bytes.
     pub inline_max: Option<usize>,
+    /// Bound of the local cache, bytes (decision 0054): opening fetches no
+    /// segment, reads fetch what they miss, least recently used data is
+    /// evicted. Unset: the cache holds the whole device, rebuilt at open.
+    pub cache_bytes: Option<u64>,
     /// A standby (`serve --standby`) takes the pool over by itself once the
     /// owner's log and heartbeat object have not changed for this long.
     /// Off by default; safety never depends on it (decision 0048).
@@ -479,7 +483,7 @@ pub(crate) fn fetch_segment(
 }
 
 /// Zeros a range of the cache: a hole where the filesystem allows it.
-fn punch_zeros(file: &File, offset: u64, len: u64) -> io::Result<()> {
+pub(crate) fn punch_zeros(file: &File, offset: u64, len: u64) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     // SAFETY: plain syscall on an open descriptor.
     let r = unsafe {
@@ -537,6 +541,9 @@ pub(crate) struct Shipper {
     pub(crate) stats: ShipStats,
     /// Checkpoints, compaction and physical space (decision 0049).
     pub(crate) compactor: crate::compact::Compactor,
+    /// The bounded, on-demand cache index (decision 0054); `None`: the
+    /// cache file holds the whole device.
+    pub(crate) ondemand: Option<Arc<crate::cache::Cache>>,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -552,7 +559,10 @@ fn in_mmp_slot(offset: u64, len: u64) -> bool {
 impl Shipper {
     /// Opens the log as `how.mode` says, rebuilds the cache file from it and
     /// starts the group committer. Returns the shipper and the cache file.
-    pub(crate) fn open(how: BucketOpen<'_>) -> Result<(Shipper, u64), String> {
+    pub(crate) fn open(
+        how: BucketOpen<'_>,
+        cache_bytes: Option<u64>,
+    ) -> Result<(Shipper, u64), String> {
         let (store, prefix) = match how.store {
             Some(s) => s,
             None => objstore::location::open(how.url, &how.s3).map_err(|e| e.to_string())?,
@@ -578,14 +588,33 @@ impl Shipper {
             .create_new(true)
             .open(how.cache)
             .map_err(|e| format!("{}: {e}", how.cache.display()))?;
-        let size = match how.size.filter(|_| how.mode == OpenMode::Create) {
-            Some(s) => s,
-            None => apply_records(&store, &prefix, &file, &records)?
+        let create = how.size.filter(|_| how.mode == OpenMode::Create);
+        let mut ondemand = None;
+        let size = match (create, cache_bytes) {
+            (Some(s), None) => s,
+            (None, None) => apply_records(&store, &prefix, &file, &records)?
                 .ok_or_else(|| format!("{}: the log names no device", how.url))?,
+            (Some(s), Some(bound)) => {
+                let c = crate::cache::Cache::new(store.clone(), prefix.clone(), &file, s, bound)?;
+                ondemand = Some(Arc::new(c));
+                s
+            }
+            // Only the index and the inline bytes now; segments on demand.
+            (None, Some(bound)) => {
+                let (c, size) = crate::cache::Cache::build(
+                    store.clone(),
+                    prefix.clone(),
+                    &file,
+                    &records,
+                    bound,
+                )?;
+                ondemand = Some(Arc::new(c));
+                size.ok_or_else(|| format!("{}: the log names no device", how.url))?
+            }
         };
         file.set_len(size).map_err(|e| e.to_string())?;
         let group = block(async move { GroupCommit::start_with(log, 4096, true).0 })?;
-        let shipper = Shipper::assemble(
+        let mut shipper = Shipper::assemble(
             how.url,
             how.cache,
             (store, prefix),
@@ -594,6 +623,7 @@ impl Shipper {
             size,
             how.inline_max,
         );
+        shipper.ondemand = ondemand;
         if how.mode == OpenMode::Create {
             // The first entry names the device size: the log alone describes it.
             let _order = shipper.order.lock();
@@ -649,6 +679,7 @@ impl Shipper {
             acked: AtomicU64::new(0),
             stats: ShipStats::default(),
             compactor,
+            ondemand: None,
         }
     }
 
@@ -728,17 +759,24 @@ impl Shipper {
         if let Some(f) = self.failure() {
             return Err(f);
         }
+        let generation;
         let wait = {
             let _order = self.order.lock();
             if let Some(f) = self.failure() {
                 return Err(f);
             }
+            // Read before taking the ranges: every write of a generation up
+            // to `g` marked its range before (decision 0054).
+            generation = self.ondemand.as_ref().map(|c| c.generation());
             let ranges: Vec<(u64, u64)> = std::mem::take(&mut *self.dirty.lock())
                 .into_iter()
                 .collect();
             if ranges.is_empty()
                 && self.acked.load(Ordering::Acquire) == self.queued.load(Ordering::Acquire)
             {
+                if let (Some(c), Some(g)) = (&self.ondemand, generation) {
+                    c.shipped(g);
+                }
                 return Ok(());
             }
             let entry = match self.build_entry(file, &ranges) {
@@ -747,7 +785,11 @@ impl Shipper {
             };
             self.queue(entry)?
         };
-        self.wait(wait)
+        self.wait(wait)?;
+        if let (Some(c), Some(g)) = (&self.ondemand, generation) {
+            c.shipped(g);
+        }
+        Ok(())
     }
 
     /// Writes `data` to the cache and ships exactly it (the intent log).
@@ -801,6 +843,9 @@ impl Shipper {
         entry: Entry,
     ) -> Result<tokio::sync::oneshot::Receiver<Result<u64, LogError>>, String> {
         let group = self.group.clone();
+        if let Some(c) = &self.ondemand {
+            c.queued(&entry);
+        }
         let raw = entry.encode();
         self.queued.fetch_add(1, Ordering::AcqRel);
         match block(async move { group.enqueue(raw).await }) {

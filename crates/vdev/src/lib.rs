@@ -1,6 +1,8 @@
 //! One device of a pool: positioned I/O, error counters and the labels at both ends.
 
 pub mod bucket;
+mod cache;
+pub use cache::CacheStats;
 pub mod compact;
 mod label;
 mod mmp;
@@ -278,12 +280,22 @@ impl Vdev {
     /// Opens a device that lives in a bucket (`s3://…`, `file:///…`): the
     /// log is opened as `how.mode` says and replayed into the local cache.
     pub fn open_bucket(how: bucket::BucketOpen<'_>) -> Result<Vdev, VdevError> {
+        Vdev::open_bucket_with(how, None)
+    }
+
+    /// [`Vdev::open_bucket`] with a bounded cache filled on demand when
+    /// `cache_bytes` is set (decision 0054).
+    pub fn open_bucket_with(
+        how: bucket::BucketOpen<'_>,
+        cache_bytes: Option<u64>,
+    ) -> Result<Vdev, VdevError> {
         let url = how.url.to_string();
         let cache = how.cache.to_path_buf();
-        let (shipper, _size) = bucket::Shipper::open(how).map_err(|why| VdevError::Open {
-            path: PathBuf::from(&url),
-            source: io::Error::other(why),
-        })?;
+        let (shipper, _size) =
+            bucket::Shipper::open(how, cache_bytes).map_err(|why| VdevError::Open {
+                path: PathBuf::from(&url),
+                source: io::Error::other(why),
+            })?;
         Vdev::from_bucket_cache(&url, &cache, shipper)
     }
 
@@ -347,19 +359,22 @@ impl Vdev {
         };
         let url = path.to_string_lossy().to_string();
         let cache = bucket::cache_path(&settings.state_dir, &url);
-        Vdev::open_bucket(bucket::BucketOpen {
-            url: &url,
-            cache: &cache,
-            size: create,
-            mode,
-            s3: settings.config.s3(),
-            node: &settings.node,
-            inline_max: settings
-                .config
-                .inline_max
-                .unwrap_or(bucket::DEFAULT_INLINE_MAX),
-            store: None,
-        })
+        Vdev::open_bucket_with(
+            bucket::BucketOpen {
+                url: &url,
+                cache: &cache,
+                size: create,
+                mode,
+                s3: settings.config.s3(),
+                node: &settings.node,
+                inline_max: settings
+                    .config
+                    .inline_max
+                    .unwrap_or(bucket::DEFAULT_INLINE_MAX),
+                store: None,
+            },
+            settings.config.cache_bytes,
+        )
         .inspect(|dev| dev.start_bucket_background(&settings.config))
     }
 
@@ -426,6 +441,60 @@ impl Vdev {
             b.mark(offset, len as u64);
         }
         Ok(())
+    }
+
+    /// Makes the cached lines of an I/O resident and pins them (a bucket
+    /// device with a bounded cache, decision 0054); `None` otherwise.
+    fn cache_pin(
+        &self,
+        offset: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<Option<cache::Pins<'_>>, VdevError> {
+        let Some(c) = self.bucket.as_ref().and_then(|b| b.ondemand.as_ref()) else {
+            return Ok(None);
+        };
+        c.pin(offset, len as u64, write).map(Some).map_err(|why| {
+            if write {
+                self.errors.write.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.errors.read.fetch_add(1, Ordering::Relaxed);
+            }
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "fetch",
+                offset,
+                source: io::Error::other(why),
+            }
+        })
+    }
+
+    /// The pool freed `[offset, offset+len)`. A bucket device ships it as
+    /// zeros, so compaction can drop it from the bucket (decision 0054);
+    /// other devices ignore it. Call only once no committed state names it
+    /// and before the space can be allocated again.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        let Some(b) = &self.bucket else {
+            return Ok(());
+        };
+        self.check_range(offset, len as usize)?;
+        let r = match &b.ondemand {
+            Some(c) => c.discard(offset, len),
+            None => bucket::punch_zeros(&self.file, offset, len).map_err(|e| e.to_string()),
+        };
+        r.map_err(|why| VdevError::Io {
+            path: self.path.clone(),
+            op: "discard",
+            offset,
+            source: io::Error::other(why),
+        })?;
+        self.shipped_later(offset, len as usize)
+    }
+
+    /// Counters of a bucket device's bounded cache and the bytes it holds.
+    pub fn bucket_cache(&self) -> Option<(&CacheStats, u64)> {
+        let c = self.bucket.as_ref()?.ondemand.as_ref()?;
+        Some((&c.stats, c.occupied_bytes()))
     }
 
     fn ship_failed(&self, why: String) -> VdevError {
@@ -538,6 +607,7 @@ impl Vdev {
     /// Reads exactly `buf.len()` bytes; a short read (truncated file) is an error.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VdevError> {
         self.check_range(offset, buf.len())?;
+        let _pins = self.cache_pin(offset, buf.len(), false)?;
         let started = std::time::Instant::now();
         let r = self.file.read_exact_at(buf, offset);
         self.io.record(false, buf.len(), started);
@@ -554,6 +624,7 @@ impl Vdev {
 
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
+        let pins = self.cache_pin(offset, data.len(), true)?;
         let started = std::time::Instant::now();
         let r = self.file.write_all_at(data, offset);
         self.io.record(true, data.len(), started);
@@ -566,7 +637,11 @@ impl Vdev {
                 source,
             }
         })?;
-        self.shipped_later(offset, data.len())
+        self.shipped_later(offset, data.len())?;
+        if let Some(p) = pins {
+            p.written();
+        }
+        Ok(())
     }
 
     /// Writes `bufs` back to back starting at `offset` (one pwritev per
@@ -575,6 +650,7 @@ impl Vdev {
     pub fn write_vectored_at(&self, offset: u64, bufs: &[&[u8]]) -> Result<(), VdevError> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         self.check_range(offset, total)?;
+        let pins = self.cache_pin(offset, total, true)?;
         let mut at = offset;
         let mut rest: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
         let mut first = 0;
@@ -635,7 +711,11 @@ impl Vdev {
                 }
             }
         }
-        self.shipped_later(offset, total)
+        self.shipped_later(offset, total)?;
+        if let Some(p) = pins {
+            p.written();
+        }
+        Ok(())
     }
 
     /// Writes an aligned buffer at an aligned offset bypassing the page
@@ -646,11 +726,16 @@ impl Vdev {
             return self.write_at(offset, data.as_slice());
         };
         self.check_range(offset, data.len())?;
+        let pins = self.cache_pin(offset, data.len(), true)?;
         let started = std::time::Instant::now();
         match direct.write_all_at(data.as_slice(), offset) {
             Ok(()) => {
                 self.io.record(true, data.len(), started);
-                self.shipped_later(offset, data.len())
+                self.shipped_later(offset, data.len())?;
+                if let Some(p) = pins {
+                    p.written();
+                }
+                Ok(())
             }
             // Some filesystems accept O_DIRECT at open and refuse it at write.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -675,6 +760,7 @@ impl Vdev {
             return self.read_at(offset, buf.as_mut_slice());
         };
         self.check_range(offset, buf.len())?;
+        let _pins = self.cache_pin(offset, buf.len(), false)?;
         let started = std::time::Instant::now();
         match direct.read_exact_at(buf.as_mut_slice(), offset) {
             Ok(()) => {
@@ -701,7 +787,11 @@ impl Vdev {
         self.check_range(offset, data.len())?;
         let started = std::time::Instant::now();
         if let Some(b) = &self.bucket {
+            let pins = self.cache_pin(offset, data.len(), true)?;
             let r = b.write_durable(&self.file, offset, data);
+            if let Some(p) = pins {
+                p.written();
+            }
             self.io.record(true, data.len(), started);
             return r.map_err(|why| self.ship_failed(why));
         }
