@@ -36,6 +36,9 @@ pub struct Faults {
     /// later one fails without reaching the store (decision 0049's tests).
     crash: Mutex<Option<u64>>,
     crashed: std::sync::atomic::AtomicBool,
+    /// GETs whose path contains the filter fail while the count lasts (a
+    /// partitioned reader, a GET that fails once during a replay).
+    get_faults: Mutex<Option<(String, u64)>>,
 }
 
 impl Faults {
@@ -46,6 +49,28 @@ impl Faults {
     /// Lets `n` more PUTs/DELETEs through, then fails every later one.
     pub fn crash_after(&self, n: u64) {
         *self.crash.lock() = Some(n);
+    }
+
+    /// Fails the next `n` GETs whose path contains `filter` (`u64::MAX`:
+    /// until [`Faults::heal_gets`]).
+    pub fn fail_gets(&self, filter: &str, n: u64) {
+        *self.get_faults.lock() = Some((filter.to_string(), n));
+    }
+
+    pub fn heal_gets(&self) {
+        *self.get_faults.lock() = None;
+    }
+
+    /// Whether this GET fails (and counts it).
+    fn get_fails(&self, location: &Path) -> bool {
+        let mut g = self.get_faults.lock();
+        match g.as_mut() {
+            Some((filter, n)) if *n > 0 && location.as_ref().contains(filter.as_str()) => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether the simulated crash point was reached.
@@ -143,6 +168,9 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        if self.faults.get_fails(location) {
+            return Err(injected("GET failed"));
+        }
         self.inner.get_opts(location, options).await
     }
 
@@ -155,6 +183,14 @@ impl ObjectStore for FaultyStore {
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
         self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
