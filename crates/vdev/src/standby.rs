@@ -416,7 +416,7 @@ fn tail_loop(
                         let mut p = shared.progress.lock();
                         p.error = Some(e);
                         // Gone meanwhile? The probe below finds out at once.
-                        p.probed = Instant::now() - BEHIND_PROBE;
+                        p.probed = Instant::now().checked_sub(BEHIND_PROBE).unwrap_or(p.probed);
                         tail = None;
                         drop(p);
                         pause(&shared, POLL);
