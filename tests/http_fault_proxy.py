@@ -17,6 +17,8 @@ import socket
 import threading
 from typing import Callable
 
+from proxy_listener import Listener
+
 Decide = Callable[[str, str], str]
 
 
@@ -51,25 +53,14 @@ class HttpFaultProxy:
         self.decide: Decide = decide or (lambda m, p: "pass")
         self.lock = threading.Lock()
         self.counts = {"pass": 0, "drop": 0, "fail": 0}
-        self._closed = False
-        self._srv = socket.socket()
-        self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._srv.bind(("127.0.0.1", 0))
-        self._srv.listen(64)
-        self.port = self._srv.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._listener = Listener(
+            lambda c: threading.Thread(target=self._serve, args=(c,), daemon=True).start(), backlog=64
+        )
+        self.port = self._listener.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self):
-        while not self._closed:
-            try:
-                c, _ = self._srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        return self._listener.url
 
     def _serve(self, c: socket.socket):
         buf = bytearray()
@@ -134,8 +125,4 @@ class HttpFaultProxy:
             u.close()
 
     def close(self):
-        self._closed = True
-        try:
-            self._srv.close()
-        except OSError:
-            pass
+        self._listener.close()

@@ -10,6 +10,8 @@ import socket
 import struct
 import threading
 
+from proxy_listener import Listener
+
 
 class TcpProxy:
     """`TcpProxy(upstream_port, limit=None, mode="cut", direction="up")`.
@@ -31,34 +33,24 @@ class TcpProxy:
         self._released = threading.Event()
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
-        self._closed = False
-        self._srv = socket.socket()
-        self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._srv.bind(("127.0.0.1", 0))
-        self._srv.listen(16)
-        self.port = self._srv.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._listener = Listener(self._client)
+        self.port = self._listener.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._listener.url
 
-    def _accept(self):
-        while not self._closed:
-            try:
-                c, _ = self._srv.accept()
-            except OSError:
-                return
-            try:
-                u = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
-                u.settimeout(None)
-            except OSError:
-                c.close()
-                continue
-            with self._lock:
-                self._socks += [c, u]
-            threading.Thread(target=self._pump, args=(c, u, self.direction == "up"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(u, c, self.direction == "down"), daemon=True).start()
+    def _client(self, c: socket.socket):
+        try:
+            u = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
+            u.settimeout(None)
+        except OSError:
+            c.close()
+            return
+        with self._lock:
+            self._socks += [c, u]
+        threading.Thread(target=self._pump, args=(c, u, self.direction == "up"), daemon=True).start()
+        threading.Thread(target=self._pump, args=(u, c, self.direction == "down"), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, watched: bool):
         try:
@@ -113,10 +105,6 @@ class TcpProxy:
                 pass
 
     def close(self):
-        self._closed = True
         self._released.set()
-        try:
-            self._srv.close()
-        except OSError:
-            pass
+        self._listener.close()
         self.cut()

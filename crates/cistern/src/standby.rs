@@ -9,6 +9,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 static STANDBY: OnceLock<(String, String)> = OnceLock::new();
+/// Replays an automatic takeover tries after its claim (1, 2, 4, ... s apart).
+const AUTO_REPLAYS: u32 = 8;
 
 /// Remembers `--standby POOL LOCATION` for [`start`].
 pub fn set(args: &[String]) -> Result<()> {
@@ -34,9 +36,23 @@ pub fn start(engine: &Arc<Engine>) -> Result<()> {
     }
     let e = engine.clone();
     vdev::standby::on_auto_takeover(move |pool, location| {
-        match e.takeover_pool(&pool, Path::new(&location)) {
-            Ok(_) => tracing::warn!(pool = %pool, "standby: took the pool over automatically"),
-            Err(err) => tracing::error!(pool = %pool, "standby: automatic takeover failed: {err}"),
+        // A takeover that claimed the log but could not replay it holds the
+        // claim (decision 0055): nobody may be watching, so replay again by
+        // itself, a bounded number of times.
+        for attempt in 0..AUTO_REPLAYS {
+            match e.takeover_pool(&pool, Path::new(&location)) {
+                Ok(_) => {
+                    tracing::warn!(pool = %pool, "standby: took the pool over automatically");
+                    return;
+                }
+                Err(err) => {
+                    tracing::error!(pool = %pool, attempt, "standby: automatic takeover failed: {err}")
+                }
+            }
+            if !vdev::standby::status(&pool).is_some_and(|s| s.claimed) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1 << attempt.min(5)));
         }
     });
     vdev::standby::start(pool, location).map_err(|e| anyhow!("--standby {pool} {location}: {e}"))

@@ -36,9 +36,11 @@ pub struct Faults {
     /// later one fails without reaching the store (decision 0049's tests).
     crash: Mutex<Option<u64>>,
     crashed: std::sync::atomic::AtomicBool,
-    /// GETs of segment objects (`/seg/` in the key) to fail, and to answer
-    /// with one byte flipped (decision 0054's tests).
-    get_fail: AtomicU64,
+    /// GETs whose path contains the filter fail while the count lasts (a
+    /// partitioned reader, a GET that fails once during a replay).
+    get_faults: Mutex<Option<(String, u64)>>,
+    /// GETs of segment objects to answer with one byte flipped (decision
+    /// 0054's tests).
     get_corrupt: AtomicU64,
 }
 
@@ -50,6 +52,28 @@ impl Faults {
     /// Lets `n` more PUTs/DELETEs through, then fails every later one.
     pub fn crash_after(&self, n: u64) {
         *self.crash.lock() = Some(n);
+    }
+
+    /// Fails the next `n` GETs whose path contains `filter` (`u64::MAX`:
+    /// until [`Faults::heal_gets`]).
+    pub fn fail_gets(&self, filter: &str, n: u64) {
+        *self.get_faults.lock() = Some((filter.to_string(), n));
+    }
+
+    pub fn heal_gets(&self) {
+        *self.get_faults.lock() = None;
+    }
+
+    /// Whether this GET fails (and counts it).
+    fn get_fails(&self, location: &Path) -> bool {
+        let mut g = self.get_faults.lock();
+        match g.as_mut() {
+            Some((filter, n)) if *n > 0 && location.as_ref().contains(filter.as_str()) => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether the simulated crash point was reached.
@@ -73,9 +97,9 @@ impl Faults {
         }
     }
 
-    /// The next `n` segment GETs fail.
+    /// The next `n` segment GETs fail (0: none).
     pub fn fail_segment_gets(&self, n: u64) {
-        self.get_fail.store(n, Ordering::SeqCst);
+        self.fail_gets(SEGMENTS, n);
     }
 
     /// The next `n` segment GETs answer with one byte changed.
@@ -94,6 +118,9 @@ impl Faults {
         self.puts.load(Ordering::SeqCst)
     }
 }
+
+/// What every segment object's key holds.
+const SEGMENTS: &str = "/seg/";
 
 #[derive(Debug)]
 pub struct FaultyStore {
@@ -163,12 +190,11 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        let segment = location.as_ref().contains("/seg/");
-        if segment && Faults::take(&self.faults.get_fail) {
+        if self.faults.get_fails(location) {
             return Err(injected("GET failed"));
         }
         let r = self.inner.get_opts(location, options).await?;
-        if !(segment && Faults::take(&self.faults.get_corrupt)) {
+        if !(location.as_ref().contains(SEGMENTS) && Faults::take(&self.faults.get_corrupt)) {
             return Ok(r);
         }
         let (meta, range, attributes) = (r.meta.clone(), r.range.clone(), r.attributes.clone());
@@ -197,6 +223,14 @@ impl ObjectStore for FaultyStore {
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
         self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

@@ -85,6 +85,11 @@ pub enum LogError {
     Stopped,
     #[error("a batch of {0} bytes is larger than a record may be")]
     TooLarge(usize),
+    /// A reader (a standby) is behind the stored log: the record it needs
+    /// next was deleted by compaction (decision 0055). It must start again
+    /// from the last checkpoint; nothing was claimed.
+    #[error("log record {next} is gone (compacted away) while later ones exist: read again from the last checkpoint")]
+    Behind { next: u64 },
 }
 
 /// How an owner opens the log.
@@ -184,6 +189,31 @@ async fn read_raw(
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether any log record after `seq` is stored (one LIST, stopped at the
+/// first key found). Records are only ever created in order, and the last
+/// one is never deleted (compaction deletes only records before its own
+/// checkpoint), so "record `seq` is absent but a later one exists" means
+/// `seq` was deleted: a reader that needs it is behind (decision 0055).
+pub async fn record_after(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    seq: u64,
+) -> Result<Option<u64>, LogError> {
+    let mut listing = store.list_with_offset(Some(&prefix.child("log")), &log_key(prefix, seq));
+    while let Some(meta) = listing.next().await {
+        let meta = meta?;
+        if let Some(s) = meta
+            .location
+            .filename()
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|s| *s > seq)
+        {
+            return Ok(Some(s));
+        }
+    }
+    Ok(None)
 }
 
 /// The owner of the last claim in `records`; once compaction deleted the
@@ -304,6 +334,12 @@ impl Log {
             }
             if at == 1 {
                 return Err(LogError::Empty);
+            }
+            // `at` is absent: the end of the log, or compacted away while
+            // this standby lagged. Claiming a deleted number would put our
+            // claim before records that exist and fence nobody.
+            if record_after(store.as_ref(), &prefix, at).await?.is_some() {
+                return Err(LogError::Behind { next: at });
             }
             let mut log = Log {
                 store: store.clone(),

@@ -399,3 +399,53 @@ fn a_warm_takeover_reads_only_what_follows_and_of_two_takers_one_wins() {
         assert!(matches!(r, Err(LogError::Empty)), "{r:?}");
     });
 }
+
+#[test]
+fn a_takeover_from_a_compacted_position_claims_nothing_and_says_behind() {
+    rt().block_on(async {
+        for store in [
+            Arc::new(InMemory::new()) as Arc<dyn ObjectStore>,
+            local_store().0,
+        ] {
+            let (mut a, _) = Log::open(store.clone(), prefix(), owner("a"), OpenMode::Create)
+                .await
+                .expect("create");
+            for i in 0..4 {
+                a.append(&[e(&format!("r{i}"))]).await.expect("append");
+            }
+            // Records 1..=5 exist. A standby applied 1..=2, then lagged while
+            // compaction deleted 1..=4 (oldest first).
+            for seq in 1..=4u64 {
+                store
+                    .delete(&log_key(&prefix(), seq))
+                    .await
+                    .expect("delete");
+            }
+            assert_eq!(
+                record_after(store.as_ref(), &prefix(), 3).await.unwrap(),
+                Some(5)
+            );
+            assert_eq!(
+                record_after(store.as_ref(), &prefix(), 5).await.unwrap(),
+                None
+            );
+            let r = Log::take_over_from(store.clone(), prefix(), owner("b"), 3, Some("a")).await;
+            assert!(matches!(r, Err(LogError::Behind { next: 3 })), "{r:?}");
+            // Nothing was claimed: record 3 is still a hole and the owner goes on.
+            assert!(read_record(store.as_ref(), &prefix(), 3)
+                .await
+                .unwrap()
+                .is_none());
+            assert_eq!(a.append(&[e("r4")]).await.expect("owner not fenced"), 6);
+            // From the end of the stored log the takeover claims as usual.
+            let (_b, rest) = Log::take_over_from(store.clone(), prefix(), owner("b"), 5, Some("a"))
+                .await
+                .expect("take over");
+            assert_eq!(entries_of(&rest), vec![e("r3"), e("r4")]);
+            assert!(matches!(
+                a.append(&[e("late")]).await,
+                Err(LogError::Fenced { .. })
+            ));
+        }
+    });
+}

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, PutPayload};
-use objstore::record::Kind;
+use objstore::record::{Kind, Record};
 use objstore::{Log, OwnerId, Tail};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -42,6 +42,11 @@ const POLL: Duration = Duration::from_millis(200);
 const RECORDS_PER_POLL: usize = 64;
 /// Bounds the listing that finds the first record still stored.
 const LIST_LIMIT: usize = 1 << 20;
+/// How often a caught-up standby checks (one LIST) that the record it
+/// waits for was not compacted away while it lagged (decision 0055).
+const BEHIND_PROBE: Duration = Duration::from_secs(2);
+/// Claim attempts of one takeover that find the standby behind.
+const TAKEOVER_ROUNDS: u32 = 3;
 
 /// What `pool status`, the API and the metrics say about a standby.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -61,6 +66,14 @@ pub struct StandbyStatus {
     pub takeover_after_secs: Option<u64>,
     /// The last error reading or applying the log (it keeps retrying).
     pub error: Option<String>,
+    /// Times the cache was rebuilt from the last checkpoint because the
+    /// records it needed next had been compacted away (decision 0055).
+    #[serde(default)]
+    pub rebuilds: u64,
+    /// A takeover claimed the log but its replay failed: the claim is held,
+    /// and `pool takeover POOL` replays again without a new claim.
+    #[serde(default)]
+    pub claimed: bool,
 }
 
 struct Progress {
@@ -73,6 +86,12 @@ struct Progress {
     heartbeat: Option<Bytes>,
     error: Option<String>,
     auto_fired: bool,
+    /// The cache no longer follows the log (records it needed were deleted,
+    /// or a rebuild stopped half-way): rebuild it before anything else.
+    rebuild: bool,
+    rebuilds: u64,
+    /// When the tail last checked whether it is behind the stored log.
+    probed: Instant,
 }
 
 struct Shared {
@@ -89,6 +108,9 @@ struct Standby {
     store: Arc<dyn ObjectStore>,
     prefix: ObjPath,
     thread: Option<std::thread::JoinHandle<File>>,
+    /// After a claim whose replay failed: the claimed log and the cache,
+    /// kept for the next `pool takeover` (no tail thread runs then).
+    claimed: Option<(Log, File)>,
 }
 
 static STANDBYS: Mutex<BTreeMap<String, Standby>> = Mutex::new(BTreeMap::new());
@@ -116,6 +138,21 @@ pub fn start(pool: &str, url: &str) -> Result<(), String> {
     }
     let (store, prefix) =
         objstore::location::open(url, &settings.config.s3()).map_err(|e| e.to_string())?;
+    start_with_store(pool, url, store, prefix)
+}
+
+/// [`start`] over a store already opened (`url` names the cache; tests
+/// pass a fault-injecting store here, as `BucketOpen::store` does).
+pub fn start_with_store(
+    pool: &str,
+    url: &str,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+) -> Result<(), String> {
+    let settings = bucket::settings().ok_or("a standby needs the daemon's [bucket] settings")?;
+    if STANDBYS.lock().contains_key(pool) {
+        return Err(format!("pool '{pool}' already has a standby here"));
+    }
     let cache = bucket::cache_path(&settings.state_dir, url);
     if let Some(dir) = cache.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -146,6 +183,10 @@ pub fn start(pool: &str, url: &str) -> Result<(), String> {
             heartbeat: None,
             error: None,
             auto_fired: false,
+            // The log was compacted: start from its last checkpoint.
+            rebuild: first > 1,
+            rebuilds: 0,
+            probed: Instant::now(),
         }),
         takeover_after: settings
             .config
@@ -166,6 +207,7 @@ pub fn start(pool: &str, url: &str) -> Result<(), String> {
             store,
             prefix,
             thread: None,
+            claimed: None,
         },
         file,
     );
@@ -207,22 +249,137 @@ fn spawn(mut sb: Standby, file: File) {
     }
 }
 
+/// Applies records that directly follow what the cache holds. Checkpoint
+/// entries are skipped: they restate what the records before them already
+/// wrote, and applying one over a warm cache would keep bytes that records
+/// it superseded zeroed (its image lists only non-zero extents).
+fn apply_following(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjPath,
+    file: &File,
+    records: &[Record],
+) -> Result<Option<u64>, String> {
+    let plain: Vec<Record> = records
+        .iter()
+        .map(|r| Record {
+            entries: r
+                .entries
+                .iter()
+                .filter(|e| !crate::compact::is_checkpoint(e))
+                .cloned()
+                .collect(),
+            ..r.clone()
+        })
+        .collect();
+    apply_records(store, prefix, file, &plain)
+}
+
+/// The cache rebuilt from the stored log alone: the last checkpoint and the
+/// records after it, over an emptied file (what a cold open does). For a
+/// standby whose next record was compacted away, and for a takeover whose
+/// warm replay failed. Returns the records read (the log's whole stored
+/// tail) and the device size.
+fn rebuild_cache(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjPath,
+    file: &File,
+) -> Result<(Vec<Record>, Option<u64>), String> {
+    let records = {
+        let (store, prefix) = (store.clone(), prefix.clone());
+        block(async move { objstore::read_all(store.as_ref(), &prefix).await })?
+            .map_err(|e| e.to_string())?
+    };
+    if let Some(first) = records.first().map(|r| r.seq).filter(|f| *f > 1) {
+        // Records before `first` are gone: a checkpoint must cover them.
+        let covered = crate::compact::last_checkpoint(&records)?
+            .is_some_and(|(_, c)| c.replay_from + 1 >= first);
+        if !covered {
+            return Err(format!(
+                "the stored log starts at record {first} and no checkpoint covers the records before it"
+            ));
+        }
+    }
+    file.set_len(0)
+        .map_err(|e| format!("emptying the cache: {e}"))?;
+    let size = apply_records(store, prefix, file, &records)?;
+    Ok((records, size))
+}
+
+/// A standby's [`rebuild_cache`], with its progress kept in step: marked
+/// first (a rebuild stopped half-way is done again), then the new position.
+fn rebuild(
+    shared: &Shared,
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjPath,
+    file: &File,
+) -> Result<(), String> {
+    shared.progress.lock().rebuild = true;
+    let (records, size) = rebuild_cache(store, prefix, file)?;
+    let mut p = shared.progress.lock();
+    let from = p.next;
+    p.next = records.last().map_or(1, |r| r.seq + 1);
+    p.applied += records.len() as u64;
+    p.size = size.or(p.size);
+    if let Some(o) = objstore::last_owner(&records) {
+        if p.owner_node.as_deref() != Some(o.node.as_str()) {
+            p.auto_fired = false;
+        }
+        p.owner = Some(o.to_string());
+        p.owner_node = Some(o.node.clone());
+    }
+    p.rebuild = false;
+    p.rebuilds += 1;
+    p.last_change = Instant::now();
+    p.error = None;
+    tracing::warn!(
+        pool = %shared.pool,
+        from,
+        next = p.next,
+        "standby: the records it needed were compacted away; rebuilt its cache from the last checkpoint"
+    );
+    Ok(())
+}
+
+/// Whether the record a caught-up standby waits for was deleted (a later
+/// one exists and it is still absent): then it is behind for good.
+fn is_behind(store: &Arc<dyn ObjectStore>, prefix: &ObjPath, next: u64) -> Result<bool, String> {
+    let (store, prefix) = (store.clone(), prefix.clone());
+    block(async move {
+        if objstore::record_after(store.as_ref(), &prefix, next)
+            .await?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        // Written between our read and the listing: not a gap.
+        Ok(objstore::read_record(store.as_ref(), &prefix, next)
+            .await?
+            .is_none())
+    })?
+    .map_err(|e: objstore::LogError| e.to_string())
+}
+
 fn tail_loop(
     shared: Arc<Shared>,
     store: Arc<dyn ObjectStore>,
     prefix: ObjPath,
     file: File,
 ) -> File {
-    let mut tail = Some(Tail::new(
-        store.clone(),
-        prefix.clone(),
-        shared.progress.lock().next,
-    ));
+    let mut tail: Option<Tail> = None;
     let hb_key = prefix.child(HEARTBEAT_KEY);
     while !shared.stop.load(Ordering::Acquire) {
-        let Some(mut t) = tail.take() else {
-            break;
-        };
+        if shared.progress.lock().rebuild {
+            if let Err(e) = rebuild(&shared, &store, &prefix, &file) {
+                tracing::warn!(pool = %shared.pool, "standby: rebuilding its cache: {e}");
+                shared.progress.lock().error = Some(format!("rebuilding the cache: {e}"));
+                pause(&shared, POLL);
+                continue;
+            }
+            tail = None;
+        }
+        let mut t = tail.take().unwrap_or_else(|| {
+            Tail::new(store.clone(), prefix.clone(), shared.progress.lock().next)
+        });
         let polled = block(async move {
             let r = t.poll(RECORDS_PER_POLL).await;
             (t, r)
@@ -237,7 +394,7 @@ fn tail_loop(
         tail = Some(t);
         match r {
             Ok(records) if !records.is_empty() => {
-                match apply_records(&store, &prefix, &file, &records) {
+                match apply_following(&store, &prefix, &file, &records) {
                     Ok(size) => {
                         let mut p = shared.progress.lock();
                         p.next = records.last().map(|r| r.seq + 1).unwrap_or(p.next);
@@ -258,7 +415,9 @@ fn tail_loop(
                         tracing::warn!(pool = %shared.pool, "standby: {e}");
                         let mut p = shared.progress.lock();
                         p.error = Some(e);
-                        tail = Some(Tail::new(store.clone(), prefix.clone(), p.next));
+                        // Gone meanwhile? The probe below finds out at once.
+                        p.probed = Instant::now().checked_sub(BEHIND_PROBE).unwrap_or(p.probed);
+                        tail = None;
                         drop(p);
                         pause(&shared, POLL);
                     }
@@ -269,10 +428,28 @@ fn tail_loop(
             Err(e) => {
                 let mut p = shared.progress.lock();
                 p.error = Some(e.to_string());
-                tail = Some(Tail::new(store.clone(), prefix.clone(), p.next));
+                tail = None;
             }
         }
-        // Caught up: has the owner's heartbeat moved?
+        // Caught up, or so it seems: the record waited for may have been
+        // compacted away while this standby lagged (paused, partitioned,
+        // failing to apply). Never wait on a hole: rebuild.
+        let (next, probe) = {
+            let p = shared.progress.lock();
+            (p.next, p.probed.elapsed() >= BEHIND_PROBE)
+        };
+        if probe {
+            shared.progress.lock().probed = Instant::now();
+            match is_behind(&store, &prefix, next) {
+                Ok(true) => {
+                    shared.progress.lock().rebuild = true;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => shared.progress.lock().error = Some(e),
+            }
+        }
+        // Has the owner's heartbeat moved?
         let (s, k) = (store.clone(), hb_key.clone());
         if let Ok(Ok(body)) = block(async move {
             match s.get(&k).await {
@@ -330,18 +507,15 @@ pub fn is_standby(pool: &str) -> bool {
 }
 
 pub fn status(pool: &str) -> Option<StandbyStatus> {
-    STANDBYS.lock().get(pool).map(|s| status_of(&s.shared))
+    STANDBYS.lock().get(pool).map(status_of)
 }
 
 pub fn list() -> Vec<StandbyStatus> {
-    STANDBYS
-        .lock()
-        .values()
-        .map(|s| status_of(&s.shared))
-        .collect()
+    STANDBYS.lock().values().map(status_of).collect()
 }
 
-fn status_of(s: &Shared) -> StandbyStatus {
+fn status_of(sb: &Standby) -> StandbyStatus {
+    let s = &sb.shared;
     let p = s.progress.lock();
     StandbyStatus {
         pool: s.pool.clone(),
@@ -353,6 +527,8 @@ fn status_of(s: &Shared) -> StandbyStatus {
         idle_secs: p.last_change.elapsed().as_secs_f64(),
         takeover_after_secs: s.takeover_after.map(|d| d.as_secs()),
         error: p.error.clone(),
+        rebuilds: p.rebuilds,
+        claimed: sb.claimed.is_some(),
     }
 }
 
@@ -360,6 +536,13 @@ fn status_of(s: &Shared) -> StandbyStatus {
 /// log after the last applied record (fencing the owner), applies what the
 /// owner wrote since and returns the device over the warm cache. `None`:
 /// this daemon is no standby for `pool` (the cold path applies).
+///
+/// A standby found behind the stored log (its next record compacted away)
+/// rebuilds its cache from the last checkpoint and claims from there. Once
+/// claimed, a replay that fails is tried again from the stored log alone
+/// (checkpoint and records after it, over an emptied cache); if that fails
+/// too the claim is held and the next `pool takeover POOL` on this daemon
+/// replays again without claiming again (decision 0055).
 pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, VdevError>> {
     let mut sb = STANDBYS.lock().remove(pool)?;
     let err = |url: &str, why: String| VdevError::Open {
@@ -376,41 +559,68 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
         return Some(Err(err(&url, why)));
     }
     let url = sb.shared.url.clone();
-    sb.shared.stop.store(true, Ordering::Release);
-    let file = match sb.thread.take().map(|t| t.join()) {
-        Some(Ok(f)) => f,
-        _ => return Some(Err(err(&url, "the standby's tail thread died".into()))),
+    let Some(settings) = bucket::settings() else {
+        STANDBYS.lock().insert(pool.to_string(), sb);
+        return Some(Err(err(&url, "no [bucket] settings".into())));
     };
     let started = Instant::now();
-    let (next, size, fencing) = {
-        let p = sb.shared.progress.lock();
-        (p.next, p.size, p.owner_node.clone())
-    };
-    let claimed = (|| {
-        let settings = bucket::settings().ok_or("no [bucket] settings")?;
-        let owner = OwnerId::new(&settings.node).map_err(|e| e.to_string())?;
-        let (store, prefix) = (sb.store.clone(), sb.prefix.clone());
-        let (log, records) = block(async move {
-            Log::take_over_from(store, prefix, owner, next, fencing.as_deref()).await
-        })?
-        .map_err(|e| e.to_string())?;
-        Ok::<_, String>((settings, log, records))
-    })();
-    let (settings, log, records) = match claimed {
-        Ok(x) => x,
-        Err(why) => {
-            // Nothing was claimed: keep standing by from where it was.
-            tracing::error!(pool, "standby: takeover failed: {why}");
-            spawn(sb, file);
-            return Some(Err(err(&url, why)));
+    let (log, file, records) = match sb.claimed.take() {
+        // A claim held from an earlier attempt: replay again, claim nothing.
+        Some((log, file)) => (log, file, None),
+        None => {
+            sb.shared.stop.store(true, Ordering::Release);
+            let file = match sb.thread.take().map(|t| t.join()) {
+                Some(Ok(f)) => f,
+                _ => return Some(Err(err(&url, "the standby's tail thread died".into()))),
+            };
+            match claim(&sb, &settings, &file) {
+                Ok((log, records)) => (log, file, Some(records)),
+                Err(why) => {
+                    // Nothing was claimed: keep standing by from where it was.
+                    tracing::error!(pool, "standby: takeover failed: {why}");
+                    spawn(sb, file);
+                    return Some(Err(err(&url, why)));
+                }
+            }
         }
     };
     // Claimed: the old owner is fenced from here on, whatever happens next.
-    let replayed = records.len();
+    let replayed = records.as_ref().map_or(0, Vec::len);
+    let warm = match &records {
+        Some(r) => apply_following(&sb.store, &sb.prefix, &file, r)
+            .map(|size| size.or(sb.shared.progress.lock().size)),
+        None => Err("a claim held from an earlier attempt".into()),
+    };
+    let size = match warm {
+        Ok(size) => Ok(size),
+        Err(why) => {
+            if records.is_some() {
+                tracing::warn!(pool, "standby: replay after the claim failed ({why}); replaying again from the last checkpoint");
+            }
+            replay_claimed(&sb, &file, log.owner())
+        }
+    };
+    let size = match size.and_then(|s| s.ok_or_else(|| format!("{url}: the log names no device"))) {
+        Ok(size) => size,
+        Err(why) if why.starts_with(FENCED) => {
+            // Another owner claimed after us: stand by for it.
+            tracing::error!(pool, "standby: {why}");
+            sb.shared.progress.lock().rebuild = true;
+            spawn(sb, file);
+            return Some(Err(err(&url, why)));
+        }
+        Err(why) => {
+            let why = format!(
+                "claimed the log, but replaying it failed: {why}; `cistern pool takeover {pool}` replays again"
+            );
+            tracing::error!(pool, "standby: {why}");
+            sb.shared.progress.lock().error = Some(why.clone());
+            sb.claimed = Some((log, file));
+            STANDBYS.lock().insert(pool.to_string(), sb);
+            return Some(Err(err(&url, why)));
+        }
+    };
     let opened = (|| {
-        let size = apply_records(&sb.store, &sb.prefix, &file, &records)?
-            .or(size)
-            .ok_or_else(|| format!("{url}: the log names no device"))?;
         if file.metadata().map_err(|e| e.to_string())?.len() < size {
             file.set_len(size).map_err(|e| e.to_string())?;
         }
@@ -441,6 +651,58 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
             .inspect(|dev| dev.start_bucket_background(&settings.config)),
         Err(why) => Err(err(&url, why)),
     })
+}
+
+/// What a replay error starts with when another owner claimed after us.
+const FENCED: &str = "fenced:";
+
+/// Claims the log from the standby's position; a standby found behind the
+/// stored log rebuilds its cache from the last checkpoint and claims from
+/// there (bounded rounds). Returns the records to apply after the cache.
+fn claim(
+    sb: &Standby,
+    settings: &bucket::Settings,
+    file: &File,
+) -> Result<(Log, Vec<Record>), String> {
+    let owner = OwnerId::new(&settings.node).map_err(|e| e.to_string())?;
+    for _ in 0..TAKEOVER_ROUNDS {
+        if sb.shared.progress.lock().rebuild {
+            rebuild(&sb.shared, &sb.store, &sb.prefix, file)?;
+        }
+        let (next, fencing) = {
+            let p = sb.shared.progress.lock();
+            (p.next, p.owner_node.clone())
+        };
+        let (store, prefix, owner) = (sb.store.clone(), sb.prefix.clone(), owner.clone());
+        match block(async move {
+            Log::take_over_from(store, prefix, owner, next, fencing.as_deref()).await
+        })? {
+            Ok(x) => return Ok(x),
+            Err(objstore::LogError::Behind { next }) => {
+                tracing::warn!(pool = %sb.shared.pool, next, "standby: behind the stored log at takeover");
+                sb.shared.progress.lock().rebuild = true;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!(
+        "the log was compacted past this standby {TAKEOVER_ROUNDS} times while taking over"
+    ))
+}
+
+/// The replay of a claimed log from the bucket alone (last checkpoint and
+/// the records after it, over an emptied cache), checking that our claim
+/// is still the last one.
+fn replay_claimed(sb: &Standby, file: &File, owner: &OwnerId) -> Result<Option<u64>, String> {
+    let (records, size) = rebuild_cache(&sb.store, &sb.prefix, file)?;
+    match records.iter().rev().find(|r| r.kind == Kind::Claim) {
+        Some(c) if c.owner == *owner => Ok(size),
+        Some(c) => Err(format!(
+            "{FENCED} {} claimed the log after this takeover",
+            c.owner
+        )),
+        None => Err("the claim of this takeover is not in the log".into()),
+    }
 }
 
 /// The owner's heartbeat: rewrites `PREFIX/heartbeat` every interval so a

@@ -1,14 +1,18 @@
 //! Checkpoints and compaction of a bucket device (decision 0049): physical
 //! bytes shrink, and a crash (simulated kill -9: every PUT and DELETE after
-//! the Nth fails) at any point of a compaction loses nothing.
+//! the Nth fails) at any point of a compaction loses nothing, whether a warm
+//! standby that tailed the log through the compaction (caught up, or lagging
+//! behind its deletions) or a cold takeover comes next (decision 0055).
 
 use object_store::memory::InMemory;
+use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::faults::{Faults, FaultyStore};
 use objstore::OpenMode;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use vdev::bucket::{self, BucketConfig};
 use vdev::compact::Policy;
 use vdev::Vdev;
 
@@ -44,6 +48,15 @@ fn policy() -> Policy {
 /// Writes a history with overwritten segments, inline records and zeros;
 /// returns the device and what its first `SPAN` bytes must read.
 fn build(store: &Arc<dyn ObjectStore>, cache: &Path) -> (Vdev, Vec<u8>) {
+    build_with(store, cache, || {})
+}
+
+/// [`build`], calling `after_first` once the first segment is shipped.
+fn build_with(
+    store: &Arc<dyn ObjectStore>,
+    cache: &Path,
+    after_first: impl FnOnce(),
+) -> (Vdev, Vec<u8>) {
     let mut model = vec![0u8; SPAN];
     let dev = open(store, cache, "owner", OpenMode::Create).unwrap();
     let mut w = |dev: &Vdev, off: usize, data: Vec<u8>| {
@@ -54,6 +67,7 @@ fn build(store: &Arc<dyn ObjectStore>, cache: &Path) -> (Vdev, Vec<u8>) {
     // an eighth zeroed: A ends 12.5% live and is rewritten.
     w(&dev, 0, pattern(1, 8 * MIB));
     dev.sync().unwrap();
+    after_first();
     w(&dev, MIB, pattern(2, 6 * MIB));
     dev.sync().unwrap();
     w(&dev, 7 * MIB, vec![0u8; MIB]);
@@ -128,17 +142,66 @@ fn compaction_shrinks_the_bucket_and_a_reopened_pool_reads_the_same() {
     assert_same(&read_span(&d), &model, "after two checkpoints");
 }
 
+/// Waits until the standby of `pool` applied every record of the log.
+fn wait_caught_up(store: &Arc<dyn ObjectStore>, pool: &str) {
+    let end = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(objstore::read_all(store.as_ref(), &ObjPath::from("pool")))
+        .unwrap()
+        .last()
+        .map_or(1, |r| r.seq + 1);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while vdev::standby::status(pool).is_none_or(|s| s.next_seq != end) {
+        assert!(
+            std::time::Instant::now() < until,
+            "standby {pool} never caught up"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_crash_at_any_point_of_a_compaction_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut completed = false;
+    // The warm standby needs the daemon's settings (one heartbeat PUT at
+    // open, before the crash point is set, then none).
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    bucket::configure(
+        &state,
+        BucketConfig {
+            heartbeat_ms: Some(3_600_000),
+            ..Default::default()
+        },
+    );
     for n in 0..400u64 {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let faulty = Arc::new(FaultyStore::new(inner.clone()));
         let faults: Arc<Faults> = faulty.faults.clone();
         let store: Arc<dyn ObjectStore> = faulty;
         let cache = dir.path().join(format!("a{n}"));
-        let (dev, model) = build(&store, &cache);
+        // The next owner, by turns: a cold takeover; a warm standby of
+        // another machine (its own view of the store) that tailed the log
+        // through the compaction; one cut off from the store after the
+        // first record, that lags behind the compaction's deletions.
+        let (warm, lagging) = (n % 3 != 0, n % 3 == 2);
+        let (pool, url) = (format!("crash{n}"), format!("mem://crash{n}"));
+        let sb_store = Arc::new(FaultyStore::new(inner.clone()));
+        let sb_faults = sb_store.faults.clone();
+        let (dev, model) = build_with(&store, &cache, || {
+            if warm {
+                vdev::standby::start_with_store(&pool, &url, sb_store, ObjPath::from("pool"))
+                    .unwrap();
+                wait_caught_up(&inner, &pool);
+            }
+            if lagging {
+                sb_faults.fail_gets("", u64::MAX);
+            }
+        });
+        if warm && !lagging {
+            wait_caught_up(&inner, &pool);
+        }
         faults.crash_after(n);
         let result = dev.bucket_compact(&policy(), true).unwrap();
         let crashed = faults.crashed();
@@ -148,10 +211,24 @@ fn a_crash_at_any_point_of_a_compaction_loses_nothing() {
         if !crashed {
             result.unwrap();
         }
-        let b_cache = dir.path().join(format!("b{n}"));
-        let b = open(&inner, &b_cache, "standby", OpenMode::Takeover)
-            .unwrap_or_else(|e| panic!("crash after {n} writes: reopen: {e}"));
-        assert_same(&read_span(&b), &model, &format!("crash after {n} writes"));
+        let what = format!("crash after {n} writes (warm {warm}, lagging {lagging})");
+        let (b, b_cache, node) = match warm {
+            true => {
+                sb_faults.heal_gets();
+                let b = vdev::standby::take_over(&pool, None)
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{what}: warm takeover: {e}"));
+                let node = bucket::settings().unwrap().node;
+                (b, bucket::cache_path(&state, &url), node)
+            }
+            false => {
+                let b_cache = dir.path().join(format!("b{n}"));
+                let b = open(&inner, &b_cache, "standby", OpenMode::Takeover)
+                    .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+                (b, b_cache, "standby".to_string())
+            }
+        };
+        assert_same(&read_span(&b), &model, &what);
         // The next owner compacts: the crashed run's leftovers go too.
         b.bucket_compact(&policy(), true).unwrap().unwrap();
         let space = b.bucket_space().unwrap();
@@ -162,7 +239,7 @@ fn a_crash_at_any_point_of_a_compaction_loses_nothing() {
         drop(b);
         let _ = std::fs::remove_file(&b_cache);
         let c_cache = dir.path().join(format!("c{n}"));
-        let c = open(&inner, &c_cache, "standby", OpenMode::Resume).unwrap();
+        let c = open(&inner, &c_cache, &node, OpenMode::Resume).unwrap();
         assert_same(
             &read_span(&c),
             &model,
