@@ -530,8 +530,8 @@ fn raw_receive_killed_mid_stream_resumes_raw_to_equal() {
     assert!(e.dataset("kraw/sec@a").is_err(), "half a snapshot");
     let token = token_of(&e, t).expect("no receive_resume_token after a killed -s receive");
     let (rest, _) = resume(&src, &e, token, t);
-    // Raw again (version 2, flag RAW), and only what was missing.
-    assert_eq!(&rest[8..16], &[2, 0, 0, 0, 2, 0, 0, 0]);
+    // Raw again (flag RAW; stream version 3, decision 0050), and only what was missing.
+    assert_eq!(&rest[8..16], &[3, 0, 0, 0, 2, 0, 0, 0]);
     assert!(
         rest.len() < full.len() * 3 / 4,
         "{} of {}",
