@@ -97,7 +97,8 @@ def change(d, vol, fraction, rng):
 def main():
     print(f"bench/send: {SIZE >> 20} MiB volume, random data; output in {OUT}")
     src, dst = Daemon("src"), Daemon("dst")
-    pool_size = f"{(SIZE * 3 + (1 << 30)) >> 20}M"
+    # The reference, the received volume and its snapshot each reserve SIZE.
+    pool_size = f"{(SIZE * 4 + (1 << 30)) >> 20}M"
     src.cli("pool", "create", "-s", pool_size, "tank", OUT / "src-d0")
     dst.cli("pool", "create", "-s", pool_size, "backup", OUT / "dst-d0")
     # Fair: both sides store what they get without compressing it. The
