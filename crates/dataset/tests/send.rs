@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 #[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
-use common::{config, single_disk_engine as engine};
+use common::{config, fill_random, single_disk_engine as engine, small_txgs, Stall};
 
 const BS: u64 = 4096;
 const VOLSIZE: u64 = BS * 256;
@@ -54,15 +54,6 @@ fn receive(e: &Engine, target: &str, stream: &[u8], force: bool) -> Result<Recei
         },
         &mut inp,
     )
-}
-
-/// Random data over `v` from 0 up to `end`, a MiB at a time.
-fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
-    for off in (0..end).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
 }
 
 fn scribble(v: &Volume, rng: &mut rand::rngs::StdRng, blocks: usize) {
@@ -244,37 +235,6 @@ fn bucket_full_then_incremental_round_trip() {
         .map(|x| x.1)
         .collect();
     assert!(!src_ids.contains(&obj), "object id {obj} handed out twice");
-}
-
-/// A reader that hands out `limit` bytes of `data`, says so, then blocks
-/// until the test ends (the engine is "killed" meanwhile).
-struct Stall {
-    data: Vec<u8>,
-    at: usize,
-    limit: usize,
-    reached: Option<std::sync::mpsc::Sender<()>>,
-}
-
-impl std::io::Read for Stall {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.at >= self.limit {
-            if let Some(tx) = self.reached.take() {
-                let _ = tx.send(());
-            }
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
-        let n = out.len().min(self.limit - self.at);
-        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-fn small_txgs() -> EngineConfig {
-    EngineConfig {
-        dirty_max_bytes: 4 << 20,
-        ..config()
-    }
 }
 
 fn prop_of(e: &Engine, ds: &str, name: &str) -> Option<String> {

@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 #[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
-use common::single_disk_engine as engine;
+use common::{fill_random, single_disk_engine as engine, small_txgs, Stall};
 
 const BS: u64 = 16384;
 const VOLSIZE: u64 = BS * 256;
@@ -374,53 +374,10 @@ fn version_1_and_2_streams_still_receive() {
     assert_eq!(read_vol(&dst, "backup/plain@a").unwrap(), want);
 }
 
-/// A reader that hands out `limit` bytes of `data`, says so, then blocks
-/// until the test ends (the receiving engine is "killed" meanwhile).
-struct Stall {
-    data: Vec<u8>,
-    at: usize,
-    limit: usize,
-    reached: Option<std::sync::mpsc::Sender<()>>,
-}
-
-impl std::io::Read for Stall {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.at >= self.limit {
-            if let Some(tx) = self.reached.take() {
-                let _ = tx.send(());
-            }
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
-        let n = out.len().min(self.limit - self.at);
-        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-/// Checkpoints every 2 MiB of rows (half of dirty_max_bytes).
-fn small_txgs() -> EngineConfig {
-    EngineConfig {
-        dirty_max_bytes: 4 << 20,
-        ..common::config()
-    }
-}
-
-/// An engine with pool `pool` on one file, state in `state`.
+/// An engine with pool `pool` on one file and small txgs, state in the path returned.
 fn open_target(dir: &std::path::Path, pool: &str) -> (std::path::PathBuf, std::sync::Arc<Engine>) {
-    let state = dir.join(format!("state-{pool}"));
-    let e = Engine::open(&state, small_txgs()).unwrap();
-    e.create_pool(PoolSpec {
-        name: pool.into(),
-        groups: vec![GroupSpec {
-            kind: GroupKind::Disk,
-            devices: vec![dir.join(format!("{pool}-d0"))],
-        }],
-        create_size: Some(256 << 20),
-        force: false,
-    })
-    .unwrap();
-    (state, e)
+    let e = common::single_disk_engine_with(dir, pool, small_txgs());
+    (dir.join(format!("state-{pool}")), e)
 }
 
 /// Receives `limit` bytes of `stream` into `target` with -s, kills the
@@ -487,14 +444,6 @@ fn resume(src: &Engine, dst: &Engine, token: String, target: &str) -> (Vec<u8>, 
         )
         .unwrap();
     (rest, got)
-}
-
-fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
-    for off in (0..end).step_by(1 << 20) {
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        v.write(off, &data, false).unwrap();
-    }
 }
 
 /// Kill -9 of the receiving engine during a raw (`-w`) receive of an

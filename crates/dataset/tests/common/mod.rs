@@ -30,7 +30,16 @@ pub fn create_pool(engine: &Engine, dir: &Path) {
 /// An engine in `dir` with pool `pool` on one 256 MiB file (the two
 /// daemons' pools of the send tests).
 pub fn single_disk_engine(dir: &Path, pool: &str) -> std::sync::Arc<Engine> {
-    let e = Engine::open(&dir.join(format!("state-{pool}")), config()).unwrap();
+    single_disk_engine_with(dir, pool, config())
+}
+
+/// [`single_disk_engine`] with engine configuration `cfg`.
+pub fn single_disk_engine_with(
+    dir: &Path,
+    pool: &str,
+    cfg: EngineConfig,
+) -> std::sync::Arc<Engine> {
+    let e = Engine::open(&dir.join(format!("state-{pool}")), cfg).unwrap();
     e.create_pool(PoolSpec {
         name: pool.into(),
         groups: vec![GroupSpec {
@@ -393,4 +402,46 @@ pub fn read_range(vol: &Volume, offset: u64, len: u64) -> Vec<u8> {
     }
     assert_eq!(out.len() as u64, len);
     out
+}
+
+/// Checkpoints every 2 MiB of received rows (half of dirty_max_bytes).
+pub fn small_txgs() -> EngineConfig {
+    EngineConfig {
+        dirty_max_bytes: 4 << 20,
+        ..config()
+    }
+}
+
+/// A reader that hands out `limit` bytes of `data`, says so, then blocks
+/// until the test ends (the receiving engine is "killed" meanwhile).
+pub struct Stall {
+    pub data: Vec<u8>,
+    pub at: usize,
+    pub limit: usize,
+    pub reached: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl std::io::Read for Stall {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.at >= self.limit {
+            if let Some(tx) = self.reached.take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+        let n = out.len().min(self.limit - self.at);
+        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Fills bytes [0, end) of `v` with random MiBs from `rng`.
+pub fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
+    use rand::Rng;
+    for off in (0..end).step_by(1 << 20) {
+        let mut data = vec![0u8; 1 << 20];
+        rng.fill(&mut data[..]);
+        v.write(off, &data, false).unwrap();
+    }
 }
