@@ -485,3 +485,31 @@ def test_a_bucket_pool_of_an_earlier_build_still_opens(make_daemon, tmp_path):
     d.cli("pool", "scrub", "-w", "tank", timeout=120)
     st = d.cli_json("pool", "status", "tank")["pools"]["tank"]
     assert st["scan"]["errors"] == 0 and not st["data_errors"], st
+
+
+def test_a_bounded_cache_reads_back_from_the_bucket_and_reports_itself(make_daemon, tmp_path):
+    """`[bucket] cache_bytes` (decision 0054): a pool written past its bound
+    reads back equal on a fresh cache, whose figures `pool status` and the
+    metrics show, with what it holds under the bound."""
+    bound = 8 << 20
+    d = make_daemon(config=f"[bucket]\ncache_size = {256 << 20}\ncache_bytes = {bound}\n")
+    d.cli("pool", "create", "tank", f"file://{tmp_path / 'bucket'}", timeout=60)
+    d.cli("create", "-V", "64M", "-o", "compression=off", "tank/vol")
+    data = helpers.pattern("bounded", 32 << 20)
+    with helpers.connected(d.uri("tank/vol")) as h:
+        for off in range(0, len(data), 1 << 20):
+            h.pwrite(data[off : off + (1 << 20)], off)
+        h.flush()
+    d.kill9()
+    shutil.rmtree(d.state_dir / "bucket")
+    d.start()
+    with helpers.connected(d.uri("tank/vol")) as h:
+        for off in range(0, len(data), 4 << 20):
+            assert h.pread(4 << 20, off) == data[off : off + (4 << 20)], f"MiB {off >> 20}"
+    st = d.cli("pool", "status", "tank").stdout
+    assert " cache: " in st and "misses" in st, st
+    m = {line.split()[0]: float(line.split()[1]) for line in d.metrics().splitlines()
+         if line.startswith("cistern_pool_bucket_cache") and 'pool="tank"' in line}
+    assert m['cistern_pool_bucket_cache_misses_total{pool="tank"}'] > 0, m
+    assert m['cistern_pool_bucket_cache_fetched_bytes_total{pool="tank"}'] >= 32 << 20, m
+    assert m['cistern_pool_bucket_cache_held_bytes{pool="tank"}'] <= bound + (4 << 20), m

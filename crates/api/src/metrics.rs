@@ -310,6 +310,30 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             "Bytes of a bucket pool's log and segment objects as last listed (0 for pools on local devices).",
             |s| s.bucket_physical_bytes as f64,
         ),
+        (
+            "cistern_pool_bucket_cache_held_bytes",
+            "gauge",
+            "Bytes resident in a bucket pool's bounded local cache ([bucket] cache_bytes).",
+            |s| s.bucket_cache_held_bytes as f64,
+        ),
+        (
+            "cistern_pool_bucket_cache_hits_total",
+            "counter",
+            "Reads a bucket pool's bounded local cache served from resident data.",
+            |s| s.bucket_cache_hits as f64,
+        ),
+        (
+            "cistern_pool_bucket_cache_misses_total",
+            "counter",
+            "Reads a bucket pool's bounded local cache had to fetch from the bucket.",
+            |s| s.bucket_cache_misses as f64,
+        ),
+        (
+            "cistern_pool_bucket_cache_fetched_bytes_total",
+            "counter",
+            "Bytes of segment objects a bucket pool's bounded local cache fetched.",
+            |s| s.bucket_cache_fetched_bytes as f64,
+        ),
     ];
     let mut w = MetricsWriter::new();
     w.family("cistern_pools", "gauge", "Imported pools.");

@@ -371,6 +371,15 @@ pub struct PoolStats {
     /// Bytes of the bucket's log and segment objects (pools in a bucket).
     #[serde(default)]
     pub bucket_physical_bytes: u64,
+    /// The bounded local cache of a bucket pool (decision 0054; 0 without one).
+    #[serde(default)]
+    pub bucket_cache_held_bytes: u64,
+    #[serde(default)]
+    pub bucket_cache_hits: u64,
+    #[serde(default)]
+    pub bucket_cache_misses: u64,
+    #[serde(default)]
+    pub bucket_cache_fetched_bytes: u64,
 }
 
 /// `cistern destroy` flags.

@@ -1659,6 +1659,9 @@ pub(crate) fn bucket_space(p: &ImportedPool) -> Option<vdev::compact::Space> {
         o.deleted_objects += s.deleted_objects;
         o.deleted_bytes += s.deleted_bytes;
         o.last_copied_bytes += s.last_copied_bytes;
+        if let Some(c) = &s.cache {
+            o.cache.get_or_insert_with(Default::default).add(c);
+        }
     }
     out
 }

@@ -1449,6 +1449,8 @@ impl ImportedPool {
             let open = self.open.lock();
             (open.txg, open.dirty_bytes)
         };
+        let bucket = crate::engine::bucket_space(self);
+        let cache = bucket.as_ref().and_then(|b| b.cache).unwrap_or_default();
         PoolStats {
             pool: self.pool.name.clone(),
             txg: open_txg.saturating_sub(1),
@@ -1481,12 +1483,11 @@ impl ImportedPool {
             suspended: u64::from(self.is_suspended()),
             metadata_used,
             metadata_size,
-            bucket_physical_bytes: self
-                .pool
-                .devices()
-                .iter()
-                .filter_map(|d| d.bucket_space()?.physical_bytes)
-                .sum(),
+            bucket_physical_bytes: bucket.as_ref().and_then(|b| b.physical_bytes).unwrap_or(0),
+            bucket_cache_held_bytes: cache.held_bytes,
+            bucket_cache_hits: cache.hits,
+            bucket_cache_misses: cache.misses,
+            bucket_cache_fetched_bytes: cache.fetched_bytes,
         }
     }
 

@@ -334,6 +334,18 @@ impl Cache {
         self.index.lock().occupied * LINE
     }
 
+    pub(crate) fn figures(&self) -> crate::compact::CacheFigures {
+        let s = &self.stats;
+        crate::compact::CacheFigures {
+            held_bytes: self.occupied_bytes(),
+            bound_bytes: self.bound,
+            hits: s.hits.load(Ordering::Relaxed),
+            misses: s.misses.load(Ordering::Relaxed),
+            fetched_bytes: s.fetched_bytes.load(Ordering::Relaxed),
+            evicted_lines: s.evicted_lines.load(Ordering::Relaxed),
+        }
+    }
+
     /// Makes the lines of [offset, offset+len) resident and pins them.
     /// `write`: lines the I/O covers whole need no fetch.
     pub(crate) fn pin(&self, offset: u64, len: u64, write: bool) -> Result<Pins<'_>, String> {

@@ -285,6 +285,36 @@ pub struct Space {
     pub deleted_bytes: u64,
     /// Bytes the last checkpoint copied into new segments.
     pub last_copied_bytes: u64,
+    /// The bounded local cache (`[bucket] cache_bytes`, decision 0054);
+    /// `None` when the device keeps a full copy.
+    #[serde(default)]
+    pub cache: Option<CacheFigures>,
+}
+
+/// What a bucket device's bounded local cache holds and has done.
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheFigures {
+    /// Bytes resident in the cache file, and the configured bound.
+    pub held_bytes: u64,
+    pub bound_bytes: u64,
+    /// Reads served from resident lines, and reads that had to fetch.
+    pub hits: u64,
+    pub misses: u64,
+    /// Bytes of segment objects fetched, and 1 MiB lines evicted.
+    pub fetched_bytes: u64,
+    pub evicted_lines: u64,
+}
+
+impl CacheFigures {
+    /// The figures of several devices of one pool, summed.
+    pub fn add(&mut self, o: &CacheFigures) {
+        self.held_bytes += o.held_bytes;
+        self.bound_bytes += o.bound_bytes;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.fetched_bytes += o.fetched_bytes;
+        self.evicted_lines += o.evicted_lines;
+    }
 }
 
 /// What a compaction run did.

@@ -407,7 +407,10 @@ impl Vdev {
 
     /// The bucket's physical figures (decision 0049), as of the last listing.
     pub fn bucket_space(&self) -> Option<compact::Space> {
-        self.bucket.as_ref().map(|b| b.compactor.space())
+        self.bucket.as_ref().map(|b| compact::Space {
+            cache: b.ondemand.as_ref().map(|c| c.figures()),
+            ..b.compactor.space()
+        })
     }
 
     /// Lists the bucket now and returns its physical figures.

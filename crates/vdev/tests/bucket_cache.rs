@@ -128,6 +128,13 @@ fn a_pool_larger_than_the_cache_reads_back_on_a_fresh_cache_under_the_bound() {
         );
     }
     assert_eq!(read(&b, 40 * MIB, MIB), vec![0u8; MIB]);
+    // The figures `pool status` and the metrics report (decision 0054).
+    let c = b.bucket_space().unwrap().cache.expect("no cache figures");
+    assert_eq!(c.bound_bytes, BOUND);
+    assert!(c.held_bytes <= BOUND + SLACK, "{c:?}");
+    assert!(c.misses >= 40 && c.evicted_lines > 0, "{c:?}");
+    assert_eq!(c.fetched_bytes, stats.fetched_bytes.load(Ordering::Relaxed));
+    assert!(c.fetched_bytes >= 40 * MIB as u64, "{c:?}");
     let fetched = stats.fetched_bytes.load(Ordering::Relaxed);
     assert!(fetched >= 40 * MIB as u64, "{fetched}");
 

@@ -1385,6 +1385,19 @@ pub fn render_status_with(s: &PoolStatus, verbose: bool, now: u64) -> String {
             b.checkpoints,
             human_size(b.deleted_bytes)
         ));
+        if let Some(c) = &b.cache {
+            let reads = (c.hits + c.misses).max(1);
+            o.push_str(&format!(
+                " cache: {} of {} held, {:.1}% hits ({} hits, {} misses), {} fetched, {} lines evicted\n",
+                human_size(c.held_bytes),
+                human_size(c.bound_bytes),
+                c.hits as f64 * 100.0 / reads as f64,
+                c.hits,
+                c.misses,
+                human_size(c.fetched_bytes),
+                c.evicted_lines
+            ));
+        }
     }
     if let (true, Some(m)) = (verbose, &s.memory) {
         let a = &m.arc;
