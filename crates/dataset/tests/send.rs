@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 #[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
-use common::{config, fill_random, single_disk_engine as engine, small_txgs, Stall};
+use common::{config, fill_random, resume, single_disk_engine as engine, small_txgs, Stall};
 
 const BS: u64 = 4096;
 const VOLSIZE: u64 = BS * 256;
@@ -319,22 +319,7 @@ fn receive_killed_mid_stream_is_undone_or_resumable() {
             // A new stream is refused while partial state is there.
             let err = receive(&e, &target, &incr, false).unwrap_err();
             assert!(err.to_string().contains("partially-complete"), "{err}");
-            let mut rest = Vec::new();
-            src.send(
-                &SendOptions {
-                    resume_token: Some(token),
-                    ..Default::default()
-                },
-                &mut rest,
-            )
-            .unwrap();
-            assert!(
-                rest.len() < incr.len() * 3 / 4,
-                "resumed {} of {}",
-                rest.len(),
-                incr.len()
-            );
-            receive(&e, &target, &rest, false).unwrap();
+            resume(&src, &e, token, &target);
             assert_eq!(prop_of(&e, &target, "receive_resume_token"), None);
         }
         assert_eq!(
@@ -759,17 +744,7 @@ fn full_receive_killed_after_creating_its_dataset() {
     for resumable in [false, true] {
         let pool = format!("kwin{}", resumable as u8);
         let state = dir.path().join(format!("state-{pool}"));
-        let e = Engine::open(&state, config()).unwrap();
-        e.create_pool(PoolSpec {
-            name: pool.clone(),
-            groups: vec![GroupSpec {
-                kind: GroupKind::Disk,
-                devices: vec![dir.path().join(format!("{pool}-d0"))],
-            }],
-            create_size: Some(256 << 20),
-            force: false,
-        })
-        .unwrap();
+        let e = engine(dir.path(), &pool);
         let target = format!("{pool}/vm");
         let (e2, t2, stream) = (e.clone(), target.clone(), full.clone());
         std::thread::spawn(move || {

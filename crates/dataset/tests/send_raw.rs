@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 #[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
-use common::{fill_random, single_disk_engine as engine, small_txgs, Stall};
+use common::{fill_random, resume, single_disk_engine as engine, small_txgs, Stall};
 
 const BS: u64 = 16384;
 const VOLSIZE: u64 = BS * 256;
@@ -419,31 +419,6 @@ fn token_of(e: &Engine, ds: &str) -> Option<String> {
         .unwrap()
         .property("receive_resume_token")
         .map(|p| p.value.clone())
-}
-
-/// `send -t TOKEN` into `target` with -s.
-fn resume(src: &Engine, dst: &Engine, token: String, target: &str) -> (Vec<u8>, ReceiveSummary) {
-    let mut rest = Vec::new();
-    src.send(
-        &SendOptions {
-            resume_token: Some(token),
-            ..Default::default()
-        },
-        &mut rest,
-    )
-    .unwrap();
-    let mut inp = rest.as_slice();
-    let got = dst
-        .receive(
-            &ReceiveOptions {
-                target: target.into(),
-                resumable: true,
-                ..Default::default()
-            },
-            &mut inp,
-        )
-        .unwrap();
-    (rest, got)
 }
 
 /// Kill -9 of the receiving engine during a raw (`-w`) receive of an

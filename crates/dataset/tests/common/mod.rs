@@ -445,3 +445,33 @@ pub fn fill_random(v: &Volume, rng: &mut rand::rngs::StdRng, end: u64) {
         v.write(off, &data, false).unwrap();
     }
 }
+
+/// `send -t TOKEN` into `target` with -s.
+pub fn resume(
+    src: &Engine,
+    dst: &Engine,
+    token: String,
+    target: &str,
+) -> (Vec<u8>, ReceiveSummary) {
+    let mut rest = Vec::new();
+    src.send(
+        &SendOptions {
+            resume_token: Some(token),
+            ..Default::default()
+        },
+        &mut rest,
+    )
+    .unwrap();
+    let mut inp = rest.as_slice();
+    let got = dst
+        .receive(
+            &ReceiveOptions {
+                target: target.into(),
+                resumable: true,
+                ..Default::default()
+            },
+            &mut inp,
+        )
+        .unwrap();
+    (rest, got)
+}
