@@ -542,6 +542,21 @@ impl Cistern {
             .map_err(|e| s3_error!(InternalError, "task failed: {e}"))?
     }
 
+    /// Changes an opened (writable) bucket's settings durably.
+    async fn edit_settings(
+        &self,
+        b: Arc<Bkt>,
+        f: impl FnOnce(&mut BucketSettings) + Send + 'static,
+    ) -> S3Result<()> {
+        self.run(move |s| {
+            s.put_settings(&b, |st| {
+                f(st);
+                Ok(())
+            })
+        })
+        .await
+    }
+
     fn check(&self, cred: Option<&str>, bucket: &str, want: Access) -> S3Result<()> {
         match &self.users {
             Some(u) => u.check(cred, bucket, want),
@@ -1039,13 +1054,8 @@ impl S3 for Cistern {
                 ))
             }
         };
-        self.run(move |s| {
-            s.put_settings(&b, |st| {
-                st.versioning = Some(status.to_string());
-                Ok(())
-            })
-        })
-        .await?;
+        self.edit_settings(b, move |st| st.versioning = Some(status.to_string()))
+            .await?;
         Ok(S3Response::new(PutBucketVersioningOutput {}))
     }
 
@@ -1074,13 +1084,7 @@ impl S3 for Cistern {
             .bucket(&req.input.bucket, creds(&req).as_deref(), Access::Write)
             .await?;
         let tags = from_tagset(req.input.tagging.tag_set)?;
-        self.run(move |s| {
-            s.put_settings(&b, |st| {
-                st.tags = tags;
-                Ok(())
-            })
-        })
-        .await?;
+        self.edit_settings(b, move |st| st.tags = tags).await?;
         Ok(S3Response::new(PutBucketTaggingOutput {}))
     }
 
@@ -1091,13 +1095,7 @@ impl S3 for Cistern {
         let b = self
             .bucket(&req.input.bucket, creds(&req).as_deref(), Access::Write)
             .await?;
-        self.run(move |s| {
-            s.put_settings(&b, |st| {
-                st.tags.clear();
-                Ok(())
-            })
-        })
-        .await?;
+        self.edit_settings(b, move |st| st.tags.clear()).await?;
         Ok(S3Response::new(DeleteBucketTaggingOutput {}))
     }
 
@@ -1129,13 +1127,8 @@ impl S3 for Cistern {
                 expiration_days: r.expiration.and_then(|e| e.days).map(|d| d.max(0) as u32),
             })
             .collect();
-        self.run(move |s| {
-            s.put_settings(&b, |st| {
-                st.lifecycle = rules;
-                Ok(())
-            })
-        })
-        .await?;
+        self.edit_settings(b, move |st| st.lifecycle = rules)
+            .await?;
         Ok(S3Response::new(
             PutBucketLifecycleConfigurationOutput::default(),
         ))
@@ -1198,13 +1191,8 @@ impl S3 for Cistern {
         let b = self
             .bucket(&req.input.bucket, creds(&req).as_deref(), Access::Write)
             .await?;
-        self.run(move |s| {
-            s.put_settings(&b, |st| {
-                st.lifecycle.clear();
-                Ok(())
-            })
-        })
-        .await?;
+        self.edit_settings(b, move |st| st.lifecycle.clear())
+            .await?;
         Ok(S3Response::new(DeleteBucketLifecycleOutput {}))
     }
 
