@@ -275,3 +275,39 @@ def test_memory_pressure_shrinks_the_arc_instead_of_an_oom_kill(make_daemon, dis
     helpers.wait_until(
         lambda: memory(d)["arc"]["target"] > low, timeout=20, what="the ARC target to grow back"
     )
+
+
+def _environ(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def _anon_huge_kib(pid: int) -> int:
+    m = re.search(r"^AnonHugePages:\s+(\d+) kB", Path(f"/proc/{pid}/smaps_rollup").read_text(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def test_the_daemon_runs_with_its_malloc_tunables_unless_told_not_to(make_daemon, disks):
+    """Decision 0058: `serve` re-executes itself (same pid) with glibc's
+    malloc tunables so the ARC fills huge pages; CISTERN_MALLOC_TUNING=off or
+    a GLIBC_TUNABLES of the user's own keeps it out."""
+    d = make_daemon()
+    tun = [e for e in _environ(d.pid) if e.startswith(b"GLIBC_TUNABLES=")]
+    assert tun and tun[0].startswith(b"GLIBC_TUNABLES=glibc.malloc."), tun
+    d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
+    d.cli("create", "-V", "64M", "-o", "compression=off", "tank/v")
+    vol = helpers.Volume(d, "tank/v")
+    data = helpers.pattern("thp", 32 * MiB)
+    with vol.connected() as h:
+        h.pwrite(data, 0)
+        h.flush()
+        assert h.pread(32 * MiB, 0) == data
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert _anon_huge_kib(d.pid) > 0, "the ARC's memory is not backed by huge pages"
+
+    d.restart(env={"CISTERN_MALLOC_TUNING": "off"})
+    assert not any(e.startswith(b"GLIBC_TUNABLES=") for e in _environ(d.pid))
+    d.restart(env={"CISTERN_MALLOC_TUNING": "", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert b"GLIBC_TUNABLES=glibc.malloc.arena_max=2" in _environ(d.pid)
+    with vol.connected() as h:
+        assert h.pread(32 * MiB, 0) == data

@@ -25,11 +25,14 @@ pub const BP_VERSION: u8 = 1;
 pub const BP_VERSION_CRYPT: u8 = 2;
 const CRYPT_LEN: usize = 1 + NONCE_LEN + TAG_LEN;
 pub const MAX_DVAS: usize = 3;
+/// A pointer's copies, held inline: every read decodes one pointer per
+/// block, and a heap allocation each was a tenth of a cached read's CPU.
+pub type Dvas = smallvec::SmallVec<[Dva; MAX_DVAS]>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockPointer {
     /// Copies (ditto blocks); each DVA is itself redundant per its group's layout.
-    pub dvas: Vec<Dva>,
+    pub dvas: Dvas,
     /// Bytes before compression.
     pub lsize: u32,
     /// Bytes as stored.

@@ -7,7 +7,7 @@ mod checksum;
 mod compress;
 pub mod crypt;
 
-pub use bp::{BlockPointer, BpDecodeError, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
+pub use bp::{BlockPointer, BpDecodeError, Dvas, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
 pub use compress::{
     compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
@@ -56,7 +56,7 @@ impl EncodedBlock {
     /// The block pointer once placed at `dva` in txg `birth`.
     pub fn pointer(&self, dva: Dva, birth: u64) -> BlockPointer {
         BlockPointer {
-            dvas: vec![dva],
+            dvas: Dvas::from_buf_and_len([dva; MAX_DVAS], 1),
             lsize: self.lsize,
             psize: self.psize(),
             compression: self.compression,
@@ -71,7 +71,7 @@ impl EncodedBlock {
     /// The pointer of a block kept in its metadata row (no DVA, no I/O).
     pub fn embedded(&self, birth: u64) -> BlockPointer {
         BlockPointer {
-            dvas: Vec::new(),
+            dvas: Dvas::new(),
             lsize: self.lsize,
             psize: self.psize(),
             compression: self.compression,
@@ -216,6 +216,14 @@ pub fn decode_verified_keyed(
     if stored.len() != bp.psize as usize || bp.checksum_algo.compute(stored) != bp.checksum {
         return None;
     }
+    // A compressed, unencrypted block decompresses straight from the bytes
+    // it was read into (no copy of them first): an encrypted one is opened
+    // in place, so it needs its own copy.
+    if bp.crypt.is_none() && bp.compression != CompressionAlgo::Off {
+        return Some(
+            decompress(bp.compression, stored, bp.lsize as usize).map_err(BlockError::from),
+        );
+    }
     Some(open_verified(bp, stored.to_vec(), unseal))
 }
 
@@ -300,7 +308,7 @@ mod tests {
     #[test]
     fn bp_encoding_round_trips_and_rejects_garbage() {
         let bp = BlockPointer {
-            dvas: vec![Dva {
+            dvas: smallvec::smallvec![Dva {
                 group: 1,
                 offset: 8192,
                 asize: 4096,

@@ -5,6 +5,7 @@ mod cmd;
 mod exposure;
 use cistern::config;
 mod format;
+mod malloc_tuning;
 mod nbd_adapter;
 mod nbd_metrics;
 mod output;
@@ -165,8 +166,14 @@ fn main() -> ExitCode {
         _ => None,
     };
     let result = match cli.command {
-        Command::Serve(args) => serve::main(args, api_flag),
-        Command::Quickstart(args) => quickstart::main(args, api_flag),
+        Command::Serve(args) => {
+            malloc_tuning::reexec_daemon();
+            serve::main(args, api_flag)
+        }
+        Command::Quickstart(args) => {
+            malloc_tuning::reexec_daemon();
+            quickstart::main(args, api_flag)
+        }
         Command::Bench(cmd) => bench::cli::run(cmd),
         command => {
             output::init_client_logging();

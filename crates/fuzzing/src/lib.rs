@@ -238,7 +238,7 @@ pub fn block_bp(data: &[u8]) {
 
 fn arbitrary_bp(u: &mut Unstructured<'_>) -> arbitrary::Result<block::BlockPointer> {
     let ndva = u.int_in_range(0..=block::MAX_DVAS)?;
-    let mut dvas = Vec::with_capacity(ndva);
+    let mut dvas = block::Dvas::new();
     for _ in 0..ndva {
         dvas.push(pool::Dva {
             group: u.arbitrary()?,
