@@ -108,20 +108,66 @@ enum Msg {
     Fail(dataset::Error),
 }
 
+/// Chunk buffers the connection has written come back here for reuse:
+/// a fresh 1 MiB buffer per chunk is mapped anew (glibc maps blocks of
+/// 1 MiB and more, see `serve::tune_malloc`), and its page faults and
+/// zeroing cost about as much as the copy into it.
+type ChunkPool = std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
+/// A chunk on its way to the connection; its buffer goes back to the pool.
+struct PooledChunk {
+    buf: Vec<u8>,
+    pool: ChunkPool,
+}
+
+impl AsRef<[u8]> for PooledChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for PooledChunk {
+    fn drop(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        if let Ok(mut pool) = self.pool.lock() {
+            // At most what can be in flight, plus the one being filled.
+            if pool.len() <= DEPTH + 2 {
+                pool.push(buf);
+            }
+        }
+    }
+}
+
 /// A `Write` that hands full chunks to the response body.
 struct ChannelWriter {
     tx: mpsc::Sender<Msg>,
+    /// The chunk being filled (never grown past [`CHUNK`]).
     buf: Vec<u8>,
+    pool: ChunkPool,
     rt: tokio::runtime::Handle,
     stall: std::time::Duration,
 }
 
 impl ChannelWriter {
+    fn new(tx: mpsc::Sender<Msg>, rt: tokio::runtime::Handle) -> ChannelWriter {
+        ChannelWriter {
+            tx,
+            buf: Vec::new(),
+            pool: Default::default(),
+            rt,
+            stall: stream_stall(),
+        }
+    }
+
     fn push(&mut self) -> std::io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        let chunk = Bytes::from_owner(PooledChunk {
+            buf: std::mem::take(&mut self.buf),
+            pool: self.pool.clone(),
+        });
         // A client that stops reading (a stalled connection) ends the send.
         let sent = self
             .rt
@@ -140,11 +186,17 @@ impl ChannelWriter {
 
 impl std::io::Write for ChannelWriter {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(b);
+        if self.buf.capacity() == 0 {
+            let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
+            self.buf = reused.unwrap_or_else(|| Vec::with_capacity(CHUNK));
+        }
+        // Filled up to CHUNK exactly: never reallocated.
+        let n = b.len().min(CHUNK.saturating_sub(self.buf.len()));
+        self.buf.extend_from_slice(&b[..n]);
         if self.buf.len() >= CHUNK {
             self.push()?;
         }
-        Ok(b.len())
+        Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.push()
@@ -167,12 +219,7 @@ async fn send(
     let (tx, mut rx) = mpsc::channel::<Msg>(DEPTH);
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        let mut w = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-            rt,
-            stall: stream_stall(),
-        };
+        let mut w = ChannelWriter::new(tx.clone(), rt);
         match engine.send(&opts, &mut w) {
             Ok(_) => {
                 let _ = std::io::Write::flush(&mut w);
