@@ -15,7 +15,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-/// Bytes per chunk between the engine and the connection.
+/// Bytes per chunk between the engine and the connection (the stream
+/// writer fills each to about this, see `stream::Writer`).
 const CHUNK: usize = 1 << 20;
 /// Chunks in flight each way: bounds a transfer's memory to ~8 MiB.
 const DEPTH: usize = 8;
@@ -139,11 +140,10 @@ impl Drop for PooledChunk {
     }
 }
 
-/// A `Write` that hands full chunks to the response body.
+/// Hands the stream writer's buffers to the response body as they are
+/// (no copy) and gives it emptied ones back.
 struct ChannelWriter {
     tx: mpsc::Sender<Msg>,
-    /// The chunk being filled (never grown past [`CHUNK`]).
-    buf: Vec<u8>,
     pool: ChunkPool,
     rt: tokio::runtime::Handle,
     stall: std::time::Duration,
@@ -153,53 +153,40 @@ impl ChannelWriter {
     fn new(tx: mpsc::Sender<Msg>, rt: tokio::runtime::Handle) -> ChannelWriter {
         ChannelWriter {
             tx,
-            buf: Vec::new(),
             pool: Default::default(),
             rt,
             stall: stream_stall(),
         }
     }
-
-    fn push(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from_owner(PooledChunk {
-            buf: std::mem::take(&mut self.buf),
-            pool: self.pool.clone(),
-        });
-        // A client that stops reading (a stalled connection) ends the send.
-        let sent = self
-            .rt
-            .block_on(self.tx.send_timeout(Msg::Data(chunk), self.stall));
-        sent.map_err(|e| match e {
-            mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the client read nothing for {} s", self.stall.as_secs_f64()),
-            ),
-            mpsc::error::SendTimeoutError::Closed(_) => {
-                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
-            }
-        })
-    }
 }
 
-impl std::io::Write for ChannelWriter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if self.buf.capacity() == 0 {
-            let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
-            self.buf = reused.unwrap_or_else(|| Vec::with_capacity(CHUNK));
+impl dataset::send::stream::ChunkSink for ChannelWriter {
+    fn put(&mut self, buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        if !buf.is_empty() {
+            let chunk = Bytes::from_owner(PooledChunk {
+                buf,
+                pool: self.pool.clone(),
+            });
+            // A client that stops reading (a stalled connection) ends the send.
+            let sent = self
+                .rt
+                .block_on(self.tx.send_timeout(Msg::Data(chunk), self.stall));
+            sent.map_err(|e| match e {
+                mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {} s", self.stall.as_secs_f64()),
+                ),
+                mpsc::error::SendTimeoutError::Closed(_) => {
+                    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+                }
+            })?;
         }
-        // Filled up to CHUNK exactly: never reallocated.
-        let n = b.len().min(CHUNK.saturating_sub(self.buf.len()));
-        self.buf.extend_from_slice(&b[..n]);
-        if self.buf.len() >= CHUNK {
-            self.push()?;
-        }
-        Ok(n)
+        let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
+        Ok(reused.unwrap_or_else(|| Vec::with_capacity(CHUNK)))
     }
+
     fn flush(&mut self) -> std::io::Result<()> {
-        self.push()
+        Ok(())
     }
 }
 
@@ -220,10 +207,8 @@ async fn send(
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut w = ChannelWriter::new(tx.clone(), rt);
-        match engine.send(&opts, &mut w) {
-            Ok(_) => {
-                let _ = std::io::Write::flush(&mut w);
-            }
+        match engine.send_chunks(&opts, &mut w) {
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(snapshot = %opts.snapshot, "send failed: {e}");
                 let _ = tx.blocking_send(Msg::Fail(e));

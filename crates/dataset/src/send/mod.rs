@@ -870,6 +870,20 @@ impl Engine {
 
     /// `cistern send`: writes the stream of `opts` to `out`.
     pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
+        self.send_to(opts, stream::Out::Write(out))
+    }
+
+    /// [`Engine::send`] handing the stream's buffers to `sink` whole
+    /// (uncopied; the API passes them to the connection).
+    pub fn send_chunks(
+        &self,
+        opts: &SendOptions,
+        sink: &mut dyn stream::ChunkSink,
+    ) -> Result<SendSummary> {
+        self.send_to(opts, stream::Out::Chunks(sink))
+    }
+
+    fn send_to(&self, opts: &SendOptions, out: stream::Out<'_>) -> Result<SendSummary> {
         let (p, parts) = self.send_parts(opts)?;
         let raw = opts.raw || opts.resume_token.as_deref().is_some_and(token_is_raw);
         // The -R send each part belongs to (a resumed -R transfer: the
@@ -892,7 +906,10 @@ impl Engine {
         if raw {
             flags |= stream::FLAG_RAW;
         }
-        let mut w = stream::Writer::new(out, flags)?;
+        let mut w = match out {
+            stream::Out::Write(o) => stream::Writer::new(o, flags)?,
+            stream::Out::Chunks(sink) => stream::Writer::to_sink(sink, flags)?,
+        };
         let mut sum = SendSummary::default();
         for part in parts {
             let begin = Begin {

@@ -111,9 +111,25 @@ fn io_err(e: std::io::Error) -> Error {
 /// where record-sized pieces at odd offsets keep it to one chunk at a time.
 const BATCH: usize = 1 << 20;
 
+/// Takes a stream's buffers whole, to pass them on uncopied (the daemon
+/// hands them to the connection): [`ChunkSink::put`] gets a filled buffer
+/// and returns an empty one (any capacity) to fill next.
+pub trait ChunkSink {
+    fn put(&mut self, chunk: Vec<u8>) -> std::io::Result<Vec<u8>>;
+    fn flush(&mut self) -> std::io::Result<()>;
+}
+
+/// Where a [`Writer`] drains to.
+pub enum Out<'a> {
+    /// Copied out of the writer's buffer.
+    Write(&'a mut dyn Write),
+    /// The writer's buffer itself.
+    Chunks(&'a mut dyn ChunkSink),
+}
+
 /// Writes a stream; counts its bytes and hashes them into the checkpoints.
 pub struct Writer<'a> {
-    out: &'a mut dyn Write,
+    out: Out<'a>,
     version: u32,
     /// Versions 1 and 2: every byte drained; 3: the header and every
     /// record checksum.
@@ -128,10 +144,19 @@ impl<'a> Writer<'a> {
         Self::with_version(out, flags, VERSION)
     }
 
+    /// A stream whose buffers go to `sink` whole.
+    pub fn to_sink(sink: &'a mut dyn ChunkSink, flags: u32) -> Result<Writer<'a>> {
+        Self::with_out(Out::Chunks(sink), flags, VERSION)
+    }
+
     /// A stream of an earlier `version` (1 without flags, 2 with them):
     /// what earlier builds wrote, for tests that receive old streams.
     #[doc(hidden)]
     pub fn with_version(out: &'a mut dyn Write, flags: u32, version: u32) -> Result<Writer<'a>> {
+        Self::with_out(Out::Write(out), flags, version)
+    }
+
+    fn with_out(out: Out<'a>, flags: u32, version: u32) -> Result<Writer<'a>> {
         let version = match version {
             3 => 3,
             _ if flags == 0 => 1,
@@ -166,8 +191,18 @@ impl<'a> Writer<'a> {
         if self.version < 3 {
             self.hash.update(&self.buf);
         }
-        self.out.write_all(&self.buf).map_err(io_err)?;
-        self.buf.clear();
+        match &mut self.out {
+            Out::Write(w) => {
+                w.write_all(&self.buf).map_err(io_err)?;
+                self.buf.clear();
+            }
+            Out::Chunks(sink) => {
+                let full = std::mem::take(&mut self.buf);
+                self.buf = sink.put(full).map_err(io_err)?;
+                self.buf.clear();
+                self.buf.reserve(BATCH + (64 << 10));
+            }
+        }
         Ok(())
     }
 
@@ -216,7 +251,11 @@ impl<'a> Writer<'a> {
 
     pub fn flush(&mut self) -> Result<()> {
         self.drain()?;
-        self.out.flush().map_err(io_err)
+        match &mut self.out {
+            Out::Write(w) => w.flush(),
+            Out::Chunks(sink) => sink.flush(),
+        }
+        .map_err(io_err)
     }
 }
 
@@ -519,6 +558,49 @@ mod tests {
 
     fn sample() -> Vec<u8> {
         sample_v(VERSION, 0)
+    }
+
+    /// Collects the buffers a writer hands over whole.
+    struct Collect(Vec<u8>, usize);
+
+    impl ChunkSink for Collect {
+        fn put(&mut self, chunk: Vec<u8>) -> std::io::Result<Vec<u8>> {
+            self.0.extend_from_slice(&chunk);
+            self.1 += 1;
+            Ok(chunk)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_sink_gets_the_same_stream_in_whole_buffers() {
+        let mut sink = Collect(Vec::new(), 0);
+        let mut out = Vec::new();
+        {
+            let mut a = Writer::to_sink(&mut sink, FLAG_RAW).unwrap();
+            let mut b = Writer::new(&mut out, FLAG_RAW).unwrap();
+            for w in [&mut a, &mut b] {
+                w.record(Kind::Begin, &[b"{}"]).unwrap();
+                // More than one buffer's worth of records.
+                for i in 0..40u8 {
+                    w.record(Kind::Data, &[&[i; 64 << 10]]).unwrap();
+                }
+                w.checkpoint(Kind::SnapEnd).unwrap();
+                w.checkpoint(Kind::End).unwrap();
+                w.flush().unwrap();
+            }
+        }
+        assert_eq!(sink.0, out);
+        assert!(sink.1 >= 3, "{} buffers", sink.1);
+        let mut inp = &sink.0[..];
+        let mut r = Reader::new(&mut inp).unwrap();
+        let mut n = 0;
+        while r.read_record().unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 43);
     }
 
     /// Reads a stream as a receive does: rows decoded (a RAW row's stored
