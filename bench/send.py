@@ -71,7 +71,25 @@ class Daemon:
                 yield line.split(":")[0] + " " + " ".join(line.split()[1:])
 
 
-def transfer(src, dst, args, target):
+def cpu(pid) -> float:
+    """utime + stime of a process, in seconds."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+# CPU seconds of the full sends: sender daemon, receiver daemon, the two CLIs
+# (load-independent, unlike the wall-clock ratio).
+send_cpu = {"sender": 0.0, "receiver": 0.0, "cli": 0.0}
+
+
+def transfer(src, dst, args, target, account=False):
+    c0 = (cpu(src.proc.pid), cpu(dst.proc.pid), children_cpu())
     t = time.monotonic()
     send = subprocess.Popen([BIN, "send", *args], stdout=subprocess.PIPE, env=src.env)
     recv = subprocess.run([BIN, "receive", target], stdin=send.stdout, capture_output=True, env=dst.env)
@@ -79,7 +97,12 @@ def transfer(src, dst, args, target):
     send.wait()
     if send.returncode != 0 or recv.returncode != 0:
         sys.exit(f"send {args} | receive {target} failed: {recv.stderr.decode()}")
-    return time.monotonic() - t
+    took = time.monotonic() - t
+    if account:
+        c1 = (cpu(src.proc.pid), cpu(dst.proc.pid), children_cpu())
+        for k, a, b in zip(("sender", "receiver", "cli"), c0, c1):
+            send_cpu[k] += b - a
+    return took
 
 
 def change(d, vol, fraction, rng):
@@ -114,6 +137,7 @@ def main():
     print("source after the fill: " + ", ".join(src.rss())
           + f"; ARC {src.metric('cistern_arc_size_bytes') / MiB:.0f} MiB")
 
+    print("target before the sends: " + ", ".join(dst.rss()))
     print(f"load average before: {os.getloadavg()[0]:.2f}; REPEAT={REPEAT}; send {' '.join(RAW) or '(logical)'}")
     copies, fulls = [], []
     for r in range(REPEAT):
@@ -127,15 +151,22 @@ def main():
                 subprocess.run(["nbdcopy", "--flush", src.uri("tank/vm@s0"), dst.uri("backup/ref")], check=True)
                 copies.append(time.monotonic() - t)
             else:
-                fulls.append(transfer(src, dst, [*RAW, "tank/vm@s0"], "backup/vm"))
+                fulls.append(transfer(src, dst, [*RAW, "tank/vm@s0"], "backup/vm", account=True))
         print(f"run {r + 1}: nbdcopy {copies[-1]:.2f} s, send|receive {fulls[-1]:.2f} s, ratio {copies[-1] / fulls[-1]:.2f}x")
     t_copy, t_full = sorted(copies)[len(copies) // 2], sorted(fulls)[len(fulls) // 2]
     print(f"nbdcopy {SIZE >> 20} MiB (median of {REPEAT}): {t_copy:.2f} s ({SIZE / MiB / t_copy:.0f} MiB/s)")
     print(f"full send | receive (median of {REPEAT}): {t_full:.2f} s ({SIZE / MiB / t_full:.0f} MiB/s)")
     print(f"ratio nbdcopy/send: {t_copy / t_full:.2f}x (target >= 1.0x)")
+    gib = SIZE * REPEAT / (1 << 30)
+    print("full send CPU s/GiB: " + ", ".join(f"{k} {v / gib:.2f}" for k, v in send_cpu.items())
+          + f", total {sum(send_cpu.values()) / gib:.2f}")
+    for name, d in (("source", src), ("target", dst)):
+        print(f"{name} daemon after the full sends: " + ", ".join(d.rss()))
     rng = random.Random(2)
     prev = "s0"
-    for i, frac in enumerate([0.01, 0.10, 0.50], 1):
+    # INCR=0: the full sends only (quicker, for measuring the full send).
+    fracs = [0.01, 0.10, 0.50] if os.environ.get("INCR", "1") != "0" else []
+    for i, frac in enumerate(fracs, 1):
         change(src, "tank/vm", frac, rng)
         snap = f"s{i}"
         src.cli("snapshot", f"tank/vm@{snap}")

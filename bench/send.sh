@@ -17,7 +17,7 @@
 # reference both have compression off, so neither side compresses), full
 # send and nbdcopy REPEAT times alternately, medians compared.
 #
-# Environment: SIZE=4G, REPEAT=3, RAW=1 (0: logical streams),
+# Environment: SIZE=4G, REPEAT=3, RAW=1 (0: logical streams), INCR=1 (0: full sends only),
 # BENCH_DIR=bench/out/send-<time>, CISTERN_BIN=target/release/cistern.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

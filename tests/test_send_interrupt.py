@@ -272,3 +272,41 @@ def test_random_interruptions_resume_to_equal(make_daemon, disks):
     resumed_part = interruptions(make_daemon, disks, SEED, RUNS, SIZE)
     # The seeded runs include real resumes (a part of the stream, not all of it).
     assert resumed_part >= RUNS // 3, resumed_part
+
+
+def test_kill9_of_the_sender_during_send_R_resumes_to_equal(make_daemon, disks):
+    """kill -9 of the SENDING daemon in the middle of a `send -R` of a tree
+    (the second of two volumes under tank/top): the receive fails, keeps
+    what it had (no half-received snapshot, a token on the interrupted
+    child), and after the sender's restart `send -t TOKEN | receive -s TOP`
+    finishes the rest of the tree, equal bit for bit to the source."""
+    size = 4 * MiB
+    rng = random.Random(56)
+    src, dst = two_daemons(make_daemon, disks, "tank", "backup", size="1G", small_txgs=True)
+    src.cli("create", "tank/top")
+    for v in ("v1", "v2"):
+        src.cli("create", "-V", str(size), "-o", "compression=off", f"tank/top/{v}")
+        fill_random(src, f"tank/top/{v}", size, rng.randbytes)
+    src.cli("snapshot", "-r", "tank/top@a")
+    send_args = ["-R", "tank/top@a"]
+    n = len(subprocess.run([cistern_bin(), "send", *send_args], capture_output=True, check=True, env=src.env(), timeout=60).stdout)
+    # 3/4 of the stream: inside v2's blocks (top, then v1, then v2).
+    interrupted(src, dst, "kill-sender", n * 3 // 4, send_args, "backup/top")
+    assert "backup/top/v2@a" not in snapshots(dst), "a half-received snapshot from a killed sender"
+    assert {"backup/top@a", "backup/top/v1@a"} <= snapshots(dst)
+    token = get_token(dst, "backup/top/v2")
+    assert token.startswith("1-"), token
+    # The restarted sender resumes the tree from the token, into the top.
+    deadline = time.monotonic() + 30
+    while True:
+        t = Transfer(src, dst, ["-t", token], "backup/top")
+        send_rc, recv_rc, err = t.wait()
+        if recv_rc == 0 or "running" not in err or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # the interrupted receive still unwinds
+    assert (send_rc, recv_rc) == (0, 0), err
+    assert 0 < t.bytes < n, (t.bytes, n)
+    assert get_token(dst, "backup/top/v2") == "-"
+    for v in ("v1", "v2"):
+        assert nbd_sha(dst, f"backup/top/{v}@a", size) == nbd_sha(src, f"tank/top/{v}@a", size), v
+    assert not src.panics() and not dst.panics()

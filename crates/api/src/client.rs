@@ -373,7 +373,13 @@ impl Client {
     /// A client for one stream transfer: no bound on the whole call
     /// (a send takes as long as its data), the same credentials.
     fn streaming(&self) -> ureq::Agent {
-        self.make_agent(Duration::from_secs(30 * 24 * 3600))
+        agent_with_buffers(
+            Duration::from_secs(30 * 24 * 3600),
+            self.caller.clone(),
+            self.token.clone(),
+            self.tls.clone(),
+            STREAM_BUF,
+        )
     }
 
     /// `POST /v1/send`: the stream of `opts` copied into `out` as it
@@ -389,7 +395,7 @@ impl Client {
             return Err(self.api_error(status.as_u16(), &mut resp));
         }
         let mut body = resp.body_mut().with_config().limit(u64::MAX).reader();
-        io::copy(&mut body, out).map_err(|e| ClientError::Protocol {
+        copy_stream(&mut body, out).map_err(|e| ClientError::Protocol {
             url: self.base.clone(),
             reason: format!("send stream: {e}"),
         })
@@ -1065,14 +1071,49 @@ fn system_roots() -> Option<ureq::tls::RootCerts> {
     None
 }
 
+/// Buffer size of a stream transfer's connection and copies: io::copy's
+/// 8 KiB (and ureq's 128 KiB) pieces cost a system call and often a
+/// context switch each (issue 14's profile of `send | receive`).
+pub const STREAM_BUF: usize = 1 << 20;
+
+/// Copies a stream in [`STREAM_BUF`] pieces; returns the bytes copied.
+pub fn copy_stream(inp: &mut dyn io::Read, out: &mut dyn io::Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; STREAM_BUF];
+    let mut n = 0u64;
+    loop {
+        let got = match inp.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.write_all(&buf[..got])?;
+        n += got as u64;
+    }
+}
+
 fn agent(
     timeout: Duration,
     caller: Option<Caller>,
     token: Option<String>,
     tls: ureq::tls::TlsConfig,
 ) -> ureq::Agent {
+    agent_with_buffers(timeout, caller, token, tls, 128 << 10)
+}
+
+/// [`agent`] with `buffers` bytes of input and output buffer (ureq's
+/// default is 128 KiB; a stream transfer takes [`STREAM_BUF`]).
+fn agent_with_buffers(
+    timeout: Duration,
+    caller: Option<Caller>,
+    token: Option<String>,
+    tls: ureq::tls::TlsConfig,
+    buffers: usize,
+) -> ureq::Agent {
     let mut config = ureq::Agent::config_builder()
         .tls_config(tls)
+        .input_buffer_size(buffers)
+        .output_buffer_size(buffers)
         .http_status_as_error(false)
         .proxy(None)
         .timeout_connect(Some(Duration::from_secs(5)))
@@ -1142,6 +1183,8 @@ impl Client {
             .http_status_as_error(false)
             .proxy(None)
             .timeout_connect(Some(Duration::from_secs(10)))
+            .input_buffer_size(STREAM_BUF)
+            .output_buffer_size(STREAM_BUF)
             .timeout_per_read(Some(stall))
             .timeout_per_write(Some(stall));
         if let Some(t) = self.token.clone() {

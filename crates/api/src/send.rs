@@ -15,7 +15,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-/// Bytes per chunk between the engine and the connection.
+/// Bytes per chunk between the engine and the connection (the stream
+/// writer fills each to about this, see `stream::Writer`).
 const CHUNK: usize = 1 << 20;
 /// Chunks in flight each way: bounds a transfer's memory to ~8 MiB.
 const DEPTH: usize = 8;
@@ -108,46 +109,84 @@ enum Msg {
     Fail(dataset::Error),
 }
 
-/// A `Write` that hands full chunks to the response body.
+/// Chunk buffers the connection has written come back here for reuse:
+/// a fresh 1 MiB buffer per chunk is mapped anew (glibc maps blocks of
+/// 1 MiB and more, see `serve::tune_malloc`), and its page faults and
+/// zeroing cost about as much as the copy into it.
+type ChunkPool = std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
+/// A chunk on its way to the connection; its buffer goes back to the pool.
+struct PooledChunk {
+    buf: Vec<u8>,
+    pool: ChunkPool,
+}
+
+impl AsRef<[u8]> for PooledChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for PooledChunk {
+    fn drop(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        if let Ok(mut pool) = self.pool.lock() {
+            // At most what can be in flight, plus the one being filled.
+            if pool.len() <= DEPTH + 2 {
+                pool.push(buf);
+            }
+        }
+    }
+}
+
+/// Hands the stream writer's buffers to the response body as they are
+/// (no copy) and gives it emptied ones back.
 struct ChannelWriter {
     tx: mpsc::Sender<Msg>,
-    buf: Vec<u8>,
+    pool: ChunkPool,
     rt: tokio::runtime::Handle,
     stall: std::time::Duration,
 }
 
 impl ChannelWriter {
-    fn push(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
+    fn new(tx: mpsc::Sender<Msg>, rt: tokio::runtime::Handle) -> ChannelWriter {
+        ChannelWriter {
+            tx,
+            pool: Default::default(),
+            rt,
+            stall: stream_stall(),
         }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        // A client that stops reading (a stalled connection) ends the send.
-        let sent = self
-            .rt
-            .block_on(self.tx.send_timeout(Msg::Data(chunk), self.stall));
-        sent.map_err(|e| match e {
-            mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the client read nothing for {} s", self.stall.as_secs_f64()),
-            ),
-            mpsc::error::SendTimeoutError::Closed(_) => {
-                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
-            }
-        })
     }
 }
 
-impl std::io::Write for ChannelWriter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(b);
-        if self.buf.len() >= CHUNK {
-            self.push()?;
+impl dataset::send::stream::ChunkSink for ChannelWriter {
+    fn put(&mut self, buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        if !buf.is_empty() {
+            let chunk = Bytes::from_owner(PooledChunk {
+                buf,
+                pool: self.pool.clone(),
+            });
+            // A client that stops reading (a stalled connection) ends the send.
+            let sent = self
+                .rt
+                .block_on(self.tx.send_timeout(Msg::Data(chunk), self.stall));
+            sent.map_err(|e| match e {
+                mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {} s", self.stall.as_secs_f64()),
+                ),
+                mpsc::error::SendTimeoutError::Closed(_) => {
+                    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+                }
+            })?;
         }
-        Ok(b.len())
+        let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
+        Ok(reused.unwrap_or_else(|| Vec::with_capacity(CHUNK)))
     }
+
     fn flush(&mut self) -> std::io::Result<()> {
-        self.push()
+        Ok(())
     }
 }
 
@@ -167,16 +206,9 @@ async fn send(
     let (tx, mut rx) = mpsc::channel::<Msg>(DEPTH);
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        let mut w = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-            rt,
-            stall: stream_stall(),
-        };
-        match engine.send(&opts, &mut w) {
-            Ok(_) => {
-                let _ = std::io::Write::flush(&mut w);
-            }
+        let mut w = ChannelWriter::new(tx.clone(), rt);
+        match engine.send_chunks(&opts, &mut w) {
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(snapshot = %opts.snapshot, "send failed: {e}");
                 let _ = tx.blocking_send(Msg::Fail(e));

@@ -101,6 +101,17 @@ impl BlockPointer {
     }
 
     pub fn decode(b: &[u8]) -> Result<BlockPointer, BpDecodeError> {
+        Self::parse(b, None)
+    }
+
+    /// An embedded pointer whose stored bytes (`body`, psize of them) came
+    /// apart from its encoding `head` (a receive reads them straight into
+    /// their own buffer): the pointer takes `body` as it is, uncopied.
+    pub fn decode_with_body(head: &[u8], body: Vec<u8>) -> Result<BlockPointer, BpDecodeError> {
+        Self::parse(head, Some(body))
+    }
+
+    fn parse(b: &[u8], body: Option<Vec<u8>>) -> Result<BlockPointer, BpDecodeError> {
         let short = BpDecodeError::Malformed("too short");
         let header = b.get(..20).ok_or(short.clone())?;
         let encrypted = match header[0] {
@@ -126,8 +137,11 @@ impl BlockPointer {
         let embedded = ndva == 0;
         let crypt_at = 20 + 16 * ndva + 32;
         let body_at = crypt_at + if encrypted { CRYPT_LEN } else { 0 };
-        let expect = body_at + if embedded { psize } else { 0 };
+        let expect = body_at + if embedded && body.is_none() { psize } else { 0 };
         if b.len() != expect {
+            return Err(short);
+        }
+        if body.as_ref().is_some_and(|v| !embedded || v.len() != psize) {
             return Err(short);
         }
         let dvas = (0..ndva)
@@ -161,7 +175,7 @@ impl BlockPointer {
             checksum_algo,
             checksum,
             birth: u64_at(12),
-            embedded: embedded.then(|| b[body_at..].to_vec()),
+            embedded: embedded.then(|| body.unwrap_or_else(|| b[body_at..].to_vec())),
             crypt,
         })
     }

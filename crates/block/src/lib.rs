@@ -358,6 +358,15 @@ mod tests {
         ));
         // Truncated embedded payloads are malformed.
         assert!(BlockPointer::decode(&bytes[..bytes.len() - 1]).is_err());
+        // The stored bytes apart from the pointer's encoding: the same pointer.
+        let at = bytes.len() - bp.psize as usize;
+        let (head, body) = bytes.split_at(at);
+        assert_eq!(
+            BlockPointer::decode_with_body(head, body.to_vec()).unwrap(),
+            bp
+        );
+        assert!(BlockPointer::decode_with_body(head, body[1..].to_vec()).is_err());
+        assert!(BlockPointer::decode_with_body(&bytes, body.to_vec()).is_err());
     }
 
     #[test]

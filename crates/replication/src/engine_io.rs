@@ -65,7 +65,8 @@ pub fn remote_send(client: &api::Client, spec: &StreamSpec, out: &mut dyn Write)
     let mut r = client
         .post_for_stream("/v1/send", &[], &send_options(spec), stall())
         .map_err(Error::Remote)?;
-    std::io::copy(&mut r, out).map_err(|e| Error::Stream(format!("receiving the stream: {e}")))?;
+    api::client::copy_stream(&mut r, out)
+        .map_err(|e| Error::Stream(format!("receiving the stream: {e}")))?;
     Ok(())
 }
 

@@ -395,6 +395,40 @@ impl Row {
         }
     }
 
+    /// A RAW record's row; `stored`: its stored bytes read apart from the
+    /// payload ([`stream::Reader::read_record_split`]), taken uncopied.
+    pub fn decode_raw(p: &[u8], stored: Option<Vec<u8>>) -> Result<Row> {
+        let bad = |w: &str| Error::InvalidArgument(format!("invalid send stream: {w}"));
+        let u64_at = |at: usize| -> Result<u64> {
+            p.get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| bad("short row"))
+        };
+        let (obj, blk) = (u64_at(0)?, u64_at(8)?);
+        let bp = match stored {
+            Some(stored) => block::BlockPointer::decode_with_body(&p[16..], stored),
+            None => block::BlockPointer::decode(&p[16..]),
+        }
+        .map_err(|e| bad(&format!("raw block {blk} of object {obj}: {e}")))?;
+        // Stored as they came: their own checksum is the only check
+        // they get here (never decompressed nor re-checksummed).
+        let ok = bp.dvas.is_empty()
+            && bp.embedded.as_ref().is_some_and(|b| {
+                b.len() == bp.psize as usize && bp.checksum_algo.compute(b) == bp.checksum
+            });
+        if !ok {
+            return Err(bad(&format!(
+                "raw block {blk} of object {obj} fails its checksum"
+            )));
+        }
+        Ok(Row::Raw {
+            obj,
+            blk,
+            bp: Arc::new(bp),
+        })
+    }
+
     /// The row from a stream record of kind Data, Free or Name.
     pub fn decode(kind: Kind, p: &[u8]) -> Result<Row> {
         let bad = |w: &str| Error::InvalidArgument(format!("invalid send stream: {w}"));
@@ -425,27 +459,7 @@ impl Row {
                     Addr::Block { .. } => Err(bad("a name record with a block address")),
                 }
             }
-            Kind::Raw => {
-                let (obj, blk) = (u64_at(p, 0)?, u64_at(p, 8)?);
-                let bp = block::BlockPointer::decode(&p[16..])
-                    .map_err(|e| bad(&format!("raw block {blk} of object {obj}: {e}")))?;
-                // Stored as they came: their own checksum is the only check
-                // they get here (never decompressed nor re-checksummed).
-                let ok = bp.dvas.is_empty()
-                    && bp.embedded.as_ref().is_some_and(|b| {
-                        b.len() == bp.psize as usize && bp.checksum_algo.compute(b) == bp.checksum
-                    });
-                if !ok {
-                    return Err(bad(&format!(
-                        "raw block {blk} of object {obj} fails its checksum"
-                    )));
-                }
-                Ok(Row::Raw {
-                    obj,
-                    blk,
-                    bp: Arc::new(bp),
-                })
-            }
+            Kind::Raw => Row::decode_raw(p, None),
             Kind::RawName => {
                 let n = p
                     .get(..2)
@@ -856,6 +870,20 @@ impl Engine {
 
     /// `cistern send`: writes the stream of `opts` to `out`.
     pub fn send(&self, opts: &SendOptions, out: &mut dyn std::io::Write) -> Result<SendSummary> {
+        self.send_to(opts, stream::Out::Write(out))
+    }
+
+    /// [`Engine::send`] handing the stream's buffers to `sink` whole
+    /// (uncopied; the API passes them to the connection).
+    pub fn send_chunks(
+        &self,
+        opts: &SendOptions,
+        sink: &mut dyn stream::ChunkSink,
+    ) -> Result<SendSummary> {
+        self.send_to(opts, stream::Out::Chunks(sink))
+    }
+
+    fn send_to(&self, opts: &SendOptions, out: stream::Out<'_>) -> Result<SendSummary> {
         let (p, parts) = self.send_parts(opts)?;
         let raw = opts.raw || opts.resume_token.as_deref().is_some_and(token_is_raw);
         // The -R send each part belongs to (a resumed -R transfer: the
@@ -878,7 +906,10 @@ impl Engine {
         if raw {
             flags |= stream::FLAG_RAW;
         }
-        let mut w = stream::Writer::new(out, flags)?;
+        let mut w = match out {
+            stream::Out::Write(o) => stream::Writer::new(o, flags)?,
+            stream::Out::Chunks(sink) => stream::Writer::to_sink(sink, flags)?,
+        };
         let mut sum = SendSummary::default();
         for part in parts {
             let begin = Begin {
@@ -1517,8 +1548,8 @@ impl Engine {
         let mut batch: Vec<Row> = Vec::new();
         let mut batch_bytes = 0usize;
         loop {
-            let record = r
-                .read_record()?
+            let (record, stored) = r
+                .read_record_split()?
                 .ok_or_else(|| bad_stream("ended inside a snapshot"))?;
             sum.records += 1;
             match record.kind {
@@ -1527,7 +1558,10 @@ impl Engine {
                     return Err(bad_stream("a raw record in a stream without -w"));
                 }
                 Kind::Data | Kind::Free | Kind::Name | Kind::Raw | Kind::RawName => {
-                    let row = Row::decode(record.kind, &record.payload)?;
+                    let row = match record.kind {
+                        Kind::Raw => Row::decode_raw(&record.payload, stored)?,
+                        k => Row::decode(k, &record.payload)?,
+                    };
                     if let Row::Raw { obj, blk, bp } = &row {
                         let volume = rec.kind == DatasetKind::Volume;
                         let ok = if volume {

@@ -92,9 +92,14 @@ fn sum16(parts: &[&[u8]]) -> [u8; SUM_LEN] {
 /// bytes after it (the pointer's checksum covers those). The pointer's
 /// psize is at payload bytes 24..28 (docs/send-stream.md).
 fn raw_covered(payload: &[u8]) -> Option<usize> {
-    let psize = payload.get(24..28)?;
+    raw_covered_of(payload.len(), payload)
+}
+
+/// [`raw_covered`] of a payload of `len` bytes whose first 28 are `start`.
+fn raw_covered_of(len: usize, start: &[u8]) -> Option<usize> {
+    let psize = start.get(24..28)?;
     let psize = u32::from_le_bytes([psize[0], psize[1], psize[2], psize[3]]) as usize;
-    payload.len().checked_sub(psize).filter(|c| *c >= 28)
+    len.checked_sub(psize).filter(|c| *c >= 28)
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -106,9 +111,25 @@ fn io_err(e: std::io::Error) -> Error {
 /// where record-sized pieces at odd offsets keep it to one chunk at a time.
 const BATCH: usize = 1 << 20;
 
+/// Takes a stream's buffers whole, to pass them on uncopied (the daemon
+/// hands them to the connection): [`ChunkSink::put`] gets a filled buffer
+/// and returns an empty one (any capacity) to fill next.
+pub trait ChunkSink {
+    fn put(&mut self, chunk: Vec<u8>) -> std::io::Result<Vec<u8>>;
+    fn flush(&mut self) -> std::io::Result<()>;
+}
+
+/// Where a [`Writer`] drains to.
+pub enum Out<'a> {
+    /// Copied out of the writer's buffer.
+    Write(&'a mut dyn Write),
+    /// The writer's buffer itself.
+    Chunks(&'a mut dyn ChunkSink),
+}
+
 /// Writes a stream; counts its bytes and hashes them into the checkpoints.
 pub struct Writer<'a> {
-    out: &'a mut dyn Write,
+    out: Out<'a>,
     version: u32,
     /// Versions 1 and 2: every byte drained; 3: the header and every
     /// record checksum.
@@ -123,10 +144,19 @@ impl<'a> Writer<'a> {
         Self::with_version(out, flags, VERSION)
     }
 
+    /// A stream whose buffers go to `sink` whole.
+    pub fn to_sink(sink: &'a mut dyn ChunkSink, flags: u32) -> Result<Writer<'a>> {
+        Self::with_out(Out::Chunks(sink), flags, VERSION)
+    }
+
     /// A stream of an earlier `version` (1 without flags, 2 with them):
     /// what earlier builds wrote, for tests that receive old streams.
     #[doc(hidden)]
     pub fn with_version(out: &'a mut dyn Write, flags: u32, version: u32) -> Result<Writer<'a>> {
+        Self::with_out(Out::Write(out), flags, version)
+    }
+
+    fn with_out(out: Out<'a>, flags: u32, version: u32) -> Result<Writer<'a>> {
         let version = match version {
             3 => 3,
             _ if flags == 0 => 1,
@@ -161,8 +191,18 @@ impl<'a> Writer<'a> {
         if self.version < 3 {
             self.hash.update(&self.buf);
         }
-        self.out.write_all(&self.buf).map_err(io_err)?;
-        self.buf.clear();
+        match &mut self.out {
+            Out::Write(w) => {
+                w.write_all(&self.buf).map_err(io_err)?;
+                self.buf.clear();
+            }
+            Out::Chunks(sink) => {
+                let full = std::mem::take(&mut self.buf);
+                self.buf = sink.put(full).map_err(io_err)?;
+                self.buf.clear();
+                self.buf.reserve(BATCH + (64 << 10));
+            }
+        }
         Ok(())
     }
 
@@ -211,7 +251,11 @@ impl<'a> Writer<'a> {
 
     pub fn flush(&mut self) -> Result<()> {
         self.drain()?;
-        self.out.flush().map_err(io_err)
+        match &mut self.out {
+            Out::Write(w) => w.flush(),
+            Out::Chunks(sink) => sink.flush(),
+        }
+        .map_err(io_err)
     }
 }
 
@@ -240,7 +284,7 @@ pub struct Reader<'a> {
     pub version: u32,
     pub flags: u32,
     ended: bool,
-    peeked: Option<Record>,
+    peeked: Option<(Record, Option<Vec<u8>>)>,
 }
 
 impl<'a> Reader<'a> {
@@ -345,9 +389,56 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// `n` bytes in a buffer of their own: what the read-ahead holds, then
+    /// (version 3, where consumed bytes need no hashing) the rest straight
+    /// from the input, never staged in the read-ahead.
+    fn take_vec(&mut self, n: usize) -> Result<Vec<u8>> {
+        let mut v = Vec::with_capacity(n);
+        let k = n.min(self.end - self.pos);
+        v.extend_from_slice(&self.buf[self.pos..self.pos + k]);
+        self.pos += k;
+        self.bytes += k as u64;
+        if self.version < 3 || v.len() == n {
+            self.consume(n - v.len(), |b| v.extend_from_slice(b))?;
+            return Ok(v);
+        }
+        // The read-ahead is empty here (all of it was taken above).
+        let mut got = v.len();
+        v.resize(n, 0);
+        while got < n {
+            match self.inp.read(&mut v[got..]) {
+                Ok(0) => return Err(bad(format!("truncated at byte {}", self.bytes))),
+                Ok(k) => {
+                    got += k;
+                    self.bytes += k as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Err(bad(format!("truncated at byte {}", self.bytes)))
+                }
+                Err(e) => return Err(Error::Io(format!("reading the send stream: {e}"))),
+            }
+        }
+        Ok(v)
+    }
+
     /// The next record; `None` after the end record. Checkpoint records
     /// (SnapEnd, End) are checked against the stream's own checksum here.
     pub fn read_record(&mut self) -> Result<Option<Record>> {
+        Ok(self.read_record_split()?.map(|(mut r, stored)| {
+            if let Some(stored) = stored {
+                r.payload.extend_from_slice(&stored);
+            }
+            r
+        }))
+    }
+
+    /// [`Reader::read_record`], with a version 3 RAW record's stored bytes
+    /// apart: the payload holds object, block and the embedded pointer,
+    /// the second part the pointer's psize stored bytes, read into a
+    /// buffer of their own that becomes the received block (no copy).
+    /// `None` as the second part: the whole payload is in the record.
+    pub fn read_record_split(&mut self) -> Result<Option<(Record, Option<Vec<u8>>)>> {
         if let Some(r) = self.peeked.take() {
             return Ok(Some(r));
         }
@@ -371,8 +462,30 @@ impl<'a> Reader<'a> {
         if len > MAX_RECORD {
             return Err(bad(format!("record of {len} bytes at byte {}", self.bytes)));
         }
-        let mut payload = Vec::with_capacity(len as usize);
-        self.consume(len as usize, |b| payload.extend_from_slice(b))?;
+        let len = len as usize;
+        let split = self.version >= 3 && head[0] == Kind::Raw as u8 && len >= 28;
+        let (payload, stored) = if split {
+            // The pointer's psize (payload bytes 24..28) says where the
+            // stored bytes start; a psize that leaves no whole pointer
+            // is read as one payload and refused below.
+            let mut payload = vec![0u8; 28];
+            self.take(&mut payload)?;
+            match raw_covered_of(len, &payload) {
+                Some(covered) => {
+                    self.consume(covered - 28, |b| payload.extend_from_slice(b))?;
+                    let stored = self.take_vec(len - covered)?;
+                    (payload, Some(stored))
+                }
+                None => {
+                    self.consume(len - 28, |b| payload.extend_from_slice(b))?;
+                    (payload, None)
+                }
+            }
+        } else {
+            let mut payload = Vec::with_capacity(len);
+            self.consume(len, |b| payload.extend_from_slice(b))?;
+            (payload, None)
+        };
         let mut sum = [0u8; SUM_LEN];
         let at = self.bytes;
         self.take(&mut sum)?;
@@ -380,7 +493,9 @@ impl<'a> Reader<'a> {
         // stored bytes after it (the pointer's psize of them); those are
         // checked against the pointer's own checksum when the row is
         // decoded (`Row::decode`), before anything is stored.
-        let covered = if self.version >= 3 && head[0] == Kind::Raw as u8 {
+        let covered = if stored.is_some() {
+            payload.len()
+        } else if self.version >= 3 && head[0] == Kind::Raw as u8 {
             raw_covered(&payload).ok_or_else(|| bad(format!("short raw record at byte {at}")))?
         } else {
             payload.len()
@@ -400,15 +515,15 @@ impl<'a> Reader<'a> {
         if kind == Kind::End {
             self.ended = true;
         }
-        Ok(Some(Record { kind, payload }))
+        Ok(Some((Record { kind, payload }, stored)))
     }
 
     /// The next record's kind without consuming it (read and verified now).
     pub fn peek(&mut self) -> Result<Option<Kind>> {
         if self.peeked.is_none() {
-            self.peeked = self.read_record()?;
+            self.peeked = self.read_record_split()?;
         }
-        Ok(self.peeked.as_ref().map(|r| r.kind))
+        Ok(self.peeked.as_ref().map(|r| r.0.kind))
     }
 }
 
@@ -443,6 +558,49 @@ mod tests {
 
     fn sample() -> Vec<u8> {
         sample_v(VERSION, 0)
+    }
+
+    /// Collects the buffers a writer hands over whole.
+    struct Collect(Vec<u8>, usize);
+
+    impl ChunkSink for Collect {
+        fn put(&mut self, chunk: Vec<u8>) -> std::io::Result<Vec<u8>> {
+            self.0.extend_from_slice(&chunk);
+            self.1 += 1;
+            Ok(chunk)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_sink_gets_the_same_stream_in_whole_buffers() {
+        let mut sink = Collect(Vec::new(), 0);
+        let mut out = Vec::new();
+        {
+            let mut a = Writer::to_sink(&mut sink, FLAG_RAW).unwrap();
+            let mut b = Writer::new(&mut out, FLAG_RAW).unwrap();
+            for w in [&mut a, &mut b] {
+                w.record(Kind::Begin, &[b"{}"]).unwrap();
+                // More than one buffer's worth of records.
+                for i in 0..40u8 {
+                    w.record(Kind::Data, &[&[i; 64 << 10]]).unwrap();
+                }
+                w.checkpoint(Kind::SnapEnd).unwrap();
+                w.checkpoint(Kind::End).unwrap();
+                w.flush().unwrap();
+            }
+        }
+        assert_eq!(sink.0, out);
+        assert!(sink.1 >= 3, "{} buffers", sink.1);
+        let mut inp = &sink.0[..];
+        let mut r = Reader::new(&mut inp).unwrap();
+        let mut n = 0;
+        while r.read_record().unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 43);
     }
 
     /// Reads a stream as a receive does: rows decoded (a RAW row's stored
