@@ -233,7 +233,8 @@ def test_kill9_under_flush_fua_load(make_daemon, disks, tmp_path, log, encrypted
 def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     """Eight connections flushing at once put several intent-log writes in
     flight (decision 0041), so a kill can land with a later log batch on
-    disk and an earlier one not: replay must stop at the hole, and the
+    disk and an earlier one not (and, decision 0057, with FLUSHes queued on
+    the log, answered by whichever thread's write makes them durable): replay must stop at the hole, and the
     records written after the restart must never bring the stale ones back
     (several kills in a row on the same log)."""
     rng = random.Random(int(os.environ.get("CISTERN_CRASH_SEED", "1234")) + 41)
@@ -243,10 +244,17 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     vol = "tank/crash"
     model = Model()
     overlapped = []
+    deferred = []
+
+    def before_kill():
+        s = d.api("GET", "/v1/pools/tank/iostat")
+        overlapped.append(s["log_overlapped"])
+        deferred.append(s["log_deferred"])
+
     total_durable = 0
     for cycle in range(1, max(4, CYCLES // 4) + 1):
         _run_workers(d, vol, tmp_path / f"journal-{cycle}", cycle, rng, rng.uniform(0.3, 1.5), workers=8,
-                     before_kill=lambda: overlapped.append(d.api("GET", "/v1/pools/tank/iostat")["log_overlapped"]))
+                     before_kill=before_kill)
         model.load_journal(tmp_path / f"journal-{cycle}")
         total_durable += model.n_durable
         d.start()
@@ -254,6 +262,10 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
         model.n_issued = model.n_durable = 0
     assert total_durable > 100, f"workload too small to mean anything: {total_durable} durable writes"
     assert sum(overlapped) > 0, f"no log write ever overlapped another: {overlapped}"
+    # The FLUSHes were answered by the threads that wrote the log, holding no
+    # thread of their own while they waited (decision 0057): that path is
+    # what the kills above hit.
+    assert sum(deferred) > 0, f"no FLUSH took the deferred path: {deferred}"
     d.restart()
     _verify(d, vol, model, "after a final clean restart")
 

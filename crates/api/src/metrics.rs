@@ -131,6 +131,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_overlapped as f64,
         ),
         (
+            "cistern_pool_log_deferred_flushes_total",
+            "counter",
+            "Commit requests (NBD FLUSH) answered by the thread that made them durable, holding no thread while they waited (decision 0057).",
+            |s| s.log_deferred as f64,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",

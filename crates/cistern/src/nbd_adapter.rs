@@ -364,6 +364,22 @@ impl BlockExport for VolumeExport {
         self.gate.with(|v| v.flush().map_err(map_error))
     }
 
+    fn flush_start(&self, done: nbd::FlushDone) -> nbd::FlushStart {
+        // A gate being shut (revoke, close) waits for no one here.
+        let Ok(g) = self.gate.vol.try_read() else {
+            return nbd::FlushStart::Blocking(done);
+        };
+        let Some(v) = g.as_deref() else {
+            return nbd::FlushStart::Blocking(done);
+        };
+        match v.flush_deferred(done) {
+            dataset::FlushStart::Done(w) => nbd::FlushStart::Done(w),
+            dataset::FlushStart::Queued => nbd::FlushStart::Queued,
+            dataset::FlushStart::Drive(f) => nbd::FlushStart::Drive(f),
+            dataset::FlushStart::Refused(w) => nbd::FlushStart::Blocking(w),
+        }
+    }
+
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
         self.gate
             .with(|v| v.trim(offset, len, fua).map_err(map_error))?;

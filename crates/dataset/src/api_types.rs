@@ -343,6 +343,9 @@ pub struct PoolStats {
     /// Log writes issued while another was in flight (decision 0041).
     #[serde(default)]
     pub log_overlapped: u64,
+    /// Commit requests answered without a thread of their own (decision 0057).
+    #[serde(default)]
+    pub log_deferred: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -501,4 +504,7 @@ pub struct PoolIostat {
     /// Log writes issued while another was in flight (decision 0041).
     #[serde(default)]
     pub log_overlapped: u64,
+    /// Commit requests answered without a thread of their own (decision 0057).
+    #[serde(default)]
+    pub log_deferred: u64,
 }

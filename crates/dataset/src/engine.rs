@@ -2420,6 +2420,7 @@ impl Engine {
             log_commits: log.commits.load(Ordering::Relaxed),
             log_flushes: log.flushes.load(Ordering::Relaxed),
             log_overlapped: log.overlapped.load(Ordering::Relaxed),
+            log_deferred: log.deferred.load(Ordering::Relaxed),
         })
     }
 }

@@ -51,6 +51,7 @@ pub use policy;
 pub use policy::EventKind;
 pub use send::bookmark::{Bookmark, BookmarkInfo};
 pub use send::{ReceiveOptions, ReceiveSummary, SendOptions, SendSummary};
+pub use volume::FlushStart;
 
 /// Metadata format and device label version this build writes (`pool upgrade`).
 pub const META_FORMAT: u64 = meta::META_FORMAT_VERSION;

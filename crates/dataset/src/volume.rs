@@ -786,6 +786,19 @@ impl ImportedPool {
     }
 }
 
+/// What [`Volume::flush_deferred`] did.
+pub enum FlushStart {
+    /// Durable already: answer at once (the waiter is handed back uncalled).
+    Done(intent_log::Waiter),
+    /// A log write in flight answers it (calls the waiter).
+    Queued,
+    /// Queued; run this on a thread that may block: it writes the log and
+    /// answers the queued FLUSHes it makes durable.
+    Drive(Box<dyn FnOnce() + Send>),
+    /// Use [`Volume::flush`].
+    Refused(intent_log::Waiter),
+}
+
 /// A volume's (or snapshot's) settings as of one request.
 struct State {
     size: u64,
@@ -968,6 +981,29 @@ impl Volume {
     pub fn flush(&self) -> Result<()> {
         self.current()?;
         self.pool.commit_log(self.pool.log.last_seq())
+    }
+
+    /// A FLUSH that holds no thread while it waits (decision 0057): `done`
+    /// is called with `true` once every write completed before this call is
+    /// durable, by the thread whose log write (or txg) made it so (see
+    /// [`intent_log::IntentLog::commit_deferred`]). With `false`, or when
+    /// this returns [`FlushStart::Refused`], the caller runs
+    /// [`Volume::flush`] instead, which waits out a suspended pool or a txg
+    /// and reports failures. Never blocks.
+    pub fn flush_deferred(&self, done: intent_log::Waiter) -> FlushStart {
+        let p = &self.pool;
+        if p.pool.is_fenced() || p.is_closed() || p.is_suspended() || self.current().is_err() {
+            return FlushStart::Refused(done);
+        }
+        match p.log.commit_deferred(p.log.last_seq(), done) {
+            intent_log::Deferred::Done(w) => FlushStart::Done(w),
+            intent_log::Deferred::Queued => FlushStart::Queued,
+            intent_log::Deferred::Refused(w) => FlushStart::Refused(w),
+            intent_log::Deferred::Drive => {
+                let log = p.log.clone();
+                FlushStart::Drive(Box::new(move || log.drive()))
+            }
+        }
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {

@@ -242,6 +242,33 @@ struct State {
     /// Set while the pool is suspended with failmode=continue: a commit
     /// that would wait for a txg fails with this instead.
     failing: Option<String>,
+    /// Deferred commits (decision 0057): record sequence number and what to
+    /// call once it is durable, in sequence order. Answered by the thread
+    /// whose log write (or txg) makes them durable; none holds a thread.
+    waiters: VecDeque<(u64, Waiter)>,
+    /// Threads running [`IntentLog::drive`].
+    drivers: usize,
+}
+
+/// Called once with `true` when a deferred commit's record (and every one
+/// before it) is durable, or with `false` when it must go the blocking way
+/// ([`IntentLog::commit`], which handles failures and suspension). Runs on
+/// whatever thread finished the work, without the log's lock: it must not
+/// block.
+pub type Waiter = Box<dyn FnOnce(bool) + Send>;
+
+/// What [`IntentLog::commit_deferred`] did with a waiter.
+pub enum Deferred {
+    /// Durable already: the caller answers at once (the waiter is not called).
+    Done(Waiter),
+    /// Queued: a log write in flight (or a running driver) answers it.
+    Queued,
+    /// Queued, and nothing in flight covers it: the caller runs
+    /// [`IntentLog::drive`] on a thread that may block.
+    Drive,
+    /// Not taken (a txg must be waited for, or the log failed or is
+    /// closed): the caller uses [`IntentLog::commit`].
+    Refused(Waiter),
 }
 
 /// Where replay must start if the pool crashes after the txg that takes it.
@@ -270,6 +297,8 @@ pub struct Stats {
     pub flushes: AtomicU64,
     /// Log writes issued while another was still in flight.
     pub overlapped: AtomicU64,
+    /// Deferred commits answered durable (decision 0057), also in `flushes`.
+    pub deferred: AtomicU64,
 }
 
 pub struct IntentLog {
@@ -330,6 +359,8 @@ impl IntentLog {
                 region,
                 switch_to: None,
                 failing: None,
+                waiters: VecDeque::new(),
+                drivers: 0,
             }),
             changed: Condvar::new(),
             request_txg,
@@ -472,7 +503,10 @@ impl IntentLog {
         if st.pending.is_empty() && st.in_flight.is_empty() {
             st.durable_seq = st.durable_seq.max(cp.applied_seq);
         }
+        let ready = self.take_ready(&mut st);
         self.changed.notify_all();
+        drop(st);
+        answer(ready, true);
     }
 
     /// Returns once the record `seq` and every one before it is durable.
@@ -482,6 +516,13 @@ impl IntentLog {
     /// replay, which stops at the first missing record, finds every record
     /// acknowledged here.
     pub fn commit(&self, seq: u64) -> Result<(), LogError> {
+        self.commit_quiet(seq)?;
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// [`IntentLog::commit`] without counting a commit request answered.
+    fn commit_quiet(&self, seq: u64) -> Result<(), LogError> {
         let mut st = self.state.lock();
         loop {
             if let Some(f) = &st.failed {
@@ -491,7 +532,6 @@ impl IntentLog {
             // once a committed txg holds them all.
             let dropped_done = st.applied_seq >= st.dropped_below;
             if st.applied_seq > seq || (dropped_done && st.durable_seq > seq) {
-                self.stats.flushes.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
             if st.closed {
@@ -551,7 +591,9 @@ impl IntentLog {
                     drop(st);
                     let result = self.write_all(&region, &writes);
                     st = self.state.lock();
-                    match result {
+                    // Deferred commits this write made durable are answered
+                    // from this thread, right away (decision 0057).
+                    let (ready, durable) = match result {
                         Ok(()) => {
                             if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
                                 b.done = true;
@@ -561,6 +603,7 @@ impl IntentLog {
                             self.stats
                                 .records
                                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                            (self.take_ready(&mut st), true)
                         }
                         Err(e) => {
                             // The batch stays in `in_flight`, not done: no
@@ -570,9 +613,23 @@ impl IntentLog {
                             }
                             tracing::error!(error = %e, "intent log write failed");
                             st.failed = Some(e.to_string());
+                            // Every waiter goes the blocking way, which
+                            // reports or waits out the failure.
+                            (std::mem::take(&mut st.waiters), false)
                         }
-                    }
+                    };
+                    // Waiters whose records were left to a txg since they
+                    // were queued: ask for it (`applied` answers them).
+                    let need_txg = !st.waiters.is_empty() && st.applied_seq < st.dropped_below;
                     self.changed.notify_all();
+                    if !ready.is_empty() || need_txg {
+                        drop(st);
+                        answer(ready, durable);
+                        if need_txg {
+                            (self.request_txg)();
+                        }
+                        st = self.state.lock();
+                    }
                 }
                 Err(full) => {
                     for p in batch.into_iter().rev() {
@@ -594,6 +651,102 @@ impl IntentLog {
                 }
             }
         }
+    }
+
+    /// A commit that holds no thread while it waits (decision 0057): ZFS's
+    /// zil_commit without a thread per waiter. `waiter` is called once the
+    /// record `seq` and every one before it is durable, by the thread whose
+    /// log write (or txg) made it so. If no log write in flight covers
+    /// `seq`, the caller is asked to run [`IntentLog::drive`] on a thread
+    /// that may block ([`Deferred::Drive`]), up to [`MAX_IN_FLIGHT`] at once;
+    /// past that the running drivers take it.
+    pub fn commit_deferred(&self, seq: u64, waiter: Waiter) -> Deferred {
+        let mut st = self.state.lock();
+        if st.closed || st.failed.is_some() || st.failing.is_some() {
+            return Deferred::Refused(waiter);
+        }
+        if Self::durable(&st, seq) {
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            return Deferred::Done(waiter);
+        }
+        if st.applied_seq < st.dropped_below {
+            return Deferred::Refused(waiter);
+        }
+        // Kept in sequence order: callers read `seq` before the lock.
+        let at = st.waiters.partition_point(|(s, _)| *s <= seq);
+        st.waiters.insert(at, (seq, waiter));
+        if Self::covered(&st, seq) || st.drivers >= MAX_IN_FLIGHT {
+            return Deferred::Queued;
+        }
+        st.drivers += 1;
+        Deferred::Drive
+    }
+
+    /// Writes the log for the queued deferred commits no write in flight
+    /// covers, and answers those it makes durable; returns once every
+    /// queued one is answered or covered by a write in flight (whose thread
+    /// answers it). On a failure every queued waiter is answered `false`.
+    pub fn drive(&self) {
+        loop {
+            let (ready, target) = {
+                let mut st = self.state.lock();
+                let ready = self.take_ready(&mut st);
+                // The newest waiter: covering it covers every one before.
+                let target = st
+                    .waiters
+                    .back()
+                    .map(|(s, _)| *s)
+                    .filter(|&s| !Self::covered(&st, s));
+                if target.is_none() {
+                    st.drivers -= 1;
+                }
+                (ready, target)
+            };
+            answer(ready, true);
+            let Some(target) = target else {
+                return;
+            };
+            if self.commit_quiet(target).is_err() {
+                let failed = {
+                    let mut st = self.state.lock();
+                    st.drivers -= 1;
+                    std::mem::take(&mut st.waiters)
+                };
+                answer(failed, false);
+                return;
+            }
+        }
+    }
+
+    /// Whether record `seq` and every one before it is durable.
+    fn durable(st: &State, seq: u64) -> bool {
+        st.failed.is_none()
+            && (st.applied_seq > seq
+                || (st.applied_seq >= st.dropped_below && st.durable_seq > seq))
+    }
+
+    /// A log write in flight holds record `seq` (its thread, or the one of
+    /// a batch before it, answers the waiter).
+    fn covered(st: &State, seq: u64) -> bool {
+        st.in_flight
+            .back()
+            .is_some_and(|b| b.end_seq > seq && !b.failed)
+    }
+
+    /// Takes the waiters that are durable now (counted as answered).
+    fn take_ready(&self, st: &mut State) -> VecDeque<(u64, Waiter)> {
+        let n = st
+            .waiters
+            .iter()
+            .take_while(|(s, _)| Self::durable(st, *s))
+            .count();
+        if n > 0 {
+            self.stats.flushes.fetch_add(n as u64, Ordering::Relaxed);
+            self.stats.deferred.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let rest = st.waiters.split_off(n);
+        std::mem::replace(&mut st.waiters, rest)
     }
 
     /// Lays out `batch` from `write_pos` on, with a JUMP record where the
@@ -709,8 +862,17 @@ impl IntentLog {
     /// records were left to the txg) fails at once with this reason instead
     /// of waiting (a suspended pool with failmode=continue).
     pub fn set_failing(&self, reason: Option<String>) {
-        self.state.lock().failing = reason;
+        let mut st = self.state.lock();
+        st.failing = reason;
+        // Waiters that need a txg would wait for it: the blocking way fails them.
+        let refused = if st.failing.is_some() && st.applied_seq < st.dropped_below {
+            std::mem::take(&mut st.waiters)
+        } else {
+            VecDeque::new()
+        };
         self.changed.notify_all();
+        drop(st);
+        answer(refused, false);
     }
 
     /// After a failed log write, once the pool is resumed: commits work
@@ -732,8 +894,20 @@ impl IntentLog {
 
     /// Fails every later commit; waiters wake up.
     pub fn close(&self) {
-        self.state.lock().closed = true;
+        let mut st = self.state.lock();
+        st.closed = true;
+        let waiters = std::mem::take(&mut st.waiters);
         self.changed.notify_all();
+        drop(st);
+        answer(waiters, false);
+    }
+}
+
+/// Calls each waiter (never under the log's lock: a waiter may send a reply
+/// or queue the request for a blocking retry).
+fn answer(waiters: VecDeque<(u64, Waiter)>, durable: bool) {
+    for (_, w) in waiters {
+        w(durable);
     }
 }
 

@@ -377,3 +377,122 @@ fn overlapping_commits_replay_every_acknowledged_record_in_order() {
         assert_eq!(r.payload, vec![r.offset as u8; payload_len]);
     }
 }
+
+/// Deferred commits (decision 0057): every waiter is answered once, only
+/// after its record (and every one before it) is on the device: the waiter
+/// itself replays the region and finds them.
+#[test]
+fn deferred_commits_are_answered_once_and_only_when_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let region = p.log_region();
+    let (log, _) = open(&p, start());
+    let answered = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
+    let checked = Arc::new(AtomicU64::new(0));
+    let (mut drives, mut queued, mut done) = (0, 0, 0);
+    let threads = 8u64;
+    let per_thread = 40u64;
+    std::thread::scope(|s| {
+        let (drives, queued, done) = (&mut drives, &mut queued, &mut done);
+        let (tx, rx) = std::sync::mpsc::channel::<(u8, bool)>();
+        for t in 0..threads {
+            let (log, answered, checked, region, tx) = (
+                log.clone(),
+                answered.clone(),
+                checked.clone(),
+                region.clone(),
+                tx.clone(),
+            );
+            let guid = p.guid;
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let seq = log.append(RecordKind::Write, 1, t, i, &[t as u8; 4096]);
+                    let (ans_tx, ans_rx) = std::sync::mpsc::channel();
+                    let (answered, checked, region) =
+                        (answered.clone(), checked.clone(), region.clone());
+                    let waiter: Waiter = Box::new(move |durable| {
+                        if durable && i % 8 == 0 {
+                            // What replay finds right now: every record up to seq.
+                            let mut buf = vec![0u8; region.size().min(4 << 20) as usize];
+                            region.read(0, &mut buf).unwrap();
+                            let (found, _, _) = fuzzing::replay(&buf, guid, start());
+                            assert!(
+                                found.last().is_some_and(|r| r.seq >= seq),
+                                "record {seq} answered durable before it was written"
+                            );
+                            checked.fetch_add(1, Ordering::SeqCst);
+                        }
+                        answered.lock().push((seq, durable));
+                        let _ = ans_tx.send(());
+                    });
+                    match log.commit_deferred(seq, waiter) {
+                        Deferred::Done(w) => {
+                            let _ = tx.send((0, false));
+                            w(true);
+                        }
+                        Deferred::Queued => {
+                            let _ = tx.send((1, false));
+                        }
+                        Deferred::Drive => {
+                            let _ = tx.send((2, false));
+                            log.drive();
+                        }
+                        Deferred::Refused(_) => panic!("refused"),
+                    }
+                    ans_rx
+                        .recv_timeout(Duration::from_secs(20))
+                        .expect("a deferred commit was never answered");
+                }
+            });
+        }
+        drop(tx);
+        for (kind, _) in rx {
+            match kind {
+                0 => *done += 1,
+                1 => *queued += 1,
+                _ => *drives += 1,
+            }
+        }
+    });
+    let answered = answered.lock();
+    assert_eq!(answered.len() as u64, threads * per_thread);
+    assert!(answered.iter().all(|(_, d)| *d));
+    let mut seqs: Vec<u64> = answered.iter().map(|(s, _)| *s).collect();
+    seqs.sort();
+    seqs.dedup();
+    assert_eq!(seqs.len() as u64, threads * per_thread, "answered twice");
+    assert!(checked.load(Ordering::SeqCst) >= threads * per_thread / 8);
+    assert!(drives > 0, "no driver ran");
+    // Group commit: fewer log writes than commits.
+    let syncs = log.stats().syncs.load(Ordering::Relaxed);
+    assert!(
+        syncs < threads * per_thread,
+        "{syncs} syncs, {queued} queued, {done} done"
+    );
+    drop(log);
+    let (_, found) = open(&p, start());
+    assert_eq!(found.len() as u64, threads * per_thread);
+}
+
+/// A closed log answers queued deferred commits `false` (the caller's
+/// blocking retry reports the error) and refuses new ones.
+#[test]
+fn a_closed_log_answers_deferred_commits_false() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let (log, _) = open(&p, start());
+    let seq = log.append(RecordKind::Write, 1, 0, 0, &[1; 512]);
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    let d = log.commit_deferred(seq, Box::new(move |ok| *g.lock() = Some(ok)));
+    assert!(matches!(d, Deferred::Drive));
+    // The driver has not run yet: close answers the waiter.
+    log.close();
+    assert_eq!(*got.lock(), Some(false));
+    log.drive();
+    let seq = log.append(RecordKind::Write, 1, 0, 0, &[1; 512]);
+    assert!(matches!(
+        log.commit_deferred(seq, Box::new(|_| {})),
+        Deferred::Refused(_)
+    ));
+}

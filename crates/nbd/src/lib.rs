@@ -141,6 +141,23 @@ impl ReadChunk {
     }
 }
 
+/// Called once when a FLUSH started by [`BlockExport::flush_start`] is
+/// durable (`true`) or must run [`BlockExport::flush`] (`false`).
+pub type FlushDone = Box<dyn FnOnce(bool) + Send>;
+
+/// What [`BlockExport::flush_start`] did with a FLUSH.
+pub enum FlushStart {
+    /// Already durable: answer at once (`done` handed back uncalled).
+    Done(FlushDone),
+    /// Whoever makes it durable calls `done`.
+    Queued,
+    /// Queued; the server runs this on a thread that may block (it writes
+    /// and calls `done` of the FLUSHes it makes durable).
+    Drive(Box<dyn FnOnce() + Send>),
+    /// Run [`BlockExport::flush`] on a worker as usual (`done` uncalled).
+    Blocking(FlushDone),
+}
+
 /// One descriptor of a BLOCK_STATUS reply: `len` bytes with these flags
 /// (for base:allocation: bit 0 = NBD_STATE_HOLE, bit 1 = NBD_STATE_ZERO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +188,14 @@ pub trait BlockExport: Send + Sync + 'static {
     }
     /// Every write completed before this call, on any connection, becomes durable.
     fn flush(&self) -> Result<(), ExportError>;
+    /// A FLUSH started on the connection's reader task without a thread of
+    /// its own (decision 0057). Must not block. `done(true)` is called
+    /// (from any thread) once what [`BlockExport::flush`] promises holds;
+    /// `done(false)` has the server run `flush` on a worker instead (which
+    /// reports the error, or waits). Default: always `flush`.
+    fn flush_start(&self, done: FlushDone) -> FlushStart {
+        FlushStart::Blocking(done)
+    }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;
     /// `allocate` = NBD_CMD_FLAG_NO_HOLE was set.
     fn write_zeroes(

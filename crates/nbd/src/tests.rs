@@ -1476,6 +1476,39 @@ struct InlineExport {
     tried: AtomicU64,
     inline: AtomicU64,
     blocking: AtomicU64,
+    /// What `flush_start` answers: 0 Done, 1 Queued, 2 Drive, else Blocking.
+    flush_mode: AtomicU64,
+    /// Callbacks of queued FLUSHes, called by the test (or the driver).
+    parked: Arc<std::sync::Mutex<Vec<FlushDone>>>,
+    /// `flush` calls (the blocking path).
+    flushes: AtomicU64,
+}
+
+impl InlineExport {
+    fn new() -> Self {
+        InlineExport {
+            mem: RamExport::new(1 << 20, false),
+            refuse: false.into(),
+            tried: 0.into(),
+            inline: 0.into(),
+            blocking: 0.into(),
+            flush_mode: 3.into(),
+            parked: Default::default(),
+            flushes: 0.into(),
+        }
+    }
+    fn answer_parked(&self, durable: bool) -> usize {
+        answer_all(&self.parked, durable)
+    }
+}
+
+fn answer_all(parked: &std::sync::Mutex<Vec<FlushDone>>, durable: bool) -> usize {
+    let parked = std::mem::take(&mut *parked.lock().unwrap());
+    let n = parked.len();
+    for done in parked {
+        done(durable);
+    }
+    n
 }
 
 impl BlockExport for InlineExport {
@@ -1507,7 +1540,25 @@ impl BlockExport for InlineExport {
         Some(self.mem.write(offset, data, false))
     }
     fn flush(&self) -> Result<(), ExportError> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
         self.mem.flush()
+    }
+    fn flush_start(&self, done: FlushDone) -> FlushStart {
+        match self.flush_mode.load(Ordering::SeqCst) {
+            0 => FlushStart::Done(done),
+            1 => {
+                self.parked.lock().unwrap().push(done);
+                FlushStart::Queued
+            }
+            2 => {
+                self.parked.lock().unwrap().push(done);
+                let parked = self.parked.clone();
+                FlushStart::Drive(Box::new(move || {
+                    answer_all(&parked, true);
+                }))
+            }
+            _ => FlushStart::Blocking(done),
+        }
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
         self.mem.trim(offset, len, fua)
@@ -1550,13 +1601,7 @@ impl ExportProvider for InlineProvider {
 /// lands exactly once either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_writes_run_inline_unless_refused() {
-    let exp = Arc::new(InlineExport {
-        mem: RamExport::new(1 << 20, false),
-        refuse: false.into(),
-        tried: 0.into(),
-        inline: 0.into(),
-        blocking: 0.into(),
-    });
+    let exp = Arc::new(InlineExport::new());
     let (addr, stop, task) = serve_provider(
         Arc::new(InlineProvider(exp.clone())),
         ServerConfig::default(),
@@ -1602,6 +1647,58 @@ async fn small_writes_run_inline_unless_refused() {
     c.req(0, CMD_READ, 8, 8192, 4, &[]).await;
     assert_eq!(c.simple().await, (0, 8));
     assert_eq!(c.get(4).await, b"efgh");
+    stop.send(true).unwrap();
+    let _ = tokio::time::timeout(T, task).await;
+}
+
+/// FLUSH through `flush_start` (decision 0057): answered at once when
+/// durable, only when its callback fires when queued (from any thread, or
+/// the driver run on a worker), and by the blocking `flush` when refused or
+/// answered `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_replies_wait_for_their_callback() {
+    let exp = Arc::new(InlineExport::new());
+    let (addr, stop, task) = serve_provider(
+        Arc::new(InlineProvider(exp.clone())),
+        ServerConfig::default(),
+    )
+    .await;
+    let mut c = C::session(addr, "inline", false).await;
+    // Durable already: answered by the reader, `flush` not called.
+    exp.flush_mode.store(0, Ordering::SeqCst);
+    c.req(0, CMD_FLUSH, 1, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 1));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 0);
+    // Queued: no reply until the callback fires (here from a plain thread).
+    exp.flush_mode.store(1, Ordering::SeqCst);
+    c.req(0, CMD_FLUSH, 2, 0, 0, &[]).await;
+    let mut b = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.s.read(&mut b))
+            .await
+            .is_err(),
+        "a queued FLUSH was answered before it was durable"
+    );
+    let e = exp.clone();
+    std::thread::spawn(move || assert_eq!(e.answer_parked(true), 1))
+        .join()
+        .unwrap();
+    assert_eq!(c.simple().await, (0, 2));
+    // Queued, then answered false: the worker runs the blocking flush.
+    c.req(0, CMD_FLUSH, 3, 0, 0, &[]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(exp.answer_parked(false), 1);
+    assert_eq!(c.simple().await, (0, 3));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 1);
+    // A driver: run on a worker, it answers the FLUSH.
+    exp.flush_mode.store(2, Ordering::SeqCst);
+    c.req(0, CMD_FLUSH, 4, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 4));
+    // Refused: the blocking flush.
+    exp.flush_mode.store(3, Ordering::SeqCst);
+    c.req(0, CMD_FLUSH, 5, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 5));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 2);
     stop.send(true).unwrap();
     let _ = tokio::time::timeout(T, task).await;
 }

@@ -26,7 +26,9 @@ use crate::limits::{BadClients, Shared};
 use crate::proto::*;
 use crate::sink::{encode_to_vec, Permits, ReadMode, Reply, Sink, Wire};
 use crate::stats::{stats, ServerStats};
-use crate::{BlockExport, ExportError, ReadChunk, ServerConfig, StatusExtent};
+use crate::{
+    BlockExport, ExportError, FlushDone, FlushStart, ReadChunk, ServerConfig, StatusExtent,
+};
 
 /// Why a session ended.
 #[derive(Debug)]
@@ -350,13 +352,24 @@ where
             }
         }
 
-        // ---- hand it to the connection's blocking workers
-        if dispatcher.submit(Job {
+        let job = Job {
             req,
             payload,
             permits,
-        }) && !rebalance_armed
-        {
+            drive: None,
+        };
+        // ---- a FLUSH holds no thread while it waits (decision 0057): it is
+        // answered here if already durable, else by the thread whose log
+        // write makes it durable.
+        if req.command == Command::Flush && !session.is_revoked() {
+            if catch_unwind(AssertUnwindSafe(|| dispatcher.start_flush(job))).is_err() {
+                tracing::error!("export panicked (flush)");
+                break End::Io(io::Error::other("export panicked"));
+            }
+            continue;
+        }
+        // ---- hand it to the connection's blocking workers
+        if dispatcher.submit(job) && !rebalance_armed {
             rebalance_armed = true;
             rebalance
                 .as_mut()
@@ -527,6 +540,9 @@ struct Job {
     req: Request,
     payload: Vec<u8>,
     permits: Permits,
+    /// Instead of the request: writes the intent log for deferred FLUSHes
+    /// (decision 0057), on the connection's worker (no thread of its own).
+    drive: Option<Box<dyn FnOnce() + Send>>,
 }
 
 #[derive(Default)]
@@ -584,6 +600,9 @@ struct Dispatcher {
     session: Arc<Session>,
     sink: Arc<Sink>,
     max_workers: usize,
+    /// Workers may be started from outside the runtime (a FLUSH sent back
+    /// to the blocking path by the log's thread).
+    rt: tokio::runtime::Handle,
 }
 
 impl Dispatcher {
@@ -597,6 +616,7 @@ impl Dispatcher {
             session,
             sink,
             max_workers: max_workers.max(1),
+            rt: tokio::runtime::Handle::current(),
         }
     }
 
@@ -660,7 +680,66 @@ impl Dispatcher {
 
     fn spawn_worker(self: &Arc<Self>) {
         let d = self.clone();
-        tokio::task::spawn_blocking(move || d.work());
+        self.rt.spawn_blocking(move || d.work());
+    }
+
+    /// Starts a FLUSH through [`BlockExport::flush_start`]: its reply is
+    /// sent by whoever finds it durable (this task, or the thread that
+    /// wrote the log); if the export cannot do that, it runs on a worker
+    /// like any request.
+    fn start_flush(self: &Arc<Self>, job: Job) {
+        let d = self.clone();
+        let req = job.req;
+        let done: FlushDone = Box::new(move |durable| {
+            if durable {
+                let reply = Reply::Simple {
+                    handle: job.req.handle,
+                    error: 0,
+                };
+                d.sink.send(&reply, job.permits);
+            } else {
+                d.submit_later(job);
+            }
+        });
+        match self.session.export.flush_start(done) {
+            FlushStart::Done(done) => done(true),
+            FlushStart::Queued => {}
+            FlushStart::Drive(drive) => self.submit_later(Job {
+                req,
+                payload: Vec::new(),
+                permits: Permits {
+                    _slot: None,
+                    bytes: None,
+                    global: None,
+                },
+                drive: Some(drive),
+            }),
+            FlushStart::Blocking(done) => done(false),
+        }
+    }
+
+    /// Queues a job from outside the reader's flow control (a FLUSH sent
+    /// back to the blocking path, a log driver): wakes an idle worker or
+    /// starts one.
+    fn submit_later(self: &Arc<Self>, job: Job) {
+        let spawn = {
+            let mut q = self.lock();
+            q.queued_sync += usize::from(is_sync(&job.req));
+            q.jobs.push_back(job);
+            if q.idle > q.signalled {
+                q.signalled += 1;
+                self.ready.notify_one();
+                false
+            } else if q.workers < self.max_workers {
+                q.workers += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if spawn {
+            self.spawn_worker();
+        }
     }
 
     /// Ends the workers once the queue is empty.
@@ -710,7 +789,14 @@ impl Dispatcher {
             req,
             payload,
             mut permits,
+            drive,
         } = job;
+        if let Some(drive) = drive {
+            if catch_unwind(AssertUnwindSafe(drive)).is_err() {
+                tracing::error!("intent log driver panicked");
+            }
+            return;
+        }
         let s = &*self.session;
         let reply = match catch_unwind(AssertUnwindSafe(|| execute(s, &req, payload))) {
             Ok(r) => r,
