@@ -54,13 +54,17 @@ pub struct BucketConfig {
     pub region: Option<String>,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
-    /// Size of a new bucket pool's device (its sparse local cache), bytes.
+    /// Size of a new bucket pool's device (its sparse local cache), bytes
+    /// or a size such as "64G".
+    #[serde(deserialize_with = "crate::size::de_opt_size")]
     pub cache_size: Option<u64>,
     /// Largest change shipped inline in a log record, bytes.
     pub inline_max: Option<usize>,
     /// Bound of the local cache, bytes (decision 0054): opening fetches no
     /// segment, reads fetch what they miss, least recently used data is
     /// evicted. Unset: the cache holds the whole device, rebuilt at open.
+    /// Bytes or a size such as "64M", as the `[engine]` sizes.
+    #[serde(deserialize_with = "crate::size::de_opt_size")]
     pub cache_bytes: Option<u64>,
     /// A standby (`serve --standby`) takes the pool over by itself once the
     /// owner's log and heartbeat object have not changed for this long.

@@ -2,6 +2,7 @@
 
 pub mod bucket;
 mod cache;
+pub mod size;
 pub use cache::CacheStats;
 pub mod compact;
 mod label;
