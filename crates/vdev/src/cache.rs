@@ -18,7 +18,7 @@ use bytes::Bytes;
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::record::{Kind, Record};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -29,6 +29,8 @@ use std::sync::Arc;
 pub const LINE: u64 = 1 << 20;
 /// Attempts at fetching one segment before a read fails.
 const FETCH_ATTEMPTS: usize = 2;
+/// Longest wait for another write to land a line (a local pwrite).
+const LANDING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where the bytes of an extent are.
 #[derive(Debug, Clone)]
@@ -140,6 +142,10 @@ struct Line {
     /// Holds bytes that live only inline in the log (or the local MMP slot).
     keep: bool,
     pins: u32,
+    /// Writes that cover the whole (absent) line and have not landed yet:
+    /// the line becomes resident only once their bytes are in the file, and
+    /// every other I/O of the line waits for them (decision 0054's race).
+    writing: u32,
     /// Written and not known shipped: the write generation, 0 when clean.
     dirty: u64,
     tick: u64,
@@ -196,6 +202,8 @@ pub(crate) struct Cache {
     size: u64,
     bound: u64,
     index: Mutex<Index>,
+    /// Signalled (with `index`) when a whole-line write lands or gives up.
+    landed: Condvar,
     /// Held while lines become resident; holds the last segment fetched.
     fill: Mutex<Option<(String, Bytes)>>,
     pub(crate) stats: CacheStats,
@@ -206,18 +214,28 @@ pub(crate) struct Pins<'a> {
     cache: &'a Cache,
     first: usize,
     last: usize,
+    /// Absent lines this write covers whole: resident once it has landed.
+    landing: Vec<usize>,
 }
 
 impl Pins<'_> {
-    /// The pinned lines were written: not evictable until shipped.
-    pub(crate) fn written(&self) {
+    /// The pinned lines were written: not evictable until shipped. Lines
+    /// the write covered whole become resident now that their bytes are in
+    /// the file, not before.
+    pub(crate) fn written(mut self) {
         let mut ix = self.cache.index.lock();
+        for i in std::mem::take(&mut self.landing) {
+            ix.lines[i].writing -= 1;
+            ix.occupy(i, true, false);
+        }
         ix.generation += 1;
         let g = ix.generation;
         for i in self.first..=self.last {
             ix.lines[i].dirty = g;
             ix.dirty.insert(i);
         }
+        drop(ix);
+        self.cache.landed.notify_all();
     }
 }
 
@@ -227,7 +245,17 @@ impl Drop for Pins<'_> {
         for i in self.first..=self.last {
             ix.lines[i].pins -= 1;
         }
+        // A write that failed: what it left of a line it covered whole is
+        // neither the old bytes nor the new ones, so the line stays absent
+        // (and a hole, filled again by the next read).
+        for i in std::mem::take(&mut self.landing) {
+            ix.lines[i].writing -= 1;
+            if !ix.lines[i].keep {
+                let _ = punch(&self.cache.file, i as u64 * LINE, LINE);
+            }
+        }
         drop(ix);
+        self.cache.landed.notify_all();
         self.cache.evict();
     }
 }
@@ -324,6 +352,7 @@ impl Cache {
             size,
             bound: bound.max(LINE),
             index: Mutex::new(index),
+            landed: Condvar::new(),
             fill: Mutex::new(None),
             stats: CacheStats::default(),
         })
@@ -370,32 +399,79 @@ impl Cache {
                     cache: self,
                     first,
                     last,
+                    landing: Vec::new(),
                 });
             }
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let mut memo = self.fill.lock();
-        for i in first..=last {
-            let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
-            if self.index.lock().lines.get(i).is_none_or(|l| l.resident) {
-                continue;
+        let started = std::time::Instant::now();
+        'retry: loop {
+            let mut memo = self.fill.lock();
+            let mut landing = Vec::new();
+            for i in first..=last {
+                let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
+                let whole = write && offset <= start && offset + len >= end;
+                {
+                    let mut ix = self.index.lock();
+                    let Some(l) = ix.lines.get(i) else { continue };
+                    if l.resident {
+                        continue;
+                    }
+                    if l.writing > 0 {
+                        // Another write is landing this line: its bytes are
+                        // not all in the file yet. Give back what we hold
+                        // (and the fill lock, which that writer may need for
+                        // its other lines), wait, and start again.
+                        for j in landing.drain(..) {
+                            let l: &mut Line = &mut ix.lines[j];
+                            l.writing -= 1;
+                        }
+                        drop(memo);
+                        crate::hooks::at(crate::hooks::Point::WaitLanding { line: i as u64 });
+                        while ix.lines[i].writing > 0 {
+                            let left = LANDING_WAIT.saturating_sub(started.elapsed());
+                            if left.is_zero() {
+                                return Err(format!("cache line {i}: a write never landed"));
+                            }
+                            self.landed.wait_for(&mut ix, left);
+                        }
+                        drop(ix);
+                        self.landed.notify_all();
+                        continue 'retry;
+                    }
+                    if whole {
+                        // No fetch: the write replaces every byte. The line
+                        // turns resident in `Pins::written`, after the bytes.
+                        ix.lines[i].writing += 1;
+                        landing.push(i);
+                        continue;
+                    }
+                }
+                if let Err(e) = self.fill_line(&mut memo, start, end) {
+                    let mut ix = self.index.lock();
+                    for j in landing.drain(..) {
+                        ix.lines[j].writing -= 1;
+                    }
+                    drop(ix);
+                    self.landed.notify_all();
+                    return Err(e);
+                }
+                self.index.lock().occupy(i, true, false);
             }
-            let whole = write && offset <= start && offset + len >= end;
-            if !whole {
-                self.fill_line(&mut memo, start, end)?;
+            let mut ix = self.index.lock();
+            for i in first..=last {
+                ix.lines[i].pins += 1;
+                if ix.lines[i].resident {
+                    ix.touch(i);
+                }
             }
-            self.index.lock().occupy(i, true, false);
+            return Ok(Pins {
+                cache: self,
+                first,
+                last,
+                landing,
+            });
         }
-        let mut ix = self.index.lock();
-        for i in first..=last {
-            ix.lines[i].pins += 1;
-            ix.touch(i);
-        }
-        Ok(Pins {
-            cache: self,
-            first,
-            last,
-        })
     }
 
     /// Writes the segment bytes of one absent line (its zeros are holes
