@@ -484,7 +484,19 @@ impl Cache {
     ) -> Result<(), String> {
         let mut redirected = 0;
         'again: loop {
-            let exts = self.index.lock().map.within(start, end);
+            let mut exts = self.index.lock().map.within(start, end);
+            // One GET per segment per line: a line whose extents alternate
+            // between segments (small writes over a large one) would
+            // otherwise fetch each whole segment again at every switch. The
+            // segment kept from the last fill goes first.
+            let kept = memo.as_ref().map(|(n, _)| n.clone());
+            exts.sort_by(|a, b| {
+                let key = |src: &Src| match src {
+                    Src::Seg { seg, .. } => (Some(&seg.name) != kept.as_ref(), seg.name.clone()),
+                    Src::Inline => (false, String::new()),
+                };
+                key(&a.2).cmp(&key(&b.2))
+            });
             for (s, e, src) in exts {
                 let Src::Seg { seg, off } = src else { continue };
                 let body = match memo.as_ref().filter(|(n, _)| *n == seg.name) {

@@ -206,3 +206,37 @@ fn reads_follow_segments_that_compaction_moved_and_discards_shrink_the_bucket() 
     assert_eq!(read(&b, 0, 12 * MIB), vec![0u8; 12 * MIB]);
     assert_eq!(read(&b, 12 * MIB, 4 * MIB), model[12 * MIB..]);
 }
+
+/// A line whose extents alternate between two segments (small writes over
+/// a large one) fetches each segment once, not at every switch.
+#[test]
+fn a_line_of_interleaved_segments_fetches_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = faulty();
+    let a = open(&store, &dir.path().join("a"), OpenMode::Create, Some(BOUND)).unwrap();
+    let line = 8 * MIB;
+    let mut model = pattern(1, MIB);
+    a.write_at(line as u64, &model).unwrap();
+    a.sync().unwrap();
+    // 8 pieces of 64 KiB every 128 KiB: one segment, 16 extents in the line.
+    for i in 0..8 {
+        let piece = pattern(2 + i as u8, 64 << 10);
+        let at = i * (128 << 10);
+        a.write_at((line + at) as u64, &piece).unwrap();
+        model[at..at + piece.len()].copy_from_slice(&piece);
+    }
+    a.sync().unwrap();
+    drop(a);
+    let b = open(&store, &dir.path().join("b"), OpenMode::Resume, Some(BOUND)).unwrap();
+    assert_eq!(read(&b, line, MIB), model);
+    let fetched = b
+        .bucket_cache()
+        .unwrap()
+        .0
+        .fetched_bytes
+        .load(Ordering::Relaxed);
+    assert!(
+        fetched <= (MIB + MIB / 2) as u64 + (64 << 10),
+        "{fetched} bytes fetched for one line of two segments"
+    );
+}
