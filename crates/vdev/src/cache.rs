@@ -13,7 +13,7 @@
 //! bytes live only inline in the log (those stay until the next open; a
 //! checkpoint moves them into segments).
 
-use crate::bucket::{block, seg_key, Entry, Op, SegmentRef};
+use crate::bucket::{block, seg_key, Entry, Op, SegmentRef, CHUNK_SHIFT};
 use bytes::Bytes;
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
@@ -27,6 +27,8 @@ use std::sync::Arc;
 
 /// Granularity of residency and eviction.
 pub const LINE: u64 = 1 << 20;
+/// log2 of a segment chunk with its own sum (decision 0059).
+const CHUNK: u32 = CHUNK_SHIFT as u32;
 /// Attempts at fetching one segment before a read fails.
 const FETCH_ATTEMPTS: usize = 2;
 /// Longest wait for another write to land a line (a local pwrite).
@@ -186,6 +188,28 @@ impl Index {
     }
 }
 
+/// Segment bytes fetched and verified: `body` is `name` from offset `base`.
+struct Piece {
+    name: String,
+    base: u64,
+    body: Bytes,
+}
+
+impl Piece {
+    /// The bytes [off, end) of the segment, if this piece holds them.
+    fn get(&self, name: &str, off: u64, end: u64) -> Option<&[u8]> {
+        if self.name != name || off < self.base {
+            return None;
+        }
+        self.body
+            .get((off - self.base) as usize..(end - self.base) as usize)
+    }
+}
+
+/// Chunks read past what a line needs when a fill continues the previous
+/// one in the same segment (a sequential read): one GET per 8 MiB.
+const READ_AHEAD_CHUNKS: u64 = 7;
+
 /// Counters (the bench and `pool status`).
 #[derive(Debug, Default)]
 pub struct CacheStats {
@@ -205,7 +229,7 @@ pub(crate) struct Cache {
     /// Signalled (with `index`) when a whole-line write lands or gives up.
     landed: Condvar,
     /// Held while lines become resident; holds the last segment fetched.
-    fill: Mutex<Option<(String, Bytes)>>,
+    fill: Mutex<Option<Piece>>,
     pub(crate) stats: CacheStats,
 }
 
@@ -476,20 +500,15 @@ impl Cache {
 
     /// Writes the segment bytes of one absent line (its zeros are holes
     /// already, its inline bytes were written at open). Fill lock held.
-    fn fill_line(
-        &self,
-        memo: &mut Option<(String, Bytes)>,
-        start: u64,
-        end: u64,
-    ) -> Result<(), String> {
+    fn fill_line(&self, memo: &mut Option<Piece>, start: u64, end: u64) -> Result<(), String> {
         let mut redirected = 0;
         'again: loop {
             let mut exts = self.index.lock().map.within(start, end);
             // One GET per segment per line: a line whose extents alternate
             // between segments (small writes over a large one) would
-            // otherwise fetch each whole segment again at every switch. The
+            // otherwise fetch each segment again at every switch. The
             // segment kept from the last fill goes first.
-            let kept = memo.as_ref().map(|(n, _)| n.clone());
+            let kept = memo.as_ref().map(|p| p.name.clone());
             exts.sort_by(|a, b| {
                 let key = |src: &Src| match src {
                     Src::Seg { seg, .. } => (Some(&seg.name) != kept.as_ref(), seg.name.clone()),
@@ -497,15 +516,33 @@ impl Cache {
                 };
                 key(&a.2).cmp(&key(&b.2))
             });
+            // What this line needs of each segment: one range per segment.
+            let mut span: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            for (s, e, src) in &exts {
+                if let Src::Seg { seg, off } = src {
+                    let r = span
+                        .entry(seg.name.clone())
+                        .or_insert((*off, off + (e - s)));
+                    r.0 = r.0.min(*off);
+                    r.1 = r.1.max(off + (e - s));
+                }
+            }
             for (s, e, src) in exts {
                 let Src::Seg { seg, off } = src else { continue };
-                let body = match memo.as_ref().filter(|(n, _)| *n == seg.name) {
-                    Some((_, b)) => b.clone(),
-                    None => match self.fetch(&seg) {
-                        Ok(b) => {
-                            *memo = Some((seg.name.clone(), b.clone()));
-                            b
-                        }
+                let want = (off, off + (e - s));
+                if memo
+                    .as_ref()
+                    .and_then(|p| p.get(&seg.name, want.0, want.1))
+                    .is_none()
+                {
+                    let (lo, hi) = span.get(&seg.name).copied().unwrap_or(want);
+                    // A fill that starts where the kept piece of the same
+                    // segment ends continues a sequential read.
+                    let sequential = memo.as_ref().is_some_and(|p| {
+                        p.name == seg.name && p.base + p.body.len() as u64 == lo >> CHUNK << CHUNK
+                    });
+                    match self.fetch(&seg, lo, hi, sequential) {
+                        Ok(p) => *memo = Some(p),
                         Err(Fetch::Gone) if redirected < 3 => {
                             // Compaction moved it: the last checkpoint says where.
                             redirected += 1;
@@ -514,10 +551,10 @@ impl Cache {
                         }
                         Err(Fetch::Gone) => return Err(format!("segment {} is gone", seg.name)),
                         Err(Fetch::Failed(why)) => return Err(why),
-                    },
-                };
-                let (a, b) = (off as usize, (off + e - s) as usize);
-                let Some(bytes) = body.get(a..b) else {
+                    }
+                }
+                let Some(bytes) = memo.as_ref().and_then(|p| p.get(&seg.name, want.0, want.1))
+                else {
                     return Err(format!("segment {} is shorter than its index", seg.name));
                 };
                 self.file
@@ -528,41 +565,74 @@ impl Cache {
         }
     }
 
-    fn fetch(&self, seg: &SegmentRef) -> Result<Bytes, Fetch> {
-        let mut last = String::new();
+    /// Fetches and verifies at least [lo, hi) of a segment: the chunks
+    /// covering it (plus a read-ahead when `sequential`) when the entry
+    /// gave a chunk table (decision 0059), else the whole object.
+    fn fetch(&self, seg: &SegmentRef, lo: u64, hi: u64, sequential: bool) -> Result<Piece, Fetch> {
+        let n = seg.chunks.len() as u64;
+        let (first, last) = if n == 0 {
+            (0, 0)
+        } else {
+            let ahead = if sequential { READ_AHEAD_CHUNKS } else { 0 };
+            (lo >> CHUNK, (hi.div_ceil(1 << CHUNK) + ahead).min(n))
+        };
+        let (base, until) = if n == 0 {
+            (0, seg.len)
+        } else {
+            (first << CHUNK, (last << CHUNK).min(seg.len))
+        };
+        let mut failure = String::new();
         for _ in 0..FETCH_ATTEMPTS {
             let key = seg_key(&self.prefix, &seg.name);
             let store = self.store.clone();
+            let whole = n == 0;
             let got = block(async move {
-                match store.get(&key).await {
+                let opts = object_store::GetOptions {
+                    range: (!whole).then_some(object_store::GetRange::Bounded(base..until)),
+                    ..Default::default()
+                };
+                match store.get_opts(&key, opts).await {
                     Ok(r) => r.bytes().await,
                     Err(e) => Err(e),
                 }
             })
             .map_err(Fetch::Failed)?;
             match got {
-                Ok(body)
-                    if body.len() as u64 == seg.len
-                        && blake3::hash(&body).as_bytes() == &seg.sum =>
-                {
+                Ok(body) if body.len() as u64 == until - base && self.verify(seg, first, &body) => {
                     self.stats
                         .fetched_bytes
-                        .fetch_add(seg.len, Ordering::Relaxed);
-                    return Ok(body);
+                        .fetch_add(until - base, Ordering::Relaxed);
+                    return Ok(Piece {
+                        name: seg.name.clone(),
+                        base,
+                        body,
+                    });
                 }
                 Ok(body) => {
-                    last = format!(
-                        "segment {} does not match its checksum ({} bytes)",
+                    failure = format!(
+                        "segment {} (bytes {base}..{until}) does not match its checksum ({} bytes)",
                         seg.name,
                         body.len()
                     )
                 }
                 Err(object_store::Error::NotFound { .. }) => return Err(Fetch::Gone),
-                Err(e) => last = format!("segment {}: {e}", seg.name),
+                Err(e) => failure = format!("segment {}: {e}", seg.name),
             }
-            tracing::warn!("bucket cache: {last}");
+            tracing::warn!("bucket cache: {failure}");
         }
-        Err(Fetch::Failed(last))
+        Err(Fetch::Failed(failure))
+    }
+
+    /// The whole object against `sum`, or chunks from `first` on against
+    /// the table.
+    fn verify(&self, seg: &SegmentRef, first: u64, body: &[u8]) -> bool {
+        if seg.chunks.is_empty() {
+            return blake3::hash(body).as_bytes() == &seg.sum;
+        }
+        body.chunks(1 << CHUNK)
+            .zip(seg.chunks.iter().skip(first as usize))
+            .all(|(c, sum)| blake3::hash(c).as_bytes() == sum)
+            && body.len().div_ceil(1 << CHUNK) <= seg.chunks.len() - first as usize
     }
 
     /// Points every extent naming segment `gone` at where the last
@@ -751,6 +821,7 @@ mod tests {
             name: "s".into(),
             len: 1000,
             sum: [0; 32],
+            chunks: Vec::new(),
         });
         let mut m = Map::default();
         m.put(

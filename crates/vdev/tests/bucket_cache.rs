@@ -240,3 +240,44 @@ fn a_line_of_interleaved_segments_fetches_each_once() {
         "{fetched} bytes fetched for one line of two segments"
     );
 }
+
+/// Decision 0059: a segment's entry carries a sum per MiB, so a cold small
+/// read fetches the one chunk it needs, verified; a wrong chunk is EIO and
+/// nothing is kept; a sequential read fetches ahead.
+#[test]
+fn a_cold_small_read_fetches_one_verified_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = faulty();
+    let a = open(&store, &dir.path().join("a"), OpenMode::Create, Some(BOUND)).unwrap();
+    let data = pattern(5, 16 * MIB);
+    a.write_at(0, &data).unwrap();
+    a.sync().unwrap();
+    drop(a);
+    let b = open(&store, &dir.path().join("b"), OpenMode::Resume, Some(BOUND)).unwrap();
+    let fetched = || {
+        b.bucket_cache()
+            .unwrap()
+            .0
+            .fetched_bytes
+            .load(Ordering::Relaxed)
+    };
+    let at = 5 * MIB + 4096;
+    assert_eq!(read(&b, at, 4096), data[at..at + 4096]);
+    assert_eq!(fetched(), MIB as u64, "one chunk of a 16 MiB segment");
+    // Wrong bytes twice (the retry too): EIO, and the line stays absent.
+    faults.corrupt_segment_gets(2);
+    let mut buf = vec![0u8; 4096];
+    assert!(b.read_at((9 * MIB) as u64, &mut buf).is_err());
+    assert_eq!(fetched(), MIB as u64);
+    assert_eq!(read(&b, 9 * MIB, 4096), data[9 * MIB..9 * MIB + 4096]);
+    // Sequential: the rest in 8 MiB GETs (the kept lines are not fetched again).
+    let before = fetched();
+    for i in 10..16 {
+        assert_eq!(read(&b, i * MIB, MIB), data[i * MIB..(i + 1) * MIB]);
+    }
+    assert!(
+        fetched() - before <= (6 * MIB) as u64,
+        "{}",
+        fetched() - before
+    );
+}
