@@ -20,8 +20,25 @@
 # not yet; and cold, by a fresh daemon (`pool takeover tank LOCATION`)
 # replaying the whole log into a fresh cache (it takes the pool from the
 # standby). Prints both and the ratio.
+# Then reads, once each, on three pools holding the same SIZE of data: the
+# local-file pool, the bucket pool with the unbounded cache (the cold
+# takeover's daemon: the whole device rebuilt at open) and the bucket pool
+# with the bounded cache (`[bucket] cache_bytes = CACHE_BYTES`, decision
+# 0054; a fresh daemon takes the pool over, its open fetches only the log):
+#   randread-4k-cold    4 KiB random reads over SIZE, iodepth 8, RUNTIME
+#                       (bounded: every line absent; each miss fetches whole
+#                       segments, decision 0054)
+#   seqread-1m-cold     1 MiB sequential reads of SIZE (bounded: mostly absent)
+#   seqread-1m-cached   1 MiB sequential reads of the first WORKING_SET, after
+#                       one unmeasured pass (WORKING_SET < CACHE_BYTES)
+#   randread-4k-cached  4 KiB random reads over WORKING_SET, iodepth 8, RUNTIME
+# ("cached" reads are mostly served by the daemon's block cache above the
+# device; the local and unbounded pools were read and written before, so
+# their "cold" reads are not cold: the bounded pool's are) and the bounded cache's held/hits/misses/fetched figures from `pool status`
+# after each.
 #
 # Environment: RUNTIME=10 SIZE=512M JOBS=8 REPEAT=3 BENCH_DIR=bench/out/bucket-<time>
+#   CACHE_BYTES=128M WORKING_SET=64M
 #   CISTERN_BIN=target/release/cistern VERSITYGW=/work/cache/go-bin/versitygw
 #   PYTHON=.venv/bin/python (needs boto3)
 set -euo pipefail
@@ -32,6 +49,8 @@ RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-512M}
 JOBS=${JOBS:-8}
 REPEAT=${REPEAT:-3}
+CACHE_BYTES=${CACHE_BYTES:-128M}
+WORKING_SET=${WORKING_SET:-64M}
 CISTERN_BIN=${CISTERN_BIN:-$PWD/target/release/cistern}
 VERSITYGW=${VERSITYGW:-$(command -v versitygw || echo /work/cache/go-bin/versitygw)}
 PYTHON=${PYTHON:-$PWD/.venv/bin/python}
@@ -142,6 +161,48 @@ cold=$(elapsed env "CISTERN_API=$CISTERN_API" "CISTERN_TOKEN=$(cat "$BENCH_DIR/c
     "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
 echo "takeover-cold-seconds $cold (whole log replayed into a fresh cache; SIZE=$SIZE written)" | tee -a "$RESULTS"
 "$PYTHON" -c "import sys; print(f'takeover warm/cold {float(sys.argv[1]) / float(sys.argv[2]):.3f}x')" "$warm" "$cold" | tee -a "$RESULTS"
+
+# Reads on the local pool, the unbounded and the bounded bucket cache.
+read_set() { # read_set LABEL URI [FIGURES_CMD] -> one "reads LABEL ..." line
+    local label="$1" uri="$2" figures="${3:-true}" sc rc sw rw
+    # Random first: on the fresh bounded daemon neither its cache nor its
+    # block cache (ARC) holds anything yet.
+    rc=$(fio_json "$BENCH_DIR/$label.rc.json" --name=rc --ioengine=nbd "--uri=$uri" \
+        --rw=randread --bs=4k --iodepth=8 --size="$SIZE" --time_based --runtime="$RUNTIME")
+    "$figures" "after randread-4k-cold (${rc% *} IOPS)"
+    sc=$(fio_json "$BENCH_DIR/$label.sc.json" --name=sc --ioengine=nbd "--uri=$uri" \
+        --rw=read --bs=1M --iodepth=8 --size="$SIZE")
+    "$figures" "after seqread-1m-cold (${sc#* } MB/s)"
+    fio_json "$BENCH_DIR/$label.warm.json" --name=warm --ioengine=nbd "--uri=$uri" \
+        --rw=read --bs=1M --iodepth=8 --size="$WORKING_SET" >/dev/null
+    sw=$(fio_json "$BENCH_DIR/$label.sw.json" --name=sw --ioengine=nbd "--uri=$uri" \
+        --rw=read --bs=1M --iodepth=8 --size="$WORKING_SET")
+    rw=$(fio_json "$BENCH_DIR/$label.rw.json" --name=rw --ioengine=nbd "--uri=$uri" \
+        --rw=randread --bs=4k --iodepth=8 --size="$WORKING_SET" --time_based --runtime="$RUNTIME")
+    echo "reads $label seqread-1m-cold-MBps ${sc#* } randread-4k-cold-iops ${rc% *}" \
+        "seqread-1m-cached-MBps ${sw#* } randread-4k-cached-iops ${rw% *} (load $(cut -d' ' -f1-3 /proc/loadavg))"
+}
+echo "reads: SIZE=$SIZE CACHE_BYTES=$CACHE_BYTES WORKING_SET=$WORKING_SET" | tee -a "$RESULTS"
+read_set local "nbd://127.0.0.1:$NBD_PORT/bench/vol" | tee -a "$RESULTS"
+COLD_NBD=$(tr '\0' ' ' </proc/$CISTERN_PID/cmdline | sed -n 's/.*--nbd 127.0.0.1:\([0-9]*\).*/\1/p')
+read_set unbounded "nbd://127.0.0.1:$COLD_NBD/tank/vol" | tee -a "$RESULTS"
+# The bounded cache: a fresh daemon takes the pool over cold (fencing the
+# unbounded one) and opens it bounded.
+start_cistern "$BENCH_DIR/bounded" "$CONFIG
+cache_bytes = \"$CACHE_BYTES\""
+BOUNDED_PID=$CISTERN_PID
+BOUNDED_TOKEN=$(cat "$BENCH_DIR/bounded/state/api.token")
+bounded_cli() { env "CISTERN_API=$CISTERN_API" "CISTERN_TOKEN=$BOUNDED_TOKEN" "$CISTERN_BIN" "$@"; }
+bounded_figures() { echo "bounded $1: $(bounded_cli pool status tank | grep ' cache:' || echo '(no cache line)')" | tee -a "$RESULTS" >&2; }
+bounded_takeover=$(elapsed env "CISTERN_API=$CISTERN_API" "CISTERN_TOKEN=$BOUNDED_TOKEN" \
+    "$CISTERN_BIN" pool takeover tank "s3://bkt/bench/tank")
+echo "takeover-bounded-seconds $bounded_takeover (cold, cache_bytes=$CACHE_BYTES: only the log is read)" | tee -a "$RESULTS"
+echo "bounded after open: $(bounded_cli pool status tank | grep ' cache:' || echo '(no cache line)')" | tee -a "$RESULTS"
+BOUNDED_NBD=$(tr '\0' ' ' </proc/$BOUNDED_PID/cmdline | sed -n 's/.*--nbd 127.0.0.1:\([0-9]*\).*/\1/p')
+read_set bounded "nbd://127.0.0.1:$BOUNDED_NBD/tank/vol" bounded_figures | tee -a "$RESULTS"
+echo "bounded after reads: $(bounded_cli pool status tank | grep ' cache:' || echo '(no cache line)')" | tee -a "$RESULTS"
+echo "bounded daemon RSS (peak current MiB): $(rss "$BOUNDED_PID"); cache file $(du -k --apparent-size "$BENCH_DIR"/bounded/state/bucket/*.cache 2>/dev/null | cut -f1 | head -1) KiB apparent," \
+    "$(du -k "$BENCH_DIR"/bounded/state/bucket/*.cache 2>/dev/null | cut -f1 | head -1) KiB held" | tee -a "$RESULTS"
 export CISTERN_API=$CISTERN_API_OWNER
 
 "$PYTHON" - "$RESULTS" <<'EOF'

@@ -904,6 +904,14 @@ mod tests {
         let c = Config::parse("[bucket]\ncache_bytes = 1073741824\n").unwrap();
         assert_eq!(c.bucket.cache_bytes, Some(1 << 30));
         assert_eq!(Config::parse("").unwrap().bucket.cache_bytes, None);
+        let c = Config::parse("[bucket]\ncache_bytes = \"64M\"\ncache_size = \"1.5G\"\n").unwrap();
+        assert_eq!(c.bucket.cache_bytes, Some(64 << 20));
+        assert_eq!(c.bucket.cache_size, Some(3 << 29));
+        for bad in ["\"64Q\"", "-1", "\"\""] {
+            let err = Config::parse(&format!("[bucket]\ncache_bytes = {bad}\n")).unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(msg.contains("cache_bytes"), "{bad}: {msg}");
+        }
     }
 
     #[test]

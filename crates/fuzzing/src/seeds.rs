@@ -688,6 +688,7 @@ fn bucket_entry() -> Vec<(&'static str, Vec<u8>)> {
         name: "seg/0000000012345678-1".into(),
         len: 1 << 20,
         sum: [7; 32],
+        chunks: Vec::new(),
     };
     let entry = Entry {
         size: 64 << 20,

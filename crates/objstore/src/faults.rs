@@ -42,7 +42,17 @@ pub struct Faults {
     /// GETs of segment objects to answer with one byte flipped (decision
     /// 0054's tests).
     get_corrupt: AtomicU64,
+    /// A paused owner (SIGSTOP): the Nth next PUT/DELETE waits before it
+    /// reaches the store until [`Faults::resume`].
+    pause_at: Mutex<Option<u64>>,
+    paused: std::sync::atomic::AtomicBool,
+    resumed: tokio::sync::Notify,
+    /// Every PUT/DELETE in order ("PUT path", "DELETE path").
+    calls: Mutex<Vec<String>>,
 }
+
+/// Longest a paused call waits for [`Faults::resume`] (a test bound).
+const PAUSE_MAX: Duration = Duration::from_secs(60);
 
 impl Faults {
     pub fn push(&self, f: PutFault) {
@@ -113,6 +123,70 @@ impl Faults {
             .is_ok()
     }
 
+    /// The call `n` PUTs/DELETEs from now (0: the next one; the heartbeat
+    /// object's are not counted) stops before it
+    /// reaches the store, as if its process were stopped, until
+    /// [`Faults::resume`]; [`Faults::paused`] tells when it is held.
+    pub fn pause_after(&self, n: u64) {
+        *self.pause_at.lock() = Some(n);
+    }
+
+    /// Whether a call is held by [`Faults::pause_after`].
+    pub fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held call go on.
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        self.resumed.notify_waiters();
+    }
+
+    /// The PUTs and DELETEs so far, in order: "PUT path" or "DELETE path".
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().clone()
+    }
+
+    /// Records this PUT/DELETE and holds it if it is the one to pause.
+    /// The heartbeat object is not counted: its own thread writes it at its
+    /// own pace, so counting it would make the paused call a matter of timing.
+    async fn maybe_pause(&self, call: String) {
+        let beat = call.ends_with("heartbeat");
+        self.calls.lock().push(call);
+        if beat {
+            return;
+        }
+        let hit = {
+            let mut p = self.pause_at.lock();
+            match p.as_mut() {
+                Some(0) => {
+                    *p = None;
+                    true
+                }
+                Some(n) => {
+                    *n -= 1;
+                    false
+                }
+                None => false,
+            }
+        };
+        if !hit {
+            return;
+        }
+        self.paused.store(true, Ordering::SeqCst);
+        let _ = tokio::time::timeout(PAUSE_MAX, async {
+            loop {
+                // Registered before the check: a resume in between wakes it.
+                let woken = self.resumed.notified();
+                if !self.paused() {
+                    break;
+                }
+                woken.await;
+            }
+        })
+        .await;
+    }
+
     /// PUTs that reached the store.
     pub fn puts(&self) -> u64 {
         self.puts.load(Ordering::SeqCst)
@@ -158,6 +232,7 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        self.faults.maybe_pause(format!("PUT {location}")).await;
         if !self.faults.survives() {
             return Err(injected("crashed"));
         }
@@ -215,6 +290,7 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {
+        self.faults.maybe_pause(format!("DELETE {location}")).await;
         if !self.faults.survives() {
             return Err(injected("crashed"));
         }

@@ -42,8 +42,20 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 const CHUNK: usize = 64 << 10;
 /// Default size of the local cache (the device size) of a new bucket pool.
 pub const DEFAULT_CACHE_SIZE: u64 = 8 << 30;
-/// Version of the entries this module writes into log records.
+/// Version of the entries this module writes into log records when no
+/// segment it names has a chunk table (inline changes, zeros).
 pub const ENTRY_VERSION: u8 = 1;
+/// Version of entries whose segments carry a chunk table (decision 0059).
+pub const ENTRY_VERSION_CHUNKED: u8 = 3;
+/// log2 of the bytes each chunk sum covers: 1 MiB, the cache line.
+pub const CHUNK_SHIFT: u8 = 20;
+
+/// The blake3 of each `1 << CHUNK_SHIFT` piece of a segment body.
+pub fn chunk_sums(body: &[u8]) -> Vec<[u8; 32]> {
+    body.chunks(1 << CHUNK_SHIFT)
+        .map(|c| *blake3::hash(c).as_bytes())
+        .collect()
+}
 
 /// `[bucket]` in the config: how bucket pools reach their store. Unset keys
 /// fall back to the AWS_* environment variables.
@@ -54,13 +66,17 @@ pub struct BucketConfig {
     pub region: Option<String>,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
-    /// Size of a new bucket pool's device (its sparse local cache), bytes.
+    /// Size of a new bucket pool's device (its sparse local cache), bytes
+    /// or a size such as "64G".
+    #[serde(deserialize_with = "crate::size::de_opt_size")]
     pub cache_size: Option<u64>,
     /// Largest change shipped inline in a log record, bytes.
     pub inline_max: Option<usize>,
     /// Bound of the local cache, bytes (decision 0054): opening fetches no
     /// segment, reads fetch what they miss, least recently used data is
     /// evicted. Unset: the cache holds the whole device, rebuilt at open.
+    /// Bytes or a size such as "64M", as the `[engine]` sizes.
+    #[serde(deserialize_with = "crate::size::de_opt_size")]
     pub cache_bytes: Option<u64>,
     /// A standby (`serve --standby`) takes the pool over by itself once the
     /// owner's log and heartbeat object have not changed for this long.
@@ -183,6 +199,19 @@ pub(crate) fn block<T: Send + 'static>(
         .map_err(|_| "the bucket I/O task ended without an answer".to_string())
 }
 
+static LEGACY_ENTRIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tests only: write segments without chunk tables (version 1 entries, as
+/// builds before decision 0059 did), to check that such pools still read.
+#[doc(hidden)]
+pub fn set_legacy_entries(on: bool) {
+    LEGACY_ENTRIES.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn legacy_entries() -> bool {
+    LEGACY_ENTRIES.load(Ordering::Relaxed)
+}
+
 /// One change of a log entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -207,7 +236,11 @@ pub enum Op {
 pub struct SegmentRef {
     pub name: String,
     pub len: u64,
+    /// blake3 of the whole object.
     pub sum: [u8; 32],
+    /// blake3 of each 1 MiB of it, so a range can be verified (decision
+    /// 0059); empty for segments named by version 1 entries.
+    pub chunks: Vec<[u8; 32]>,
 }
 
 /// One entry: the device size (so the log alone describes the device), the
@@ -226,7 +259,13 @@ pub struct EntryError(String);
 impl Entry {
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
-        b.put_u8(ENTRY_VERSION);
+        // Version 1, byte for byte as before, unless a segment has a table.
+        let chunked = self.segments.iter().any(|s| !s.chunks.is_empty());
+        b.put_u8(if chunked {
+            ENTRY_VERSION_CHUNKED
+        } else {
+            ENTRY_VERSION
+        });
         b.put_u64(self.size);
         b.put_u16(self.segments.len() as u16);
         for s in &self.segments {
@@ -234,6 +273,13 @@ impl Entry {
             b.put_slice(s.name.as_bytes());
             b.put_u64(s.len);
             b.put_slice(&s.sum);
+            if chunked {
+                b.put_u8(CHUNK_SHIFT);
+                b.put_u32(s.chunks.len() as u32);
+                for c in &s.chunks {
+                    b.put_slice(c);
+                }
+            }
         }
         b.put_u32(self.ops.len() as u32);
         for op in &self.ops {
@@ -269,9 +315,9 @@ impl Entry {
     pub fn decode(data: &Bytes) -> Result<Entry, EntryError> {
         let mut c = Cursor { data, at: 0 };
         let version = c.u8()?;
-        if version != ENTRY_VERSION {
+        if version != ENTRY_VERSION && version != ENTRY_VERSION_CHUNKED {
             return Err(EntryError(format!(
-                "version {version}, this build reads {ENTRY_VERSION}"
+                "version {version}, this build reads {ENTRY_VERSION} and {ENTRY_VERSION_CHUNKED}"
             )));
         }
         let size = c.u64()?;
@@ -284,7 +330,30 @@ impl Entry {
             let len = c.u64()?;
             let mut sum = [0u8; 32];
             sum.copy_from_slice(&c.take(32)?);
-            segments.push(SegmentRef { name, len, sum });
+            let mut chunks = Vec::new();
+            if version == ENTRY_VERSION_CHUNKED {
+                let shift = c.u8()?;
+                let n = c.u32()? as u64;
+                if shift != CHUNK_SHIFT {
+                    return Err(EntryError(format!("chunk size 2^{shift}")));
+                }
+                if n != 0 && n != len.div_ceil(1 << CHUNK_SHIFT) {
+                    return Err(EntryError(format!(
+                        "{n} chunk sums for a segment of {len} bytes"
+                    )));
+                }
+                for _ in 0..n {
+                    let mut one = [0u8; 32];
+                    one.copy_from_slice(&c.take(32)?);
+                    chunks.push(one);
+                }
+            }
+            segments.push(SegmentRef {
+                name,
+                len,
+                sum,
+                chunks,
+            });
         }
         let nops = c.u32()? as usize;
         let mut ops = Vec::with_capacity(nops.min(1 << 16));
@@ -953,6 +1022,11 @@ impl Shipper {
         let n = self.next_segment.fetch_add(1, Ordering::Relaxed);
         let name = format!("{:016x}-{n:010}", self.epoch);
         let sum = *blake3::hash(&body).as_bytes();
+        let chunks = if legacy_entries() {
+            Vec::new()
+        } else {
+            chunk_sums(&body)
+        };
         let len = body.len() as u64;
         let key = seg_key(&self.prefix, &name);
         let store = self.store.clone();
@@ -970,7 +1044,12 @@ impl Shipper {
         uploads.0.push_back((name.clone(), rx));
         self.stats.segments.fetch_add(1, Ordering::Relaxed);
         self.stats.segment_bytes.fetch_add(len, Ordering::Relaxed);
-        entry.segments.push(SegmentRef { name, len, sum });
+        entry.segments.push(SegmentRef {
+            name,
+            len,
+            sum,
+            chunks,
+        });
         Ok(())
     }
 }
@@ -1002,5 +1081,49 @@ pub(crate) fn ship_error(path: &Path, why: String) -> VdevError {
         op: "ship",
         offset: 0,
         source: io::Error::other(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version 1 entry as builds before decision 0059 wrote it, byte by byte.
+    fn v1_bytes() -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_u8(1);
+        b.put_u64(64 << 20);
+        b.put_u16(1);
+        b.put_u16(3);
+        b.put_slice(b"s-1");
+        b.put_u64(3 << 20);
+        b.put_slice(&[9; 32]);
+        b.put_u32(1);
+        b.put_u8(3);
+        b.put_u64(4096);
+        b.put_u64(8192);
+        b.put_u16(0);
+        b.put_u64(100);
+        b.freeze()
+    }
+
+    #[test]
+    fn version_1_entries_still_decode_and_encode_byte_for_byte() {
+        let e = Entry::decode(&v1_bytes()).unwrap();
+        assert_eq!(e.segments[0].name, "s-1");
+        assert!(e.segments[0].chunks.is_empty());
+        assert_eq!(e.encode(), v1_bytes(), "no table: still version 1");
+    }
+
+    #[test]
+    fn chunk_tables_round_trip_and_a_wrong_count_is_refused() {
+        let mut e = Entry::decode(&v1_bytes()).unwrap();
+        e.segments[0].chunks = vec![[1; 32], [2; 32], [3; 32]];
+        let raw = e.encode();
+        assert_eq!(raw[0], ENTRY_VERSION_CHUNKED);
+        assert_eq!(Entry::decode(&raw).unwrap(), e);
+        e.segments[0].chunks.pop();
+        assert!(Entry::decode(&e.encode()).is_err(), "2 sums for 3 MiB");
+        assert_eq!(chunk_sums(&vec![0u8; (2 << 20) + 1]).len(), 3);
     }
 }

@@ -13,12 +13,12 @@
 //! bytes live only inline in the log (those stay until the next open; a
 //! checkpoint moves them into segments).
 
-use crate::bucket::{block, seg_key, Entry, Op, SegmentRef};
+use crate::bucket::{block, seg_key, Entry, Op, SegmentRef, CHUNK_SHIFT};
 use bytes::Bytes;
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::record::{Kind, Record};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -27,8 +27,12 @@ use std::sync::Arc;
 
 /// Granularity of residency and eviction.
 pub const LINE: u64 = 1 << 20;
+/// log2 of a segment chunk with its own sum (decision 0059).
+const CHUNK: u32 = CHUNK_SHIFT as u32;
 /// Attempts at fetching one segment before a read fails.
 const FETCH_ATTEMPTS: usize = 2;
+/// Longest wait for another write to land a line (a local pwrite).
+const LANDING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where the bytes of an extent are.
 #[derive(Debug, Clone)]
@@ -140,6 +144,10 @@ struct Line {
     /// Holds bytes that live only inline in the log (or the local MMP slot).
     keep: bool,
     pins: u32,
+    /// Writes that cover the whole (absent) line and have not landed yet:
+    /// the line becomes resident only once their bytes are in the file, and
+    /// every other I/O of the line waits for them (decision 0054's race).
+    writing: u32,
     /// Written and not known shipped: the write generation, 0 when clean.
     dirty: u64,
     tick: u64,
@@ -180,6 +188,28 @@ impl Index {
     }
 }
 
+/// Segment bytes fetched and verified: `body` is `name` from offset `base`.
+struct Piece {
+    name: String,
+    base: u64,
+    body: Bytes,
+}
+
+impl Piece {
+    /// The bytes [off, end) of the segment, if this piece holds them.
+    fn get(&self, name: &str, off: u64, end: u64) -> Option<&[u8]> {
+        if self.name != name || off < self.base {
+            return None;
+        }
+        self.body
+            .get((off - self.base) as usize..(end - self.base) as usize)
+    }
+}
+
+/// Chunks read past what a line needs when a fill continues the previous
+/// one in the same segment (a sequential read): one GET per 8 MiB.
+const READ_AHEAD_CHUNKS: u64 = 7;
+
 /// Counters (the bench and `pool status`).
 #[derive(Debug, Default)]
 pub struct CacheStats {
@@ -196,8 +226,10 @@ pub(crate) struct Cache {
     size: u64,
     bound: u64,
     index: Mutex<Index>,
+    /// Signalled (with `index`) when a whole-line write lands or gives up.
+    landed: Condvar,
     /// Held while lines become resident; holds the last segment fetched.
-    fill: Mutex<Option<(String, Bytes)>>,
+    fill: Mutex<Option<Piece>>,
     pub(crate) stats: CacheStats,
 }
 
@@ -206,18 +238,28 @@ pub(crate) struct Pins<'a> {
     cache: &'a Cache,
     first: usize,
     last: usize,
+    /// Absent lines this write covers whole: resident once it has landed.
+    landing: Vec<usize>,
 }
 
 impl Pins<'_> {
-    /// The pinned lines were written: not evictable until shipped.
-    pub(crate) fn written(&self) {
+    /// The pinned lines were written: not evictable until shipped. Lines
+    /// the write covered whole become resident now that their bytes are in
+    /// the file, not before.
+    pub(crate) fn written(mut self) {
         let mut ix = self.cache.index.lock();
+        for i in std::mem::take(&mut self.landing) {
+            ix.lines[i].writing -= 1;
+            ix.occupy(i, true, false);
+        }
         ix.generation += 1;
         let g = ix.generation;
         for i in self.first..=self.last {
             ix.lines[i].dirty = g;
             ix.dirty.insert(i);
         }
+        drop(ix);
+        self.cache.landed.notify_all();
     }
 }
 
@@ -227,7 +269,17 @@ impl Drop for Pins<'_> {
         for i in self.first..=self.last {
             ix.lines[i].pins -= 1;
         }
+        // A write that failed: what it left of a line it covered whole is
+        // neither the old bytes nor the new ones, so the line stays absent
+        // (and a hole, filled again by the next read).
+        for i in std::mem::take(&mut self.landing) {
+            ix.lines[i].writing -= 1;
+            if !ix.lines[i].keep {
+                let _ = punch(&self.cache.file, i as u64 * LINE, LINE);
+            }
+        }
         drop(ix);
+        self.cache.landed.notify_all();
         self.cache.evict();
     }
 }
@@ -324,6 +376,7 @@ impl Cache {
             size,
             bound: bound.max(LINE),
             index: Mutex::new(index),
+            landed: Condvar::new(),
             fill: Mutex::new(None),
             stats: CacheStats::default(),
         })
@@ -370,54 +423,126 @@ impl Cache {
                     cache: self,
                     first,
                     last,
+                    landing: Vec::new(),
                 });
             }
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let mut memo = self.fill.lock();
-        for i in first..=last {
-            let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
-            if self.index.lock().lines.get(i).is_none_or(|l| l.resident) {
-                continue;
+        let started = std::time::Instant::now();
+        'retry: loop {
+            let mut memo = self.fill.lock();
+            let mut landing = Vec::new();
+            for i in first..=last {
+                let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
+                let whole = write && offset <= start && offset + len >= end;
+                {
+                    let mut ix = self.index.lock();
+                    let Some(l) = ix.lines.get(i) else { continue };
+                    if l.resident {
+                        continue;
+                    }
+                    if l.writing > 0 {
+                        // Another write is landing this line: its bytes are
+                        // not all in the file yet. Give back what we hold
+                        // (and the fill lock, which that writer may need for
+                        // its other lines), wait, and start again.
+                        for j in landing.drain(..) {
+                            let l: &mut Line = &mut ix.lines[j];
+                            l.writing -= 1;
+                        }
+                        drop(memo);
+                        crate::hooks::at(crate::hooks::Point::WaitLanding { line: i as u64 });
+                        while ix.lines[i].writing > 0 {
+                            let left = LANDING_WAIT.saturating_sub(started.elapsed());
+                            if left.is_zero() {
+                                return Err(format!("cache line {i}: a write never landed"));
+                            }
+                            self.landed.wait_for(&mut ix, left);
+                        }
+                        drop(ix);
+                        self.landed.notify_all();
+                        continue 'retry;
+                    }
+                    if whole {
+                        // No fetch: the write replaces every byte. The line
+                        // turns resident in `Pins::written`, after the bytes.
+                        ix.lines[i].writing += 1;
+                        landing.push(i);
+                        continue;
+                    }
+                }
+                if let Err(e) = self.fill_line(&mut memo, start, end) {
+                    let mut ix = self.index.lock();
+                    for j in landing.drain(..) {
+                        ix.lines[j].writing -= 1;
+                    }
+                    drop(ix);
+                    self.landed.notify_all();
+                    return Err(e);
+                }
+                self.index.lock().occupy(i, true, false);
             }
-            let whole = write && offset <= start && offset + len >= end;
-            if !whole {
-                self.fill_line(&mut memo, start, end)?;
+            let mut ix = self.index.lock();
+            for i in first..=last {
+                ix.lines[i].pins += 1;
+                if ix.lines[i].resident {
+                    ix.touch(i);
+                }
             }
-            self.index.lock().occupy(i, true, false);
+            return Ok(Pins {
+                cache: self,
+                first,
+                last,
+                landing,
+            });
         }
-        let mut ix = self.index.lock();
-        for i in first..=last {
-            ix.lines[i].pins += 1;
-            ix.touch(i);
-        }
-        Ok(Pins {
-            cache: self,
-            first,
-            last,
-        })
     }
 
     /// Writes the segment bytes of one absent line (its zeros are holes
     /// already, its inline bytes were written at open). Fill lock held.
-    fn fill_line(
-        &self,
-        memo: &mut Option<(String, Bytes)>,
-        start: u64,
-        end: u64,
-    ) -> Result<(), String> {
+    fn fill_line(&self, memo: &mut Option<Piece>, start: u64, end: u64) -> Result<(), String> {
         let mut redirected = 0;
         'again: loop {
-            let exts = self.index.lock().map.within(start, end);
+            let mut exts = self.index.lock().map.within(start, end);
+            // One GET per segment per line: a line whose extents alternate
+            // between segments (small writes over a large one) would
+            // otherwise fetch each segment again at every switch. The
+            // segment kept from the last fill goes first.
+            let kept = memo.as_ref().map(|p| p.name.clone());
+            exts.sort_by(|a, b| {
+                let key = |src: &Src| match src {
+                    Src::Seg { seg, .. } => (Some(&seg.name) != kept.as_ref(), seg.name.clone()),
+                    Src::Inline => (false, String::new()),
+                };
+                key(&a.2).cmp(&key(&b.2))
+            });
+            // What this line needs of each segment: one range per segment.
+            let mut span: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            for (s, e, src) in &exts {
+                if let Src::Seg { seg, off } = src {
+                    let r = span
+                        .entry(seg.name.clone())
+                        .or_insert((*off, off + (e - s)));
+                    r.0 = r.0.min(*off);
+                    r.1 = r.1.max(off + (e - s));
+                }
+            }
             for (s, e, src) in exts {
                 let Src::Seg { seg, off } = src else { continue };
-                let body = match memo.as_ref().filter(|(n, _)| *n == seg.name) {
-                    Some((_, b)) => b.clone(),
-                    None => match self.fetch(&seg) {
-                        Ok(b) => {
-                            *memo = Some((seg.name.clone(), b.clone()));
-                            b
-                        }
+                let want = (off, off + (e - s));
+                if memo
+                    .as_ref()
+                    .and_then(|p| p.get(&seg.name, want.0, want.1))
+                    .is_none()
+                {
+                    let (lo, hi) = span.get(&seg.name).copied().unwrap_or(want);
+                    // A fill that starts where the kept piece of the same
+                    // segment ends continues a sequential read.
+                    let sequential = memo.as_ref().is_some_and(|p| {
+                        p.name == seg.name && p.base + p.body.len() as u64 == lo >> CHUNK << CHUNK
+                    });
+                    match self.fetch(&seg, lo, hi, sequential) {
+                        Ok(p) => *memo = Some(p),
                         Err(Fetch::Gone) if redirected < 3 => {
                             // Compaction moved it: the last checkpoint says where.
                             redirected += 1;
@@ -426,10 +551,10 @@ impl Cache {
                         }
                         Err(Fetch::Gone) => return Err(format!("segment {} is gone", seg.name)),
                         Err(Fetch::Failed(why)) => return Err(why),
-                    },
-                };
-                let (a, b) = (off as usize, (off + e - s) as usize);
-                let Some(bytes) = body.get(a..b) else {
+                    }
+                }
+                let Some(bytes) = memo.as_ref().and_then(|p| p.get(&seg.name, want.0, want.1))
+                else {
                     return Err(format!("segment {} is shorter than its index", seg.name));
                 };
                 self.file
@@ -440,41 +565,74 @@ impl Cache {
         }
     }
 
-    fn fetch(&self, seg: &SegmentRef) -> Result<Bytes, Fetch> {
-        let mut last = String::new();
+    /// Fetches and verifies at least [lo, hi) of a segment: the chunks
+    /// covering it (plus a read-ahead when `sequential`) when the entry
+    /// gave a chunk table (decision 0059), else the whole object.
+    fn fetch(&self, seg: &SegmentRef, lo: u64, hi: u64, sequential: bool) -> Result<Piece, Fetch> {
+        let n = seg.chunks.len() as u64;
+        let (first, last) = if n == 0 {
+            (0, 0)
+        } else {
+            let ahead = if sequential { READ_AHEAD_CHUNKS } else { 0 };
+            (lo >> CHUNK, (hi.div_ceil(1 << CHUNK) + ahead).min(n))
+        };
+        let (base, until) = if n == 0 {
+            (0, seg.len)
+        } else {
+            (first << CHUNK, (last << CHUNK).min(seg.len))
+        };
+        let mut failure = String::new();
         for _ in 0..FETCH_ATTEMPTS {
             let key = seg_key(&self.prefix, &seg.name);
             let store = self.store.clone();
+            let whole = n == 0;
             let got = block(async move {
-                match store.get(&key).await {
+                let opts = object_store::GetOptions {
+                    range: (!whole).then_some(object_store::GetRange::Bounded(base..until)),
+                    ..Default::default()
+                };
+                match store.get_opts(&key, opts).await {
                     Ok(r) => r.bytes().await,
                     Err(e) => Err(e),
                 }
             })
             .map_err(Fetch::Failed)?;
             match got {
-                Ok(body)
-                    if body.len() as u64 == seg.len
-                        && blake3::hash(&body).as_bytes() == &seg.sum =>
-                {
+                Ok(body) if body.len() as u64 == until - base && self.verify(seg, first, &body) => {
                     self.stats
                         .fetched_bytes
-                        .fetch_add(seg.len, Ordering::Relaxed);
-                    return Ok(body);
+                        .fetch_add(until - base, Ordering::Relaxed);
+                    return Ok(Piece {
+                        name: seg.name.clone(),
+                        base,
+                        body,
+                    });
                 }
                 Ok(body) => {
-                    last = format!(
-                        "segment {} does not match its checksum ({} bytes)",
+                    failure = format!(
+                        "segment {} (bytes {base}..{until}) does not match its checksum ({} bytes)",
                         seg.name,
                         body.len()
                     )
                 }
                 Err(object_store::Error::NotFound { .. }) => return Err(Fetch::Gone),
-                Err(e) => last = format!("segment {}: {e}", seg.name),
+                Err(e) => failure = format!("segment {}: {e}", seg.name),
             }
-            tracing::warn!("bucket cache: {last}");
+            tracing::warn!("bucket cache: {failure}");
         }
-        Err(Fetch::Failed(last))
+        Err(Fetch::Failed(failure))
+    }
+
+    /// The whole object against `sum`, or chunks from `first` on against
+    /// the table.
+    fn verify(&self, seg: &SegmentRef, first: u64, body: &[u8]) -> bool {
+        if seg.chunks.is_empty() {
+            return blake3::hash(body).as_bytes() == &seg.sum;
+        }
+        body.chunks(1 << CHUNK)
+            .zip(seg.chunks.iter().skip(first as usize))
+            .all(|(c, sum)| blake3::hash(c).as_bytes() == sum)
+            && body.len().div_ceil(1 << CHUNK) <= seg.chunks.len() - first as usize
     }
 
     /// Points every extent naming segment `gone` at where the last
@@ -663,6 +821,7 @@ mod tests {
             name: "s".into(),
             len: 1000,
             sum: [0; 32],
+            chunks: Vec::new(),
         });
         let mut m = Map::default();
         m.put(

@@ -702,6 +702,7 @@ impl<'a> SegWriter<'a> {
             name,
             len: 0,
             sum: [0; 32],
+            chunks: Vec::new(),
         });
         let off = self.buf.len() as u64;
         self.buf.extend_from_slice(data);
@@ -716,6 +717,11 @@ impl<'a> SegWriter<'a> {
         };
         let body = Bytes::from(std::mem::take(&mut self.buf));
         let sum = *blake3::hash(&body).as_bytes();
+        let chunks = if crate::bucket::legacy_entries() {
+            Vec::new()
+        } else {
+            crate::bucket::chunk_sums(&body)
+        };
         let len = body.len() as u64;
         let key = seg_key(&self.ctx.prefix, &name);
         let store = self.ctx.store.clone();
@@ -726,7 +732,12 @@ impl<'a> SegWriter<'a> {
         block(async move { store.put_opts(&key, PutPayload::from(body), opts).await })?
             .map_err(|e| format!("segment {name}: {e}"))?;
         if let Some(id) = ext.seg_ids.get(&name) {
-            ext.segs[*id as usize] = SegmentRef { name, len, sum };
+            ext.segs[*id as usize] = SegmentRef {
+                name,
+                len,
+                sum,
+                chunks,
+            };
         }
         Ok(())
     }
@@ -812,6 +823,7 @@ mod tests {
             name: "a".into(),
             len: 100,
             sum: [0; 32],
+            chunks: Vec::new(),
         };
         x.apply(&Entry {
             size: 1000,
@@ -851,6 +863,7 @@ mod tests {
                     name: "x".into(),
                     len: 10,
                     sum: [3; 32],
+                    chunks: Vec::new(),
                 }],
                 ops: vec![Op::Seg {
                     offset: 100,

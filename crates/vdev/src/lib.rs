@@ -2,11 +2,50 @@
 
 pub mod bucket;
 mod cache;
+pub mod size;
 pub use cache::CacheStats;
 pub mod compact;
 mod label;
 mod mmp;
 pub mod standby;
+
+/// Points where a test can hold a thread to force an interleaving; not
+/// part of the API. Costs one relaxed load when no hook is set.
+#[doc(hidden)]
+pub mod hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, RwLock};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Point {
+        /// A write to a bounded bucket cache pinned its lines and has not
+        /// written its bytes yet.
+        WritePinned { offset: u64 },
+        /// An I/O found a cache line another write is landing and waits.
+        WaitLanding { line: u64 },
+    }
+
+    pub type Hook = Arc<dyn Fn(Point) + Send + Sync>;
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    static HOOK: RwLock<Option<Hook>> = RwLock::new(None);
+
+    /// Sets (or with `None` clears) the process-wide hook.
+    pub fn set(hook: Option<Hook>) {
+        let armed = hook.is_some();
+        *HOOK.write().unwrap_or_else(|e| e.into_inner()) = hook;
+        ARMED.store(armed, Ordering::SeqCst);
+    }
+
+    pub(crate) fn at(p: Point) {
+        if !ARMED.load(Ordering::Relaxed) {
+            return;
+        }
+        let hook = HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(h) = hook {
+            h(p);
+        }
+    }
+}
 
 pub use label::{
     GroupLayout, Label, LabelError, LayoutKind, Regions, LABEL_SIZE, LABEL_VERSION,
@@ -628,6 +667,9 @@ impl Vdev {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
         let pins = self.cache_pin(offset, data.len(), true)?;
+        if pins.is_some() {
+            hooks::at(hooks::Point::WritePinned { offset });
+        }
         let started = std::time::Instant::now();
         let r = self.file.write_all_at(data, offset);
         self.io.record(true, data.len(), started);
@@ -741,7 +783,10 @@ impl Vdev {
                 Ok(())
             }
             // Some filesystems accept O_DIRECT at open and refuse it at write.
+            // Our pins go first: `write_at` pins the same lines again and
+            // would wait for a line this very write is landing.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                drop(pins);
                 self.write_at(offset, data.as_slice())
             }
             Err(source) => {

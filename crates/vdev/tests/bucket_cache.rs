@@ -206,3 +206,78 @@ fn reads_follow_segments_that_compaction_moved_and_discards_shrink_the_bucket() 
     assert_eq!(read(&b, 0, 12 * MIB), vec![0u8; 12 * MIB]);
     assert_eq!(read(&b, 12 * MIB, 4 * MIB), model[12 * MIB..]);
 }
+
+/// A line whose extents alternate between two segments (small writes over
+/// a large one) fetches each segment once, not at every switch.
+#[test]
+fn a_line_of_interleaved_segments_fetches_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = faulty();
+    let a = open(&store, &dir.path().join("a"), OpenMode::Create, Some(BOUND)).unwrap();
+    let line = 8 * MIB;
+    let mut model = pattern(1, MIB);
+    a.write_at(line as u64, &model).unwrap();
+    a.sync().unwrap();
+    // 8 pieces of 64 KiB every 128 KiB: one segment, 16 extents in the line.
+    for i in 0..8 {
+        let piece = pattern(2 + i as u8, 64 << 10);
+        let at = i * (128 << 10);
+        a.write_at((line + at) as u64, &piece).unwrap();
+        model[at..at + piece.len()].copy_from_slice(&piece);
+    }
+    a.sync().unwrap();
+    drop(a);
+    let b = open(&store, &dir.path().join("b"), OpenMode::Resume, Some(BOUND)).unwrap();
+    assert_eq!(read(&b, line, MIB), model);
+    let fetched = b
+        .bucket_cache()
+        .unwrap()
+        .0
+        .fetched_bytes
+        .load(Ordering::Relaxed);
+    assert!(
+        fetched <= (MIB + MIB / 2) as u64 + (64 << 10),
+        "{fetched} bytes fetched for one line of two segments"
+    );
+}
+
+/// Decision 0059: a segment's entry carries a sum per MiB, so a cold small
+/// read fetches the one chunk it needs, verified; a wrong chunk is EIO and
+/// nothing is kept; a sequential read fetches ahead.
+#[test]
+fn a_cold_small_read_fetches_one_verified_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, faults) = faulty();
+    let a = open(&store, &dir.path().join("a"), OpenMode::Create, Some(BOUND)).unwrap();
+    let data = pattern(5, 16 * MIB);
+    a.write_at(0, &data).unwrap();
+    a.sync().unwrap();
+    drop(a);
+    let b = open(&store, &dir.path().join("b"), OpenMode::Resume, Some(BOUND)).unwrap();
+    let fetched = || {
+        b.bucket_cache()
+            .unwrap()
+            .0
+            .fetched_bytes
+            .load(Ordering::Relaxed)
+    };
+    let at = 5 * MIB + 4096;
+    assert_eq!(read(&b, at, 4096), data[at..at + 4096]);
+    assert_eq!(fetched(), MIB as u64, "one chunk of a 16 MiB segment");
+    // Wrong bytes twice (the retry too): EIO, and the line stays absent.
+    faults.corrupt_segment_gets(2);
+    let mut buf = vec![0u8; 4096];
+    assert!(b.read_at((9 * MIB) as u64, &mut buf).is_err());
+    assert_eq!(fetched(), MIB as u64);
+    assert_eq!(read(&b, 9 * MIB, 4096), data[9 * MIB..9 * MIB + 4096]);
+    // Sequential: the rest in 8 MiB GETs (the kept lines are not fetched again).
+    let before = fetched();
+    for i in 10..16 {
+        assert_eq!(read(&b, i * MIB, MIB), data[i * MIB..(i + 1) * MIB]);
+    }
+    assert!(
+        fetched() - before <= (6 * MIB) as u64,
+        "{}",
+        fetched() - before
+    );
+}

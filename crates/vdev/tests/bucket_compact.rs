@@ -257,3 +257,121 @@ fn a_crash_at_any_point_of_a_compaction_loses_nothing() {
     }
     assert!(completed, "the compaction never ran to its end");
 }
+
+/// Decision 0055 argued it; this checks it: the owner is paused (its
+/// process stopped) at a PUT/DELETE of a compaction, another node takes the
+/// pool over (bounded cache: it fetches from the bucket what it reads,
+/// after the old owner resumed) and writes, then the old owner resumes. It
+/// is fenced, its compaction deletes nothing the new owner needs, and every
+/// acknowledged write of both reads back on the new owner, after the new
+/// owner's own compaction and on a fresh cache. The pause points: the first
+/// and last call of each kind (segment PUT, checkpoint and marker PUTs,
+/// record DELETEs, segment DELETEs), from a dry run of the same history.
+#[test]
+fn an_owner_paused_in_its_compaction_and_resumed_after_a_takeover_is_fenced_and_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = |name: &str| {
+        let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
+        let faults: Arc<Faults> = faulty.faults.clone();
+        let store: Arc<dyn ObjectStore> = faulty;
+        let (a, model) = build(&store, &dir.path().join(name));
+        (store, faults, Arc::new(a), model)
+    };
+    // Dry run: the calls one compaction of this history makes.
+    let (_, faults, a, _) = fresh("dry");
+    let before = faults.calls().len();
+    a.bucket_compact(&policy(), true).unwrap().unwrap();
+    // (The heartbeat, written by its own thread, is not a pause point.)
+    let beats = |c: &String| !c.ends_with("heartbeat");
+    let calls: Vec<String> = faults
+        .calls()
+        .split_off(before)
+        .into_iter()
+        .filter(beats)
+        .collect();
+    drop(a);
+    let kind = |c: &str| {
+        let what = c.split(' ').next().unwrap_or("");
+        let place = ["/log/", "/seg/"]
+            .into_iter()
+            .find(|p| c.contains(p))
+            .unwrap_or("other");
+        format!("{what} {place}")
+    };
+    let mut points: Vec<usize> = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let k = kind(c);
+        let first = i == 0 || kind(&calls[i - 1]) != k;
+        let last = i + 1 == calls.len() || kind(&calls[i + 1]) != k;
+        if first || last {
+            points.push(i);
+        }
+    }
+    let kinds: std::collections::BTreeSet<String> = calls.iter().map(|c| kind(c)).collect();
+    assert!(
+        kinds.len() >= 4 && calls.len() >= 8,
+        "a compaction made only {calls:?}"
+    );
+
+    for n in points {
+        let what = &calls[n];
+        let (store, faults, a, mut model) = fresh(&format!("a{n}"));
+        faults.pause_after(n as u64);
+        let compaction = {
+            let a = a.clone();
+            std::thread::spawn(move || a.bucket_compact(&policy(), true))
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !faults.paused() {
+            assert!(std::time::Instant::now() < until, "{what}: never paused");
+            assert!(!compaction.is_finished(), "{what}: finished unpaused");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = faults.calls().into_iter().rfind(beats).unwrap_or_default();
+        assert_eq!(kind(&held), kind(what), "the same history");
+        let b = Vdev::open_bucket_with(
+            vdev::bucket::BucketOpen {
+                url: "mem://paused",
+                cache: &dir.path().join(format!("b{n}")),
+                size: Some(common::SIZE),
+                mode: OpenMode::Takeover,
+                s3: Default::default(),
+                node: "other",
+                inline_max: vdev::bucket::DEFAULT_INLINE_MAX,
+                store: Some((store.clone(), ObjPath::from("pool"))),
+            },
+            Some(4 << 20),
+        )
+        .unwrap();
+        let late = pattern(90, 2 * MIB);
+        b.write_at((27 * MIB) as u64, &late).unwrap();
+        b.sync().unwrap();
+        let note = b"acknowledged by the new owner";
+        b.write_durable_at((26 * MIB) as u64, note).unwrap();
+        model[27 * MIB..29 * MIB].copy_from_slice(&late);
+        model[26 * MIB..26 * MIB + note.len()].copy_from_slice(note);
+
+        faults.resume();
+        let resumed = compaction.join().unwrap();
+        // The old owner acknowledges nothing more.
+        let w = a.write_at((30 * MIB) as u64, &pattern(91, 4096));
+        assert!(
+            w.is_err() || a.sync().is_err(),
+            "{what}: the old owner is not fenced"
+        );
+        drop(a);
+        let at = format!("paused at {what} ({resumed:?})");
+        assert_same(&read_span(&b), &model, &at);
+        b.bucket_compact(&policy(), true).unwrap().unwrap();
+        assert_same(&read_span(&b), &model, &format!("{at}, compacted"));
+        drop(b);
+        let c = open(
+            &store,
+            &dir.path().join(format!("c{n}")),
+            "other",
+            OpenMode::Resume,
+        )
+        .unwrap();
+        assert_same(&read_span(&c), &model, &format!("{at}, fresh cache"));
+    }
+}

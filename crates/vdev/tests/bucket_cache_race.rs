@@ -1,0 +1,130 @@
+//! A write that covers a whole absent line of a bounded bucket cache makes
+//! the line resident only once its bytes are in the cache file (decision
+//! 0054's race): a read of that line meanwhile waits, and never sees the
+//! hole the line still is. The interleaving is forced with `vdev::hooks`
+//! (process-wide, hence this file holds one test).
+
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjPath;
+use object_store::ObjectStore;
+use objstore::OpenMode;
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
+use vdev::hooks::{self, Point};
+use vdev::Vdev;
+
+const MIB: usize = 1 << 20;
+const LINE_AT: usize = 10 * MIB;
+const BOUND: u64 = 8 << 20;
+const BOUNDED: Duration = Duration::from_secs(10);
+
+fn open(store: &Arc<dyn ObjectStore>, cache: &Path, mode: OpenMode) -> Vdev {
+    Vdev::open_bucket_with(
+        BucketOpen {
+            url: "mem://race",
+            cache,
+            size: Some(64 << 20),
+            mode,
+            s3: Default::default(),
+            node: "owner",
+            inline_max: DEFAULT_INLINE_MAX,
+            store: Some((store.clone(), ObjPath::from("pool"))),
+        },
+        Some(BOUND),
+    )
+    .unwrap()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add((i >> 12) as u8) ^ seed | 1)
+        .collect()
+}
+
+enum Event {
+    Waiting,
+    Read(Vec<u8>),
+}
+
+#[test]
+fn a_read_racing_a_whole_line_write_never_sees_the_absent_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let old = pattern(1, MIB);
+    let new = pattern(2, MIB);
+    {
+        let a = open(&store, &dir.path().join("a"), OpenMode::Create);
+        a.write_at(LINE_AT as u64, &old).unwrap();
+        a.sync().unwrap();
+    }
+    // A fresh cache: the line is absent, its bytes are in a segment.
+    let b = Arc::new(open(&store, &dir.path().join("b"), OpenMode::Resume));
+
+    let (pinned_tx, pinned_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+    let go_rx = Mutex::new(go_rx);
+    let waiting = ev_tx.clone();
+    hooks::set(Some(Arc::new(move |p| match p {
+        // Hold the writer between its pin and its bytes.
+        Point::WritePinned { offset } if offset == LINE_AT as u64 => {
+            let _ = pinned_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(BOUNDED);
+        }
+        Point::WaitLanding { line } if line == (LINE_AT / MIB) as u64 => {
+            let _ = waiting.send(Event::Waiting);
+        }
+        _ => {}
+    })));
+
+    let writer = {
+        let (b, new) = (b.clone(), new.clone());
+        std::thread::spawn(move || b.write_at(LINE_AT as u64, &new))
+    };
+    pinned_rx
+        .recv_timeout(BOUNDED)
+        .expect("the write reaches its pin");
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 8192];
+            b.read_at((LINE_AT + 4096) as u64, &mut buf).unwrap();
+            let _ = ev_tx.send(Event::Read(buf));
+        })
+    };
+    // The writer is held: the read either waits for it or returns at once.
+    match ev_rx
+        .recv_timeout(BOUNDED)
+        .expect("the read waits or returns")
+    {
+        Event::Read(got) => {
+            let _ = go_tx.send(());
+            let zeros = got.iter().all(|&b| b == 0);
+            panic!(
+                "a read of a line being written returned before the write landed ({})",
+                if zeros { "zeros" } else { "other bytes" }
+            );
+        }
+        Event::Waiting => {}
+    }
+    go_tx.send(()).unwrap();
+    writer.join().unwrap().unwrap();
+    match ev_rx.recv_timeout(BOUNDED).expect("the read returns") {
+        Event::Read(got) => assert!(got == new[4096..4096 + 8192], "the read saw the new bytes"),
+        Event::Waiting => panic!("waited twice"),
+    }
+    reader.join().unwrap();
+    hooks::set(None);
+
+    let mut line = vec![0u8; MIB];
+    b.read_at(LINE_AT as u64, &mut line).unwrap();
+    assert!(line == new);
+    b.sync().unwrap();
+    drop(b);
+    let c = open(&store, &dir.path().join("c"), OpenMode::Resume);
+    c.read_at(LINE_AT as u64, &mut line).unwrap();
+    assert!(line == new, "the write reads back from the bucket");
+}
