@@ -286,11 +286,13 @@ def _anon_huge_kib(pid: int) -> int:
     return int(m.group(1)) if m else 0
 
 
-def test_the_daemon_runs_with_its_malloc_tunables_unless_told_not_to(make_daemon, disks):
-    """Decision 0058: `serve` re-executes itself (same pid) with glibc's
-    malloc tunables so the ARC fills huge pages; CISTERN_MALLOC_TUNING=off or
-    a GLIBC_TUNABLES of the user's own keeps it out."""
+def test_the_daemon_runs_with_its_malloc_tunables_when_asked(make_daemon, disks):
+    """Decision 0058: with CISTERN_MALLOC_TUNING=on, `serve` re-executes
+    itself (same pid) with glibc's malloc tunables so the ARC fills huge
+    pages; by default, or with a GLIBC_TUNABLES of the user's own, it does not."""
     d = make_daemon()
+    assert not any(e.startswith(b"GLIBC_TUNABLES=") for e in _environ(d.pid))
+    d.restart(env={"CISTERN_MALLOC_TUNING": "on"})
     tun = [e for e in _environ(d.pid) if e.startswith(b"GLIBC_TUNABLES=")]
     assert tun and tun[0].startswith(b"GLIBC_TUNABLES=glibc.malloc."), tun
     d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
@@ -305,9 +307,7 @@ def test_the_daemon_runs_with_its_malloc_tunables_unless_told_not_to(make_daemon
     if thp.exists() and "[never]" not in thp.read_text():
         assert _anon_huge_kib(d.pid) > 0, "the ARC's memory is not backed by huge pages"
 
-    d.restart(env={"CISTERN_MALLOC_TUNING": "off"})
-    assert not any(e.startswith(b"GLIBC_TUNABLES=") for e in _environ(d.pid))
-    d.restart(env={"CISTERN_MALLOC_TUNING": "", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    d.restart(env={"CISTERN_MALLOC_TUNING": "on", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert b"GLIBC_TUNABLES=glibc.malloc.arena_max=2" in _environ(d.pid)
     with vol.connected() as h:
         assert h.pread(32 * MiB, 0) == data

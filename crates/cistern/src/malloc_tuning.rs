@@ -6,11 +6,11 @@
 //! read's CPU went to `exc_page_fault`, `clear_page` and `mprotect`. glibc
 //! hands its heap to the kernel as transparent huge pages only in its main
 //! arena, grown in steps of at least `top_pad`, with `hugetlb=1`; those are
-//! tunables read once at process start, so `serve` re-executes itself with
-//! them set. A `GLIBC_TUNABLES` the user set is left as it is (theirs wins),
-//! and `CISTERN_MALLOC_TUNING=off` keeps glibc's defaults: huge pages cost
-//! 4 KiB write + FLUSH loads about a tenth more CPU while the heap grows
-//! (decision 0058 has the figures).
+//! tunables read once at process start, so with `CISTERN_MALLOC_TUNING=on`
+//! `serve` re-executes itself with them set. It is opt-in: the same huge
+//! pages cost 4 KiB write + FLUSH loads 10-20% more CPU while the heap
+//! grows (decision 0058 has the figures). A `GLIBC_TUNABLES` the user set
+//! is left as it is (theirs wins).
 
 /// One arena (the main one: only it can be backed by huge pages), grown
 /// 32 MiB at a time and `madvise(MADV_HUGEPAGE)`d; allocations below 8 MiB
@@ -23,22 +23,19 @@ pub const TUNABLES: &str = "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:\
 glibc.malloc.top_pad=33554432:glibc.malloc.mmap_threshold=8388608:\
 glibc.malloc.trim_threshold=67108864";
 
-/// `off` (or `0`, `false`): run with glibc's defaults.
-pub const OPT_OUT: &str = "CISTERN_MALLOC_TUNING";
+/// `on` (or `1`, `true`): run with [`TUNABLES`]; anything else (or unset)
+/// keeps glibc's defaults.
+pub const OPT_IN: &str = "CISTERN_MALLOC_TUNING";
 
 const VAR: &str = "GLIBC_TUNABLES";
 
-/// Re-executes this process with [`TUNABLES`] unless `GLIBC_TUNABLES` is
-/// set already (by the user, or by this function before the exec). Call
+/// Re-executes this process with [`TUNABLES`] when asked ([`OPT_IN`]),
+/// unless `GLIBC_TUNABLES` is set already (by the user, or by this function before the exec). Call
 /// before any thread is started. Returns only if no exec happened (or it
 /// failed: the daemon then runs with glibc's defaults, which is only slower).
 pub fn reexec_daemon() {
-    let off = std::env::var(OPT_OUT).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "off" | "0" | "false"
-        )
-    });
+    let off = !std::env::var(OPT_IN)
+        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "on" | "1" | "true"));
     if off || !cfg!(all(target_os = "linux", target_env = "gnu")) || std::env::var_os(VAR).is_some()
     {
         return;
