@@ -82,6 +82,7 @@ cache_size = $((8 << 30))"
 POOL_SIZE=8G start_cistern "$BENCH_DIR/owner" "$CONFIG"
 OWNER_PID=$CISTERN_PID
 OWNER_API=$CISTERN_API
+OWNER_TOKEN=$CISTERN_TOKEN
 NBD_PORT=$(tr '\0' ' ' </proc/$OWNER_PID/cmdline | sed -n 's/.*--nbd 127.0.0.1:\([0-9]*\).*/\1/p')
 "$CISTERN_BIN" pool create tank "s3://bkt/bench/tank" >/dev/null
 "$CISTERN_BIN" create -V "$SIZE" bench/vol >/dev/null
@@ -94,7 +95,7 @@ start_cistern "$BENCH_DIR/standby" "$CONFIG"
 CISTERN_SERVE_EXTRA=""
 STANDBY_PID=$CISTERN_PID
 STANDBY_API=$CISTERN_API
-export CISTERN_API=$OWNER_API
+export CISTERN_API=$OWNER_API CISTERN_TOKEN=$OWNER_TOKEN
 
 per_job=$("$PYTHON" -c "import sys; s=sys.argv[1].upper(); u={'K':1<<10,'M':1<<20,'G':1<<30}; n=int(float(s[:-1])*u[s[-1]]) if s[-1] in u else int(s); print(n//$JOBS//4096*4096)" "$SIZE")
 
@@ -203,7 +204,7 @@ read_set bounded "nbd://127.0.0.1:$BOUNDED_NBD/tank/vol" bounded_figures | tee -
 echo "bounded after reads: $(bounded_cli pool status tank | grep ' cache:' || echo '(no cache line)')" | tee -a "$RESULTS"
 echo "bounded daemon RSS (peak current MiB): $(rss "$BOUNDED_PID"); cache file $(du -k --apparent-size "$BENCH_DIR"/bounded/state/bucket/*.cache 2>/dev/null | cut -f1 | head -1) KiB apparent," \
     "$(du -k "$BENCH_DIR"/bounded/state/bucket/*.cache 2>/dev/null | cut -f1 | head -1) KiB held" | tee -a "$RESULTS"
-export CISTERN_API=$CISTERN_API_OWNER
+export CISTERN_API=$CISTERN_API_OWNER CISTERN_TOKEN=$OWNER_TOKEN
 
 "$PYTHON" - "$RESULTS" <<'EOF'
 import sys, statistics

@@ -73,7 +73,7 @@ stop_pids() {
 # in DIR/state, its log in DIR/daemon.log, API and NBD on free loopback ports,
 # DIR/cistern.toml holding CONFIG_TEXT when given, and a pool `bench` on the
 # sparse file DIR/disks/d0 of POOL_SIZE (default 32G). Sets CISTERN_PID
-# (appended to PIDS) and exports CISTERN_API.
+# (appended to PIDS) and exports CISTERN_API and CISTERN_TOKEN.
 start_cistern() {
     local dir="$1" config="${2:-}" api_port nbd_port args=()
     mkdir -p "$dir/disks"
@@ -102,6 +102,10 @@ start_cistern() {
     done
     wait_port "$api_port" 1
     export CISTERN_API="http://127.0.0.1:$api_port"
+    # This daemon's own token: the CLI's default lives in a runtime directory
+    # that other daemons on the machine may have overwritten.
+    CISTERN_TOKEN=$(cat "$dir/state/api.token")
+    export CISTERN_TOKEN
     "$CISTERN_BIN" pool create -s "${POOL_SIZE:-32G}" bench "$dir/disks/d0" >/dev/null
 }
 

@@ -1804,6 +1804,14 @@ fn send_rows_raw(
 
 /// The receives running in this process, by pool and target.
 static RECEIVING: parking_lot::Mutex<Vec<(usize, String)>> = parking_lot::Mutex::new(Vec::new());
+/// Signalled when a receive releases its target.
+static RECEIVING_DONE: parking_lot::Condvar = parking_lot::Condvar::new();
+
+/// How long a receive waits for one into the same target to end before it
+/// is refused: a receive whose connection was just cut is still saving its
+/// resume state, and the client's retry (`send -t`, a replication run)
+/// comes right after.
+const RECEIVE_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A running receive's claim on its target (released when dropped).
 struct Receiving(usize, String);
@@ -1811,11 +1819,18 @@ struct Receiving(usize, String);
 impl Receiving {
     fn enter(p: &Arc<ImportedPool>, target: &str) -> Result<Receiving> {
         let key = (Arc::as_ptr(p) as usize, target.to_string());
+        let deadline = std::time::Instant::now() + RECEIVE_BUSY_WAIT;
         let mut running = RECEIVING.lock();
-        if running.contains(&key) {
-            return Err(Error::Busy(format!(
-                "cannot receive: a receive into '{target}' is running"
-            )));
+        while running.contains(&key) {
+            if RECEIVING_DONE
+                .wait_until(&mut running, deadline)
+                .timed_out()
+                && running.contains(&key)
+            {
+                return Err(Error::Busy(format!(
+                    "cannot receive: a receive into '{target}' is running"
+                )));
+            }
         }
         running.push(key.clone());
         Ok(Receiving(key.0, key.1))
@@ -1827,6 +1842,7 @@ impl Drop for Receiving {
         RECEIVING
             .lock()
             .retain(|(p, t)| !(*p == self.0 && *t == self.1));
+        RECEIVING_DONE.notify_all();
     }
 }
 
