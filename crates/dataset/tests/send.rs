@@ -772,25 +772,7 @@ fn full_receive_killed_after_creating_its_dataset() {
         } else {
             let token = prop_of(&e, &target, "receive_resume_token")
                 .expect("no receive_resume_token after an interrupted -s receive");
-            let mut rest = Vec::new();
-            src.send(
-                &SendOptions {
-                    resume_token: Some(token),
-                    ..Default::default()
-                },
-                &mut rest,
-            )
-            .unwrap();
-            let mut inp = rest.as_slice();
-            e.receive(
-                &ReceiveOptions {
-                    target: target.clone(),
-                    resumable: true,
-                    ..Default::default()
-                },
-                &mut inp,
-            )
-            .unwrap();
+            resume(&src, &e, token, &target);
             assert_eq!(prop_of(&e, &target, "receive_resume_token"), None);
         }
         assert_eq!(

@@ -1596,18 +1596,29 @@ impl ExportProvider for InlineProvider {
     }
 }
 
-/// Small WRITEs without FUA go through `try_write` on the reader; FUA,
-/// large, out-of-range and refused ones take the worker path, and the data
-/// lands exactly once either way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_writes_run_inline_unless_refused() {
+/// A server of one [`InlineExport`] and a client session on it.
+async fn inline_session() -> (
+    Arc<InlineExport>,
+    C,
+    watch::Sender<bool>,
+    JoinHandle<std::io::Result<()>>,
+) {
     let exp = Arc::new(InlineExport::new());
     let (addr, stop, task) = serve_provider(
         Arc::new(InlineProvider(exp.clone())),
         ServerConfig::default(),
     )
     .await;
-    let mut c = C::session(addr, "inline", false).await;
+    let c = C::session(addr, "inline", false).await;
+    (exp, c, stop, task)
+}
+
+/// Small WRITEs without FUA go through `try_write` on the reader; FUA,
+/// large, out-of-range and refused ones take the worker path, and the data
+/// lands exactly once either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_run_inline_unless_refused() {
+    let (exp, mut c, stop, task) = inline_session().await;
     let counts = |e: &InlineExport| {
         (
             e.tried.load(Ordering::SeqCst),
@@ -1657,13 +1668,7 @@ async fn small_writes_run_inline_unless_refused() {
 /// answered `false`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_replies_wait_for_their_callback() {
-    let exp = Arc::new(InlineExport::new());
-    let (addr, stop, task) = serve_provider(
-        Arc::new(InlineProvider(exp.clone())),
-        ServerConfig::default(),
-    )
-    .await;
-    let mut c = C::session(addr, "inline", false).await;
+    let (exp, mut c, stop, task) = inline_session().await;
     // Durable already: answered by the reader, `flush` not called.
     exp.flush_mode.store(0, Ordering::SeqCst);
     c.req(0, CMD_FLUSH, 1, 0, 0, &[]).await;

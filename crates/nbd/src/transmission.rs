@@ -624,17 +624,27 @@ impl Dispatcher {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Puts a job in the queue and wakes an idle worker for it if there is
+    /// one (returns whether it did).
+    fn enqueue(&self, q: &mut Queue, job: Job) -> bool {
+        q.queued_sync += usize::from(is_sync(&job.req));
+        q.jobs.push_back(job);
+        if q.idle > q.signalled {
+            q.signalled += 1;
+            self.ready.notify_one();
+            true
+        } else {
+            false
+        }
+    }
+
     /// Queues a job, waking or starting a worker for it if that pays off.
     /// Returns true if jobs are left waiting for busy workers (see
     /// [`Dispatcher::rebalance`]).
     fn submit(self: &Arc<Self>, job: Job) -> bool {
         let (spawn, deferred) = {
             let mut q = self.lock();
-            q.queued_sync += usize::from(is_sync(&job.req));
-            q.jobs.push_back(job);
-            if q.idle > q.signalled {
-                q.signalled += 1;
-                self.ready.notify_one();
+            if self.enqueue(&mut q, job) {
                 (false, false)
             } else if q.jobs.len() > q.workers - q.busy && q.workers < self.max_workers {
                 // Workers that will come back soon for the queued jobs (a
@@ -724,11 +734,7 @@ impl Dispatcher {
     fn submit_later(self: &Arc<Self>, job: Job) {
         let spawn = {
             let mut q = self.lock();
-            q.queued_sync += usize::from(is_sync(&job.req));
-            q.jobs.push_back(job);
-            if q.idle > q.signalled {
-                q.signalled += 1;
-                self.ready.notify_one();
+            if self.enqueue(&mut q, job) {
                 false
             } else if q.workers < self.max_workers {
                 q.workers += 1;

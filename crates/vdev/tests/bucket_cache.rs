@@ -4,8 +4,9 @@
 //! I/O error and never data, compaction's deletions are followed, and
 //! discarded ranges let the bucket shrink.
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
 use object_store::memory::InMemory;
-use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::faults::{Faults, FaultyStore};
 use objstore::OpenMode;
@@ -14,12 +15,10 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::compact::Policy;
 use vdev::Vdev;
 
 const MIB: usize = 1 << 20;
-const SIZE: u64 = 64 << 20;
 const BOUND: u64 = 8 << 20;
 /// Lines the bound may be exceeded by: the local MMP slot's line and the
 /// lines of inline log bytes (labels, small syncs), which are never evicted.
@@ -31,19 +30,7 @@ fn open(
     mode: OpenMode,
     bound: Option<u64>,
 ) -> Result<Vdev, vdev::VdevError> {
-    Vdev::open_bucket_with(
-        BucketOpen {
-            url: "mem://cache",
-            cache,
-            size: Some(SIZE),
-            mode,
-            s3: Default::default(),
-            node: "owner",
-            inline_max: DEFAULT_INLINE_MAX,
-            store: Some((store.clone(), ObjPath::from("pool"))),
-        },
-        bound,
-    )
+    common::open_with("mem://cache", store, cache, "owner", mode, bound)
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -4,15 +4,15 @@
 //! hole the line still is. The interleaving is forced with `vdev::hooks`
 //! (process-wide, hence this file holds one test).
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
 use object_store::memory::InMemory;
-use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use objstore::OpenMode;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::hooks::{self, Point};
 use vdev::Vdev;
 
@@ -22,20 +22,7 @@ const BOUND: u64 = 8 << 20;
 const BOUNDED: Duration = Duration::from_secs(10);
 
 fn open(store: &Arc<dyn ObjectStore>, cache: &Path, mode: OpenMode) -> Vdev {
-    Vdev::open_bucket_with(
-        BucketOpen {
-            url: "mem://race",
-            cache,
-            size: Some(64 << 20),
-            mode,
-            s3: Default::default(),
-            node: "owner",
-            inline_max: DEFAULT_INLINE_MAX,
-            store: Some((store.clone(), ObjPath::from("pool"))),
-        },
-        Some(BOUND),
-    )
-    .unwrap()
+    common::open_with("mem://race", store, cache, "owner", mode, Some(BOUND)).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

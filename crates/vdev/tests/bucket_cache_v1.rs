@@ -4,6 +4,8 @@
 //! checkpoint image names both kinds.
 //! `bucket::set_legacy_entries` is process-wide, hence this file.
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
@@ -12,27 +14,13 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::compact::Policy;
 use vdev::Vdev;
 
 const MIB: usize = 1 << 20;
 
 fn open(store: &Arc<dyn ObjectStore>, cache: &Path, mode: OpenMode) -> Vdev {
-    Vdev::open_bucket_with(
-        BucketOpen {
-            url: "mem://v1",
-            cache,
-            size: Some(64 << 20),
-            mode,
-            s3: Default::default(),
-            node: "owner",
-            inline_max: DEFAULT_INLINE_MAX,
-            store: Some((store.clone(), ObjPath::from("pool"))),
-        },
-        Some(8 << 20),
-    )
-    .unwrap()
+    common::open_with("mem://v1", store, cache, "owner", mode, Some(8 << 20)).unwrap()
 }
 
 fn fetched(dev: &Vdev) -> u64 {

@@ -20,14 +20,30 @@ pub fn open(
     node: &str,
     mode: OpenMode,
 ) -> Result<Vdev, vdev::VdevError> {
-    Vdev::open_bucket(BucketOpen {
-        url,
-        cache,
-        size: Some(SIZE),
-        mode,
-        s3: Default::default(),
-        node,
-        inline_max: DEFAULT_INLINE_MAX,
-        store: Some((store.clone(), ObjPath::from("pool"))),
-    })
+    open_with(url, store, cache, node, mode, None)
+}
+
+/// [`open`] with the cache bounded to `bound` bytes, filled on demand
+/// (decision 0054); `None` keeps a full copy.
+pub fn open_with(
+    url: &str,
+    store: &Arc<dyn ObjectStore>,
+    cache: &Path,
+    node: &str,
+    mode: OpenMode,
+    bound: Option<u64>,
+) -> Result<Vdev, vdev::VdevError> {
+    Vdev::open_bucket_with(
+        BucketOpen {
+            url,
+            cache,
+            size: Some(SIZE),
+            mode,
+            s3: Default::default(),
+            node,
+            inline_max: DEFAULT_INLINE_MAX,
+            store: Some((store.clone(), ObjPath::from("pool"))),
+        },
+        bound,
+    )
 }
