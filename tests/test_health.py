@@ -368,7 +368,7 @@ def fua_load(uri: str, stop: threading.Event, seed: int):
 def test_scrub_after_kill9_under_load_reports_nothing(make_daemon, disks):
     """A scrub checks what the last committed transaction references: the
     pages a commit interrupted by kill -9 left behind are not damage."""
-    budget = float(os.environ.get("CISTERN_SCRUB_CRASH_SECS", "25"))
+    budget = float(os.environ.get("CISTERN_SCRUB_CRASH_SECS", "12"))
     d = make_daemon(config="[engine]\ntxg_timeout_secs = 0.05\n")
     d.cli("pool", "create", "-s", DEV, "tank", "mirror", disks / "d0", disks / "d1")
     # Small blocks spread over the volume: many block-map rows, so each
