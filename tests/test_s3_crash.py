@@ -72,9 +72,11 @@ def verify_bucket(c, bucket, acked: dict[str, int], inflight: dict[str, int]):
     assert not missing, f"acknowledged objects lost after kill -9: {missing[:10]}"
 
 
-def run_writers(s3c, n_threads: int, op, kill_after: float, max_ops: int = 400):
+def run_writers(s3c, n_threads: int, op, kill_after: float, max_ops: int = 400, started=None):
     """Runs op(client, thread, i) in n threads until the daemon is killed
-    kill_after seconds in (or each thread did max_ops)."""
+    kill_after seconds in (or each thread did max_ops). With `started`, the
+    kill_after seconds count from when started() first holds (checked up to
+    30 s), so a slow machine still gets its share of acknowledged work."""
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -93,6 +95,8 @@ def run_writers(s3c, n_threads: int, op, kill_after: float, max_ops: int = 400):
     threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(n_threads)]
     for th in threads:
         th.start()
+    if started is not None:
+        helpers.wait_until(started, timeout=30, what="the first acknowledged operations")
     time.sleep(kill_after)
     stop.set()
     s3c.kill9()
@@ -151,7 +155,8 @@ def test_kill9_during_copies(s3c):
             cl.copy_object(Bucket=bucket, Key=f"copy/{dst}", CopySource={"Bucket": "src", "Key": src})
             acked[f"{bucket}/copy/{dst}"] = src
 
-        run_writers(s3c, 3, copy, kill_after=0.5 + rng.random())
+        before = len(acked)
+        run_writers(s3c, 3, copy, kill_after=rng.random(), started=lambda before=before: len(acked) >= before + 4)
         s3c.start()
         c = s3c.client()  # no pooled connection to the killed daemon
         for bucket in ("src", "dst"):
