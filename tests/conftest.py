@@ -205,6 +205,16 @@ class Daemon:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
+            if not self.alive() and self.starts == 1 and "Address already in use" in self.log_tail(5):
+                # The suite runs on two workers: the other one can take a port
+                # between free_ports() closing it and this daemon binding it.
+                # Only a first start moves (later ones keep their addresses).
+                self._log_note("a port was taken meanwhile; starting on new ports")
+                self.proc = None
+                self.starts = 0
+                self.nbd_port, self.api_port = free_ports(2)
+                self.start(wait=False)
+                continue
             if not self.alive():
                 raise AssertionError(
                     f"daemon exited during startup with {self.proc.returncode}\n{self.log_tail()}"
