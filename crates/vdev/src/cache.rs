@@ -1,6 +1,7 @@
 //! A bounded local cache of a bucket device, filled on demand (decision 0054).
 //!
-//! With `[bucket] cache_bytes` set, opening a bucket device no longer
+//! Bounded by `[bucket] cache_bytes` or, unset, by a default from the free
+//! local disk (decision 0063), opening a bucket device no longer
 //! rebuilds the whole device locally: it builds an index of the device from
 //! the log (device range -> segment range, inline bytes or zeros), writes
 //! only the inline bytes, and leaves every other range a hole. The cache
@@ -8,7 +9,7 @@
 //! line not resident fetches the segment objects the index names for it
 //! (whole, checked against their blake3: a wrong or short answer is an
 //! error, never data) and writes the line. Lines are evicted least recently
-//! used first (a hole is punched) once more than `cache_bytes` are resident,
+//! used first (a hole is punched) once more than the bound are resident,
 //! but never a line in use, one written and not yet shipped, or one whose
 //! bytes live only inline in the log (those stay until the next open; a
 //! checkpoint moves them into segments).
@@ -293,7 +294,6 @@ impl Cache {
         prefix: ObjPath,
         file: &File,
         records: &[Record],
-        bound: u64,
     ) -> Result<(Cache, Option<u64>), String> {
         let mut map = Map::default();
         let mut size = None;
@@ -334,7 +334,8 @@ impl Cache {
             }
         }
         let dev_size = size.unwrap_or(0);
-        let cache = Cache::new(store, prefix, file, dev_size, bound)?;
+        // Bounded by the caller once the device size is known ([`Cache::bounded`]).
+        let cache = Cache::new(store, prefix, file, dev_size, u64::MAX)?;
         {
             let mut ix = cache.index.lock();
             ix.map = map;
@@ -380,6 +381,12 @@ impl Cache {
             fill: Mutex::new(None),
             stats: CacheStats::default(),
         })
+    }
+
+    /// The same cache bounded to `bound` bytes.
+    pub(crate) fn bounded(mut self, bound: u64) -> Cache {
+        self.bound = bound.max(LINE);
+        self
     }
 
     /// Bytes the cache holds (resident or kept lines).

@@ -328,10 +328,20 @@ impl Vdev {
         how: bucket::BucketOpen<'_>,
         cache_bytes: Option<u64>,
     ) -> Result<Vdev, VdevError> {
+        let bound = cache_bytes.map_or(bucket::CacheBound::Full, bucket::CacheBound::Bytes);
+        Vdev::open_bucket_bounded(how, bound)
+    }
+
+    /// [`Vdev::open_bucket`] with its local cache bounded as `bound` says
+    /// (the daemon: `[bucket] cache_bytes` or the default, decision 0063).
+    pub fn open_bucket_bounded(
+        how: bucket::BucketOpen<'_>,
+        bound: bucket::CacheBound,
+    ) -> Result<Vdev, VdevError> {
         let url = how.url.to_string();
         let cache = how.cache.to_path_buf();
         let (shipper, _size) =
-            bucket::Shipper::open(how, cache_bytes).map_err(|why| VdevError::Open {
+            bucket::Shipper::open(how, bound).map_err(|why| VdevError::Open {
                 path: PathBuf::from(&url),
                 source: io::Error::other(why),
             })?;
@@ -398,7 +408,7 @@ impl Vdev {
         };
         let url = path.to_string_lossy().to_string();
         let cache = bucket::cache_path(&settings.state_dir, &url);
-        Vdev::open_bucket_with(
+        Vdev::open_bucket_bounded(
             bucket::BucketOpen {
                 url: &url,
                 cache: &cache,
@@ -412,7 +422,7 @@ impl Vdev {
                     .unwrap_or(bucket::DEFAULT_INLINE_MAX),
                 store: None,
             },
-            settings.config.cache_bytes,
+            bucket::CacheBound::from_config(settings.config.cache_bytes),
         )
         .inspect(|dev| dev.start_bucket_background(&settings.config))
     }
