@@ -741,6 +741,97 @@ impl Cache {
         }
     }
 
+    /// A standby's cache takes one more entry of the log (decision 0063):
+    /// the index follows it, its inline bytes are written and its zeros
+    /// punched, and a resident line whose segment bytes it changes is
+    /// resident no more (its old bytes would be stale). Returns the lines
+    /// it points at segments, for the standby to fetch ahead.
+    pub(crate) fn follow(&self, e: &Entry) -> Result<Vec<usize>, String> {
+        if e.size != self.size {
+            return Err(format!(
+                "the log names a device of {} bytes, the cache holds {}",
+                e.size, self.size
+            ));
+        }
+        let _fill = self.fill.lock();
+        let mut ix = self.index.lock();
+        ix.map.apply(e);
+        let mut stale = Vec::new();
+        for op in &e.ops {
+            match op {
+                Op::Data { offset, data } => {
+                    self.file
+                        .write_all_at(data, *offset)
+                        .map_err(|e| format!("cache write at {offset}: {e}"))?;
+                    for i in lines_of(*offset, data.len() as u64) {
+                        ix.occupy(i, false, true);
+                    }
+                }
+                Op::Zero { offset, len } => {
+                    punch(&self.file, *offset, *len).map_err(|e| format!("cache punch: {e}"))?
+                }
+                Op::Seg { offset, len, .. } => {
+                    stale.extend(lines_of(*offset, *len).filter(|i| *i < ix.lines.len()))
+                }
+            }
+        }
+        stale.dedup();
+        for &i in &stale {
+            let l = ix.lines[i].clone();
+            if !l.resident {
+                continue;
+            }
+            // Kept lines hold inline bytes: only their segment extents are
+            // stale, and the next fill rewrites every one of those.
+            if !l.keep {
+                punch(&self.file, i as u64 * LINE, LINE)
+                    .map_err(|e| format!("cache punch: {e}"))?;
+                ix.occupied -= 1;
+            }
+            ix.lines[i].resident = false;
+            ix.lru.remove(&l.tick);
+        }
+        Ok(stale)
+    }
+
+    /// Lines the index points at segment bytes, in device order.
+    pub(crate) fn segment_lines(&self) -> Vec<usize> {
+        let ix = self.index.lock();
+        let mut out: Vec<usize> = Vec::new();
+        for (s, (e, src)) in &ix.map.0 {
+            if let Src::Seg { .. } = src {
+                for i in lines_of(*s, e - s) {
+                    if out.last() != Some(&i) {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Makes line `i` resident if it is not (a standby fetching ahead).
+    pub(crate) fn prefetch(&self, i: usize) -> Result<(), String> {
+        let start = i as u64 * LINE;
+        if start >= self.size {
+            return Ok(());
+        }
+        self.pin(start, LINE.min(self.size - start), false)
+            .map(drop)
+    }
+
+    pub(crate) fn bound(&self) -> u64 {
+        self.bound
+    }
+
+    /// Counters from zero (a standby's fetches ahead are not the owner's misses).
+    pub(crate) fn reset_stats(&self) {
+        let s = &self.stats;
+        for c in [&s.hits, &s.misses, &s.fetched_bytes, &s.evicted_lines] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// The pool freed [offset, offset+len): zeros from now on, locally and
     /// (once shipped) in the bucket, where compaction can then drop it.
     pub(crate) fn discard(&self, offset: u64, len: u64) -> Result<(), String> {
