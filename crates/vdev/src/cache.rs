@@ -152,6 +152,10 @@ struct Line {
     /// Written and not known shipped: the write generation, 0 when clean.
     dirty: u64,
     tick: u64,
+    /// A failed write left this line without bytes that live only in the
+    /// log and they could not be put back: I/O of it fails until a write
+    /// covers it whole (or the next open rebuilds it).
+    lost: bool,
 }
 
 #[derive(Debug, Default)]
@@ -241,6 +245,9 @@ pub(crate) struct Pins<'a> {
     last: usize,
     /// Absent lines this write covers whole: resident once it has landed.
     landing: Vec<usize>,
+    /// What those lines held that a failed write must put back: bytes that
+    /// live only in the log (inline) and the local MMP slot.
+    saved: Vec<(u64, Vec<u8>)>,
 }
 
 impl Pins<'_> {
@@ -248,9 +255,11 @@ impl Pins<'_> {
     /// the write covered whole become resident now that their bytes are in
     /// the file, not before.
     pub(crate) fn written(mut self) {
+        self.saved.clear();
         let mut ix = self.cache.index.lock();
         for i in std::mem::take(&mut self.landing) {
             ix.lines[i].writing -= 1;
+            ix.lines[i].lost = false;
             ix.occupy(i, true, false);
         }
         ix.generation += 1;
@@ -271,12 +280,24 @@ impl Drop for Pins<'_> {
             ix.lines[i].pins -= 1;
         }
         // A write that failed: what it left of a line it covered whole is
-        // neither the old bytes nor the new ones, so the line stays absent
-        // (and a hole, filled again by the next read).
+        // neither the old bytes nor the new ones, so the line stays absent:
+        // a hole, filled again by the next read, with the bytes that live
+        // only in the log put back first (they are not in any segment).
         for i in std::mem::take(&mut self.landing) {
             ix.lines[i].writing -= 1;
-            if !ix.lines[i].keep {
-                let _ = punch(&self.cache.file, i as u64 * LINE, LINE);
+            if punch(&self.cache.file, i as u64 * LINE, LINE).is_err() {
+                ix.lines[i].lost = true;
+            }
+        }
+        for (at, bytes) in std::mem::take(&mut self.saved) {
+            if let Err(e) = self.cache.file.write_all_at(&bytes, at) {
+                tracing::error!(
+                    "bucket cache: putting back {} log bytes at {at}: {e}",
+                    bytes.len()
+                );
+                for i in lines_of(at, bytes.len() as u64) {
+                    ix.lines[i].lost = true;
+                }
             }
         }
         drop(ix);
@@ -431,6 +452,7 @@ impl Cache {
                     first,
                     last,
                     landing: Vec::new(),
+                    saved: Vec::new(),
                 });
             }
         }
@@ -439,6 +461,7 @@ impl Cache {
         'retry: loop {
             let mut memo = self.fill.lock();
             let mut landing = Vec::new();
+            let mut keep_ranges = Vec::new();
             for i in first..=last {
                 let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
                 let whole = write && offset <= start && offset + len >= end;
@@ -475,7 +498,30 @@ impl Cache {
                         // turns resident in `Pins::written`, after the bytes.
                         ix.lines[i].writing += 1;
                         landing.push(i);
+                        if ix.lines[i].keep {
+                            keep_ranges.extend(ix.map.within(start, end).into_iter().filter_map(
+                                |(s, e, src)| matches!(src, Src::Inline).then_some((s, e)),
+                            ));
+                            let (ms, me) = (
+                                crate::MMP_SLOT_OFFSET,
+                                crate::MMP_SLOT_OFFSET + crate::MMP_SLOT_SIZE,
+                            );
+                            if ms < end && me > start {
+                                keep_ranges.push((ms.max(start), me.min(end)));
+                            }
+                        }
                         continue;
+                    }
+                    if l.lost {
+                        let why = format!(
+                            "cache line {i} lost bytes that live only in the log to a failed write"
+                        );
+                        for j in landing.drain(..) {
+                            ix.lines[j].writing -= 1;
+                        }
+                        drop(ix);
+                        self.landed.notify_all();
+                        return Err(why);
                     }
                 }
                 if let Err(e) = self.fill_line(&mut memo, start, end) {
@@ -489,6 +535,22 @@ impl Cache {
                 }
                 self.index.lock().occupy(i, true, false);
             }
+            // Lines landed whole that hold log-only bytes: keep a copy, for
+            // a failed write to put back.
+            let mut saved = Vec::with_capacity(keep_ranges.len());
+            for (s, e) in keep_ranges {
+                let mut b = vec![0u8; (e - s) as usize];
+                if let Err(err) = self.file.read_exact_at(&mut b, s) {
+                    let mut ix = self.index.lock();
+                    for j in landing.drain(..) {
+                        ix.lines[j].writing -= 1;
+                    }
+                    drop(ix);
+                    self.landed.notify_all();
+                    return Err(format!("cache read at {s}: {err}"));
+                }
+                saved.push((s, b));
+            }
             let mut ix = self.index.lock();
             for i in first..=last {
                 ix.lines[i].pins += 1;
@@ -501,6 +563,7 @@ impl Cache {
                 first,
                 last,
                 landing,
+                saved,
             });
         }
     }

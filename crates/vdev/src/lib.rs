@@ -36,6 +36,31 @@ pub mod hooks {
         ARMED.store(armed, Ordering::SeqCst);
     }
 
+    static TEAR: std::sync::Mutex<Option<(u64, usize)>> = std::sync::Mutex::new(None);
+    static TEAR_ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// The next `write_at` at `offset` writes only its first `keep` bytes
+    /// and fails with EIO: a torn local write, which a test cannot cause
+    /// on a healthy disk.
+    pub fn tear_next_write(offset: u64, keep: usize) {
+        *TEAR.lock().unwrap_or_else(|e| e.into_inner()) = Some((offset, keep));
+        TEAR_ARMED.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn torn(offset: u64) -> Option<usize> {
+        if !TEAR_ARMED.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut t = TEAR.lock().unwrap_or_else(|e| e.into_inner());
+        match *t {
+            Some((at, keep)) if at == offset => {
+                *t = None;
+                Some(keep)
+            }
+            _ => None,
+        }
+    }
+
     pub(crate) fn at(p: Point) {
         if !ARMED.load(Ordering::Relaxed) {
             return;
@@ -681,7 +706,13 @@ impl Vdev {
             hooks::at(hooks::Point::WritePinned { offset });
         }
         let started = std::time::Instant::now();
-        let r = self.file.write_all_at(data, offset);
+        let r = match hooks::torn(offset) {
+            Some(keep) => self
+                .file
+                .write_all_at(&data[..keep.min(data.len())], offset)
+                .and_then(|()| Err(io::Error::from_raw_os_error(libc::EIO))),
+            None => self.file.write_all_at(data, offset),
+        };
         self.io.record(true, data.len(), started);
         r.map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);

@@ -48,6 +48,17 @@ const LIST_LIMIT: usize = 1 << 20;
 /// How often a caught-up standby checks (one LIST) that the record it
 /// waits for was not compacted away while it lagged (decision 0055).
 const BEHIND_PROBE: Duration = Duration::from_secs(2);
+/// Each probe that finds nothing doubles the wait for the next, up to this
+/// (decision 0063): an idle caught-up standby makes 1,440 LISTs a day
+/// instead of 43,200. Any error (a partition, a failed apply) starts again
+/// from `BEHIND_PROBE`, and a standby stalled longer than the wait probes
+/// at once when it resumes.
+const BEHIND_PROBE_MAX: Duration = Duration::from_secs(60);
+
+/// The wait after a probe that found the standby not behind.
+fn probe_backoff(every: Duration) -> Duration {
+    (every * 2).clamp(BEHIND_PROBE, BEHIND_PROBE_MAX)
+}
 /// Claim attempts of one takeover that find the standby behind.
 const TAKEOVER_ROUNDS: u32 = 3;
 
@@ -95,6 +106,8 @@ struct Progress {
     rebuilds: u64,
     /// When the tail last checked whether it is behind the stored log.
     probed: Instant,
+    /// How long after `probed` it checks again.
+    probe_every: Duration,
 }
 
 struct Shared {
@@ -242,6 +255,7 @@ pub fn start_bounded(
             rebuild: first > 1,
             rebuilds: 0,
             probed: Instant::now(),
+            probe_every: BEHIND_PROBE,
         }),
         takeover_after: settings
             .config
@@ -542,6 +556,7 @@ fn tail_loop(
                         p.error = Some(e);
                         // Gone meanwhile? The probe below finds out at once.
                         p.probed = Instant::now().checked_sub(BEHIND_PROBE).unwrap_or(p.probed);
+                        p.probe_every = BEHIND_PROBE;
                         tail = None;
                         drop(p);
                         pause(&shared, POLL);
@@ -553,6 +568,7 @@ fn tail_loop(
             Err(e) => {
                 let mut p = shared.progress.lock();
                 p.error = Some(e.to_string());
+                p.probe_every = BEHIND_PROBE;
                 tail = None;
             }
         }
@@ -561,17 +577,26 @@ fn tail_loop(
         // failing to apply). Never wait on a hole: rebuild.
         let (next, probe) = {
             let p = shared.progress.lock();
-            (p.next, p.probed.elapsed() >= BEHIND_PROBE)
+            (p.next, p.probed.elapsed() >= p.probe_every)
         };
         if probe {
             shared.progress.lock().probed = Instant::now();
             match is_behind(&store, &prefix, next) {
                 Ok(true) => {
-                    shared.progress.lock().rebuild = true;
+                    let mut p = shared.progress.lock();
+                    p.rebuild = true;
+                    p.probe_every = BEHIND_PROBE;
                     continue;
                 }
-                Ok(false) => {}
-                Err(e) => shared.progress.lock().error = Some(e),
+                Ok(false) => {
+                    let mut p = shared.progress.lock();
+                    p.probe_every = probe_backoff(p.probe_every);
+                }
+                Err(e) => {
+                    let mut p = shared.progress.lock();
+                    p.error = Some(e);
+                    p.probe_every = BEHIND_PROBE;
+                }
             }
         }
         // Has the owner's heartbeat moved?
@@ -886,5 +911,23 @@ impl Heartbeat {
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_probes_back_off_to_one_a_minute() {
+        let mut every = BEHIND_PROBE;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            every = probe_backoff(every);
+            waits.push(every.as_secs());
+        }
+        assert_eq!(waits, vec![4, 8, 16, 32, 60, 60, 60, 60]);
+        // LISTs a day of an idle caught-up standby, once backed off.
+        assert_eq!(86_400 / BEHIND_PROBE_MAX.as_secs(), 1_440);
     }
 }
