@@ -42,6 +42,49 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 const CHUNK: usize = 64 << 10;
 /// Default size of the local cache (the device size) of a new bucket pool.
 pub const DEFAULT_CACHE_SIZE: u64 = 8 << 30;
+/// The default bound of the local cache (`[bucket] cache_bytes` unset,
+/// decision 0063): a quarter of the local disk's free space at open, at
+/// least [`CACHE_FLOOR`], at most [`CACHE_CAP`], never more than the device.
+pub const CACHE_FLOOR: u64 = 1 << 30;
+pub const CACHE_CAP: u64 = 64 << 30;
+
+/// How much of a bucket device the local cache may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheBound {
+    /// The whole device, rebuilt at open (tests, and builds before 0063's default).
+    Full,
+    /// At most this many bytes, filled on demand (decision 0054).
+    Bytes(u64),
+    /// [`default_cache_bytes`] of the device and the cache's free disk.
+    Default,
+}
+
+impl CacheBound {
+    /// `[bucket] cache_bytes` as a bound: unset is the default bound.
+    pub fn from_config(cache_bytes: Option<u64>) -> CacheBound {
+        cache_bytes.map_or(CacheBound::Default, CacheBound::Bytes)
+    }
+}
+
+/// The bound of the cache of a `device`-byte device when `free` bytes are
+/// free on the disk that holds it (decision 0063).
+pub fn default_cache_bytes(device: u64, free: u64) -> u64 {
+    (free / 4).clamp(CACHE_FLOOR, CACHE_CAP).min(device)
+}
+
+/// Bytes free (for an unprivileged user) on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a path with a NUL byte"))?;
+    // SAFETY: statvfs fills the zeroed struct; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Version of the entries this module writes into log records when no
 /// segment it names has a chunk table (inline changes, zeros).
 pub const ENTRY_VERSION: u8 = 1;
@@ -74,7 +117,7 @@ pub struct BucketConfig {
     pub inline_max: Option<usize>,
     /// Bound of the local cache, bytes (decision 0054): opening fetches no
     /// segment, reads fetch what they miss, least recently used data is
-    /// evicted. Unset: the cache holds the whole device, rebuilt at open.
+    /// evicted. Unset: [`default_cache_bytes`] (decision 0063).
     /// Bytes or a size such as "64M", as the `[engine]` sizes.
     #[serde(deserialize_with = "crate::size::de_opt_size")]
     pub cache_bytes: Option<u64>,
@@ -628,10 +671,7 @@ fn in_mmp_slot(offset: u64, len: u64) -> bool {
 impl Shipper {
     /// Opens the log as `how.mode` says, rebuilds the cache file from it and
     /// starts the group committer. Returns the shipper and the cache file.
-    pub(crate) fn open(
-        how: BucketOpen<'_>,
-        cache_bytes: Option<u64>,
-    ) -> Result<(Shipper, u64), String> {
+    pub(crate) fn open(how: BucketOpen<'_>, bound: CacheBound) -> Result<(Shipper, u64), String> {
         let (store, prefix) = match how.store {
             Some(s) => s,
             None => objstore::location::open(how.url, &how.s3).map_err(|e| e.to_string())?,
@@ -659,26 +699,23 @@ impl Shipper {
             .map_err(|e| format!("{}: {e}", how.cache.display()))?;
         let create = how.size.filter(|_| how.mode == OpenMode::Create);
         let mut ondemand = None;
-        let size = match (create, cache_bytes) {
-            (Some(s), None) => s,
-            (None, None) => apply_records(&store, &prefix, &file, &records)?
+        let size = match (create, bound) {
+            (Some(s), CacheBound::Full) => s,
+            (None, CacheBound::Full) => apply_records(&store, &prefix, &file, &records)?
                 .ok_or_else(|| format!("{}: the log names no device", how.url))?,
-            (Some(s), Some(bound)) => {
+            (Some(s), bound) => {
+                let bound = resolve_bound(bound, s, how.cache);
                 let c = crate::cache::Cache::new(store.clone(), prefix.clone(), &file, s, bound)?;
                 ondemand = Some(Arc::new(c));
                 s
             }
             // Only the index and the inline bytes now; segments on demand.
-            (None, Some(bound)) => {
-                let (c, size) = crate::cache::Cache::build(
-                    store.clone(),
-                    prefix.clone(),
-                    &file,
-                    &records,
-                    bound,
-                )?;
-                ondemand = Some(Arc::new(c));
-                size.ok_or_else(|| format!("{}: the log names no device", how.url))?
+            (None, bound) => {
+                let (c, size) =
+                    crate::cache::Cache::build(store.clone(), prefix.clone(), &file, &records)?;
+                let size = size.ok_or_else(|| format!("{}: the log names no device", how.url))?;
+                ondemand = Some(Arc::new(c.bounded(resolve_bound(bound, size, how.cache))));
+                size
             }
         };
         file.set_len(size).map_err(|e| e.to_string())?;
@@ -1074,6 +1111,31 @@ impl Uploads {
     }
 }
 
+/// The bytes a bounded cache of a `size`-byte device at `cache` may hold.
+pub(crate) fn resolve_bound(bound: CacheBound, size: u64, cache: &Path) -> u64 {
+    match bound {
+        CacheBound::Bytes(b) => b,
+        CacheBound::Full => size,
+        CacheBound::Default => {
+            let dir = cache.parent().unwrap_or(Path::new("/"));
+            // Unknown free space: the floor, which fits any disk a pool runs on.
+            let free = free_bytes(dir).unwrap_or_else(|e| {
+                tracing::warn!(dir = %dir.display(), "free space of the cache's disk: {e}");
+                0
+            });
+            let b = default_cache_bytes(size, free);
+            tracing::info!(
+                cache = %cache.display(),
+                device = size,
+                free,
+                bound = b,
+                "bucket cache bounded by default (set [bucket] cache_bytes to choose)"
+            );
+            b
+        }
+    }
+}
+
 /// What a failed ship turns into at the device's interface.
 pub(crate) fn ship_error(path: &Path, why: String) -> VdevError {
     VdevError::Io {
@@ -1105,6 +1167,24 @@ mod tests {
         b.put_u16(0);
         b.put_u64(100);
         b.freeze()
+    }
+
+    #[test]
+    fn the_default_cache_bound_is_a_quarter_of_the_free_disk_within_floor_cap_and_device() {
+        const G: u64 = 1 << 30;
+        assert_eq!(default_cache_bytes(1024 * G, 100 * G), 25 * G);
+        assert_eq!(default_cache_bytes(1024 * G, G), CACHE_FLOOR, "floor");
+        assert_eq!(
+            default_cache_bytes(1024 * G, 0),
+            CACHE_FLOOR,
+            "unknown free"
+        );
+        assert_eq!(default_cache_bytes(1024 * G, 1 << 50), CACHE_CAP, "cap");
+        assert_eq!(default_cache_bytes(8 * G, 54 * G), 8 * G, "the device");
+        assert_eq!(default_cache_bytes(64 << 20, G), 64 << 20);
+        assert_eq!(CacheBound::from_config(None), CacheBound::Default);
+        assert_eq!(CacheBound::from_config(Some(5)), CacheBound::Bytes(5));
+        assert!(free_bytes(Path::new("/")).is_ok());
     }
 
     #[test]

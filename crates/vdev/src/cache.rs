@@ -1,6 +1,7 @@
 //! A bounded local cache of a bucket device, filled on demand (decision 0054).
 //!
-//! With `[bucket] cache_bytes` set, opening a bucket device no longer
+//! Bounded by `[bucket] cache_bytes` or, unset, by a default from the free
+//! local disk (decision 0063), opening a bucket device no longer
 //! rebuilds the whole device locally: it builds an index of the device from
 //! the log (device range -> segment range, inline bytes or zeros), writes
 //! only the inline bytes, and leaves every other range a hole. The cache
@@ -8,7 +9,7 @@
 //! line not resident fetches the segment objects the index names for it
 //! (whole, checked against their blake3: a wrong or short answer is an
 //! error, never data) and writes the line. Lines are evicted least recently
-//! used first (a hole is punched) once more than `cache_bytes` are resident,
+//! used first (a hole is punched) once more than the bound are resident,
 //! but never a line in use, one written and not yet shipped, or one whose
 //! bytes live only inline in the log (those stay until the next open; a
 //! checkpoint moves them into segments).
@@ -151,6 +152,10 @@ struct Line {
     /// Written and not known shipped: the write generation, 0 when clean.
     dirty: u64,
     tick: u64,
+    /// A failed write left this line without bytes that live only in the
+    /// log and they could not be put back: I/O of it fails until a write
+    /// covers it whole (or the next open rebuilds it).
+    lost: bool,
 }
 
 #[derive(Debug, Default)]
@@ -240,6 +245,9 @@ pub(crate) struct Pins<'a> {
     last: usize,
     /// Absent lines this write covers whole: resident once it has landed.
     landing: Vec<usize>,
+    /// What those lines held that a failed write must put back: bytes that
+    /// live only in the log (inline) and the local MMP slot.
+    saved: Vec<(u64, Vec<u8>)>,
 }
 
 impl Pins<'_> {
@@ -247,9 +255,11 @@ impl Pins<'_> {
     /// the write covered whole become resident now that their bytes are in
     /// the file, not before.
     pub(crate) fn written(mut self) {
+        self.saved.clear();
         let mut ix = self.cache.index.lock();
         for i in std::mem::take(&mut self.landing) {
             ix.lines[i].writing -= 1;
+            ix.lines[i].lost = false;
             ix.occupy(i, true, false);
         }
         ix.generation += 1;
@@ -270,12 +280,24 @@ impl Drop for Pins<'_> {
             ix.lines[i].pins -= 1;
         }
         // A write that failed: what it left of a line it covered whole is
-        // neither the old bytes nor the new ones, so the line stays absent
-        // (and a hole, filled again by the next read).
+        // neither the old bytes nor the new ones, so the line stays absent:
+        // a hole, filled again by the next read, with the bytes that live
+        // only in the log put back first (they are not in any segment).
         for i in std::mem::take(&mut self.landing) {
             ix.lines[i].writing -= 1;
-            if !ix.lines[i].keep {
-                let _ = punch(&self.cache.file, i as u64 * LINE, LINE);
+            if punch(&self.cache.file, i as u64 * LINE, LINE).is_err() {
+                ix.lines[i].lost = true;
+            }
+        }
+        for (at, bytes) in std::mem::take(&mut self.saved) {
+            if let Err(e) = self.cache.file.write_all_at(&bytes, at) {
+                tracing::error!(
+                    "bucket cache: putting back {} log bytes at {at}: {e}",
+                    bytes.len()
+                );
+                for i in lines_of(at, bytes.len() as u64) {
+                    ix.lines[i].lost = true;
+                }
             }
         }
         drop(ix);
@@ -293,7 +315,6 @@ impl Cache {
         prefix: ObjPath,
         file: &File,
         records: &[Record],
-        bound: u64,
     ) -> Result<(Cache, Option<u64>), String> {
         let mut map = Map::default();
         let mut size = None;
@@ -334,7 +355,8 @@ impl Cache {
             }
         }
         let dev_size = size.unwrap_or(0);
-        let cache = Cache::new(store, prefix, file, dev_size, bound)?;
+        // Bounded by the caller once the device size is known ([`Cache::bounded`]).
+        let cache = Cache::new(store, prefix, file, dev_size, u64::MAX)?;
         {
             let mut ix = cache.index.lock();
             ix.map = map;
@@ -382,6 +404,12 @@ impl Cache {
         })
     }
 
+    /// The same cache bounded to `bound` bytes.
+    pub(crate) fn bounded(mut self, bound: u64) -> Cache {
+        self.bound = bound.max(LINE);
+        self
+    }
+
     /// Bytes the cache holds (resident or kept lines).
     pub(crate) fn occupied_bytes(&self) -> u64 {
         self.index.lock().occupied * LINE
@@ -424,6 +452,7 @@ impl Cache {
                     first,
                     last,
                     landing: Vec::new(),
+                    saved: Vec::new(),
                 });
             }
         }
@@ -432,6 +461,7 @@ impl Cache {
         'retry: loop {
             let mut memo = self.fill.lock();
             let mut landing = Vec::new();
+            let mut keep_ranges = Vec::new();
             for i in first..=last {
                 let (start, end) = (i as u64 * LINE, ((i as u64 + 1) * LINE).min(self.size));
                 let whole = write && offset <= start && offset + len >= end;
@@ -468,7 +498,30 @@ impl Cache {
                         // turns resident in `Pins::written`, after the bytes.
                         ix.lines[i].writing += 1;
                         landing.push(i);
+                        if ix.lines[i].keep {
+                            keep_ranges.extend(ix.map.within(start, end).into_iter().filter_map(
+                                |(s, e, src)| matches!(src, Src::Inline).then_some((s, e)),
+                            ));
+                            let (ms, me) = (
+                                crate::MMP_SLOT_OFFSET,
+                                crate::MMP_SLOT_OFFSET + crate::MMP_SLOT_SIZE,
+                            );
+                            if ms < end && me > start {
+                                keep_ranges.push((ms.max(start), me.min(end)));
+                            }
+                        }
                         continue;
+                    }
+                    if l.lost {
+                        let why = format!(
+                            "cache line {i} lost bytes that live only in the log to a failed write"
+                        );
+                        for j in landing.drain(..) {
+                            ix.lines[j].writing -= 1;
+                        }
+                        drop(ix);
+                        self.landed.notify_all();
+                        return Err(why);
                     }
                 }
                 if let Err(e) = self.fill_line(&mut memo, start, end) {
@@ -482,6 +535,22 @@ impl Cache {
                 }
                 self.index.lock().occupy(i, true, false);
             }
+            // Lines landed whole that hold log-only bytes: keep a copy, for
+            // a failed write to put back.
+            let mut saved = Vec::with_capacity(keep_ranges.len());
+            for (s, e) in keep_ranges {
+                let mut b = vec![0u8; (e - s) as usize];
+                if let Err(err) = self.file.read_exact_at(&mut b, s) {
+                    let mut ix = self.index.lock();
+                    for j in landing.drain(..) {
+                        ix.lines[j].writing -= 1;
+                    }
+                    drop(ix);
+                    self.landed.notify_all();
+                    return Err(format!("cache read at {s}: {err}"));
+                }
+                saved.push((s, b));
+            }
             let mut ix = self.index.lock();
             for i in first..=last {
                 ix.lines[i].pins += 1;
@@ -494,6 +563,7 @@ impl Cache {
                 first,
                 last,
                 landing,
+                saved,
             });
         }
     }
@@ -731,6 +801,97 @@ impl Cache {
                     ix.occupy(i, false, true);
                 }
             }
+        }
+    }
+
+    /// A standby's cache takes one more entry of the log (decision 0063):
+    /// the index follows it, its inline bytes are written and its zeros
+    /// punched, and a resident line whose segment bytes it changes is
+    /// resident no more (its old bytes would be stale). Returns the lines
+    /// it points at segments, for the standby to fetch ahead.
+    pub(crate) fn follow(&self, e: &Entry) -> Result<Vec<usize>, String> {
+        if e.size != self.size {
+            return Err(format!(
+                "the log names a device of {} bytes, the cache holds {}",
+                e.size, self.size
+            ));
+        }
+        let _fill = self.fill.lock();
+        let mut ix = self.index.lock();
+        ix.map.apply(e);
+        let mut stale = Vec::new();
+        for op in &e.ops {
+            match op {
+                Op::Data { offset, data } => {
+                    self.file
+                        .write_all_at(data, *offset)
+                        .map_err(|e| format!("cache write at {offset}: {e}"))?;
+                    for i in lines_of(*offset, data.len() as u64) {
+                        ix.occupy(i, false, true);
+                    }
+                }
+                Op::Zero { offset, len } => {
+                    punch(&self.file, *offset, *len).map_err(|e| format!("cache punch: {e}"))?
+                }
+                Op::Seg { offset, len, .. } => {
+                    stale.extend(lines_of(*offset, *len).filter(|i| *i < ix.lines.len()))
+                }
+            }
+        }
+        stale.dedup();
+        for &i in &stale {
+            let l = ix.lines[i].clone();
+            if !l.resident {
+                continue;
+            }
+            // Kept lines hold inline bytes: only their segment extents are
+            // stale, and the next fill rewrites every one of those.
+            if !l.keep {
+                punch(&self.file, i as u64 * LINE, LINE)
+                    .map_err(|e| format!("cache punch: {e}"))?;
+                ix.occupied -= 1;
+            }
+            ix.lines[i].resident = false;
+            ix.lru.remove(&l.tick);
+        }
+        Ok(stale)
+    }
+
+    /// Lines the index points at segment bytes, in device order.
+    pub(crate) fn segment_lines(&self) -> Vec<usize> {
+        let ix = self.index.lock();
+        let mut out: Vec<usize> = Vec::new();
+        for (s, (e, src)) in &ix.map.0 {
+            if let Src::Seg { .. } = src {
+                for i in lines_of(*s, e - s) {
+                    if out.last() != Some(&i) {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Makes line `i` resident if it is not (a standby fetching ahead).
+    pub(crate) fn prefetch(&self, i: usize) -> Result<(), String> {
+        let start = i as u64 * LINE;
+        if start >= self.size {
+            return Ok(());
+        }
+        self.pin(start, LINE.min(self.size - start), false)
+            .map(drop)
+    }
+
+    pub(crate) fn bound(&self) -> u64 {
+        self.bound
+    }
+
+    /// Counters from zero (a standby's fetches ahead are not the owner's misses).
+    pub(crate) fn reset_stats(&self) {
+        let s = &self.stats;
+        for c in [&s.hits, &s.misses, &s.fetched_bytes, &s.evicted_lines] {
+            c.store(0, Ordering::Relaxed);
         }
     }
 

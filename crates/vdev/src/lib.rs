@@ -36,6 +36,31 @@ pub mod hooks {
         ARMED.store(armed, Ordering::SeqCst);
     }
 
+    static TEAR: std::sync::Mutex<Option<(u64, usize)>> = std::sync::Mutex::new(None);
+    static TEAR_ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// The next `write_at` at `offset` writes only its first `keep` bytes
+    /// and fails with EIO: a torn local write, which a test cannot cause
+    /// on a healthy disk.
+    pub fn tear_next_write(offset: u64, keep: usize) {
+        *TEAR.lock().unwrap_or_else(|e| e.into_inner()) = Some((offset, keep));
+        TEAR_ARMED.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn torn(offset: u64) -> Option<usize> {
+        if !TEAR_ARMED.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut t = TEAR.lock().unwrap_or_else(|e| e.into_inner());
+        match *t {
+            Some((at, keep)) if at == offset => {
+                *t = None;
+                Some(keep)
+            }
+            _ => None,
+        }
+    }
+
     pub(crate) fn at(p: Point) {
         if !ARMED.load(Ordering::Relaxed) {
             return;
@@ -328,10 +353,20 @@ impl Vdev {
         how: bucket::BucketOpen<'_>,
         cache_bytes: Option<u64>,
     ) -> Result<Vdev, VdevError> {
+        let bound = cache_bytes.map_or(bucket::CacheBound::Full, bucket::CacheBound::Bytes);
+        Vdev::open_bucket_bounded(how, bound)
+    }
+
+    /// [`Vdev::open_bucket`] with its local cache bounded as `bound` says
+    /// (the daemon: `[bucket] cache_bytes` or the default, decision 0063).
+    pub fn open_bucket_bounded(
+        how: bucket::BucketOpen<'_>,
+        bound: bucket::CacheBound,
+    ) -> Result<Vdev, VdevError> {
         let url = how.url.to_string();
         let cache = how.cache.to_path_buf();
         let (shipper, _size) =
-            bucket::Shipper::open(how, cache_bytes).map_err(|why| VdevError::Open {
+            bucket::Shipper::open(how, bound).map_err(|why| VdevError::Open {
                 path: PathBuf::from(&url),
                 source: io::Error::other(why),
             })?;
@@ -398,7 +433,7 @@ impl Vdev {
         };
         let url = path.to_string_lossy().to_string();
         let cache = bucket::cache_path(&settings.state_dir, &url);
-        Vdev::open_bucket_with(
+        Vdev::open_bucket_bounded(
             bucket::BucketOpen {
                 url: &url,
                 cache: &cache,
@@ -412,7 +447,7 @@ impl Vdev {
                     .unwrap_or(bucket::DEFAULT_INLINE_MAX),
                 store: None,
             },
-            settings.config.cache_bytes,
+            bucket::CacheBound::from_config(settings.config.cache_bytes),
         )
         .inspect(|dev| dev.start_bucket_background(&settings.config))
     }
@@ -671,7 +706,13 @@ impl Vdev {
             hooks::at(hooks::Point::WritePinned { offset });
         }
         let started = std::time::Instant::now();
-        let r = self.file.write_all_at(data, offset);
+        let r = match hooks::torn(offset) {
+            Some(keep) => self
+                .file
+                .write_all_at(&data[..keep.min(data.len())], offset)
+                .and_then(|()| Err(io::Error::from_raw_os_error(libc::EIO))),
+            None => self.file.write_all_at(data, offset),
+        };
         self.io.record(true, data.len(), started);
         r.map_err(|source| {
             self.errors.write.fetch_add(1, Ordering::Relaxed);

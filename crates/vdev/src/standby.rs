@@ -2,20 +2,23 @@
 //! (issue 18, decision 0048).
 //!
 //! `cistern serve --standby POOL LOCATION` tails the pool's log: a thread
-//! reads each new log record as it appears (and the segments it names) and
-//! applies it to a local cache file, exactly as opening the device would,
-//! but never writes to the bucket. `pool takeover POOL` on that daemon then
+//! reads each new log record as it appears and applies it to a bounded
+//! local cache (decision 0063: the index of the device, inline bytes, and
+//! the newest segment bytes fetched ahead up to half the bound), as a
+//! bounded open would, but never writes to the bucket. `pool takeover POOL` on that daemon then
 //! claims the log from the first record it has not applied
 //! ([`objstore::Log::take_over_from`]), which fences the old owner, applies
-//! only the records written since, and hands the pool a device over the
-//! warm cache: seconds instead of a whole-log replay.
+//! only the records written since (to the index: no segment is fetched),
+//! and hands the pool a device over that bounded cache: seconds instead of
+//! a whole-log replay.
 //!
 //! Safety is the claim's create-if-absent, never a timer. The heartbeat
 //! object an owner rewrites and `[bucket] takeover_after_secs` only decide
 //! *when* a standby tries to take over on its own (liveness): a standby
 //! that takes over a live but slow owner fences it, it does not corrupt it.
 
-use crate::bucket::{self, apply_records, block, Shipper};
+use crate::bucket::{self, block, CacheBound, Entry, Shipper};
+use crate::cache::Cache;
 use crate::{Vdev, VdevError};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -45,6 +48,17 @@ const LIST_LIMIT: usize = 1 << 20;
 /// How often a caught-up standby checks (one LIST) that the record it
 /// waits for was not compacted away while it lagged (decision 0055).
 const BEHIND_PROBE: Duration = Duration::from_secs(2);
+/// Each probe that finds nothing doubles the wait for the next, up to this
+/// (decision 0063): an idle caught-up standby makes 1,440 LISTs a day
+/// instead of 43,200. Any error (a partition, a failed apply) starts again
+/// from `BEHIND_PROBE`, and a standby stalled longer than the wait probes
+/// at once when it resumes.
+const BEHIND_PROBE_MAX: Duration = Duration::from_secs(60);
+
+/// The wait after a probe that found the standby not behind.
+fn probe_backoff(every: Duration) -> Duration {
+    (every * 2).clamp(BEHIND_PROBE, BEHIND_PROBE_MAX)
+}
 /// Claim attempts of one takeover that find the standby behind.
 const TAKEOVER_ROUNDS: u32 = 3;
 
@@ -92,6 +106,8 @@ struct Progress {
     rebuilds: u64,
     /// When the tail last checked whether it is behind the stored log.
     probed: Instant,
+    /// How long after `probed` it checks again.
+    probe_every: Duration,
 }
 
 struct Shared {
@@ -107,10 +123,41 @@ struct Standby {
     cache: PathBuf,
     store: Arc<dyn ObjectStore>,
     prefix: ObjPath,
-    thread: Option<std::thread::JoinHandle<File>>,
+    thread: Option<std::thread::JoinHandle<Local>>,
     /// After a claim whose replay failed: the claimed log and the cache,
     /// kept for the next `pool takeover` (no tail thread runs then).
-    claimed: Option<(Log, File)>,
+    claimed: Option<(Log, Local)>,
+}
+
+/// A standby's local cache (decision 0063): the file and, once the log
+/// names the device, the bounded index over it that a takeover hands to
+/// the new owner as is. The tail writes inline bytes and fetches the lines
+/// the owner's records point at segments, up to half the bound per round.
+struct Local {
+    file: File,
+    path: PathBuf,
+    bound: CacheBound,
+    index: Option<Cache>,
+}
+
+/// Test hook: the next `n` replays of `pool`'s standby fail as a local
+/// write would (a fault the tests cannot cause on a healthy disk).
+static FAIL_REPLAYS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+#[doc(hidden)]
+pub fn fail_next_replays(pool: &str, n: u64) {
+    FAIL_REPLAYS.lock().insert(pool.to_string(), n);
+}
+
+fn injected_failure(pool: &str) -> Result<(), String> {
+    let mut f = FAIL_REPLAYS.lock();
+    match f.get_mut(pool) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            Err("cache write: injected failure".into())
+        }
+        _ => Ok(()),
+    }
 }
 
 static STANDBYS: Mutex<BTreeMap<String, Standby>> = Mutex::new(BTreeMap::new());
@@ -150,6 +197,21 @@ pub fn start_with_store(
     prefix: ObjPath,
 ) -> Result<(), String> {
     let settings = bucket::settings().ok_or("a standby needs the daemon's [bucket] settings")?;
+    let bound = CacheBound::from_config(settings.config.cache_bytes);
+    start_bounded(pool, url, store, prefix, bound)
+}
+
+/// [`start_with_store`] with the cache bounded as `bound` says instead of
+/// by `[bucket] cache_bytes` (tests).
+#[doc(hidden)]
+pub fn start_bounded(
+    pool: &str,
+    url: &str,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    bound: CacheBound,
+) -> Result<(), String> {
+    let settings = bucket::settings().ok_or("a standby needs the daemon's [bucket] settings")?;
     if STANDBYS.lock().contains_key(pool) {
         return Err(format!("pool '{pool}' already has a standby here"));
     }
@@ -165,6 +227,12 @@ pub fn start_with_store(
         .create_new(true)
         .open(&cache)
         .map_err(|e| format!("{}: {e}", cache.display()))?;
+    let local = Local {
+        file,
+        path: cache.clone(),
+        bound,
+        index: None,
+    };
     let first = {
         let (store, prefix) = (store.clone(), prefix.clone());
         block(async move { first_seq(store.as_ref(), &prefix).await })??
@@ -187,6 +255,7 @@ pub fn start_with_store(
             rebuild: first > 1,
             rebuilds: 0,
             probed: Instant::now(),
+            probe_every: BEHIND_PROBE,
         }),
         takeover_after: settings
             .config
@@ -209,7 +278,7 @@ pub fn start_with_store(
             thread: None,
             claimed: None,
         },
-        file,
+        local,
     );
     Ok(())
 }
@@ -234,12 +303,12 @@ async fn first_seq(store: &dyn ObjectStore, prefix: &ObjPath) -> Result<u64, Str
 
 /// Starts (or restarts, after a failed takeover) the tail thread and
 /// registers the standby.
-fn spawn(mut sb: Standby, file: File) {
+fn spawn(mut sb: Standby, local: Local) {
     sb.shared.stop.store(false, Ordering::Release);
     let (shared, store, prefix) = (sb.shared.clone(), sb.store.clone(), sb.prefix.clone());
     let thread = std::thread::Builder::new()
         .name("bucket-standby".into())
-        .spawn(move || tail_loop(shared, store, prefix, file));
+        .spawn(move || tail_loop(shared, store, prefix, local));
     match thread {
         Ok(t) => {
             sb.thread = Some(t);
@@ -249,29 +318,85 @@ fn spawn(mut sb: Standby, file: File) {
     }
 }
 
-/// Applies records that directly follow what the cache holds. Checkpoint
-/// entries are skipped: they restate what the records before them already
-/// wrote, and applying one over a warm cache would keep bytes that records
-/// it superseded zeroed (its image lists only non-zero extents).
+/// Applies records that directly follow what the cache holds to its index
+/// (no segment is fetched here). Checkpoint entries are skipped: they
+/// restate what the records before them already wrote, and applying one
+/// over a warm cache would keep bytes that records it superseded zeroed
+/// (its image lists only non-zero extents). Until the log names the device
+/// the index is built from these records as a cold open builds it. Returns
+/// the device size and the lines the records pointed at segments.
 fn apply_following(
+    pool: &str,
+    local: &mut Local,
     store: &Arc<dyn ObjectStore>,
     prefix: &ObjPath,
-    file: &File,
+    records: &[Record],
+) -> Result<(Option<u64>, Vec<usize>), String> {
+    injected_failure(pool)?;
+    let Some(cache) = &local.index else {
+        return build_index(local, store, prefix, records).map(|size| (size, Vec::new()));
+    };
+    let mut size = None;
+    let mut lines = Vec::new();
+    for rec in records.iter().filter(|r| r.kind == Kind::Batch) {
+        for raw in rec
+            .entries
+            .iter()
+            .filter(|e| !crate::compact::is_checkpoint(e))
+        {
+            let entry = Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq))?;
+            size = Some(entry.size);
+            lines.extend(cache.follow(&entry)?);
+        }
+    }
+    Ok((size, lines))
+}
+
+/// The index of the device from `records` (the last checkpoint and the
+/// records after it) over the emptied cache file; `None` until the log
+/// names the device.
+fn build_index(
+    local: &mut Local,
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjPath,
     records: &[Record],
 ) -> Result<Option<u64>, String> {
-    let plain: Vec<Record> = records
-        .iter()
-        .map(|r| Record {
-            entries: r
-                .entries
-                .iter()
-                .filter(|e| !crate::compact::is_checkpoint(e))
-                .cloned()
-                .collect(),
-            ..r.clone()
-        })
-        .collect();
-    apply_records(store, prefix, file, &plain)
+    local.index = None;
+    local
+        .file
+        .set_len(0)
+        .map_err(|e| format!("emptying the cache: {e}"))?;
+    let (cache, size) = Cache::build(store.clone(), prefix.clone(), &local.file, records)?;
+    if let Some(size) = size {
+        local
+            .file
+            .set_len(size)
+            .map_err(|e| format!("sizing the cache: {e}"))?;
+        let bound = bucket::resolve_bound(local.bound, size, &local.path);
+        local.index = Some(cache.bounded(bound));
+    }
+    Ok(size)
+}
+
+/// Fetches `lines` (the last ones first, they are the newest) until half
+/// the bound is used or the standby stops: a takeover then serves the
+/// owner's recent writes from local disk. A failed fetch only leaves the
+/// line to be fetched on demand.
+fn fetch_ahead(shared: &Shared, local: &Local, lines: &[usize]) {
+    let Some(cache) = &local.index else { return };
+    let budget = (cache.bound() / 2 / crate::cache::LINE).max(1) as usize;
+    let mut seen = std::collections::BTreeSet::new();
+    for &i in lines.iter().rev() {
+        if seen.len() >= budget || shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        if !seen.insert(i) {
+            continue;
+        }
+        if let Err(e) = cache.prefetch(i) {
+            tracing::debug!(pool = %shared.pool, line = i, "standby: fetching ahead: {e}");
+        }
+    }
 }
 
 /// The cache rebuilt from the stored log alone: the last checkpoint and the
@@ -280,10 +405,12 @@ fn apply_following(
 /// warm replay failed. Returns the records read (the log's whole stored
 /// tail) and the device size.
 fn rebuild_cache(
+    pool: &str,
+    local: &mut Local,
     store: &Arc<dyn ObjectStore>,
     prefix: &ObjPath,
-    file: &File,
 ) -> Result<(Vec<Record>, Option<u64>), String> {
+    injected_failure(pool)?;
     let records = {
         let (store, prefix) = (store.clone(), prefix.clone());
         block(async move { objstore::read_all(store.as_ref(), &prefix).await })?
@@ -299,22 +426,27 @@ fn rebuild_cache(
             ));
         }
     }
-    file.set_len(0)
-        .map_err(|e| format!("emptying the cache: {e}"))?;
-    let size = apply_records(store, prefix, file, &records)?;
+    let size = build_index(local, store, prefix, &records)?;
     Ok((records, size))
 }
 
 /// A standby's [`rebuild_cache`], with its progress kept in step: marked
 /// first (a rebuild stopped half-way is done again), then the new position.
+/// `warm`: fetch what the index names ahead (up to half the bound) before
+/// the new position shows.
 fn rebuild(
     shared: &Shared,
     store: &Arc<dyn ObjectStore>,
     prefix: &ObjPath,
-    file: &File,
+    local: &mut Local,
+    warm: bool,
 ) -> Result<(), String> {
     shared.progress.lock().rebuild = true;
-    let (records, size) = rebuild_cache(store, prefix, file)?;
+    let (records, size) = rebuild_cache(&shared.pool, local, store, prefix)?;
+    if warm {
+        let lines = local.index.as_ref().map(Cache::segment_lines);
+        fetch_ahead(shared, local, &lines.unwrap_or_default());
+    }
     let mut p = shared.progress.lock();
     let from = p.next;
     p.next = records.last().map_or(1, |r| r.seq + 1);
@@ -363,13 +495,13 @@ fn tail_loop(
     shared: Arc<Shared>,
     store: Arc<dyn ObjectStore>,
     prefix: ObjPath,
-    file: File,
-) -> File {
+    mut local: Local,
+) -> Local {
     let mut tail: Option<Tail> = None;
     let hb_key = prefix.child(HEARTBEAT_KEY);
     while !shared.stop.load(Ordering::Acquire) {
         if shared.progress.lock().rebuild {
-            if let Err(e) = rebuild(&shared, &store, &prefix, &file) {
+            if let Err(e) = rebuild(&shared, &store, &prefix, &mut local, true) {
                 tracing::warn!(pool = %shared.pool, "standby: rebuilding its cache: {e}");
                 shared.progress.lock().error = Some(format!("rebuilding the cache: {e}"));
                 pause(&shared, POLL);
@@ -394,8 +526,15 @@ fn tail_loop(
         tail = Some(t);
         match r {
             Ok(records) if !records.is_empty() => {
-                match apply_following(&store, &prefix, &file, &records) {
-                    Ok(size) => {
+                let first = local.index.is_none();
+                match apply_following(&shared.pool, &mut local, &store, &prefix, &records) {
+                    Ok((size, lines)) => {
+                        // A first index (the whole device): warm what it names.
+                        let lines = match &local.index {
+                            Some(c) if first => c.segment_lines(),
+                            _ => lines,
+                        };
+                        fetch_ahead(&shared, &local, &lines);
                         let mut p = shared.progress.lock();
                         p.next = records.last().map(|r| r.seq + 1).unwrap_or(p.next);
                         p.applied += records.len() as u64;
@@ -417,6 +556,7 @@ fn tail_loop(
                         p.error = Some(e);
                         // Gone meanwhile? The probe below finds out at once.
                         p.probed = Instant::now().checked_sub(BEHIND_PROBE).unwrap_or(p.probed);
+                        p.probe_every = BEHIND_PROBE;
                         tail = None;
                         drop(p);
                         pause(&shared, POLL);
@@ -428,6 +568,7 @@ fn tail_loop(
             Err(e) => {
                 let mut p = shared.progress.lock();
                 p.error = Some(e.to_string());
+                p.probe_every = BEHIND_PROBE;
                 tail = None;
             }
         }
@@ -436,17 +577,26 @@ fn tail_loop(
         // failing to apply). Never wait on a hole: rebuild.
         let (next, probe) = {
             let p = shared.progress.lock();
-            (p.next, p.probed.elapsed() >= BEHIND_PROBE)
+            (p.next, p.probed.elapsed() >= p.probe_every)
         };
         if probe {
             shared.progress.lock().probed = Instant::now();
             match is_behind(&store, &prefix, next) {
                 Ok(true) => {
-                    shared.progress.lock().rebuild = true;
+                    let mut p = shared.progress.lock();
+                    p.rebuild = true;
+                    p.probe_every = BEHIND_PROBE;
                     continue;
                 }
-                Ok(false) => {}
-                Err(e) => shared.progress.lock().error = Some(e),
+                Ok(false) => {
+                    let mut p = shared.progress.lock();
+                    p.probe_every = probe_backoff(p.probe_every);
+                }
+                Err(e) => {
+                    let mut p = shared.progress.lock();
+                    p.error = Some(e);
+                    p.probe_every = BEHIND_PROBE;
+                }
             }
         }
         // Has the owner's heartbeat moved?
@@ -467,7 +617,7 @@ fn tail_loop(
         maybe_take_over(&shared);
         pause(&shared, POLL);
     }
-    file
+    local
 }
 
 /// Fires the automatic takeover once the owner has been still for
@@ -564,21 +714,21 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
         return Some(Err(err(&url, "no [bucket] settings".into())));
     };
     let started = Instant::now();
-    let (log, file, records) = match sb.claimed.take() {
+    let (log, mut local, records) = match sb.claimed.take() {
         // A claim held from an earlier attempt: replay again, claim nothing.
-        Some((log, file)) => (log, file, None),
+        Some((log, local)) => (log, local, None),
         None => {
             sb.shared.stop.store(true, Ordering::Release);
-            let file = match sb.thread.take().map(|t| t.join()) {
-                Some(Ok(f)) => f,
+            let mut local = match sb.thread.take().map(|t| t.join()) {
+                Some(Ok(l)) => l,
                 _ => return Some(Err(err(&url, "the standby's tail thread died".into()))),
             };
-            match claim(&sb, &settings, &file) {
-                Ok((log, records)) => (log, file, Some(records)),
+            match claim(&sb, &settings, &mut local) {
+                Ok((log, records)) => (log, local, Some(records)),
                 Err(why) => {
                     // Nothing was claimed: keep standing by from where it was.
                     tracing::error!(pool, "standby: takeover failed: {why}");
-                    spawn(sb, file);
+                    spawn(sb, local);
                     return Some(Err(err(&url, why)));
                 }
             }
@@ -587,8 +737,8 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
     // Claimed: the old owner is fenced from here on, whatever happens next.
     let replayed = records.as_ref().map_or(0, Vec::len);
     let warm = match &records {
-        Some(r) => apply_following(&sb.store, &sb.prefix, &file, r)
-            .map(|size| size.or(sb.shared.progress.lock().size)),
+        Some(r) => apply_following(pool, &mut local, &sb.store, &sb.prefix, r)
+            .map(|(size, _)| size.or(sb.shared.progress.lock().size)),
         None => Err("a claim held from an earlier attempt".into()),
     };
     let size = match warm {
@@ -597,7 +747,7 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
             if records.is_some() {
                 tracing::warn!(pool, "standby: replay after the claim failed ({why}); replaying again from the last checkpoint");
             }
-            replay_claimed(&sb, &file, log.owner())
+            replay_claimed(&sb, &mut local, log.owner())
         }
     };
     let size = match size.and_then(|s| s.ok_or_else(|| format!("{url}: the log names no device"))) {
@@ -606,7 +756,7 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
             // Another owner claimed after us: stand by for it.
             tracing::error!(pool, "standby: {why}");
             sb.shared.progress.lock().rebuild = true;
-            spawn(sb, file);
+            spawn(sb, local);
             return Some(Err(err(&url, why)));
         }
         Err(why) => {
@@ -615,17 +765,19 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
             );
             tracing::error!(pool, "standby: {why}");
             sb.shared.progress.lock().error = Some(why.clone());
-            sb.claimed = Some((log, file));
+            sb.claimed = Some((log, local));
             STANDBYS.lock().insert(pool.to_string(), sb);
             return Some(Err(err(&url, why)));
         }
     };
     let opened = (|| {
+        let Local { file, index, .. } = local;
+        let index = index.ok_or_else(|| format!("{url}: the log names no device"))?;
         if file.metadata().map_err(|e| e.to_string())?.len() < size {
             file.set_len(size).map_err(|e| e.to_string())?;
         }
-        file.sync_all().map_err(|e| e.to_string())?;
         drop(file);
+        index.reset_stats();
         Shipper::adopt(
             &url,
             &sb.cache,
@@ -638,6 +790,11 @@ pub fn take_over(pool: &str, location: Option<&str>) -> Option<Result<Vdev, Vdev
                 .inline_max
                 .unwrap_or(bucket::DEFAULT_INLINE_MAX),
         )
+        .map(|mut shipper| {
+            // The new owner reads through the standby's bounded cache.
+            shipper.ondemand = Some(Arc::new(index));
+            shipper
+        })
     })();
     tracing::info!(
         pool,
@@ -662,12 +819,13 @@ const FENCED: &str = "fenced:";
 fn claim(
     sb: &Standby,
     settings: &bucket::Settings,
-    file: &File,
+    local: &mut Local,
 ) -> Result<(Log, Vec<Record>), String> {
     let owner = OwnerId::new(&settings.node).map_err(|e| e.to_string())?;
     for _ in 0..TAKEOVER_ROUNDS {
         if sb.shared.progress.lock().rebuild {
-            rebuild(&sb.shared, &sb.store, &sb.prefix, file)?;
+            // Taking over: no fetch ahead, the new owner fetches on demand.
+            rebuild(&sb.shared, &sb.store, &sb.prefix, local, false)?;
         }
         let (next, fencing) = {
             let p = sb.shared.progress.lock();
@@ -693,8 +851,8 @@ fn claim(
 /// The replay of a claimed log from the bucket alone (last checkpoint and
 /// the records after it, over an emptied cache), checking that our claim
 /// is still the last one.
-fn replay_claimed(sb: &Standby, file: &File, owner: &OwnerId) -> Result<Option<u64>, String> {
-    let (records, size) = rebuild_cache(&sb.store, &sb.prefix, file)?;
+fn replay_claimed(sb: &Standby, local: &mut Local, owner: &OwnerId) -> Result<Option<u64>, String> {
+    let (records, size) = rebuild_cache(&sb.shared.pool, local, &sb.store, &sb.prefix)?;
     match records.iter().rev().find(|r| r.kind == Kind::Claim) {
         Some(c) if c.owner == *owner => Ok(size),
         Some(c) => Err(format!(
@@ -753,5 +911,23 @@ impl Heartbeat {
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_probes_back_off_to_one_a_minute() {
+        let mut every = BEHIND_PROBE;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            every = probe_backoff(every);
+            waits.push(every.as_secs());
+        }
+        assert_eq!(waits, vec![4, 8, 16, 32, 60, 60, 60, 60]);
+        // LISTs a day of an idle caught-up standby, once backed off.
+        assert_eq!(86_400 / BEHIND_PROBE_MAX.as_secs(), 1_440);
     }
 }

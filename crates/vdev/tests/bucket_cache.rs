@@ -268,3 +268,52 @@ fn a_cold_small_read_fetches_one_verified_chunk() {
         fetched() - before
     );
 }
+
+/// Decision 0063: with `[bucket] cache_bytes` unset the cache is bounded by
+/// default. A pool whose cache file is a full copy (written by a build
+/// where unbounded was the default) opens under the default bound: the old
+/// file is replaced, no segment is fetched at open, every byte reads back.
+#[test]
+fn a_pool_with_a_full_copy_cache_opens_bounded_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = faulty();
+    let cache = dir.path().join("bucket").join("pool.cache");
+    std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
+    let a = open(&store, &cache, OpenMode::Create, None).unwrap();
+    assert!(a.bucket_cache().is_none(), "a full copy");
+    let model = pattern(7, 24 * MIB);
+    a.write_at(0, &model).unwrap();
+    a.sync().unwrap();
+    drop(a);
+    assert!(allocated(&cache) >= 24 * MIB as u64, "the old full copy");
+
+    let how = vdev::bucket::BucketOpen {
+        url: "mem://cache",
+        cache: &cache,
+        size: Some(common::SIZE),
+        mode: OpenMode::Resume,
+        s3: Default::default(),
+        node: "owner",
+        inline_max: vdev::bucket::DEFAULT_INLINE_MAX,
+        store: Some((store.clone(), object_store::path::Path::from("pool"))),
+    };
+    let b = Vdev::open_bucket_bounded(how, vdev::bucket::CacheBound::from_config(None)).unwrap();
+    let c = b.bucket_space().unwrap().cache.expect("bounded by default");
+    let free = vdev::bucket::free_bytes(cache.parent().unwrap()).unwrap();
+    assert_eq!(
+        c.bound_bytes,
+        vdev::bucket::default_cache_bytes(common::SIZE, free).max(1 << 20)
+    );
+    assert_eq!(c.fetched_bytes, 0, "nothing fetched at open");
+    assert!(allocated(&cache) <= SLACK, "{}", allocated(&cache));
+    assert_eq!(read(&b, 0, 24 * MIB), model);
+    assert_eq!(read(&b, 24 * MIB, MIB), vec![0u8; MIB]);
+    // Writes and syncs go on as before; a fresh default open reads them.
+    let more = pattern(8, 2 * MIB);
+    b.write_at((30 * MIB) as u64, &more).unwrap();
+    b.sync().unwrap();
+    drop(b);
+    let c = open(&store, &dir.path().join("c"), OpenMode::Resume, None).unwrap();
+    assert_eq!(read(&c, 0, 24 * MIB), model);
+    assert_eq!(read(&c, 30 * MIB, 2 * MIB), more);
+}

@@ -115,3 +115,44 @@ fn a_read_racing_a_whole_line_write_never_sees_the_absent_line() {
     c.read_at(LINE_AT as u64, &mut line).unwrap();
     assert!(line == new, "the write reads back from the bucket");
 }
+
+/// A write covering a whole absent line that also holds bytes living only
+/// in the log (an intent-log write, inline) fails half-way: the line is
+/// punched and those bytes are put back, so the next read gives the old
+/// line, never a mix with the failed write's bytes. (Uses its own offset:
+/// the torn-write hook fires only there.)
+#[test]
+fn a_failed_whole_line_write_over_log_only_bytes_leaves_the_old_line() {
+    const AT: usize = 20 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut old = pattern(3, MIB);
+    {
+        let a = open(&store, &dir.path().join("a"), OpenMode::Create);
+        a.write_at(AT as u64, &old).unwrap();
+        a.sync().unwrap();
+        // Inline in the log, in the same line.
+        let small = pattern(4, 512);
+        a.write_durable_at((AT + 4096) as u64, &small).unwrap();
+        old[4096..4096 + 512].copy_from_slice(&small);
+    }
+    // A fresh cache: the line is absent but holds the inline bytes.
+    let cache = dir.path().join("t");
+    let b = open(&store, &cache, OpenMode::Resume);
+    hooks::tear_next_write(AT as u64, MIB / 2);
+    let e = b.write_at(AT as u64, &pattern(5, MIB)).unwrap_err();
+    assert!(e.to_string().contains("write"), "{e}");
+    let mut got = vec![0u8; MIB];
+    b.read_at(AT as u64, &mut got).unwrap();
+    assert!(got == old, "the old line after a failed write");
+    // The line works on: a whole-line write, a partial one, a fresh open.
+    let new = pattern(6, MIB);
+    b.write_at(AT as u64, &new).unwrap();
+    b.read_at(AT as u64, &mut got).unwrap();
+    assert!(got == new);
+    b.sync().unwrap();
+    drop(b);
+    let c = open(&store, &dir.path().join("c"), OpenMode::Resume);
+    c.read_at(AT as u64, &mut got).unwrap();
+    assert!(got == new);
+}

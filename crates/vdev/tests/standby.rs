@@ -421,10 +421,16 @@ fn a_replay_that_fails_after_the_claim_is_retried_and_can_be_run_again() {
     lag.faults.fail_gets("", u64::MAX);
     lag.write(9 * MIB, pattern(6, 3 * MIB));
     lag.owner.sync().unwrap();
-    // One segment GET fails during the replay after the claim: replayed
-    // again from the stored log, the takeover succeeds.
-    lag.faults.fail_gets("pool/seg", 1);
+    // The replay after the claim fetches no segment (decision 0063): the
+    // takeover succeeds with every segment GET failing, the reads wait.
+    lag.faults.fail_gets("pool/seg", u64::MAX);
+    // One replay fails (a local write): replayed again from the stored
+    // log, the takeover succeeds.
+    vdev::standby::fail_next_replays(lag.pool, 1);
     let dev = vdev::standby::take_over(lag.pool, None).unwrap().unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert!(dev.read_at(9 * MIB as u64, &mut buf).is_err());
+    lag.faults.heal_gets();
     lag.check_taken_over(&dev);
     drop(dev);
 
@@ -432,9 +438,10 @@ fn a_replay_that_fails_after_the_claim_is_retried_and_can_be_run_again() {
     lag.faults.fail_gets("", u64::MAX);
     lag.write(9 * MIB, pattern(7, 3 * MIB));
     lag.owner.sync().unwrap();
-    // Every segment GET fails: claimed (the owner is fenced) but not
-    // replayed. The claim is held; the pool stays a standby here and says so.
-    lag.faults.fail_gets("pool/seg", u64::MAX);
+    // Both replays fail: claimed (the owner is fenced) but not replayed.
+    // The claim is held; the pool stays a standby here and says so.
+    lag.faults.heal_gets();
+    vdev::standby::fail_next_replays(lag.pool, 2);
     let err = vdev::standby::take_over(lag.pool, None)
         .unwrap()
         .unwrap_err()
@@ -449,8 +456,7 @@ fn a_replay_that_fails_after_the_claim_is_retried_and_can_be_run_again() {
         .to_string();
     assert!(late.contains("fenced"), "{late}");
     let claims_before = claims(&lag);
-    // The store is back: the next takeover replays without claiming again.
-    lag.faults.heal_gets();
+    // The next takeover replays without claiming again.
     let dev = vdev::standby::take_over(lag.pool, None).unwrap().unwrap();
     assert_eq!(claims(&lag), claims_before, "no second claim");
     assert_same(&read(&dev, 0, SPAN), &lag.model, "the new owner");
@@ -468,4 +474,128 @@ fn claims(lag: &Lag) -> usize {
         .iter()
         .filter(|r| r.kind == objstore::record::Kind::Claim)
         .count()
+}
+
+/// Bytes the cache file holds on disk (st_blocks).
+fn allocated(cache: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(cache).unwrap().blocks() * 512
+}
+
+/// Decision 0063: a standby's cache is bounded too. It holds the owner's
+/// newest writes (fetched ahead, up to half the bound) and stays under the
+/// bound however much the owner writes; a takeover hands that bounded
+/// cache to the new owner, which serves the newest writes without a fetch
+/// and everything else on demand, still under the bound.
+#[test]
+fn a_bounded_standby_keeps_the_newest_writes_and_hands_its_cache_over() {
+    const BOUND: u64 = 8 << 20;
+    // The local MMP slot's line and lines of inline bytes are never evicted.
+    const SLACK: u64 = 4 << 20;
+    state();
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let url = "mem://bounded";
+    let owner = common::open(
+        url,
+        &store,
+        &dir.path().join("o"),
+        "owner",
+        OpenMode::Create,
+    )
+    .unwrap();
+    let mut model = vec![0u8; 48 * MIB];
+    for i in 0..40 {
+        let data = pattern(i as u8, MIB);
+        owner.write_at((i * MIB) as u64, &data).unwrap();
+        model[i * MIB..(i + 1) * MIB].copy_from_slice(&data);
+        if i % 4 == 3 {
+            owner.sync().unwrap();
+        }
+    }
+    vdev::standby::start_bounded(
+        "bounded",
+        url,
+        store.clone(),
+        ObjPath::from("pool"),
+        bucket::CacheBound::Bytes(BOUND),
+    )
+    .unwrap();
+    let cache = bucket::cache_path(state(), url);
+    let caught_up = |end: u64| {
+        wait_for("the standby to catch up", || {
+            let s = vdev::standby::status("bounded").unwrap();
+            s.next_seq == end && s.error.is_none()
+        })
+    };
+    let log_end = || {
+        let records = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(objstore::read_all(store.as_ref(), &ObjPath::from("pool")))
+            .unwrap();
+        records.last().map_or(1, |r| r.seq + 1)
+    };
+    caught_up(log_end());
+    assert!(allocated(&cache) <= BOUND + SLACK, "{}", allocated(&cache));
+    // New writes: the standby fetches them ahead and evicts older lines.
+    for i in 40..44 {
+        let data = pattern(i as u8, MIB);
+        owner.write_at((i * MIB) as u64, &data).unwrap();
+        model[i * MIB..(i + 1) * MIB].copy_from_slice(&data);
+    }
+    owner.sync().unwrap();
+    owner
+        .write_durable_at((46 * MIB) as u64, b"intent")
+        .unwrap();
+    model[46 * MIB..46 * MIB + 6].copy_from_slice(b"intent");
+    caught_up(log_end());
+    assert!(cache_has(
+        &cache,
+        (40 * MIB) as u64,
+        &model[40 * MIB..44 * MIB]
+    ));
+    assert!(cache_has(&cache, (46 * MIB) as u64, b"intent"));
+    assert!(allocated(&cache) <= BOUND + SLACK, "{}", allocated(&cache));
+
+    let dev = vdev::standby::take_over("bounded", None).unwrap().unwrap();
+    let c = dev.bucket_space().unwrap().cache.expect("a bounded cache");
+    assert_eq!(c.bound_bytes, BOUND);
+    assert_eq!(c.fetched_bytes, 0, "the takeover fetched nothing");
+    // The newest writes are local: read without a fetch.
+    assert_same(
+        &read(&dev, (40 * MIB) as u64, 4 * MIB),
+        &model[40 * MIB..44 * MIB],
+        "newest",
+    );
+    let (stats, _) = dev.bucket_cache().unwrap();
+    assert_eq!(
+        stats
+            .fetched_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // Everything else on demand, under the bound.
+    assert_same(&read(&dev, 0, 48 * MIB), &model, "the new owner");
+    assert!(allocated(&cache) <= BOUND + SLACK, "{}", allocated(&cache));
+    let err = owner.write_durable_at(0, b"late").unwrap_err().to_string();
+    assert!(err.contains("fenced"), "{err}");
+    // The new owner writes and ships through the adopted cache.
+    dev.write_at((50 * MIB) as u64, &pattern(77, 2 * MIB))
+        .unwrap();
+    dev.sync().unwrap();
+    drop(dev);
+    let again = common::open(
+        url,
+        &store,
+        &dir.path().join("again"),
+        "third",
+        OpenMode::Takeover,
+    )
+    .unwrap();
+    assert_same(&read(&again, 0, 48 * MIB), &model, "a cold open after");
+    assert_same(
+        &read(&again, (50 * MIB) as u64, 2 * MIB),
+        &pattern(77, 2 * MIB),
+        "its write",
+    );
 }
