@@ -18,6 +18,12 @@ use std::time::Duration;
 
 const MAGIC: &[u8; 4] = b"CZIL";
 pub const HEADER: usize = 80;
+/// Log batches end on this boundary (decision 0061).
+pub const PAGE: u64 = 4096;
+
+fn page_up(pos: u64) -> u64 {
+    pos.div_ceil(PAGE) * PAGE
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -751,6 +757,13 @@ impl IntentLog {
 
     /// Lays out `batch` from `write_pos` on, with a JUMP record where the
     /// region wraps or where records were dropped because a txg holds them.
+    /// Every jump goes to a page boundary and the batch ends with one to the
+    /// next page (decision 0061), the bytes up to it zero: a batch that
+    /// starts on a page is written as whole pages, so the device never
+    /// reads a partial page before writing it, and no two batches in flight
+    /// share a page. A jump takes no sequence number (its target record has
+    /// the one it carries), so the bound of 0041 on sequence numbers past a
+    /// hole holds as before.
     /// Err(true): not enough free log space now; Err(false): a record can never fit.
     fn place(&self, st: &mut State, batch: &[Pending]) -> Result<Vec<(u64, Vec<u8>)>, bool> {
         let size = st.region.size();
@@ -763,6 +776,8 @@ impl IntentLog {
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut cur: Vec<u8> = Vec::new();
         let mut cur_start = pos;
+        // Every record leaves room for a jump header after it, so `pos +
+        // header <= size` holds wherever a jump is written.
         for p in batch {
             let len = p.bytes.len() as u64;
             if len + 2 * header > size / 4 {
@@ -770,25 +785,34 @@ impl IntentLog {
             }
             let wrap = pos + len + header > size;
             if wrap || p.seq != disk_seq {
-                let target = if wrap { 0 } else { pos + header };
-                let consumed = if wrap { size - pos } else { header };
+                let mut target = if wrap { 0 } else { page_up(pos + header) };
+                if target + len + header > size {
+                    target = 0;
+                }
+                let consumed = if target == 0 {
+                    size - pos
+                } else {
+                    target - pos
+                };
                 if consumed > free {
                     return Err(true);
                 }
                 free -= consumed;
-                encode(
+                Self::jump(
                     self.pool_guid,
-                    RecordKind::Jump,
+                    &mut cur,
+                    cur_start,
+                    pos,
                     disk_seq,
-                    0,
                     target,
                     p.seq,
-                    &[],
-                    &mut cur,
+                    size,
                 );
-                writes.push((cur_start, std::mem::take(&mut cur)));
+                if target == 0 {
+                    writes.push((cur_start, std::mem::take(&mut cur)));
+                    cur_start = 0;
+                }
                 pos = target;
-                cur_start = target;
                 disk_seq = p.seq;
             }
             if len > free {
@@ -799,12 +823,58 @@ impl IntentLog {
             pos += len;
             disk_seq += 1;
         }
+        // The jump to the next page ends the batch there. Left out when the
+        // space is short: the next batch then starts mid-page, which replay
+        // reads all the same (logs of earlier builds are laid out so).
+        if !cur.is_empty() && pos % PAGE != 0 {
+            let target = match page_up(pos + header) {
+                t if t + header > size => 0,
+                t => t,
+            };
+            let consumed = if target == 0 {
+                size - pos
+            } else {
+                target - pos
+            };
+            if consumed <= free {
+                Self::jump(
+                    self.pool_guid,
+                    &mut cur,
+                    cur_start,
+                    pos,
+                    disk_seq,
+                    target,
+                    disk_seq,
+                    size,
+                );
+                pos = target;
+            }
+        }
         if !cur.is_empty() {
             writes.push((cur_start, cur));
         }
         st.write_pos = pos;
         st.next_disk_seq = disk_seq;
         Ok(writes)
+    }
+
+    /// Appends to `cur` (the write that starts at `cur_start` and has
+    /// reached `pos`) a JUMP record saying the record `to_seq` is at
+    /// `target`, then zeros up to the next page boundary (or the region's end).
+    #[allow(clippy::too_many_arguments)]
+    fn jump(
+        guid: u64,
+        cur: &mut Vec<u8>,
+        cur_start: u64,
+        pos: u64,
+        seq: u64,
+        target: u64,
+        to_seq: u64,
+        size: u64,
+    ) {
+        encode(guid, RecordKind::Jump, seq, 0, target, to_seq, &[], cur);
+        let end = page_up(pos + HEADER as u64).min(size);
+        cur.resize((end - cur_start) as usize, 0);
     }
 
     /// Batches done at the head of the in-flight list make their records

@@ -136,7 +136,8 @@ fn a_corrupted_record_on_one_mirror_side_is_read_from_the_other() {
     log.commit(s).unwrap();
     drop(log);
     let dev0 = p.groups()[0].devices()[0].clone();
-    dev0.write_at(p.regions.log_offset + HEADER as u64 + 1, b"XX")
+    // The record follows the opening jump, on the next page (decision 0061).
+    dev0.write_at(p.regions.log_offset + PAGE + 1, b"XX")
         .unwrap();
     let (_, found) = open(&p, start());
     assert_eq!(found[0].payload, b"hello");
@@ -495,4 +496,134 @@ fn a_closed_log_answers_deferred_commits_false() {
         log.commit_deferred(seq, Box::new(|_| {})),
         Deferred::Refused(_)
     ));
+}
+
+/// Decision 0061: every batch ends with a jump to the next page, so each log
+/// write after the first covers whole pages; everything replays in order.
+#[test]
+fn batches_are_written_as_whole_pages_and_replay_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let (log, _) = open(&p, start());
+    let sizes = [1usize, 4096, 10, 4016, 4017, 9000, 4095];
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let log = log.clone();
+            s.spawn(move || {
+                for (i, n) in sizes.iter().enumerate() {
+                    let seq = log.append(
+                        RecordKind::Write,
+                        t,
+                        i as u64,
+                        *n as u64,
+                        &vec![t as u8; *n],
+                    );
+                    log.commit(seq).unwrap();
+                    assert_eq!(log.state.lock().write_pos % PAGE, 0);
+                }
+            });
+        }
+    });
+    // The region starts at 0: every write started and ended on a page.
+    assert_eq!(log.stats().bytes.load(Ordering::Relaxed) % PAGE, 0);
+    drop(log);
+    let (_, found) = open(&p, start());
+    assert_eq!(found.len(), 4 * sizes.len());
+    assert!(found.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    for r in &found {
+        assert_eq!(r.payload, vec![r.dataset as u8; sizes[r.offset as usize]]);
+    }
+}
+
+/// A log laid out by earlier builds (records back to back, a jump to the
+/// very next byte over dropped records) replays, and this build continues
+/// it: its first batch starts where replay stopped, mid-page.
+#[test]
+fn a_log_written_by_an_earlier_build_replays_and_is_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 2);
+    let region = p.log_region();
+    // Seq 1 and 2 back to back, a jump over 3 (left to a txg) to the next
+    // byte, then 4 and 5: as builds before decision 0061 wrote them.
+    let mut old = Vec::new();
+    let rec = |seq: u64, n: usize, out: &mut Vec<u8>| {
+        encode(
+            p.guid,
+            RecordKind::Write,
+            seq,
+            9,
+            seq * 4096,
+            n as u64,
+            &vec![seq as u8; n],
+            out,
+        )
+    };
+    rec(1, 4096, &mut old);
+    rec(2, 7, &mut old);
+    let at = old.len() as u64;
+    encode(
+        p.guid,
+        RecordKind::Jump,
+        3,
+        0,
+        at + HEADER as u64,
+        4,
+        &[],
+        &mut old,
+    );
+    rec(4, 4096, &mut old);
+    rec(5, 100, &mut old);
+    region.write_durable(0, &old).unwrap();
+    let (log, found) = open(&p, start());
+    let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 4, 5]);
+    for r in &found {
+        assert_eq!(r.payload, vec![r.seq as u8; r.length as usize]);
+    }
+    assert_eq!(log.state.lock().write_pos, old.len() as u64);
+    // This build appends after them, then pads to a page.
+    let a = log.append(RecordKind::Write, 9, 0, 3, b"new");
+    let b = log.append(RecordKind::Write, 9, 0, 4096, &[7; 4096]);
+    log.commit(b).unwrap();
+    assert_eq!(log.state.lock().write_pos % PAGE, 0);
+    drop(log);
+    let (_, found) = open(&p, start());
+    let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 4, 5, a, b]);
+    assert_eq!(found[4].payload, b"new");
+}
+
+/// Batches placed near the region's end: a jump over dropped records whose
+/// page has no room for the record, and an end-of-batch jump that would land
+/// on the region's end, both go to position 0; every record replays.
+#[test]
+fn page_jumps_near_the_region_end_wrap_to_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let size = p.log_region().size();
+    let (log, _) = open(&p, start());
+    for (back, n) in [
+        (100u64, 10usize),
+        (200, 10),
+        (4096 + 50, 4000),
+        (8192 + 3000, 4000),
+        (5000, 4096),
+    ] {
+        // A record left to the txg below, so the batch starts with a jump.
+        log.append(RecordKind::Write, 1, 0, 1, b"d");
+        log.state.lock().write_pos = size - back;
+        let cp = log.checkpoint();
+        log.applied(cp);
+        let mut want = Vec::new();
+        for i in 0..3u8 {
+            let seq = log.append(RecordKind::Write, 1, i as u64, n as u64, &vec![i; n]);
+            want.push(seq);
+        }
+        log.commit(*want.last().unwrap()).unwrap();
+        assert_eq!(log.state.lock().write_pos % PAGE, 0, "{back}");
+        let (_, found) = IntentLog::open(p.log_region(), p.guid, cp, 32 << 20, Box::new(|| {}));
+        let seqs: Vec<u64> = found.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, want, "{back}");
+        assert!(found.iter().all(|r| r.payload == vec![r.offset as u8; n]));
+    }
 }

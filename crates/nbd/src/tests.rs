@@ -1629,35 +1629,78 @@ async fn small_writes_run_inline_unless_refused() {
     c.req(0, CMD_WRITE, 1, 4096, 4, b"abcd").await;
     assert_eq!(c.simple().await, (0, 1));
     assert_eq!(counts(&exp), (1, 1, 0));
-    // FUA: durable before the reply, so a worker runs `write`.
+    // FUA: written inline too, then made durable through `flush_start`
+    // (here the blocking way: a worker runs `flush`, not `write`).
     c.req(CMD_FLAG_FUA, CMD_WRITE, 2, 8192, 4, b"efgh").await;
     assert_eq!(c.simple().await, (0, 2));
-    assert_eq!(counts(&exp), (1, 1, 1));
+    assert_eq!(counts(&exp), (2, 2, 0));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 1);
     // Larger than the inline bound.
     let big = vec![3u8; 128 * 1024];
     c.req(0, CMD_WRITE, 3, 256 * 1024, big.len() as u32, &big)
         .await;
     assert_eq!(c.simple().await, (0, 3));
-    assert_eq!(counts(&exp), (1, 1, 2));
+    assert_eq!(counts(&exp), (2, 2, 1));
     // Beyond the export: the worker path reports it, try_write is not asked.
     c.req(0, CMD_WRITE, 4, (1 << 20) - 2, 4, b"ijkl").await;
     assert_eq!(c.simple().await, (ENOSPC, 4));
-    assert_eq!(counts(&exp), (1, 1, 2));
-    // An error from try_write is the reply.
-    c.req(0, CMD_WRITE, 5, 0, 2, &[0xee, 0]).await;
+    assert_eq!(counts(&exp), (2, 2, 1));
+    // An error from try_write is the reply (with FUA too: nothing to flush).
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 5, 0, 2, &[0xee, 0]).await;
     assert_eq!(c.simple().await, (ENOSPC, 5));
-    assert_eq!(counts(&exp), (2, 1, 2));
+    assert_eq!(counts(&exp), (3, 2, 1));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 1);
     // Refused (it would block): the worker writes it, once.
     exp.refuse.store(true, Ordering::SeqCst);
     c.req(0, CMD_WRITE, 6, 4100, 4, b"mnop").await;
     assert_eq!(c.simple().await, (0, 6));
-    assert_eq!(counts(&exp), (3, 1, 3));
+    assert_eq!(counts(&exp), (4, 2, 2));
     c.req(0, CMD_READ, 7, 4096, 8, &[]).await;
     assert_eq!(c.simple().await, (0, 7));
     assert_eq!(c.get(8).await, b"abcdmnop");
     c.req(0, CMD_READ, 8, 8192, 4, &[]).await;
     assert_eq!(c.simple().await, (0, 8));
     assert_eq!(c.get(4).await, b"efgh");
+    stop.send(true).unwrap();
+    let _ = tokio::time::timeout(T, task).await;
+}
+
+/// A small FUA WRITE runs inline and is answered like a FLUSH that holds no
+/// thread (decision 0061): only once its `flush_start` callback fires, and
+/// by the blocking `flush` on a worker (under the write's handle) when
+/// that answers `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fua_writes_reply_once_their_flush_callback_fires() {
+    let (exp, mut c, stop, task) = inline_session().await;
+    exp.flush_mode.store(1, Ordering::SeqCst);
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 1, 0, 4, b"fua1").await;
+    let mut b = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.s.read(&mut b))
+            .await
+            .is_err(),
+        "a FUA write was answered before it was durable"
+    );
+    let e = exp.clone();
+    std::thread::spawn(move || assert_eq!(e.answer_parked(true), 1))
+        .join()
+        .unwrap();
+    assert_eq!(c.simple().await, (0, 1));
+    // Answered false: the worker's blocking flush replies for the write.
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 2, 4, 4, b"fua2").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(exp.answer_parked(false), 1);
+    assert_eq!(c.simple().await, (0, 2));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 1);
+    // Durable at once: answered by the reader.
+    exp.flush_mode.store(0, Ordering::SeqCst);
+    c.req(CMD_FLAG_FUA, CMD_WRITE, 3, 8, 4, b"fua3").await;
+    assert_eq!(c.simple().await, (0, 3));
+    assert_eq!(exp.flushes.load(Ordering::SeqCst), 1);
+    assert_eq!(exp.blocking.load(Ordering::SeqCst), 0);
+    c.req(0, CMD_READ, 4, 0, 12, &[]).await;
+    assert_eq!(c.simple().await, (0, 4));
+    assert_eq!(c.get(12).await, b"fua1fua2fua3");
     stop.send(true).unwrap();
     let _ = tokio::time::timeout(T, task).await;
 }

@@ -337,16 +337,37 @@ where
             continue;
         }
 
-        // ---- a small WRITE without FUA runs right here if the export can
-        // take it without blocking (decision 0053): no hand-off to a
-        // worker thread, the reply goes out from this task.
-        if req.command == Command::Write
-            && req.flags & CMD_FLAG_FUA == 0
-            && req.len <= INLINE_WRITE_MAX
-        {
+        // ---- a small WRITE runs right here if the export can take it
+        // without blocking (decision 0053): no hand-off to a worker thread,
+        // the reply goes out from this task. With FUA, the write is then
+        // made durable like a FLUSH that holds no thread (decisions 0057,
+        // 0061): its reply goes out once the log holds it, or a worker
+        // runs the blocking flush and replies under the write's handle.
+        if req.command == Command::Write && req.len <= INLINE_WRITE_MAX {
             if let Some(reply) = try_write_inline(&session, &req, &payload) {
                 let mut permits = permits;
                 permits.release_bytes();
+                let written = matches!(reply, Reply::Simple { error: 0, .. });
+                if req.flags & CMD_FLAG_FUA != 0 && written && !session.is_revoked() {
+                    let flush = Request {
+                        command: Command::Flush,
+                        flags: 0,
+                        offset: 0,
+                        len: 0,
+                        ..req
+                    };
+                    let job = Job {
+                        req: flush,
+                        payload: Vec::new(),
+                        permits,
+                        drive: None,
+                    };
+                    if catch_unwind(AssertUnwindSafe(|| dispatcher.start_flush(job))).is_err() {
+                        tracing::error!("export panicked (flush)");
+                        break End::Io(io::Error::other("export panicked"));
+                    }
+                    continue;
+                }
                 sink.send(&reply, permits);
                 continue;
             }
