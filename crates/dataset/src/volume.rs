@@ -57,6 +57,9 @@ pub(crate) fn read_outside_open(
     Ok(got.map(|g| g.0).unwrap_or_default())
 }
 
+/// Contents of blocks by index (`None`: a hole).
+type Blocks = HashMap<u64, Option<Arc<Vec<u8>>>>;
+
 /// How [`read_committed`] gets blocks the ARC does not hold.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fetch {
@@ -82,7 +85,7 @@ fn read_outside_open_as(
     bs: u32,
     blocks: &[u64],
     fetch: Fetch,
-) -> Result<Option<(HashMap<u64, Option<Arc<Vec<u8>>>>, bool)>> {
+) -> Result<Option<(Blocks, bool)>> {
     let ds = chain.data_id();
     let mut out = HashMap::with_capacity(blocks.len());
     let mut committed = Vec::new();
