@@ -338,8 +338,14 @@ where
         }
 
         // ---- a READ of cached data is answered right here (decision 0062):
-        // no hand-off to a worker thread and back.
-        if req.command == Command::Read && req.len > 0 && req.len <= INLINE_READ_MAX {
+        // no hand-off to a worker thread and back. Not over TLS: sealing a
+        // large reply stays on the workers (decision 0043), so the reader
+        // goes on reading requests meanwhile.
+        if req.command == Command::Read
+            && req.len > 0
+            && req.len <= INLINE_READ_MAX
+            && !sink.is_tls()
+        {
             if let Some(reply) = try_read_inline(&session, &req) {
                 sink.send(&reply, permits);
                 continue;
