@@ -342,6 +342,13 @@ impl BlockExport for VolumeExport {
         Ok(pieces.into_iter().map(map_piece).collect())
     }
 
+    fn try_read(&self, offset: u64, len: u64) -> Option<Vec<ReadChunk>> {
+        // A gate being shut (revoke, close) waits for no one here.
+        let g = self.gate.vol.try_read().ok()?;
+        let pieces = g.as_deref()?.try_read_pieces(offset, len)?;
+        Some(pieces.into_iter().map(map_piece).collect())
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.gate
             .with(|v| v.write(offset, data, fua).map_err(map_error))?;

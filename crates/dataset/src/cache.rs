@@ -257,6 +257,31 @@ impl BlockCache {
         .map(|e| e.data.clone())
     }
 
+    /// A demand read that must not wait for the devices (the NBD reader
+    /// serves it in place, decision 0062): the data of every key if all are
+    /// cached, counted and touched as [`BlockCache::get`] does; else `None`
+    /// with nothing counted or touched (the caller reads the blocks the
+    /// usual way, so a prefetched block's first demand read is still its
+    /// first access). With the data, how many of the blocks were read ahead
+    /// and not read since.
+    pub fn get_all(&self, keys: &[Key]) -> Option<(Vec<Arc<Vec<u8>>>, usize)> {
+        let mut found = Vec::with_capacity(keys.len());
+        for key in keys {
+            found.push(self.cache.peek(key)?);
+        }
+        let mut ahead = 0;
+        for (key, e) in keys.iter().zip(&found) {
+            if e.prefetched.swap(false, Ordering::Relaxed) {
+                ahead += 1;
+            } else {
+                // Its recency (a block evicted since the peek is served anyway).
+                let _ = self.cache.get(key);
+            }
+        }
+        self.hits.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        Some((found.into_iter().map(|e| e.data.clone()).collect(), ahead))
+    }
+
     /// Keeps dataset `ds`'s blocks out of the L2ARC (its plaintext stays in
     /// memory); called before any of its blocks is cached (the txg's insert
     /// of what it wrote, the read path's of what it read).

@@ -53,6 +53,39 @@ pub(crate) fn read_outside_open(
     bs: u32,
     blocks: &[u64],
 ) -> Result<HashMap<u64, Option<Arc<Vec<u8>>>>> {
+    let got = read_outside_open_as(p, view, chain, obj, head, bs, blocks, Fetch::Demand)?;
+    Ok(got.map(|g| g.0).unwrap_or_default())
+}
+
+/// Contents of blocks by index (`None`: a hole).
+type Blocks = HashMap<u64, Option<Arc<Vec<u8>>>>;
+
+/// How [`read_committed`] gets blocks the ARC does not hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    /// A demand read: from the L2ARC or the devices (verified), into the ARC.
+    Demand,
+    /// Read ahead (crate::prefetch): into the ARC only, counted apart.
+    Prefetch,
+    /// A demand read that must not wait for I/O: `None` unless every block
+    /// is in the ARC (or needs no I/O), with nothing counted or touched.
+    CachedOnly,
+}
+
+/// [`read_outside_open`]; `None` only for [`Fetch::CachedOnly`] when a block
+/// would need I/O. With the blocks, whether they were all cached before and
+/// none was read ahead (see [`read_committed`]).
+#[allow(clippy::too_many_arguments)]
+fn read_outside_open_as(
+    p: &ImportedPool,
+    view: &View,
+    chain: &Chain,
+    obj: u64,
+    head: bool,
+    bs: u32,
+    blocks: &[u64],
+    fetch: Fetch,
+) -> Result<Option<(Blocks, bool)>> {
     let ds = chain.data_id();
     let mut out = HashMap::with_capacity(blocks.len());
     let mut committed = Vec::new();
@@ -71,7 +104,9 @@ pub(crate) fn read_outside_open(
             None => committed.push(b),
         }
     }
-    read_committed(p, view, chain, obj, bs, &committed, &mut out, false)?;
+    let Some(warm) = read_committed(p, view, chain, obj, bs, &committed, &mut out, fetch)? else {
+        return Ok(None);
+    };
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
         out.insert(
@@ -79,7 +114,7 @@ pub(crate) fn read_outside_open(
             Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice())))),
         );
     }
-    Ok(out)
+    Ok(Some((out, warm)))
 }
 
 /// Reads committed blocks into the ARC ahead of a sequential reader
@@ -93,11 +128,14 @@ pub(crate) fn prefetch_committed(
     blocks: &[u64],
 ) -> Result<()> {
     let mut out = HashMap::new();
-    read_committed(p, view, chain, obj, bs, blocks, &mut out, true)
+    read_committed(p, view, chain, obj, bs, blocks, &mut out, Fetch::Prefetch).map(|_| ())
 }
 
 /// Committed contents of `committed` blocks as `chain` sees them, into `out`
-/// (a `prefetch` counts apart from demand reads and fills only the ARC).
+/// (see [`Fetch`]). `None` only for [`Fetch::CachedOnly`] when a block would
+/// need I/O (then `out` holds nothing of the ARC's); else whether the read
+/// is "warm": a CachedOnly read of blocks that were all in the ARC and none
+/// of them read ahead (so prefetch has nothing to do: crate::prefetch).
 #[allow(clippy::too_many_arguments)]
 fn read_committed(
     p: &ImportedPool,
@@ -107,11 +145,12 @@ fn read_committed(
     bs: u32,
     committed: &[u64],
     out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
-    prefetch: bool,
-) -> Result<()> {
+    how: Fetch,
+) -> Result<Option<bool>> {
+    let prefetch = how == Fetch::Prefetch;
     let ds = chain.data_id();
     let (Some(&lo), Some(&hi)) = (committed.iter().min(), committed.iter().max()) else {
-        return Ok(());
+        return Ok(Some(true));
     };
     // One range scan when the blocks are dense (a read), point lookups when
     // they are far apart (the head and tail of a large write).
@@ -150,6 +189,8 @@ fn read_committed(
     let mut claims: Vec<Option<crate::cache::LoadClaim<'_>>> = Vec::new();
     // Blocks another reader has in flight (demand reads wait for them).
     let mut waits: Vec<(u64, &BlockPointer, Arc<crate::cache::Loading>)> = Vec::new();
+    // CachedOnly: the blocks looked up in the ARC all at once.
+    let mut wanted: Vec<(u64, crate::cache::Key)> = Vec::new();
     for &b in committed {
         match pointers.get(&b) {
             None => {
@@ -185,6 +226,7 @@ fn read_committed(
                     }
                 }
             }
+            Some(bp) if how == Fetch::CachedOnly => wanted.push((b, arc_key(ds, obj, b, bp))),
             Some(bp) => {
                 let key = arc_key(ds, obj, b, bp);
                 match p.cache.get(&key) {
@@ -212,6 +254,16 @@ fn read_committed(
                 }
             }
         }
+    }
+    if how == Fetch::CachedOnly {
+        let keys: Vec<crate::cache::Key> = wanted.iter().map(|w| w.1).collect();
+        let Some((found, ahead)) = p.cache.get_all(&keys) else {
+            return Ok(None);
+        };
+        for ((b, _), data) in wanted.into_iter().zip(found) {
+            out.insert(b, Some(data));
+        }
+        return Ok(Some(ahead == 0));
     }
     // Sorted by place on disk (claims follow their blocks).
     let mut order: Vec<usize> = (0..fetch.len()).collect();
@@ -285,7 +337,7 @@ fn read_committed(
         p.cache.insert(key, data.clone());
         out.insert(b, Some(data));
     }
-    Ok(())
+    Ok(Some(false))
 }
 
 /// A block from the L2ARC, if a cache device holds it whole (ARC entries
@@ -644,8 +696,25 @@ pub(crate) fn read_pieces(
     offset: u64,
     len: u64,
 ) -> Result<Vec<ReadPiece>> {
+    let pieces = read_pieces_as(p, chain, obj, bs, snapshot, offset, len, Fetch::Demand)?;
+    Ok(pieces.unwrap_or_default())
+}
+
+/// [`read_pieces`]; with [`Fetch::CachedOnly`], `None` when a block would
+/// need I/O (nothing counted, no prefetch started).
+#[allow(clippy::too_many_arguments)]
+fn read_pieces_as(
+    p: &ImportedPool,
+    chain: &Chain,
+    obj: u64,
+    bs: u32,
+    snapshot: bool,
+    offset: u64,
+    len: u64,
+    fetch: Fetch,
+) -> Result<Option<Vec<ReadPiece>>> {
     if len == 0 {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let bsz = bs as u64;
     let (first, last) = (offset / bsz, (offset + len - 1) / bsz);
@@ -659,14 +728,17 @@ pub(crate) fn read_pieces(
             )
         })
         .collect();
-    let mut fetched = if outside.is_empty() {
-        HashMap::new()
+    let (mut fetched, warm) = if outside.is_empty() {
+        (HashMap::new(), true)
     } else {
         let view = p.view()?;
-        read_outside_open(p, &view, chain, obj, !snapshot, bs, &outside)?
+        match read_outside_open_as(p, &view, chain, obj, !snapshot, bs, &outside, fetch)? {
+            Some(f) => f,
+            None => return Ok(None),
+        }
     };
     p.prefetch
-        .observe(&p.cache, chain, obj, bs, snapshot, first, last);
+        .observe(&p.cache, chain, obj, bs, snapshot, first, last, warm);
     let mut out: Vec<ReadPiece> = Vec::with_capacity((last - first + 1) as usize);
     for (i, b) in (first..=last).enumerate() {
         let data = match &in_open[i] {
@@ -694,7 +766,7 @@ pub(crate) fn read_pieces(
             }
         }
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// Uncommitted changes of blocks [first, last] of one object (none for a snapshot).
@@ -889,6 +961,29 @@ impl Volume {
             offset,
             len,
         )
+    }
+
+    /// [`Volume::read_pieces`] only if it needs no I/O (decision 0062: the
+    /// NBD reader serves it in place, without a thread hand-off): every
+    /// block is in the open or syncing txg, the ARC, a hole or the block
+    /// map's row. `None` otherwise, and for any error (the caller then uses
+    /// `read_pieces`, which reads, verifies and reports as usual); nothing
+    /// is counted or touched in the ARC then.
+    pub fn try_read_pieces(&self, offset: u64, len: u64) -> Option<Vec<ReadPiece>> {
+        let st = self.current().ok()?;
+        self.check_range(offset, len, st.size).ok()?;
+        read_pieces_as(
+            &self.pool,
+            &st.chain,
+            VOLUME_OBJECT,
+            st.bs,
+            st.snapshot.is_some(),
+            offset,
+            len,
+            Fetch::CachedOnly,
+        )
+        .ok()
+        .flatten()
     }
 
     fn modify(&self, offset: u64, op: Op<'_>, fua: bool) -> Result<()> {

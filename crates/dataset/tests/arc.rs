@@ -101,6 +101,93 @@ fn destroy_and_recreate_is_never_served_stale() {
     }
 }
 
+/// The bytes of a cached-only read (decision 0062), or `None` if it would
+/// need I/O.
+fn try_read(vol: &Volume, offset: u64, len: u64) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    for p in vol.try_read_pieces(offset, len)? {
+        match p {
+            ReadPiece::Data(..) => out.extend_from_slice(p.data()),
+            ReadPiece::Hole(n) => out.resize(out.len() + n as usize, 0),
+        }
+    }
+    assert_eq!(out.len() as u64, len);
+    Some(out)
+}
+
+/// A read that must not wait (the NBD reader's, decision 0062) is served
+/// only when every block is cached (or dirty, or a hole): a miss leaves the
+/// ARC's counters alone; what it serves is never stale across a rewrite,
+/// an overwrite in the open txg or a rollback.
+#[test]
+fn a_read_that_must_not_wait_is_served_only_from_cache_and_never_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_volume("tank/v", 4 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    // Holes need no I/O.
+    all(&try_read(&vol, 0, 1 << 20).expect("holes"), 0, "holes");
+    vol.write(0, &vec![1u8; 1 << 20], false).unwrap();
+    all(
+        &try_read(&vol, 0, 1 << 20).expect("open txg"),
+        1,
+        "open txg",
+    );
+    engine.sync_all().unwrap();
+    engine.snapshot(&["tank/v@a".into()], false).unwrap();
+    // A fresh ARC: nothing is cached, so nothing is served or counted.
+    drop(vol);
+    engine.export_pool("tank").unwrap();
+    engine
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let arc = |e: &Engine| {
+        let a = e.stats()[0].arc;
+        (a.hits, a.misses)
+    };
+    let before = arc(&engine);
+    assert!(try_read(&vol, 0, 1 << 20).is_none(), "a cold read waits");
+    assert_eq!(arc(&engine), before, "a refused read counts nothing");
+    // Half of it cached: still refused, and nothing counted.
+    all(&read_range(&vol, 0, 512 << 10), 1, "demand read");
+    let before = arc(&engine);
+    assert!(try_read(&vol, 0, 1 << 20).is_none(), "half cached");
+    assert_eq!(arc(&engine), before);
+    all(
+        &try_read(&vol, 0, 512 << 10).expect("cached"),
+        1,
+        "cached half",
+    );
+    let after = arc(&engine);
+    assert_eq!((after.0 - before.0, after.1), (32, before.1), "32 hits");
+    all(&read_range(&vol, 0, 1 << 20), 1, "demand read");
+    // Overwritten in the open txg, then committed: the new bytes.
+    vol.write(4096, &vec![2u8; 8192], false).unwrap();
+    let got = try_read(&vol, 0, 1 << 20).expect("cached or dirty");
+    all(&got[4096..12288], 2, "open txg over the cache");
+    all(&got[12288..], 1, "the rest");
+    engine.sync_all().unwrap();
+    let got = try_read(&vol, 0, 1 << 20).expect("written blocks are cached");
+    all(&got[4096..12288], 2, "committed over the cache");
+    all(&got[..4096], 1, "the block's head");
+    // Rolled back: the snapshot's bytes, or nothing; never the rewrite.
+    engine.rollback("tank/v@a", false).unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    if let Some(got) = try_read(&vol, 0, 1 << 20) {
+        all(&got, 1, "rolled back");
+    }
+    all(&read_range(&vol, 0, 1 << 20), 1, "rolled back, demand read");
+    all(
+        &try_read(&vol, 0, 1 << 20).expect("cached"),
+        1,
+        "rolled back, cached",
+    );
+}
+
 #[test]
 fn a_healed_block_is_cached_as_its_verified_bytes() {
     let dir = tempfile::tempdir().unwrap();

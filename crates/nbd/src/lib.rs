@@ -175,6 +175,15 @@ pub trait BlockExport: Send + Sync + 'static {
     /// Preferred block size (volblocksize); advertised in NBD_INFO_BLOCK_SIZE.
     fn preferred_block_size(&self) -> u32;
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError>;
+    /// A READ tried on the connection's reader task, in place of a hand-off
+    /// to a worker thread (decision 0062): what [`BlockExport::read`] would
+    /// return, if that needs no I/O (cached data). It must not block. `None`:
+    /// it would (or it failed), and the server runs `read` on a worker
+    /// instead. Default: always `None`.
+    fn try_read(&self, offset: u64, len: u64) -> Option<Vec<ReadChunk>> {
+        let _ = (offset, len);
+        None
+    }
     /// `fua`: durable before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
     /// A WRITE without FUA tried on the connection's reader task, in place
@@ -300,6 +309,9 @@ impl BlockExport for ReadOnlyExport {
     }
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
         self.0.read(offset, len)
+    }
+    fn try_read(&self, offset: u64, len: u64) -> Option<Vec<ReadChunk>> {
+        self.0.try_read(offset, len)
     }
     fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), ExportError> {
         Err(ExportError::Perm("read-only grant".into()))

@@ -447,6 +447,11 @@ impl Sink {
         }
     }
 
+    /// Replies are sealed into TLS records by the thread that sends them.
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self.sock, Wire::Tls(_))
+    }
+
     pub(crate) fn peer(&self) -> Option<SocketAddr> {
         self.peer
     }

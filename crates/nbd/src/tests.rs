@@ -1482,6 +1482,10 @@ struct InlineExport {
     parked: Arc<std::sync::Mutex<Vec<FlushDone>>>,
     /// `flush` calls (the blocking path).
     flushes: AtomicU64,
+    /// READs: `try_read` calls, those it answered, and `read` calls.
+    read_tried: AtomicU64,
+    read_inline: AtomicU64,
+    read_blocking: AtomicU64,
 }
 
 impl InlineExport {
@@ -1495,6 +1499,9 @@ impl InlineExport {
             flush_mode: 3.into(),
             parked: Default::default(),
             flushes: 0.into(),
+            read_tried: 0.into(),
+            read_inline: 0.into(),
+            read_blocking: 0.into(),
         }
     }
     fn answer_parked(&self, durable: bool) -> usize {
@@ -1522,7 +1529,16 @@ impl BlockExport for InlineExport {
         4096
     }
     fn read(&self, offset: u64, len: u64) -> Result<Vec<ReadChunk>, ExportError> {
+        self.read_blocking.fetch_add(1, Ordering::SeqCst);
         self.mem.read(offset, len)
+    }
+    fn try_read(&self, offset: u64, len: u64) -> Option<Vec<ReadChunk>> {
+        self.read_tried.fetch_add(1, Ordering::SeqCst);
+        if self.refuse.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.read_inline.fetch_add(1, Ordering::SeqCst);
+        self.mem.read(offset, len).ok()
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.blocking.fetch_add(1, Ordering::SeqCst);
@@ -1701,6 +1717,60 @@ async fn fua_writes_reply_once_their_flush_callback_fires() {
     c.req(0, CMD_READ, 4, 0, 12, &[]).await;
     assert_eq!(c.simple().await, (0, 4));
     assert_eq!(c.get(12).await, b"fua1fua2fua3");
+    stop.send(true).unwrap();
+    let _ = tokio::time::timeout(T, task).await;
+}
+
+/// READs go through `try_read` on the reader (decision 0062) and are
+/// answered from there; refused ones (data not cached), and those beyond
+/// the export, take the worker path; the bytes are the same either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_cached_data_run_inline_unless_refused() {
+    let (exp, mut c, stop, task) = inline_session().await;
+    let counts = |e: &InlineExport| {
+        (
+            e.read_tried.load(Ordering::SeqCst),
+            e.read_inline.load(Ordering::SeqCst),
+            e.read_blocking.load(Ordering::SeqCst),
+        )
+    };
+    c.req(0, CMD_WRITE, 1, 4096, 8, b"abcdefgh").await;
+    assert_eq!(c.simple().await, (0, 1));
+    c.req(0, CMD_READ, 2, 4098, 4, &[]).await;
+    assert_eq!(c.simple().await, (0, 2));
+    assert_eq!(c.get(4).await, b"cdef");
+    assert_eq!(counts(&exp), (1, 1, 0));
+    // A zero-length READ is answered without the export.
+    c.req(0, CMD_READ, 3, 0, 0, &[]).await;
+    assert_eq!(c.simple().await, (0, 3));
+    assert_eq!(counts(&exp), (1, 1, 0));
+    // Beyond the export: the worker path reports it, try_read is not asked.
+    c.req(0, CMD_READ, 4, (1 << 20) - 2, 4, &[]).await;
+    assert_eq!(c.simple().await.0, EINVAL);
+    assert_eq!(counts(&exp), (1, 1, 0));
+    // Refused (it would need I/O): a worker reads it, once.
+    exp.refuse.store(true, Ordering::SeqCst);
+    c.req(0, CMD_READ, 5, 4096, 8, &[]).await;
+    assert_eq!(c.simple().await, (0, 5));
+    assert_eq!(c.get(8).await, b"abcdefgh");
+    assert_eq!(counts(&exp), (2, 1, 1));
+    // Pipelined READs, some inline and some not, each answered once.
+    exp.refuse.store(false, Ordering::SeqCst);
+    for h in 10..18u64 {
+        c.req(0, CMD_READ, h, 4096 + (h - 10), 1, &[]).await;
+    }
+    let mut seen = Vec::new();
+    for _ in 10..18 {
+        let (err, h) = c.simple().await;
+        assert_eq!(err, 0);
+        seen.push((h, c.get(1).await[0]));
+    }
+    seen.sort();
+    let want: Vec<(u64, u8)> = (10..18u64)
+        .map(|h| (h, b"abcdefgh"[(h - 10) as usize]))
+        .collect();
+    assert_eq!(seen, want);
+    assert_eq!(counts(&exp), (10, 9, 1));
     stop.send(true).unwrap();
     let _ = tokio::time::timeout(T, task).await;
 }

@@ -337,6 +337,21 @@ where
             continue;
         }
 
+        // ---- a READ of cached data is answered right here (decision 0062):
+        // no hand-off to a worker thread and back. Not over TLS: sealing a
+        // large reply stays on the workers (decision 0043), so the reader
+        // goes on reading requests meanwhile.
+        if req.command == Command::Read
+            && req.len > 0
+            && req.len <= INLINE_READ_MAX
+            && !sink.is_tls()
+        {
+            if let Some(reply) = try_read_inline(&session, &req) {
+                sink.send(&reply, permits);
+                continue;
+            }
+        }
+
         // ---- a small WRITE runs right here if the export can take it
         // without blocking (decision 0053): no hand-off to a worker thread,
         // the reply goes out from this task. With FUA, the write is then
@@ -908,6 +923,61 @@ fn try_write_inline(s: &Session, req: &Request, payload: &[u8]) -> Option<Reply>
     })
 }
 
+/// Largest READ tried on the reader task (decision 0062): a cached read
+/// costs the reader a lookup per block and the reply's socket write, which
+/// is at least as much as a worker would pay; larger ones go to a worker so
+/// the reader stays responsive.
+const INLINE_READ_MAX: u32 = 4 << 20;
+
+/// A READ served on the reader task through [`BlockExport::try_read`] when
+/// its data needs no I/O; `None`: it goes to a worker as usual (also for
+/// every error, so the checks of [`execute`] report them).
+fn try_read_inline(s: &Session, req: &Request) -> Option<Reply> {
+    let (off, len) = (req.offset, u64::from(req.len));
+    if s.is_revoked() {
+        return None;
+    }
+    let e = &*s.export;
+    let chunks = match catch_unwind(AssertUnwindSafe(|| {
+        if !in_range(off, len, e.size()) {
+            return None;
+        }
+        e.try_read(off, len)
+    })) {
+        Ok(c) => c?,
+        Err(_) => {
+            tracing::error!(offset = off, len, "export panicked (inline read)");
+            return None;
+        }
+    };
+    read_reply(s, req, chunks).ok()
+}
+
+/// The reply to a READ the export answered with `chunks`.
+fn read_reply(s: &Session, req: &Request, chunks: Vec<ReadChunk>) -> Result<Reply, Fail> {
+    let (off, len) = (req.offset, u64::from(req.len));
+    let mode = if !s.structured {
+        ReadMode::Simple
+    } else if req.flags & CMD_FLAG_DF != 0 {
+        ReadMode::DontFragment
+    } else {
+        ReadMode::Structured
+    };
+    let chunks = normalize_read(chunks, len).map_err(|m| Fail {
+        errno: EIO,
+        message: m,
+        offset: Some(off),
+    })?;
+    ServerStats::add(&stats().bytes_read, len);
+    Ok(Reply::Read {
+        handle: req.handle,
+        offset: off,
+        len: req.len,
+        chunks,
+        mode,
+    })
+}
+
 /// Executes one request against the export (on the blocking pool).
 fn execute(s: &Session, req: &Request, payload: Vec<u8>) -> Reply {
     let h = req.handle;
@@ -953,13 +1023,6 @@ fn execute_inner(s: &Session, req: &Request, payload: Vec<u8>) -> Result<Reply, 
     match req.command {
         Command::Read => {
             check(EINVAL, "read")?;
-            let mode = if !s.structured {
-                ReadMode::Simple
-            } else if req.flags & CMD_FLAG_DF != 0 {
-                ReadMode::DontFragment
-            } else {
-                ReadMode::Structured
-            };
             if len == 0 {
                 return Ok(if s.structured {
                     Reply::Done { handle: h }
@@ -968,19 +1031,7 @@ fn execute_inner(s: &Session, req: &Request, payload: Vec<u8>) -> Result<Reply, 
                 });
             }
             let chunks = e.read(off, len).map_err(|x| Fail::export(x, off, len))?;
-            let chunks = normalize_read(chunks, len).map_err(|m| Fail {
-                errno: EIO,
-                message: m,
-                offset: Some(off),
-            })?;
-            ServerStats::add(&stats().bytes_read, len);
-            Ok(Reply::Read {
-                handle: h,
-                offset: off,
-                len: req.len,
-                chunks,
-                mode,
-            })
+            read_reply(s, req, chunks)
         }
         Command::Write => {
             writable("write")?;
