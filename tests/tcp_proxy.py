@@ -105,6 +105,9 @@ class TcpProxy:
                 pass
 
     def close(self):
-        self._released.set()
+        # Cut before waking held pumps: a held stream (say, a killed
+        # sender's last bytes still in the socket buffers) must never be
+        # forwarded by the teardown itself.
         self._listener.close()
         self.cut()
+        self._released.set()

@@ -238,7 +238,7 @@ async fn send(
         .into_response())
 }
 
-/// A `Read` over the chunks the request body pump delivers.
+/// A `Read` over the batches the request body pump delivers.
 struct ChannelReader {
     rx: mpsc::Receiver<Result<Bytes, String>>,
     cur: Bytes,
@@ -267,6 +267,113 @@ impl std::io::Read for ChannelReader {
     }
 }
 
+/// Request body bytes go to the receive thread in batches: one wake-up of
+/// that thread per batch, not one per body frame (a few KiB each), which
+/// cost more CPU than the receive itself. A batch is what the connection
+/// has ready, up to this much: never waited for, so no byte is held back,
+/// and the body is read no further ahead than before (what sits in the
+/// pipeline when the connection breaks is sent again by the resumed
+/// transfer).
+const BATCH: usize = 256 << 10;
+/// Batches queued for the receive thread.
+const BATCH_DEPTH: usize = 1;
+
+/// Gathers body frames into reused batch buffers. Frames are copied and
+/// dropped at once, so hyper reuses its read buffer instead of allocating
+/// fresh memory (page faults) for every read while frames are in flight.
+struct Batcher {
+    buf: Vec<u8>,
+    pool: ChunkPool,
+}
+
+impl Batcher {
+    fn push(&mut self, frame: &[u8]) {
+        if self.buf.capacity() == 0 {
+            let reused = self.pool.lock().ok().and_then(|mut p| p.pop());
+            self.buf = reused.unwrap_or_else(|| Vec::with_capacity(2 * BATCH));
+        }
+        self.buf.extend_from_slice(frame);
+    }
+
+    /// The batch so far, as a chunk whose buffer comes back to the pool.
+    fn take(&mut self) -> Option<Bytes> {
+        if self.buf.is_empty() {
+            return None;
+        }
+        Some(Bytes::from_owner(PooledChunk {
+            buf: std::mem::take(&mut self.buf),
+            pool: self.pool.clone(),
+        }))
+    }
+}
+
+/// Pumps the request body into `tx` in batches until it ends, fails or
+/// stalls; goes on reading (and dropping) after the receiver went away,
+/// so the client reads our answer instead of a broken pipe.
+async fn pump_body(
+    body: Body,
+    tx: mpsc::Sender<Result<Bytes, String>>,
+    stall: std::time::Duration,
+) {
+    let mut data = body.into_data_stream();
+    let mut batch = Batcher {
+        buf: Vec::new(),
+        pool: Default::default(),
+    };
+    let mut open = true;
+    let mut last = tokio::time::Instant::now();
+    loop {
+        // A sender that stops sending fails the receive (which keeps
+        // its resume state) instead of holding the target forever.
+        let wait = stall.saturating_sub(last.elapsed());
+        let mut next = match tokio::time::timeout(wait, data.next()).await {
+            Ok(next) => next.map(|r| r.map_err(|e| format!("connection lost: {e}"))),
+            Err(_) if last.elapsed() < stall => continue,
+            Err(_) => Some(Err(format!(
+                "connection stalled: no stream bytes for {} s",
+                stall.as_secs_f64()
+            ))),
+        };
+        // Then what else is ready now, up to a batch.
+        let end = loop {
+            match next {
+                Some(Ok(frame)) => {
+                    last = tokio::time::Instant::now();
+                    if open {
+                        batch.push(&frame);
+                    }
+                }
+                Some(Err(why)) => break Some(Err(why)),
+                None => break Some(Ok(())),
+            }
+            if batch.buf.len() >= BATCH {
+                break None;
+            }
+            // (Polled in the task's own context, not with a no-op waker:
+            // that cost twice the context switches of per-frame delivery.)
+            match tokio::time::timeout(std::time::Duration::ZERO, data.next()).await {
+                Ok(n) => next = n.map(|r| r.map_err(|e| format!("connection lost: {e}"))),
+                Err(_) => break None,
+            }
+        };
+        if let Some(chunk) = batch.take() {
+            if open && tx.send(Ok(chunk)).await.is_err() {
+                open = false;
+            }
+        }
+        match end {
+            None => {}
+            Some(Ok(())) => break,
+            Some(Err(why)) => {
+                if open {
+                    let _ = tx.send(Err(why)).await;
+                }
+                break;
+            }
+        }
+    }
+}
+
 async fn receive(
     axum::extract::State(st): axum::extract::State<ApiState>,
     Q(q): Q<ReceiveQuery>,
@@ -281,38 +388,10 @@ async fn receive(
         resumable: flag(&q.resumable),
     };
     tracing::info!(target = %opts.target, force = opts.force, resumable = opts.resumable, "receive");
-    let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(DEPTH);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(BATCH_DEPTH);
     // Reads the whole body even after the engine stopped (a refused
     // stream): the client then reads our answer instead of a broken pipe.
-    let stall = stream_stall();
-    let pump = tokio::spawn(async move {
-        let mut data = body.into_data_stream();
-        let mut open = true;
-        loop {
-            // A sender that stops sending fails the receive (which keeps
-            // its resume state) instead of holding the target forever.
-            let chunk = match tokio::time::timeout(stall, data.next()).await {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => break,
-                Err(_) => {
-                    let why = format!(
-                        "connection stalled: no stream bytes for {} s",
-                        stall.as_secs_f64()
-                    );
-                    let _ = tx.send(Err(why)).await;
-                    break;
-                }
-            };
-            let item = chunk.map_err(|e| format!("connection lost: {e}"));
-            let failed = item.is_err();
-            if open && tx.send(item).await.is_err() {
-                open = false;
-            }
-            if failed {
-                break;
-            }
-        }
-    });
+    let pump = tokio::spawn(pump_body(body, tx, stream_stall()));
     let engine = st.engine.clone();
     let done = tokio::task::spawn_blocking(move || {
         let mut r = ChannelReader {
