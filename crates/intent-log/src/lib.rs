@@ -25,6 +25,16 @@ fn page_up(pos: u64) -> u64 {
     pos.div_ceil(PAGE) * PAGE
 }
 
+/// Log bytes a jump from `pos` to `target` uses up: to `target`, or to the
+/// region's end when it wraps to 0.
+fn jump_span(pos: u64, target: u64, size: u64) -> u64 {
+    if target == 0 {
+        size - pos
+    } else {
+        target - pos
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     #[error("intent log: {0}")]
@@ -789,11 +799,7 @@ impl IntentLog {
                 if target + len + header > size {
                     target = 0;
                 }
-                let consumed = if target == 0 {
-                    size - pos
-                } else {
-                    target - pos
-                };
+                let consumed = jump_span(pos, target, size);
                 if consumed > free {
                     return Err(true);
                 }
@@ -831,11 +837,7 @@ impl IntentLog {
                 t if t + header > size => 0,
                 t => t,
             };
-            let consumed = if target == 0 {
-                size - pos
-            } else {
-                target - pos
-            };
+            let consumed = jump_span(pos, target, size);
             if consumed <= free {
                 Self::jump(
                     self.pool_guid,
