@@ -21,7 +21,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use objstore::location::S3Settings;
-use objstore::record::{Kind, Record};
+use objstore::record::Record;
 use objstore::{GroupCommit, Log, LogError, OpenMode, OwnerId};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -513,16 +513,9 @@ pub(crate) fn apply_records(
         size = Some(ck.image.size);
         apply_entry(store, prefix, file, &ck.image).map_err(|e| format!("checkpoint: {e}"))?;
     }
-    for rec in records
-        .iter()
-        .filter(|r| r.kind == Kind::Batch && r.seq > from)
-    {
-        for raw in rec
-            .entries
-            .iter()
-            .filter(|e| !crate::compact::is_checkpoint(e))
-        {
-            let entry = Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq))?;
+    for rec in records.iter().filter(|r| r.seq > from) {
+        for entry in crate::compact::batch_entries(rec) {
+            let entry = entry?;
             size = Some(entry.size);
             apply_entry(store, prefix, file, &entry)?;
         }

@@ -339,17 +339,9 @@ impl Cache {
             size = Some(ck.image.size);
             put_inline(&mut map, &ck.image);
         }
-        for rec in records
-            .iter()
-            .filter(|r| r.kind == Kind::Batch && r.seq > from)
-        {
-            for raw in rec
-                .entries
-                .iter()
-                .filter(|e| !crate::compact::is_checkpoint(e))
-            {
-                let entry =
-                    Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq))?;
+        for rec in records.iter().filter(|r| r.seq > from) {
+            for entry in crate::compact::batch_entries(rec) {
+                let entry = entry?;
                 size = Some(entry.size);
                 put_inline(&mut map, &entry);
             }

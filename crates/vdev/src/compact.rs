@@ -119,6 +119,15 @@ pub fn is_checkpoint(raw: &Bytes) -> bool {
     raw.first() == Some(&CHECKPOINT_VERSION)
 }
 
+/// The ordinary entries of a batch record, decoded, in log order: what a
+/// replay applies (checkpoints left out; none for other kinds of record).
+pub(crate) fn batch_entries(rec: &Record) -> impl Iterator<Item = Result<Entry, String>> + '_ {
+    rec.entries
+        .iter()
+        .filter(|raw| rec.kind == Kind::Batch && !is_checkpoint(raw))
+        .map(|raw| Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq)))
+}
+
 fn op_len(op: &Op) -> u64 {
     match op {
         Op::Data { data, .. } => data.len() as u64,

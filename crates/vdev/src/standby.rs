@@ -17,7 +17,7 @@
 //! *when* a standby tries to take over on its own (liveness): a standby
 //! that takes over a live but slow owner fences it, it does not corrupt it.
 
-use crate::bucket::{self, block, CacheBound, Entry, Shipper};
+use crate::bucket::{self, block, CacheBound, Shipper};
 use crate::cache::Cache;
 use crate::{Vdev, VdevError};
 use bytes::Bytes;
@@ -338,13 +338,9 @@ fn apply_following(
     };
     let mut size = None;
     let mut lines = Vec::new();
-    for rec in records.iter().filter(|r| r.kind == Kind::Batch) {
-        for raw in rec
-            .entries
-            .iter()
-            .filter(|e| !crate::compact::is_checkpoint(e))
-        {
-            let entry = Entry::decode(raw).map_err(|e| format!("log record {}: {e}", rec.seq))?;
+    for rec in records {
+        for entry in crate::compact::batch_entries(rec) {
+            let entry = entry?;
             size = Some(entry.size);
             lines.extend(cache.follow(&entry)?);
         }
