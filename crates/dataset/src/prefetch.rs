@@ -19,8 +19,17 @@ const MAX_STREAMS: usize = 16;
 const STREAM_IDLE: Duration = Duration::from_secs(2);
 /// Largest read-ahead window, bytes.
 const MAX_WINDOW: u64 = 16 << 20;
-/// Largest single prefetch job, bytes (a window is split into jobs).
-const MAX_JOB: u64 = 4 << 20;
+/// Largest single prefetch job, bytes (a window is split into jobs). One
+/// job is one device read then the verification of its blocks on one
+/// thread, and a demand read waiting for any of its blocks waits for the
+/// job: 1 MiB jobs spread a window over all `WORKERS` (reads of some in
+/// flight while others verify) where 4 MiB ones kept two busy (decision 0066).
+const MAX_JOB: u64 = 1 << 20;
+/// A stream reads ahead once this share of its window (1/N) is free, so
+/// jobs start a few at a time rather than in bursts of half a window.
+const REFILL_DIVISOR: u64 = 4;
+/// Queued jobs (a full window of `MAX_JOB`s, with room to spare).
+const QUEUE: usize = 32;
 /// Threads reading ahead: enough to keep several device reads in flight
 /// while others verify what arrived.
 const WORKERS: usize = 4;
@@ -70,7 +79,7 @@ impl Prefetcher {
     fn sender(&self) -> Option<&SyncSender<Job>> {
         self.tx
             .get_or_init(|| {
-                let (tx, rx) = sync_channel::<Job>(16);
+                let (tx, rx) = sync_channel::<Job>(QUEUE);
                 let rx = Arc::new(std::sync::Mutex::new(rx));
                 for i in 0..WORKERS {
                     let rx = rx.clone();
@@ -143,8 +152,8 @@ impl Prefetcher {
                     s.used = now;
                     let start = s.ahead.max(s.next);
                     let end = s.next - 1 + s.window; // inclusive
-                                                     // Read ahead only once half the window has been consumed (fewer, bigger jobs).
-                    if !warm && end >= start && end + 1 - start >= s.window / 2 {
+                                                     // Read ahead once a quarter of the window has been consumed.
+                    if !warm && end >= start && end + 1 - start >= s.window / REFILL_DIVISOR {
                         let per_job = (MAX_JOB / bsz).max(1);
                         let mut b = start;
                         while b <= end {

@@ -321,6 +321,11 @@ fn read_committed(
         i = j;
     }
     drop(claims);
+    // Last on disk first: whoever holds the claims (a prefetch job, another
+    // request) verifies its run in disk order, so once the last block is in,
+    // the others are too — one sleep per run instead of one per block
+    // (each block's wake-up was a context switch on both sides).
+    waits.sort_unstable_by_key(|w| std::cmp::Reverse((w.1.dvas[0].group, w.1.dvas[0].offset)));
     for (b, bp, loading) in waits {
         loading.wait(LOAD_WAIT);
         let key = arc_key(ds, obj, b, bp);
