@@ -61,6 +61,30 @@ pub mod hooks {
         }
     }
 
+    static PUT_BACK: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+    static PUT_BACK_ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// The next put-back of log-only bytes (after a failed whole-line
+    /// write, decision 0063) into the cache line starting at `line_offset`
+    /// fails with EIO: a second local failure in a row, which a test cannot
+    /// cause on a healthy disk.
+    pub fn fail_next_put_back(line_offset: u64) {
+        *PUT_BACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(line_offset);
+        PUT_BACK_ARMED.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn put_back_fails(line_offset: u64) -> bool {
+        if !PUT_BACK_ARMED.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut t = PUT_BACK.lock().unwrap_or_else(|e| e.into_inner());
+        if *t == Some(line_offset) {
+            *t = None;
+            return true;
+        }
+        false
+    }
+
     pub(crate) fn at(p: Point) {
         if !ARMED.load(Ordering::Relaxed) {
             return;
