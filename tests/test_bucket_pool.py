@@ -218,7 +218,10 @@ def test_two_daemons_creating_on_an_empty_bucket_exactly_one_owns_it(make_daemon
 
 def start_standby(make_daemon, gateway, name="standby", extra=""):
     """A daemon started with `serve --standby tank URL`."""
-    d = make_daemon(name, config=bucket_config(gateway) + extra, start=False)
+    # Idle looks back off to 1 s (default 5 s, decision 0067): the tests wait
+    # for the standby right after idle moments.
+    config = bucket_config(gateway) + "standby_poll_max_ms = 1000\n" + extra
+    d = make_daemon(name, config=config, start=False)
     d.serve_args = ["--standby", "tank", URL]
     d.start()
     return d

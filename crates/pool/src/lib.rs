@@ -911,34 +911,17 @@ impl Pool {
     /// (failures on one device are logged; all failing is an error).
     fn write_labels(&self, exported: bool) -> Result<(), PoolError> {
         self.check_owner()?;
-        let groups = self.groups();
-        let logs = self.logs();
-        let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
-        let log_layouts: Vec<GroupLayout> = logs.iter().map(|g| g.layout()).collect();
-        let version = label_version(&layouts, &log_layouts);
-        let generation = self.generation.load(Ordering::Acquire);
         let mut written = 0;
         let mut last = None;
-        let all = groups
-            .iter()
-            .map(|g| (g, false))
-            .chain(logs.iter().map(|g| (g, true)));
-        for (g, is_log) in all {
-            for (c, child) in g.children.iter().enumerate() {
-                let Some(dev) = child.device() else { continue };
-                if dev.state() == DeviceState::Faulted {
-                    continue;
-                }
-                let mut label =
-                    self.label_for(g, c, child.guid(), &layouts, version, generation, exported);
-                label.logs = log_layouts.clone();
-                label.log_device = is_log;
-                match dev.write_label(&label) {
-                    Ok(()) => written += 1,
-                    Err(e) => {
-                        tracing::error!(device = %dev.path().display(), error = %e, "label write failed");
-                        last = Some(e);
-                    }
+        for (dev, label) in self.device_labels(exported) {
+            if dev.state() == DeviceState::Faulted {
+                continue;
+            }
+            match dev.write_label(&label) {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    tracing::error!(device = %dev.path().display(), error = %e, "label write failed");
+                    last = Some(e);
                 }
             }
         }
@@ -1428,38 +1411,48 @@ impl Pool {
         dev.set_failed(DeviceState::Faulted, reason);
     }
 
-    /// The label of child `c` of group `g` as this daemon writes it.
-    #[allow(clippy::too_many_arguments)]
-    fn label_for(
-        &self,
-        g: &Group,
-        c: usize,
-        device_guid: u64,
-        layouts: &[GroupLayout],
-        version: u32,
-        generation: u64,
-        exported: bool,
-    ) -> Label {
-        Label {
-            version,
-            pool_name: self.name.clone(),
-            pool_guid: self.guid,
-            device_guid,
-            group: g.index,
-            child: c as u32,
-            groups: layouts.to_vec(),
-            regions: self.regions,
-            exported,
-            state: Some(if exported {
-                PoolState::Exported
-            } else {
-                PoolState::Active
-            }),
-            owner: self.owner(),
-            generation,
-            logs: Vec::new(),
-            log_device: false,
+    /// Every present device (data groups, then log groups) with the label
+    /// this daemon writes on it: the current layout, generation and owner.
+    fn device_labels(&self, exported: bool) -> Vec<(Arc<Vdev>, Label)> {
+        let groups = self.groups();
+        let logs = self.logs();
+        let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
+        let log_layouts: Vec<GroupLayout> = logs.iter().map(|g| g.layout()).collect();
+        let version = label_version(&layouts, &log_layouts);
+        let generation = self.generation.load(Ordering::Acquire);
+        let owner = self.owner();
+        let all = groups
+            .iter()
+            .map(|g| (g, false))
+            .chain(logs.iter().map(|g| (g, true)));
+        let mut out = Vec::new();
+        for (g, is_log) in all {
+            for (c, child) in g.children.iter().enumerate() {
+                let Some(dev) = child.device() else { continue };
+                let label = Label {
+                    version,
+                    pool_name: self.name.clone(),
+                    pool_guid: self.guid,
+                    device_guid: child.guid(),
+                    group: g.index,
+                    child: c as u32,
+                    groups: layouts.clone(),
+                    regions: self.regions,
+                    exported,
+                    state: Some(if exported {
+                        PoolState::Exported
+                    } else {
+                        PoolState::Active
+                    }),
+                    owner: owner.clone(),
+                    generation,
+                    logs: log_layouts.clone(),
+                    log_device: is_log,
+                };
+                out.push((dev, label));
+            }
         }
+        out
     }
 
     /// Checks both labels of every live device against the current layout
@@ -1468,33 +1461,17 @@ impl Pool {
     /// rewritten and of those that could not be.
     pub fn check_labels(&self) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
         let _admin = self.admin.lock();
-        let groups = self.groups();
-        let logs = self.logs();
-        let layouts: Vec<GroupLayout> = groups.iter().map(|g| g.layout()).collect();
-        let log_layouts: Vec<GroupLayout> = logs.iter().map(|g| g.layout()).collect();
-        let version = label_version(&layouts, &log_layouts);
-        let generation = self.generation.load(Ordering::Acquire);
         let (mut fixed, mut failed) = (Vec::new(), Vec::new());
-        let all = groups
-            .iter()
-            .map(|g| (g, false))
-            .chain(logs.iter().map(|g| (g, true)));
-        for (g, is_log) in all {
-            for (c, child) in g.children.iter().enumerate() {
-                let Some(dev) = child.device().filter(|d| is_live(d)) else {
-                    continue;
-                };
-                let mut label =
-                    self.label_for(g, c, child.guid(), &layouts, version, generation, false);
-                label.logs = log_layouts.clone();
-                label.log_device = is_log;
-                match dev.labels_match(&label) {
-                    Ok(true) => {}
-                    Ok(false) | Err(_) => match dev.write_label(&label) {
-                        Ok(()) => fixed.push(dev.path().to_path_buf()),
-                        Err(e) => failed.push((dev.path().to_path_buf(), e.to_string())),
-                    },
-                }
+        for (dev, label) in self.device_labels(false) {
+            if !is_live(&dev) {
+                continue;
+            }
+            match dev.labels_match(&label) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => match dev.write_label(&label) {
+                    Ok(()) => fixed.push(dev.path().to_path_buf()),
+                    Err(e) => failed.push((dev.path().to_path_buf(), e.to_string())),
+                },
             }
         }
         (fixed, failed)

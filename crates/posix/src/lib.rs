@@ -269,6 +269,19 @@ pub fn observe_renames(f: RenameObserver) {
     *RENAME_OBSERVER.lock() = Some(f);
 }
 
+/// Data I/O (read, write, truncate) needs a regular file: EISDIR for a
+/// directory, EINVAL for a device, fifo or socket node.
+fn regular_file(ino: u64, kind: ObjectKind) -> Result<()> {
+    match kind {
+        ObjectKind::File => Ok(()),
+        ObjectKind::Dir => Err(Errno::new(libc::EISDIR, format!("inode {ino}"))),
+        ObjectKind::Special => Err(Errno::new(
+            libc::EINVAL,
+            format!("inode {ino} is not a file"),
+        )),
+    }
+}
+
 /// An open filesystem dataset (or a snapshot of one, read-only).
 pub struct Fs {
     objs: Arc<ObjectSet>,
@@ -968,16 +981,7 @@ impl Fs {
 
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         let (a, i) = self.load(ino)?;
-        match a.kind {
-            ObjectKind::Dir => return Err(Errno::new(libc::EISDIR, format!("inode {ino}"))),
-            ObjectKind::Special => {
-                return Err(Errno::new(
-                    libc::EINVAL,
-                    format!("inode {ino} is not a file"),
-                ))
-            }
-            ObjectKind::File => {}
-        }
+        regular_file(ino, a.kind)?;
         let data = self.objs.read(ino, offset, len as u64)?;
         self.touch_atime(ino, &a, i);
         Ok(data)
@@ -1002,16 +1006,7 @@ impl Fs {
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
         let (a, _) = self.load(ino)?;
-        match a.kind {
-            ObjectKind::Dir => return Err(Errno::new(libc::EISDIR, format!("inode {ino}"))),
-            ObjectKind::Special => {
-                return Err(Errno::new(
-                    libc::EINVAL,
-                    format!("inode {ino} is not a file"),
-                ))
-            }
-            ObjectKind::File => {}
-        }
+        regular_file(ino, a.kind)?;
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > dataset::objects::MAX_OBJECT_SIZE)
@@ -1074,16 +1069,7 @@ impl Fs {
         self.writable()?;
         let (a, mut i) = self.load(ino)?;
         if let Some(size) = set.size {
-            match a.kind {
-                ObjectKind::Dir => return Err(Errno::new(libc::EISDIR, format!("inode {ino}"))),
-                ObjectKind::Special => {
-                    return Err(Errno::new(
-                        libc::EINVAL,
-                        format!("inode {ino} is not a file"),
-                    ))
-                }
-                ObjectKind::File => {}
-            }
+            regular_file(ino, a.kind)?;
             if size > dataset::objects::MAX_OBJECT_SIZE {
                 return Err(Errno::new(libc::EFBIG, "beyond the largest file"));
             }

@@ -900,6 +900,19 @@ fn token_encode(s: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
 }
 
+/// A listing's rolled-up prefixes as the three list calls answer them
+/// (absent when there are none, URL-encoded when asked).
+fn common_prefixes(prefixes: Vec<String>, enc: bool) -> Option<Vec<CommonPrefix>> {
+    (!prefixes.is_empty()).then(|| {
+        prefixes
+            .into_iter()
+            .map(|p| CommonPrefix {
+                prefix: enc_opt(Some(p), enc),
+            })
+            .collect()
+    })
+}
+
 fn token_decode(s: &str) -> S3Result<String> {
     use base64::Engine as _;
     base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -1765,14 +1778,7 @@ impl S3 for Cistern {
                     .map(|(k, r)| Cistern::object_entry(k, &r, enc, true))
                     .collect(),
             ),
-            common_prefixes: (!l.prefixes.is_empty()).then(|| {
-                l.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: enc_opt(Some(p), enc),
-                    })
-                    .collect()
-            }),
+            common_prefixes: common_prefixes(l.prefixes, enc),
             delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             ..Default::default()
@@ -1822,14 +1828,7 @@ impl S3 for Cistern {
                     .map(|(k, r)| Cistern::object_entry(k, &r, enc, owner))
                     .collect(),
             ),
-            common_prefixes: (!l.prefixes.is_empty()).then(|| {
-                l.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: enc_opt(Some(p), enc),
-                    })
-                    .collect()
-            }),
+            common_prefixes: common_prefixes(l.prefixes, enc),
             delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             start_after: enc_opt(i.start_after, enc),
@@ -1904,14 +1903,7 @@ impl S3 for Cistern {
             is_truncated: Some(l.truncated),
             versions: (!versions.is_empty()).then_some(versions),
             delete_markers: (!markers.is_empty()).then_some(markers),
-            common_prefixes: (!l.prefixes.is_empty()).then(|| {
-                l.prefixes
-                    .into_iter()
-                    .map(|p| CommonPrefix {
-                        prefix: enc_opt(Some(p), enc),
-                    })
-                    .collect()
-            }),
+            common_prefixes: common_prefixes(l.prefixes, enc),
             delimiter: enc_opt(i.delimiter.filter(|d| !d.is_empty()), enc),
             encoding_type: i.encoding_type,
             ..Default::default()

@@ -127,6 +127,11 @@ pub struct BucketConfig {
     pub takeover_after_secs: Option<u64>,
     /// How often an owner rewrites its heartbeat object, milliseconds.
     pub heartbeat_ms: Option<u64>,
+    /// The longest wait, milliseconds, between two looks of an idle
+    /// standby for the owner's next record and heartbeat (two GETs; default
+    /// 5000, 200 while the owner writes). Latency only: safety never
+    /// waits on it (`standby::DEFAULT_POLL_MAX_MS`).
+    pub standby_poll_max_ms: Option<u64>,
     /// Segments whose live share falls under this percentage are rewritten
     /// by compaction (decision 0049; default 50, 0 keeps every segment).
     pub compact_below_percent: Option<u8>,

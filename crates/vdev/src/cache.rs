@@ -290,7 +290,12 @@ impl Drop for Pins<'_> {
             }
         }
         for (at, bytes) in std::mem::take(&mut self.saved) {
-            if let Err(e) = self.cache.file.write_all_at(&bytes, at) {
+            let put_back = if crate::hooks::put_back_fails(at / LINE * LINE) {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                self.cache.file.write_all_at(&bytes, at)
+            };
+            if let Err(e) = put_back {
                 tracing::error!(
                     "bucket cache: putting back {} log bytes at {at}: {e}",
                     bytes.len()

@@ -61,6 +61,30 @@ pub mod hooks {
         }
     }
 
+    static PUT_BACK: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+    static PUT_BACK_ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// The next put-back of log-only bytes (after a failed whole-line
+    /// write, decision 0063) into the cache line starting at `line_offset`
+    /// fails with EIO: a second local failure in a row, which a test cannot
+    /// cause on a healthy disk.
+    pub fn fail_next_put_back(line_offset: u64) {
+        *PUT_BACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(line_offset);
+        PUT_BACK_ARMED.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn put_back_fails(line_offset: u64) -> bool {
+        if !PUT_BACK_ARMED.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut t = PUT_BACK.lock().unwrap_or_else(|e| e.into_inner());
+        if *t == Some(line_offset) {
+            *t = None;
+            return true;
+        }
+        false
+    }
+
     pub(crate) fn at(p: Point) {
         if !ARMED.load(Ordering::Relaxed) {
             return;
@@ -520,6 +544,17 @@ impl Vdev {
         Ok(())
     }
 
+    /// A failed write or sync of this device: counted in its write errors.
+    fn write_failed(&self, op: &'static str, offset: u64, source: io::Error) -> VdevError {
+        self.errors.write.fetch_add(1, Ordering::Relaxed);
+        VdevError::Io {
+            path: self.path.clone(),
+            op,
+            offset,
+            source,
+        }
+    }
+
     /// Makes the cached lines of an I/O resident and pins them (a bucket
     /// device with a bounded cache, decision 0054); `None` otherwise.
     fn cache_pin(
@@ -714,15 +749,7 @@ impl Vdev {
             None => self.file.write_all_at(data, offset),
         };
         self.io.record(true, data.len(), started);
-        r.map_err(|source| {
-            self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io {
-                path: self.path.clone(),
-                op: "write",
-                offset,
-                source,
-            }
-        })?;
+        r.map_err(|source| self.write_failed("write", offset, source))?;
         self.shipped_later(offset, data.len())?;
         if let Some(p) = pins {
             p.written();
@@ -764,23 +791,11 @@ impl Vdev {
                 if source.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                self.errors.write.fetch_add(1, Ordering::Relaxed);
-                return Err(VdevError::Io {
-                    path: self.path.clone(),
-                    op: "write",
-                    offset: at,
-                    source,
-                });
+                return Err(self.write_failed("write", at, source));
             }
             if n == 0 {
-                self.errors.write.fetch_add(1, Ordering::Relaxed);
                 let source = io::Error::new(io::ErrorKind::WriteZero, "device accepted no bytes");
-                return Err(VdevError::Io {
-                    path: self.path.clone(),
-                    op: "write",
-                    offset: at,
-                    source,
-                });
+                return Err(self.write_failed("write", at, source));
             }
             self.io.record(true, n as usize, started);
             // Skip what was written; a partially written buffer is resumed.
@@ -830,15 +845,7 @@ impl Vdev {
                 drop(pins);
                 self.write_at(offset, data.as_slice())
             }
-            Err(source) => {
-                self.errors.write.fetch_add(1, Ordering::Relaxed);
-                Err(VdevError::Io {
-                    path: self.path.clone(),
-                    op: "write",
-                    offset,
-                    source,
-                })
-            }
+            Err(source) => Err(self.write_failed("write", offset, source)),
         }
     }
 
@@ -886,15 +893,7 @@ impl Vdev {
         }
         let r = self.dsync_file.write_all_at(data, offset);
         self.io.record(true, data.len(), started);
-        r.map_err(|source| {
-            self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io {
-                path: self.path.clone(),
-                op: "write",
-                offset,
-                source,
-            }
-        })
+        r.map_err(|source| self.write_failed("write", offset, source))
     }
 
     /// Makes every completed write durable (fdatasync).
@@ -903,15 +902,9 @@ impl Vdev {
             // The bucket is the durable copy; the cache is rebuilt from it.
             return b.sync(&self.file).map_err(|why| self.ship_failed(why));
         }
-        self.file.sync_data().map_err(|source| {
-            self.errors.write.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io {
-                path: self.path.clone(),
-                op: "sync",
-                offset: 0,
-                source,
-            }
-        })
+        self.file
+            .sync_data()
+            .map_err(|source| self.write_failed("sync", 0, source))
     }
 
     /// Writes zeros over a range and syncs it. Used for the intent-log

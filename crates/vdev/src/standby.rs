@@ -39,8 +39,35 @@ use std::time::{Duration, Instant};
 pub const HEARTBEAT_KEY: &str = "heartbeat";
 /// How often an owner rewrites it unless `[bucket] heartbeat_ms` says.
 pub const DEFAULT_HEARTBEAT_MS: u64 = 1000;
-/// How often a caught-up standby looks for the next record.
+/// How often a standby looks for the next record while the owner writes.
 const POLL: Duration = Duration::from_millis(200);
+/// The longest wait between two looks of an idle caught-up standby unless
+/// `[bucket] standby_poll_max_ms` says. Each look that finds no new record
+/// doubles the wait (200 ms, 400 ms, … this); a new record or an error
+/// starts again at `POLL`. A look is two GETs (the next record, the
+/// owner's heartbeat): 34,560 a day once idle instead of 864,000. Only
+/// latency hangs on it (safety is the claim's create-if-absent): an idle
+/// owner's next write reaches the standby up to this much later, and an
+/// automatic takeover fires up to this much after `takeover_after_secs`
+/// (the wait is also kept under a quarter of that).
+pub const DEFAULT_POLL_MAX_MS: u64 = 5_000;
+
+/// The wait after a look that found no new record.
+fn poll_backoff(every: Duration, max: Duration) -> Duration {
+    (every * 2).min(max).max(POLL)
+}
+
+/// The longest idle wait: `[bucket] standby_poll_max_ms` (default
+/// [`DEFAULT_POLL_MAX_MS`]), at least `POLL`, and under a quarter of the
+/// automatic takeover's delay so that it still fires on time.
+fn poll_max(config_ms: Option<u64>, takeover_after: Option<Duration>) -> Duration {
+    let max = Duration::from_millis(config_ms.unwrap_or(DEFAULT_POLL_MAX_MS));
+    let max = match takeover_after {
+        Some(after) => max.min(after / 4),
+        None => max,
+    };
+    max.max(POLL)
+}
 /// Records read per round while catching up (bounds memory per round).
 const RECORDS_PER_POLL: usize = 64;
 /// Bounds the listing that finds the first record still stored.
@@ -108,6 +135,8 @@ struct Progress {
     probed: Instant,
     /// How long after `probed` it checks again.
     probe_every: Duration,
+    /// How long the tail waits before its next look for a record.
+    poll_every: Duration,
 }
 
 struct Shared {
@@ -116,6 +145,8 @@ struct Shared {
     stop: AtomicBool,
     progress: Mutex<Progress>,
     takeover_after: Option<Duration>,
+    /// The longest wait of an idle tail ([`poll_max`]).
+    poll_max: Duration,
 }
 
 struct Standby {
@@ -237,6 +268,11 @@ pub fn start_bounded(
         let (store, prefix) = (store.clone(), prefix.clone());
         block(async move { first_seq(store.as_ref(), &prefix).await })??
     };
+    let takeover_after = settings
+        .config
+        .takeover_after_secs
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
     let shared = Arc::new(Shared {
         pool: pool.to_string(),
         url: url.to_string(),
@@ -256,12 +292,10 @@ pub fn start_bounded(
             rebuilds: 0,
             probed: Instant::now(),
             probe_every: BEHIND_PROBE,
+            poll_every: POLL,
         }),
-        takeover_after: settings
-            .config
-            .takeover_after_secs
-            .filter(|s| *s > 0)
-            .map(Duration::from_secs),
+        takeover_after,
+        poll_max: poll_max(settings.config.standby_poll_max_ms, takeover_after),
     });
     tracing::info!(
         pool,
@@ -543,6 +577,8 @@ fn tail_loop(
                         }
                         p.last_change = Instant::now();
                         p.error = None;
+                        // The owner writes: look again at once, then often.
+                        p.poll_every = POLL;
                     }
                     Err(e) => {
                         // Not applied: read the same records again next round
@@ -553,6 +589,7 @@ fn tail_loop(
                         // Gone meanwhile? The probe below finds out at once.
                         p.probed = Instant::now().checked_sub(BEHIND_PROBE).unwrap_or(p.probed);
                         p.probe_every = BEHIND_PROBE;
+                        p.poll_every = POLL;
                         tail = None;
                         drop(p);
                         pause(&shared, POLL);
@@ -565,6 +602,7 @@ fn tail_loop(
                 let mut p = shared.progress.lock();
                 p.error = Some(e.to_string());
                 p.probe_every = BEHIND_PROBE;
+                p.poll_every = POLL;
                 tail = None;
             }
         }
@@ -611,7 +649,13 @@ fn tail_loop(
             }
         }
         maybe_take_over(&shared);
-        pause(&shared, POLL);
+        let wait = {
+            let mut p = shared.progress.lock();
+            let wait = p.poll_every;
+            p.poll_every = poll_backoff(wait, shared.poll_max);
+            wait
+        };
+        pause(&shared, wait);
     }
     local
 }
@@ -925,5 +969,30 @@ mod tests {
         assert_eq!(waits, vec![4, 8, 16, 32, 60, 60, 60, 60]);
         // LISTs a day of an idle caught-up standby, once backed off.
         assert_eq!(86_400 / BEHIND_PROBE_MAX.as_secs(), 1_440);
+    }
+
+    #[test]
+    fn idle_looks_back_off_to_the_configured_wait_and_stay_under_the_takeover_delay() {
+        let max = poll_max(None, None);
+        assert_eq!(max, Duration::from_millis(DEFAULT_POLL_MAX_MS));
+        let mut every = POLL;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            every = poll_backoff(every, max);
+            waits.push(every.as_millis() as u64);
+        }
+        assert_eq!(waits, vec![400, 800, 1600, 3200, 5000, 5000, 5000]);
+        // GETs a day of an idle caught-up standby (record + heartbeat per look).
+        assert_eq!(2 * 86_400_000 / DEFAULT_POLL_MAX_MS, 34_560);
+        assert_eq!(2 * 86_400_000 / POLL.as_millis() as u64, 864_000);
+        // An automatic takeover after 8 s: looks at most 2 s apart.
+        let after = Some(Duration::from_secs(8));
+        assert_eq!(poll_max(None, after), Duration::from_secs(2));
+        assert_eq!(poll_max(Some(60_000), after), Duration::from_secs(2));
+        assert_eq!(poll_max(Some(1_000), after), Duration::from_secs(1));
+        // Never under the busy rate, whatever is configured.
+        assert_eq!(poll_max(Some(0), None), POLL);
+        assert_eq!(poll_max(None, Some(Duration::from_millis(400))), POLL);
+        assert_eq!(poll_backoff(POLL, POLL), POLL);
     }
 }

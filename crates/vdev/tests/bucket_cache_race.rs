@@ -2,7 +2,7 @@
 //! the line resident only once its bytes are in the cache file (decision
 //! 0054's race): a read of that line meanwhile waits, and never sees the
 //! hole the line still is. The interleaving is forced with `vdev::hooks`
-//! (process-wide, hence this file holds one test).
+//! (process-wide: each test's hooks fire only at offsets of its own).
 
 #[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
@@ -155,4 +155,74 @@ fn a_failed_whole_line_write_over_log_only_bytes_leaves_the_old_line() {
     let c = open(&store, &dir.path().join("c"), OpenMode::Resume);
     c.read_at(AT as u64, &mut got).unwrap();
     assert!(got == new);
+}
+
+/// The same failed write, and then putting the log-only bytes back fails
+/// too (`hooks::fail_next_put_back`; two local failures in a row, which a
+/// test cannot cause on a healthy disk): the line is lost (decision 0063).
+/// Its reads and partial writes fail and never give or keep wrong bytes; a
+/// whole-line write makes it good again; a reopen (same cache path) gets
+/// the old line back from the bucket and the log. Two lines at offsets of
+/// their own (the hooks fire only there): one healed by a write, one left
+/// lost until the reopen.
+#[test]
+fn a_line_whose_log_bytes_cannot_be_put_back_fails_until_written_whole_or_reopened() {
+    const HEALED: usize = 30 * MIB;
+    const LEFT: usize = 40 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut old = Vec::new();
+    {
+        let a = open(&store, &dir.path().join("a"), OpenMode::Create);
+        for (k, at) in [HEALED, LEFT].into_iter().enumerate() {
+            let mut line = pattern(10 + k as u8, MIB);
+            a.write_at(at as u64, &line).unwrap();
+            a.sync().unwrap();
+            let small = pattern(20 + k as u8, 512);
+            a.write_durable_at((at + 8192) as u64, &small).unwrap();
+            line[8192..8192 + 512].copy_from_slice(&small);
+            old.push(line);
+        }
+    }
+    let cache = dir.path().join("t");
+    let b = open(&store, &cache, OpenMode::Resume);
+    for at in [HEALED, LEFT] {
+        hooks::tear_next_write(at as u64, MIB / 2);
+        hooks::fail_next_put_back(at as u64);
+        let e = b.write_at(at as u64, &pattern(30, MIB)).unwrap_err();
+        assert!(e.to_string().contains("write"), "{e}");
+        // Lost: a read fails and leaves the buffer alone.
+        let mut got = vec![0xeeu8; MIB];
+        let e = b.read_at(at as u64, &mut got).unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+        assert!(got.iter().all(|&x| x == 0xee), "a lost line gave bytes");
+        let mut part = vec![0xeeu8; 4096];
+        let e = b.read_at((at + MIB - 4096) as u64, &mut part).unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+        // A partial write would need the line's other bytes: it fails too.
+        let e = b
+            .write_at((at + 4096) as u64, &pattern(31, 4096))
+            .unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+    }
+    // The line before and after a lost one read as ever.
+    let mut got = vec![0u8; MIB];
+    b.read_at((LEFT + MIB) as u64, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 0));
+    // A whole-line write heals a lost line.
+    let new = pattern(40, MIB);
+    b.write_at(HEALED as u64, &new).unwrap();
+    b.read_at(HEALED as u64, &mut got).unwrap();
+    assert!(got == new, "the healed line reads the write");
+    let e = b.read_at(LEFT as u64, &mut got).unwrap_err();
+    assert!(e.to_string().contains("lost"), "{e}");
+    b.sync().unwrap();
+    drop(b);
+    // A reopen on the same cache path: the other line comes back from the
+    // bucket and the log, the healed one holds its write.
+    let c = open(&store, &cache, OpenMode::Resume);
+    c.read_at(LEFT as u64, &mut got).unwrap();
+    assert!(got == old[1], "the lost line after a reopen");
+    c.read_at(HEALED as u64, &mut got).unwrap();
+    assert!(got == new, "the healed line after a reopen");
 }

@@ -172,6 +172,9 @@ fn a_crash_at_any_point_of_a_compaction_loses_nothing() {
         &state,
         BucketConfig {
             heartbeat_ms: Some(3_600_000),
+            // Idle looks back off to 400 ms, not the default 5 s: the tests
+            // wait for a standby after idle moments.
+            standby_poll_max_ms: Some(400),
             ..Default::default()
         },
     );

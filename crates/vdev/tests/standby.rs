@@ -30,6 +30,9 @@ fn state() -> &'static Path {
         // point counted in PUTs must not move with the clock.
         let config = BucketConfig {
             heartbeat_ms: Some(3_600_000),
+            // Idle looks back off to 400 ms, not the default 5 s: the tests
+            // wait for a standby after idle moments.
+            standby_poll_max_ms: Some(400),
             ..Default::default()
         };
         bucket::configure(&dir, config);
