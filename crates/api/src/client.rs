@@ -154,6 +154,11 @@ impl Client {
         }
     }
 
+    /// The token and caller sent with every request, for crate::send_local.
+    pub(crate) fn credentials(&self) -> (Option<&str>, Option<&Caller>) {
+        (self.token.as_deref(), self.caller.as_ref())
+    }
+
     /// Authenticates with `token` (`--token`, `CISTERN_TOKEN`) instead of the
     /// discovered one.
     pub fn with_token(mut self, token: String) -> Self {

@@ -37,6 +37,7 @@ pub fn stream_stall() -> std::time::Duration {
 pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/send", post(send))
+        .route("/v1/send/local", axum::routing::get(send_local))
         .route("/v1/receive", post(receive).delete(receive_abort))
         .route(
             "/v1/bookmarks",
@@ -78,6 +79,17 @@ async fn bookmarks(
         .await
         .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
     Ok(axum::Json(list).into_response())
+}
+
+/// `GET /v1/send/local`: the socket local CLIs hand their stream to
+/// (crate::send_local); 404 when this daemon has none.
+async fn send_local() -> Result<Response, ApiError> {
+    match crate::send_local::info() {
+        Some(info) => Ok(axum::Json(info).into_response()),
+        None => Err(ApiError::from(dataset::Error::NotFound(
+            "no local stream socket".into(),
+        ))),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
