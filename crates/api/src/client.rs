@@ -433,6 +433,20 @@ impl Client {
         self.decode(req.send(ureq::SendBody::from_reader(inp)))
     }
 
+    /// `GET /v1/receive?wait_ms=`: waits (at most `wait`) until no receive
+    /// into `target` runs, so its `receive_resume_token` is final.
+    pub fn receive_wait(&self, target: &str, wait: Duration) -> Result<()> {
+        let ms = wait.as_millis().min(u64::MAX as u128) as u64;
+        self.expect_empty(
+            self.with_call_timeout(self.timeout.max(wait + Duration::from_secs(30)))
+                .agent
+                .get(self.url("/v1/receive"))
+                .query("target", target)
+                .query("wait_ms", ms.to_string())
+                .call(),
+        )
+    }
+
     /// `DELETE /v1/receive`: discards a partially received state (`receive -A`).
     pub fn receive_abort(&self, target: &str) -> Result<()> {
         self.expect_empty(

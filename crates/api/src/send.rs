@@ -38,7 +38,10 @@ pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/send", post(send))
         .route("/v1/send/local", axum::routing::get(send_local))
-        .route("/v1/receive", post(receive).delete(receive_abort))
+        .route(
+            "/v1/receive",
+            post(receive).delete(receive_abort).get(receive_wait),
+        )
         .route(
             "/v1/bookmarks",
             axum::routing::get(bookmarks).post(bookmark),
@@ -428,6 +431,34 @@ async fn receive_abort(
     let engine = st.engine.clone();
     tracing::info!(target = %q.target, "receive -A");
     tokio::task::spawn_blocking(move || engine.receive_abort(&q.target))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WaitQuery {
+    target: String,
+    wait_ms: Option<u64>,
+}
+
+/// A wait is bounded here too, whatever the client asks.
+const MAX_RECEIVE_WAIT_MS: u64 = 60_000;
+
+/// `GET /v1/receive?target=DS&wait_ms=N`: 204 once no receive into DS runs
+/// (waiting up to N ms for a running one to end), else Busy (409). A retry
+/// asks this before it reads the target's `receive_resume_token`.
+async fn receive_wait(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<WaitQuery>,
+) -> Result<Response, ApiError> {
+    if q.target.is_empty() {
+        return Err(ApiError::bad_request("name the target dataset (?target=)"));
+    }
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(MAX_RECEIVE_WAIT_MS));
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.receive_wait(&q.target, wait))
         .await
         .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
     Ok(StatusCode::NO_CONTENT.into_response())
