@@ -288,8 +288,11 @@ impl std::io::Read for ChannelReader {
 /// has ready, up to this much: never waited for, so no byte is held back,
 /// and the body is read no further ahead than before (what sits in the
 /// pipeline when the connection breaks is sent again by the resumed
-/// transfer).
-const BATCH: usize = 256 << 10;
+/// transfer). 1 MiB (was 256 KiB: receiver 1.93 -> 1.69 CPU s/GiB over
+/// HTTP); a retry waits for the cut receive to apply its last batch before
+/// it reads the resume token (`receive_wait`), so a bigger batch only
+/// moves the token further, never behind what lands.
+const BATCH: usize = 1 << 20;
 /// Batches queued for the receive thread.
 const BATCH_DEPTH: usize = 1;
 
