@@ -185,6 +185,7 @@ def test_local_stream_socket(pair, tmp_path):
     assert "receive (local)" in dst.log_text()
     receive_from(dst, local, "-v", "backup/vm")
     assert nbd_sha(dst, "backup/vm@a") == nbd_sha(src, "tank/vm@a")
+    assert "receive -v backup/vm" in dst.cli("pool", "history", "backup").stdout
 
 
 def test_send_refuses_a_terminal_and_bad_names(pair):
