@@ -6,7 +6,10 @@ nothing."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import select
+import socket
 import random
 import subprocess
 import time
@@ -112,6 +115,77 @@ def test_damaged_stream_is_refused_and_target_unchanged(pair, tmp_path):
     assert dst.cli("list", "backup/vm@b", check=False).returncode != 0
     receive_from(dst, incr, "backup/vm")
     assert nbd_sha(dst, "backup/vm@b") == nbd_sha(src, "tank/vm@b")
+
+
+def read_until_eof(f, timeout: float) -> int:
+    """Bytes read from pipe `f` until EOF; fails after `timeout` s without it."""
+    n, deadline = 0, time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, "the pipe never ended"
+        if select.select([f], [], [], left)[0]:
+            chunk = os.read(f.fileno(), 1 << 20)
+            if not chunk:
+                return n
+            n += len(chunk)
+
+
+def test_local_stream_socket(pair, tmp_path):
+    """A CLI on the daemon's host hands its stdout/stdin to the daemon over a
+    private Unix socket (token checked) instead of relaying the stream; over
+    HTTP (CISTERN_SEND_LOCAL=0) the bytes are the same; a killed CLI ends
+    the daemon's side of the transfer."""
+    src, dst = pair
+    src.cli("create", "-V", "64M", "tank/vm")
+    scribble(src, "tank/vm", random.Random(3), 600)
+    src.cli("snapshot", "tank/vm@a")
+    info = src.api("GET", "/v1/send/local")
+    sock = Path(info["socket"])
+    assert sock.stat().st_mode & 0o777 == 0o600 and sock.parent.stat().st_mode & 0o777 == 0o700
+    # A wrong token is refused before the stream descriptor is touched.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(sock))
+        f = s.makefile("rb")
+        assert json.loads(f.readline())["id"] == info["id"]
+        r, w = os.pipe()
+        req = {"token": "0" * 64, "send": {"snapshot": "tank/vm@a"}}
+        socket.send_fds(s, [json.dumps(req).encode() + b"\n"], [w])
+        os.close(w)
+        reply = json.loads(f.readline())
+        assert reply["error"]["status"] == 401, reply
+        with os.fdopen(r, "rb") as rf:
+            assert read_until_eof(rf, 10) == 0
+    local = send_to_file(src, tmp_path / "local", "tank/vm@a")
+    assert "send (local)" in src.log_text()
+    with open(tmp_path / "http", "wb") as f:
+        env = dict(src.env(), CISTERN_SEND_LOCAL="0")
+        subprocess.run([cistern_bin(), "send", "tank/vm@a"], stdout=f, env=env, check=True, timeout=120)
+    assert (tmp_path / "http").read_bytes() == local
+    # kill -9 of the send CLI while the daemon waits on a full pipe.
+    p = subprocess.Popen([cistern_bin(), "send", "tank/vm@a"], stdout=subprocess.PIPE, env=src.env())
+    got = len(p.stdout.read(64 << 10))
+    p.kill()
+    p.wait(30)
+    got += read_until_eof(p.stdout, 30)
+    assert got < len(local), "the daemon sent the whole stream to a killed CLI"
+    p.stdout.close()
+    # kill -9 of the receive CLI mid-stream: the receive fails, nothing is left.
+    p = subprocess.Popen([cistern_bin(), "receive", "backup/vm"], stdin=subprocess.PIPE, env=dst.env())
+    p.stdin.write(local[: len(local) // 2])
+    p.stdin.flush()
+    time.sleep(0.5)
+    p.kill()
+    p.wait(30)
+    p.stdin.close()
+    deadline = time.monotonic() + 30
+    while dst.cli("list", "backup/vm", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the receive of a killed CLI never ended"
+        time.sleep(0.2)
+    assert "receive (local)" in dst.log_text()
+    receive_from(dst, local, "-v", "backup/vm")
+    assert nbd_sha(dst, "backup/vm@a") == nbd_sha(src, "tank/vm@a")
+    assert "receive -v backup/vm" in dst.cli("pool", "history", "backup").stdout
 
 
 def test_send_refuses_a_terminal_and_bad_names(pair):

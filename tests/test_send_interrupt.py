@@ -48,6 +48,8 @@ class Transfer:
             if api:
                 e["CISTERN_API"] = api
                 e["CISTERN_TOKEN"] = d.token
+                # Through the proxy, not the local socket (which skips it).
+                e["CISTERN_SEND_LOCAL"] = "0"
             return e
 
         self.bytes = 0

@@ -154,6 +154,11 @@ impl Client {
         }
     }
 
+    /// The token and caller sent with every request, for crate::send_local.
+    pub(crate) fn credentials(&self) -> (Option<&str>, Option<&Caller>) {
+        (self.token.as_deref(), self.caller.as_ref())
+    }
+
     /// Authenticates with `token` (`--token`, `CISTERN_TOKEN`) instead of the
     /// discovered one.
     pub fn with_token(mut self, token: String) -> Self {
@@ -426,6 +431,20 @@ impl Client {
             .query("resumable", if opts.resumable { "1" } else { "0" })
             .header("content-type", "application/octet-stream");
         self.decode(req.send(ureq::SendBody::from_reader(inp)))
+    }
+
+    /// `GET /v1/receive?wait_ms=`: waits (at most `wait`) until no receive
+    /// into `target` runs, so its `receive_resume_token` is final.
+    pub fn receive_wait(&self, target: &str, wait: Duration) -> Result<()> {
+        let ms = wait.as_millis().min(u64::MAX as u128) as u64;
+        self.expect_empty(
+            self.with_call_timeout(self.timeout.max(wait + Duration::from_secs(30)))
+                .agent
+                .get(self.url("/v1/receive"))
+                .query("target", target)
+                .query("wait_ms", ms.to_string())
+                .call(),
+        )
     }
 
     /// `DELETE /v1/receive`: discards a partially received state (`receive -A`).

@@ -50,6 +50,7 @@
 //! | GET | /v1/mounts | | `[fuse::MountInfo]` |
 //! | POST | /v1/mounts | [`MountRequest`] | `[fuse::MountInfo]` mounted (201) |
 //! | POST | /v1/unmount | [`UnmountRequest`] | `[fuse::MountInfo]` unmounted |
+//! | GET | /v1/send/local | | [`send_local::LocalInfo`]: the socket local `send`/`receive` hand their stream to (404: none) |
 //! | GET | /metrics | | Prometheus text |
 //!
 //! Every request that changes a pool is recorded in its history (`pool
@@ -70,6 +71,7 @@ pub mod history;
 pub mod metrics;
 pub mod samples;
 pub mod send;
+pub mod send_local;
 pub mod server;
 pub mod shares;
 

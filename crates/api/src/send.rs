@@ -37,7 +37,11 @@ pub fn stream_stall() -> std::time::Duration {
 pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/v1/send", post(send))
-        .route("/v1/receive", post(receive).delete(receive_abort))
+        .route("/v1/send/local", axum::routing::get(send_local))
+        .route(
+            "/v1/receive",
+            post(receive).delete(receive_abort).get(receive_wait),
+        )
         .route(
             "/v1/bookmarks",
             axum::routing::get(bookmarks).post(bookmark),
@@ -78,6 +82,17 @@ async fn bookmarks(
         .await
         .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
     Ok(axum::Json(list).into_response())
+}
+
+/// `GET /v1/send/local`: the socket local CLIs hand their stream to
+/// (crate::send_local); 404 when this daemon has none.
+async fn send_local() -> Result<Response, ApiError> {
+    match crate::send_local::info() {
+        Some(info) => Ok(axum::Json(info).into_response()),
+        None => Err(ApiError::from(dataset::Error::NotFound(
+            "no local stream socket".into(),
+        ))),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -273,8 +288,11 @@ impl std::io::Read for ChannelReader {
 /// has ready, up to this much: never waited for, so no byte is held back,
 /// and the body is read no further ahead than before (what sits in the
 /// pipeline when the connection breaks is sent again by the resumed
-/// transfer).
-const BATCH: usize = 256 << 10;
+/// transfer). 1 MiB (was 256 KiB: receiver 1.93 -> 1.69 CPU s/GiB over
+/// HTTP); a retry waits for the cut receive to apply its last batch before
+/// it reads the resume token (`receive_wait`), so a bigger batch only
+/// moves the token further, never behind what lands.
+const BATCH: usize = 1 << 20;
 /// Batches queued for the receive thread.
 const BATCH_DEPTH: usize = 1;
 
@@ -416,6 +434,34 @@ async fn receive_abort(
     let engine = st.engine.clone();
     tracing::info!(target = %q.target, "receive -A");
     tokio::task::spawn_blocking(move || engine.receive_abort(&q.target))
+        .await
+        .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WaitQuery {
+    target: String,
+    wait_ms: Option<u64>,
+}
+
+/// A wait is bounded here too, whatever the client asks.
+const MAX_RECEIVE_WAIT_MS: u64 = 60_000;
+
+/// `GET /v1/receive?target=DS&wait_ms=N`: 204 once no receive into DS runs
+/// (waiting up to N ms for a running one to end), else Busy (409). A retry
+/// asks this before it reads the target's `receive_resume_token`.
+async fn receive_wait(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    Q(q): Q<WaitQuery>,
+) -> Result<Response, ApiError> {
+    if q.target.is_empty() {
+        return Err(ApiError::bad_request("name the target dataset (?target=)"));
+    }
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(MAX_RECEIVE_WAIT_MS));
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.receive_wait(&q.target, wait))
         .await
         .map_err(|e| ApiError::from(dataset::Error::Io(e.to_string())))??;
     Ok(StatusCode::NO_CONTENT.into_response())

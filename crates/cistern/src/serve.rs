@@ -318,6 +318,11 @@ async fn serve(
         .with_users(users.clone())
         .with_share_service(Arc::new(crate::shares::Smb(samba.clone())))
         .with_mounts(mounts.clone());
+    // Local `send`/`receive` hand their stream to us (issue 14); else HTTP.
+    match api::send_local::listen(&state_dir, state.clone()) {
+        Ok(p) => tracing::debug!(path = %p.display(), "local stream socket"),
+        Err(e) => tracing::warn!("local send/receive go over HTTP: {e}"),
+    }
     let mut api_rx = stop_rx.clone();
     let api_tls = r.api_tls.clone();
     let repl_routes = repl.clone();

@@ -782,3 +782,98 @@ fn full_receive_killed_after_creating_its_dataset() {
     }
     crash_point::set(None);
 }
+
+/// A stream that hands out `limit` bytes, says so, then fails when told to
+/// (a connection cut while the receive runs).
+struct CutLater {
+    data: Vec<u8>,
+    at: usize,
+    limit: usize,
+    reached: Option<std::sync::mpsc::Sender<()>>,
+    cut: std::sync::mpsc::Receiver<()>,
+}
+
+impl std::io::Read for CutLater {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.at >= self.limit {
+            if let Some(tx) = self.reached.take() {
+                let _ = tx.send(());
+            }
+            let _ = self.cut.recv_timeout(std::time::Duration::from_secs(60));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection lost: cut",
+            ));
+        }
+        let n = out.len().min(self.limit - self.at);
+        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A retry reads the resume token only after the cut receive ended
+/// (`receive_wait`): while it runs the wait is bounded and says why; after
+/// it, the token is the one the ended receive saved.
+#[test]
+fn receive_wait_ends_with_the_running_receive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (engine(dir.path(), "tank"), engine(dir.path(), "backup"));
+    let size = 4u64 << 20;
+    src.create_volume("tank/vm", size, &[]).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(64);
+    fill_random(&src.open_volume("tank/vm").unwrap(), &mut rng, size);
+    src.snapshot(&["tank/vm@a".into()], false).unwrap();
+    let full = send(&src, "tank/vm@a", None, false);
+    let short = std::time::Duration::from_millis(50);
+    // Nothing running (and no dataset yet): no wait.
+    dst.receive_wait("backup/vm", short).unwrap();
+    assert!(dst.receive_wait("nopool/vm", short).is_err());
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (cut, cut_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let dst = &dst;
+        let limit = full.len() / 2;
+        let data = full.clone();
+        let t = s.spawn(move || {
+            let mut inp = CutLater {
+                data,
+                at: 0,
+                limit,
+                reached: Some(reached_tx),
+                cut: cut_rx,
+            };
+            dst.receive(
+                &ReceiveOptions {
+                    target: "backup/vm".into(),
+                    resumable: true,
+                    ..Default::default()
+                },
+                &mut inp,
+            )
+        });
+        reached
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap();
+        let err = dst.receive_wait("backup/vm", short).unwrap_err();
+        assert!(matches!(err, Error::Busy(_)), "{err}");
+        assert!(err.to_string().contains("still running"), "{err}");
+        cut.send(()).unwrap();
+        dst.receive_wait("backup/vm", std::time::Duration::from_secs(60))
+            .unwrap();
+        // Ended: the receive has returned (its claim is released last).
+        assert!(t.join().unwrap().is_err());
+    });
+    let token = prop_of(&dst, "backup/vm", "receive_resume_token").unwrap();
+    let mut rest = Vec::new();
+    src.send(
+        &SendOptions {
+            resume_token: Some(token),
+            ..Default::default()
+        },
+        &mut rest,
+    )
+    .unwrap();
+    receive(&dst, "backup/vm", &rest, false).unwrap();
+    assert_eq!(read_vol(&dst, "backup/vm@a"), read_vol(&src, "tank/vm@a"));
+}

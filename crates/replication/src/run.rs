@@ -247,6 +247,8 @@ pub fn run(ctx: &Ctx) -> (Outcome, Option<Error>) {
 fn run_inner(ctx: &Ctx, out: &mut Outcome) -> Result<()> {
     let (src, dst) = (ctx.src, ctx.dst);
     let target = dst.dataset().to_string();
+    // A retry right after a cut: the token is final once that receive ended.
+    dst.receive_wait()?;
     let mut state = dst.state()?;
     // 1. An interrupted receive continues where it stopped.
     if let Some(token) = state.as_ref().and_then(|s| s.resume_token.clone()) {

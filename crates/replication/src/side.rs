@@ -21,6 +21,10 @@ pub struct Snap {
     pub guid: Option<String>,
 }
 
+/// How long a run waits for a receive into its target to end (a cut one
+/// unwinding) before it reads the target's resume token.
+pub const RECEIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The dataset itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DsState {
@@ -53,6 +57,12 @@ pub trait Side: Send + Sync {
     fn dataset(&self) -> &str;
     /// None: the dataset does not exist.
     fn state(&self) -> Result<Option<DsState>>;
+    /// Waits (bounded: [`RECEIVE_WAIT`]) until no receive into the dataset
+    /// runs on its daemon: one whose stream was just cut still applies what
+    /// it had buffered, and its resume token moves until it ends.
+    fn receive_wait(&self) -> Result<()> {
+        Ok(())
+    }
     /// The dataset's snapshots, oldest first (by creation txg).
     fn snapshots(&self) -> Result<Vec<Snap>>;
     fn hold(&self, snap: &str, tag: &str) -> Result<()>;
@@ -130,6 +140,13 @@ fn engine_err(e: dataset::Error) -> Error {
 }
 
 impl Side for Local {
+    fn receive_wait(&self) -> Result<()> {
+        match self.engine.receive_wait(&self.dataset, RECEIVE_WAIT) {
+            Err(dataset::Error::NotFound(_)) => Ok(()),
+            r => r.map_err(engine_err),
+        }
+    }
+
     fn describe(&self) -> String {
         self.dataset.clone()
     }
@@ -278,6 +295,16 @@ fn not_found(e: &api::ClientError) -> bool {
 }
 
 impl Side for RemoteSide {
+    fn receive_wait(&self) -> Result<()> {
+        match self.client.receive_wait(&self.dataset, RECEIVE_WAIT) {
+            // NotFound: no such pool; 405: a daemon from before the wait.
+            Err(api::ClientError::Api {
+                status: 404 | 405, ..
+            }) => Ok(()),
+            r => r.map_err(|e| self.err(e)),
+        }
+    }
+
     fn describe(&self) -> String {
         format!("{}/{}", self.base, self.dataset)
     }

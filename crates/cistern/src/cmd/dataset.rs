@@ -785,6 +785,16 @@ pub fn get(client: &api::Client, a: GetArgs) -> Result<()> {
         None => None,
     };
     let types = parse_types(a.types.as_deref(), TypeFilter::ALL)?;
+    if split_list(&a.props)
+        .iter()
+        .any(|p| p == "receive_resume_token")
+    {
+        // A receive cut a moment ago still saves its state: the token is
+        // final once it ended (bounded; a running one shows its current).
+        for ds in &a.datasets {
+            let _ = client.receive_wait(ds, std::time::Duration::from_secs(5));
+        }
+    }
     let mut datasets = gather(
         client,
         &a.datasets,

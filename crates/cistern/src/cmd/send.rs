@@ -160,7 +160,11 @@ pub fn send(client: &api::Client, a: SendArgs) -> Result<()> {
     }
     let mut out = raw_stdio(&stdout);
     let started = std::time::Instant::now();
-    let n = client.send(&opts, &mut *out)?;
+    // A daemon on this host writes into our standard output itself.
+    let n = match api::send_local::send(client, &opts, std::os::fd::AsFd::as_fd(&*out)) {
+        Some(n) => n?,
+        None => client.send(&opts, &mut *out)?,
+    };
     std::io::Write::flush(&mut *out)?;
     drop(stdout);
     if a.verbose {
@@ -190,7 +194,11 @@ pub fn receive(client: &api::Client, a: ReceiveArgs) -> Result<()> {
         resumable: a.resumable,
     };
     let started = std::time::Instant::now();
-    let sum = client.receive(&opts, &mut *inp)?;
+    // A daemon on this host reads our standard input itself.
+    let sum = match api::send_local::receive(client, &opts, std::os::fd::AsFd::as_fd(&*inp)) {
+        Some(sum) => sum?,
+        None => client.receive(&opts, &mut *inp)?,
+    };
     drop(stdin);
     if a.verbose {
         for s in &sum.snapshots {

@@ -1403,6 +1403,32 @@ impl Engine {
         }
     }
 
+    /// Waits, at most `timeout`, until no receive into `target` runs in this
+    /// daemon. A receive whose connection was cut goes on applying what it
+    /// had buffered and then saves its resume state: a retry must read the
+    /// target's `receive_resume_token` after that, or it resends (or
+    /// refuses) what has landed meanwhile. Busy when one still runs.
+    pub fn receive_wait(&self, target: &str, timeout: std::time::Duration) -> Result<()> {
+        let (pool, _) = split_dataset(target)?;
+        let p = self.pool(pool)?;
+        let key = (Arc::as_ptr(&p) as usize, target.to_string());
+        let deadline = std::time::Instant::now() + timeout;
+        let mut running = RECEIVING.lock();
+        while running.contains(&key) {
+            if RECEIVING_DONE
+                .wait_until(&mut running, deadline)
+                .timed_out()
+                && running.contains(&key)
+            {
+                return Err(Error::Busy(format!(
+                    "a receive into '{target}' is still running after {} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `cistern receive -A`: discards the partially received state of
     /// `target` (what an interrupted `receive -s` kept).
     pub fn receive_abort(&self, target: &str) -> Result<()> {
