@@ -865,15 +865,6 @@ fn receive_wait_ends_with_the_running_receive() {
         assert!(t.join().unwrap().is_err());
     });
     let token = prop_of(&dst, "backup/vm", "receive_resume_token").unwrap();
-    let mut rest = Vec::new();
-    src.send(
-        &SendOptions {
-            resume_token: Some(token),
-            ..Default::default()
-        },
-        &mut rest,
-    )
-    .unwrap();
-    receive(&dst, "backup/vm", &rest, false).unwrap();
+    resume(&src, &dst, token, "backup/vm");
     assert_eq!(read_vol(&dst, "backup/vm@a"), read_vol(&src, "tank/vm@a"));
 }

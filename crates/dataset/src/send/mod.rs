@@ -1411,22 +1411,13 @@ impl Engine {
     pub fn receive_wait(&self, target: &str, timeout: std::time::Duration) -> Result<()> {
         let (pool, _) = split_dataset(target)?;
         let p = self.pool(pool)?;
-        let key = (Arc::as_ptr(&p) as usize, target.to_string());
-        let deadline = std::time::Instant::now() + timeout;
-        let mut running = RECEIVING.lock();
-        while running.contains(&key) {
-            if RECEIVING_DONE
-                .wait_until(&mut running, deadline)
-                .timed_out()
-                && running.contains(&key)
-            {
-                return Err(Error::Busy(format!(
-                    "a receive into '{target}' is still running after {} s",
-                    timeout.as_secs_f64()
-                )));
-            }
+        match Receiving::wait_idle(&p, target, timeout) {
+            Some(_) => Ok(()),
+            None => Err(Error::Busy(format!(
+                "a receive into '{target}' is still running after {} s",
+                timeout.as_secs_f64()
+            ))),
         }
-        Ok(())
     }
 
     /// `cistern receive -A`: discards the partially received state of
@@ -1839,13 +1830,34 @@ static RECEIVING_DONE: parking_lot::Condvar = parking_lot::Condvar::new();
 /// comes right after.
 const RECEIVE_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The locked list of running receives (pool, target).
+type RunningReceives = parking_lot::MutexGuard<'static, Vec<(usize, String)>>;
+
 /// A running receive's claim on its target (released when dropped).
 struct Receiving(usize, String);
 
 impl Receiving {
     fn enter(p: &Arc<ImportedPool>, target: &str) -> Result<Receiving> {
+        let (mut running, key) =
+            Receiving::wait_idle(p, target, RECEIVE_BUSY_WAIT).ok_or_else(|| {
+                Error::Busy(format!(
+                    "cannot receive: a receive into '{target}' is running"
+                ))
+            })?;
+        running.push(key.clone());
+        Ok(Receiving(key.0, key.1))
+    }
+
+    /// Waits, at most `timeout`, until no receive into `target` of pool `p`
+    /// runs; answers with the list still locked (so a caller can claim the
+    /// target before another does) and the target's key. None: one still runs.
+    fn wait_idle(
+        p: &Arc<ImportedPool>,
+        target: &str,
+        timeout: std::time::Duration,
+    ) -> Option<(RunningReceives, (usize, String))> {
         let key = (Arc::as_ptr(p) as usize, target.to_string());
-        let deadline = std::time::Instant::now() + RECEIVE_BUSY_WAIT;
+        let deadline = std::time::Instant::now() + timeout;
         let mut running = RECEIVING.lock();
         while running.contains(&key) {
             if RECEIVING_DONE
@@ -1853,13 +1865,10 @@ impl Receiving {
                 .timed_out()
                 && running.contains(&key)
             {
-                return Err(Error::Busy(format!(
-                    "cannot receive: a receive into '{target}' is running"
-                )));
+                return None;
             }
         }
-        running.push(key.clone());
-        Ok(Receiving(key.0, key.1))
+        Some((running, key))
     }
 }
 
