@@ -36,14 +36,18 @@ pub mod hooks {
         ARMED.store(armed, Ordering::SeqCst);
     }
 
-    static TEAR: std::sync::Mutex<Option<(u64, usize)>> = std::sync::Mutex::new(None);
+    // Pending faults, one per offset: tests of one binary run at once, each
+    // at offsets of its own, so arming one must not disarm another's.
+    static TEAR: std::sync::Mutex<Vec<(u64, usize)>> = std::sync::Mutex::new(Vec::new());
     static TEAR_ARMED: AtomicBool = AtomicBool::new(false);
 
     /// The next `write_at` at `offset` writes only its first `keep` bytes
     /// and fails with EIO: a torn local write, which a test cannot cause
     /// on a healthy disk.
     pub fn tear_next_write(offset: u64, keep: usize) {
-        *TEAR.lock().unwrap_or_else(|e| e.into_inner()) = Some((offset, keep));
+        let mut t = TEAR.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|&(at, _)| at != offset);
+        t.push((offset, keep));
         TEAR_ARMED.store(true, Ordering::SeqCst);
     }
 
@@ -52,16 +56,11 @@ pub mod hooks {
             return None;
         }
         let mut t = TEAR.lock().unwrap_or_else(|e| e.into_inner());
-        match *t {
-            Some((at, keep)) if at == offset => {
-                *t = None;
-                Some(keep)
-            }
-            _ => None,
-        }
+        let i = t.iter().position(|&(at, _)| at == offset)?;
+        Some(t.swap_remove(i).1)
     }
 
-    static PUT_BACK: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+    static PUT_BACK: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
     static PUT_BACK_ARMED: AtomicBool = AtomicBool::new(false);
 
     /// The next put-back of log-only bytes (after a failed whole-line
@@ -69,7 +68,10 @@ pub mod hooks {
     /// fails with EIO: a second local failure in a row, which a test cannot
     /// cause on a healthy disk.
     pub fn fail_next_put_back(line_offset: u64) {
-        *PUT_BACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(line_offset);
+        let mut t = PUT_BACK.lock().unwrap_or_else(|e| e.into_inner());
+        if !t.contains(&line_offset) {
+            t.push(line_offset);
+        }
         PUT_BACK_ARMED.store(true, Ordering::SeqCst);
     }
 
@@ -78,11 +80,13 @@ pub mod hooks {
             return false;
         }
         let mut t = PUT_BACK.lock().unwrap_or_else(|e| e.into_inner());
-        if *t == Some(line_offset) {
-            *t = None;
-            return true;
+        match t.iter().position(|&at| at == line_offset) {
+            Some(i) => {
+                t.swap_remove(i);
+                true
+            }
+            None => false,
         }
-        false
     }
 
     pub(crate) fn at(p: Point) {
