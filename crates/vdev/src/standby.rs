@@ -52,9 +52,10 @@ const POLL: Duration = Duration::from_millis(200);
 /// (the wait is also kept under a quarter of that).
 pub const DEFAULT_POLL_MAX_MS: u64 = 5_000;
 
-/// The wait after a look that found no new record.
-fn poll_backoff(every: Duration, max: Duration) -> Duration {
-    (every * 2).min(max).max(POLL)
+/// The wait after a look (for a record, or a probe) that found nothing:
+/// twice the last, kept within `min..=max`.
+fn backoff(every: Duration, min: Duration, max: Duration) -> Duration {
+    (every * 2).min(max).max(min)
 }
 
 /// The longest idle wait: `[bucket] standby_poll_max_ms` (default
@@ -82,10 +83,6 @@ const BEHIND_PROBE: Duration = Duration::from_secs(2);
 /// at once when it resumes.
 const BEHIND_PROBE_MAX: Duration = Duration::from_secs(60);
 
-/// The wait after a probe that found the standby not behind.
-fn probe_backoff(every: Duration) -> Duration {
-    (every * 2).clamp(BEHIND_PROBE, BEHIND_PROBE_MAX)
-}
 /// Claim attempts of one takeover that find the standby behind.
 const TAKEOVER_ROUNDS: u32 = 3;
 
@@ -624,7 +621,7 @@ fn tail_loop(
                 }
                 Ok(false) => {
                     let mut p = shared.progress.lock();
-                    p.probe_every = probe_backoff(p.probe_every);
+                    p.probe_every = backoff(p.probe_every, BEHIND_PROBE, BEHIND_PROBE_MAX);
                 }
                 Err(e) => {
                     let mut p = shared.progress.lock();
@@ -652,7 +649,7 @@ fn tail_loop(
         let wait = {
             let mut p = shared.progress.lock();
             let wait = p.poll_every;
-            p.poll_every = poll_backoff(wait, shared.poll_max);
+            p.poll_every = backoff(wait, POLL, shared.poll_max);
             wait
         };
         pause(&shared, wait);
@@ -963,7 +960,7 @@ mod tests {
         let mut every = BEHIND_PROBE;
         let mut waits = Vec::new();
         for _ in 0..8 {
-            every = probe_backoff(every);
+            every = backoff(every, BEHIND_PROBE, BEHIND_PROBE_MAX);
             waits.push(every.as_secs());
         }
         assert_eq!(waits, vec![4, 8, 16, 32, 60, 60, 60, 60]);
@@ -978,7 +975,7 @@ mod tests {
         let mut every = POLL;
         let mut waits = Vec::new();
         for _ in 0..7 {
-            every = poll_backoff(every, max);
+            every = backoff(every, POLL, max);
             waits.push(every.as_millis() as u64);
         }
         assert_eq!(waits, vec![400, 800, 1600, 3200, 5000, 5000, 5000]);
@@ -993,6 +990,6 @@ mod tests {
         // Never under the busy rate, whatever is configured.
         assert_eq!(poll_max(Some(0), None), POLL);
         assert_eq!(poll_max(None, Some(Duration::from_millis(400))), POLL);
-        assert_eq!(poll_backoff(POLL, POLL), POLL);
+        assert_eq!(backoff(POLL, POLL, POLL), POLL);
     }
 }
