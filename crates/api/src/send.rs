@@ -340,12 +340,13 @@ async fn pump_body(
     };
     let mut open = true;
     let mut last = tokio::time::Instant::now();
+    let lost = |r: Result<Bytes, axum::Error>| r.map_err(|e| format!("connection lost: {e}"));
     loop {
         // A sender that stops sending fails the receive (which keeps
         // its resume state) instead of holding the target forever.
         let wait = stall.saturating_sub(last.elapsed());
         let mut next = match tokio::time::timeout(wait, data.next()).await {
-            Ok(next) => next.map(|r| r.map_err(|e| format!("connection lost: {e}"))),
+            Ok(next) => next.map(lost),
             Err(_) if last.elapsed() < stall => continue,
             Err(_) => Some(Err(format!(
                 "connection stalled: no stream bytes for {} s",
@@ -370,7 +371,7 @@ async fn pump_body(
             // (Polled in the task's own context, not with a no-op waker:
             // that cost twice the context switches of per-frame delivery.)
             match tokio::time::timeout(std::time::Duration::ZERO, data.next()).await {
-                Ok(n) => next = n.map(|r| r.map_err(|e| format!("connection lost: {e}"))),
+                Ok(n) => next = n.map(lost),
                 Err(_) => break None,
             }
         };

@@ -181,10 +181,15 @@ fn engine_error(e: &dataset::Error) -> LocalReply {
     )
 }
 
-fn write_line<T: Serialize>(mut conn: &UnixStream, v: &T) -> io::Result<()> {
+/// `v` as one JSON line, as both sides of the socket speak.
+fn json_line<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(v).map_err(io::Error::other)?;
     line.push(b'\n');
-    conn.write_all(&line)
+    Ok(line)
+}
+
+fn write_line<T: Serialize>(mut conn: &UnixStream, v: &T) -> io::Result<()> {
+    conn.write_all(&json_line(v)?)
 }
 
 /// The request line and the descriptors that came with it.
@@ -507,9 +512,8 @@ fn connect(client: &Client) -> Option<UnixStream> {
 
 /// Sends the request with `fd`; None when it could not be sent (nothing
 /// was consumed: the caller goes over HTTP).
-fn request(client: &Client, conn: &UnixStream, req: &LocalRequest, fd: BorrowedFd) -> Option<()> {
-    let mut line = serde_json::to_vec(req).ok()?;
-    line.push(b'\n');
+fn request(conn: &UnixStream, req: &LocalRequest, fd: BorrowedFd) -> Option<()> {
+    let line = json_line(req).ok()?;
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let n = sendmsg::<()>(
@@ -523,7 +527,6 @@ fn request(client: &Client, conn: &UnixStream, req: &LocalRequest, fd: BorrowedF
     if n < line.len() {
         (&*conn).write_all(&line[n..]).ok()?;
     }
-    let _ = client;
     Some(())
 }
 
@@ -559,7 +562,7 @@ fn ask(client: &Client, fd: BorrowedFd, mut req: LocalRequest) -> Option<Result<
     let (token, caller) = client.credentials();
     req.token = token.map(str::to_string);
     req.caller = caller.cloned();
-    request(client, &conn, &req, fd)?;
+    request(&conn, &req, fd)?;
     Some(reply(client, &conn))
 }
 

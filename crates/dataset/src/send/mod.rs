@@ -1747,6 +1747,10 @@ fn flush_raw(
         runs.push((i, j, span));
         i = j;
     }
+    // A failed run read leaves each block to read_stored.
+    let read_span = |span: Option<(u32, u64, usize)>| {
+        span.and_then(|(group, off, len)| p.pool.read_run(group, off, len).ok().map(|r| (off, r)))
+    };
     let spans: Vec<_> = runs.iter().map(|r| r.2).collect();
     std::thread::scope(|s| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -1754,12 +1758,8 @@ fn flush_raw(
             .name("send-read".into())
             .spawn_scoped(s, move || {
                 for span in spans {
-                    // A failed run read leaves each block to read_stored.
-                    let got = span.and_then(|(group, off, len)| {
-                        p.pool.read_run(group, off, len).ok().map(|r| (off, r))
-                    });
                     // Err: the send stopped and dropped its end.
-                    if tx.send(got).is_err() {
+                    if tx.send(read_span(span)).is_err() {
                         return;
                     }
                 }
@@ -1769,9 +1769,7 @@ fn flush_raw(
         for &(i, j, span) in &runs {
             let run_bytes = match &ahead {
                 Some(rx) => rx.recv().ok().flatten(),
-                None => span.and_then(|(group, off, len)| {
-                    p.pool.read_run(group, off, len).ok().map(|r| (off, r))
-                }),
+                None => read_span(span),
             };
             for (obj, blk, bp) in pending[i..j].iter_mut() {
                 let quick = run_bytes.as_ref().and_then(|(base, r)| {
