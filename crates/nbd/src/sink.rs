@@ -379,9 +379,9 @@ impl Sink {
     /// Sends one reply (never blocks on the network). `permits` are
     /// released once the reply is fully on the wire (or dropped if the
     /// connection is broken).
-    pub(crate) fn send(&self, reply: &Reply, permits: Permits) {
+    pub(crate) fn send(&self, reply: Reply, permits: Permits) {
         let mut enc = Encoder::new();
-        enc.encode(reply);
+        enc.encode(&reply);
         let mut slices = enc.slices();
         let mut st = self.lock();
         if st.failed {
@@ -390,7 +390,6 @@ impl Sink {
         let total: usize = slices.iter().map(|b| b.len()).sum();
         let mut bufs: &mut [IoSlice<'_>] = &mut slices[..];
         if let Wire::Tls(conn) = &self.sock {
-            let len: usize = bufs.iter().map(|b| b.len()).sum();
             match conn.send(bufs) {
                 Err(e) => self.fail(&mut st, &e),
                 // Everything queued so far is on the wire.
@@ -400,7 +399,7 @@ impl Sink {
                 }
                 Ok(false) => {
                     st.held.push(permits);
-                    st.queued += len;
+                    st.queued += total;
                     if !st.draining {
                         st.draining = true;
                         st.progress = Some(Instant::now());
@@ -426,15 +425,17 @@ impl Sink {
                     }
                 }
             }
-            if bufs.is_empty() {
-                return;
-            }
         }
-        // Socket full (or already backed up): queue the reply, in order. A
-        // clone shares the payload buffers (`ReadChunk::Shared`).
+        // Socket full (or already backed up): queue the reply itself, in
+        // order (its payload slices are the shared buffers, not copies).
         let left: usize = bufs.iter().map(|b| b.len()).sum();
+        drop(slices);
+        drop(enc);
+        if left == 0 {
+            return;
+        }
         st.pending.push_back(Queued {
-            reply: reply.clone(),
+            reply,
             written: total - left,
             len: total,
             _permits: permits,
@@ -499,6 +500,7 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
             return r;
         }
     };
+    let mut broken = sink.broken.subscribe();
     loop {
         // Wait for work (or the end).
         loop {
@@ -516,33 +518,63 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
             }
             sink.wake.notified().await;
         }
-        // Drain.
+        // Drain. The replies are taken out of the state for the writev, so
+        // the mutex is not held while the kernel copies them: a reply
+        // finished meanwhile (the reader answers cached READs itself) is
+        // queued behind them instead of waiting for the lock (a futex sleep
+        // and wake-up per request, decision 0070). While the drain waits
+        // for the socket, they are back in the state, where `abort` drops
+        // them with their permits.
+        let mut batch = std::collections::VecDeque::new();
         loop {
-            if let Err(e) = sock.writable().await {
+            let ready = tokio::select! {
+                r = sock.writable() => r,
+                _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
+            };
+            if let Err(e) = ready {
                 let mut st = sink.lock();
                 sink.fail(&mut st, &e);
                 return Err(e);
             }
+            {
+                let mut st = sink.lock();
+                if st.failed {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                std::mem::swap(&mut batch, &mut st.pending);
+            }
+            let r = write_pending(sock, &batch);
+            let mut written = 0;
+            if let Ok(mut n) = r {
+                written = n;
+                // Replies wholly on the wire go (and their permits with
+                // them, outside the lock).
+                while let Some(q) = batch.front_mut() {
+                    let k = n.min(q.len - q.written);
+                    q.written += k;
+                    n -= k;
+                    if q.written < q.len {
+                        break;
+                    }
+                    batch.pop_front();
+                }
+            }
             let mut st = sink.lock();
-            match write_pending(sock, &st.pending) {
+            if st.failed {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            // Back in front of what was queued meanwhile.
+            batch.append(&mut st.pending);
+            std::mem::swap(&mut batch, &mut st.pending);
+            match r {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     sink.fail(&mut st, &e);
                     return Err(e);
                 }
-                Ok(mut n) => {
+                Ok(_) => {
                     st.progress = Some(Instant::now());
-                    st.pending_bytes -= n;
-                    // Replies wholly on the wire go (and their permits with them).
-                    while let Some(q) = st.pending.front_mut() {
-                        let k = n.min(q.len - q.written);
-                        q.written += k;
-                        n -= k;
-                        if q.written < q.len {
-                            break;
-                        }
-                        st.pending.pop_front();
-                    }
+                    st.pending_bytes -= written;
                     if st.pending.is_empty() {
                         st.draining = false;
                         break;
