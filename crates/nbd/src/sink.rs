@@ -719,6 +719,73 @@ mod tests {
         }
     }
 
+    /// Replies sent from several threads while the drain task writes the
+    /// queued ones outside the sink's lock (decision 0070): every reply
+    /// arrives whole, and each thread's replies in the order it sent them,
+    /// through a small receive window that keeps the socket full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replies_sent_while_the_drain_writes_arrive_whole_and_in_order() {
+        use tokio::io::AsyncReadExt;
+        const THREADS: u64 = 4;
+        const EACH: u64 = 3000;
+        fn payload(h: u64) -> Vec<u8> {
+            let n = 1 + (h.wrapping_mul(7919) % 9000) as usize;
+            (0..n).map(|i| (i as u8).wrapping_mul(31) ^ h as u8).collect()
+        }
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(16 * 1024).unwrap();
+        let (client, server) = tokio::join!(sock.connect(addr), l.accept());
+        let mut client = client.unwrap();
+        let (_rd, wr) = server.unwrap().0.into_split();
+        let (sink, drain, _broken) = Sink::start(Wire::Tcp(wr), None);
+        let senders: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let sink = sink.clone();
+                tokio::task::spawn_blocking(move || {
+                    for i in 0..EACH {
+                        let h = t << 32 | i;
+                        let p = Arc::new(payload(h));
+                        let len = p.len();
+                        sink.send(
+                            Reply::Read {
+                                handle: h,
+                                offset: 0,
+                                len: len as u32,
+                                chunks: vec![ReadChunk::Shared(p, 0..len)],
+                                mode: ReadMode::Simple,
+                            },
+                            Permits::default(),
+                        );
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; THREADS as usize];
+        let mut hdr = [0u8; 16];
+        for _ in 0..THREADS * EACH {
+            tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut hdr))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(be32(&hdr, 0), SIMPLE_REPLY_MAGIC, "a reply was cut");
+            let h = be64(&hdr, 8);
+            let t = (h >> 32) as usize;
+            assert_eq!(h & 0xffff_ffff, next[t], "thread {t}: replies out of order");
+            next[t] += 1;
+            let want = payload(h);
+            let mut got = vec![0u8; want.len()];
+            client.read_exact(&mut got).await.unwrap();
+            assert!(got == want, "reply {h:#x} differs");
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+        sink.close();
+        drain.await.unwrap().unwrap();
+    }
+
     #[test]
     fn simple_read_expands_holes() {
         let b = encode_to_vec(&read(

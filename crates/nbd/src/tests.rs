@@ -1775,68 +1775,6 @@ async fn reads_of_cached_data_run_inline_unless_refused() {
     let _ = tokio::time::timeout(T, task).await;
 }
 
-/// Cached READs answered on the reader while the drain task writes earlier
-/// replies behind a full socket (the drain writes outside the sink's lock,
-/// decision 0070): every reply arrives whole, right, and in the order the
-/// reader answered them, while the client keeps eight in flight and reads
-/// slowly through a small receive buffer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replies_queued_while_the_drain_writes_keep_their_order() {
-    let exp = Arc::new(InlineExport::new());
-    let want = pattern(1 << 20, 9);
-    exp.mem.fill(0, &want);
-    let (addr, stop, task) = serve_provider(
-        Arc::new(InlineProvider(exp.clone())),
-        ServerConfig::default(),
-    )
-    .await;
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(16 * 1024).unwrap();
-    let s = sock.connect(addr).await.unwrap();
-    let mut c = C { s: Io::Tcp(s) };
-    let mut g = [0u8; 18];
-    c.s.read_exact(&mut g).await.unwrap();
-    c.put(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-        .await;
-    c.go("inline").await;
-    // Odd offsets and lengths: replies are cut anywhere, headers included.
-    let req = |h: u64| (h * 4099 % 65536, (1 << 17) + (h as u32 * 7777) % 65536);
-    const N: u64 = 64;
-    let mut sent = 0;
-    while sent < 8 {
-        let (off, len) = req(sent);
-        c.req(0, CMD_READ, sent, off, len, &[]).await;
-        sent += 1;
-    }
-    for h in 0..N {
-        let (err, got) = tokio::time::timeout(T, c.simple()).await.unwrap();
-        assert_eq!((err, got), (0, h), "replies out of order");
-        let (off, len) = req(h);
-        let mut data = Vec::with_capacity(len as usize);
-        // In pieces, with pauses: the drain writes a little at a time
-        // while the reader answers the next requests.
-        while data.len() < len as usize {
-            let n = (len as usize - data.len()).min(40_000);
-            data.extend_from_slice(&c.get(n).await);
-            if h % 3 == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-        assert!(
-            data == want[off as usize..(off + u64::from(len)) as usize],
-            "reply {h} differs"
-        );
-        if sent < N {
-            let (off, len) = req(sent);
-            c.req(0, CMD_READ, sent, off, len, &[]).await;
-            sent += 1;
-        }
-    }
-    assert_eq!(exp.read_inline.load(Ordering::SeqCst), N);
-    stop.send(true).unwrap();
-    let _ = tokio::time::timeout(T, task).await;
-}
-
 /// FLUSH through `flush_start` (decision 0057): answered at once when
 /// durable, only when its callback fires when queued (from any thread, or
 /// the driver run on a worker), and by the blocking `flush` when refused or
