@@ -730,7 +730,9 @@ mod tests {
         const EACH: u64 = 3000;
         fn payload(h: u64) -> Vec<u8> {
             let n = 1 + (h.wrapping_mul(7919) % 9000) as usize;
-            (0..n).map(|i| (i as u8).wrapping_mul(31) ^ h as u8).collect()
+            (0..n)
+                .map(|i| (i as u8).wrapping_mul(31) ^ h as u8)
+                .collect()
         }
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
