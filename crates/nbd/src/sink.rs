@@ -10,7 +10,9 @@
 //! cached read's CPU) with how much of it was written, and the
 //! connection's drain task writes the rest as the socket becomes writable;
 //! later replies queue behind it, so every reply stays contiguous and in
-//! completion order.
+//! completion order. The drain's `writev` runs outside the mutex (decision
+//! 0070): the thread that finishes the next reply queues it instead of
+//! sleeping on the lock while the kernel copies.
 //!
 //! Over TLS ([`Wire::Tls`], decision 0043) the same thread seals the reply
 //! into TLS records straight from those slices (rustls under the
