@@ -928,7 +928,13 @@ impl Volume {
     }
 
     pub fn size(&self) -> u64 {
-        self.current().map(|c| c.size).unwrap_or(0)
+        // The NBD server asks before every request: the record alone, not
+        // the whole `current()` state (lineage, chain).
+        if self.pool.is_closed() {
+            return 0;
+        }
+        let datasets = self.pool.datasets.read();
+        record_by_id(&datasets, self.id, &self.name).map_or(0, |r| r.volsize)
     }
 
     pub fn block_size(&self) -> u32 {

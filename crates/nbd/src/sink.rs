@@ -10,7 +10,9 @@
 //! cached read's CPU) with how much of it was written, and the
 //! connection's drain task writes the rest as the socket becomes writable;
 //! later replies queue behind it, so every reply stays contiguous and in
-//! completion order.
+//! completion order. The drain's `writev` runs outside the mutex (decision
+//! 0070): the thread that finishes the next reply queues it instead of
+//! sleeping on the lock while the kernel copies.
 //!
 //! Over TLS ([`Wire::Tls`], decision 0043) the same thread seals the reply
 //! into TLS records straight from those slices (rustls under the
@@ -379,9 +381,9 @@ impl Sink {
     /// Sends one reply (never blocks on the network). `permits` are
     /// released once the reply is fully on the wire (or dropped if the
     /// connection is broken).
-    pub(crate) fn send(&self, reply: &Reply, permits: Permits) {
+    pub(crate) fn send(&self, reply: Reply, permits: Permits) {
         let mut enc = Encoder::new();
-        enc.encode(reply);
+        enc.encode(&reply);
         let mut slices = enc.slices();
         let mut st = self.lock();
         if st.failed {
@@ -390,7 +392,6 @@ impl Sink {
         let total: usize = slices.iter().map(|b| b.len()).sum();
         let mut bufs: &mut [IoSlice<'_>] = &mut slices[..];
         if let Wire::Tls(conn) = &self.sock {
-            let len: usize = bufs.iter().map(|b| b.len()).sum();
             match conn.send(bufs) {
                 Err(e) => self.fail(&mut st, &e),
                 // Everything queued so far is on the wire.
@@ -400,7 +401,7 @@ impl Sink {
                 }
                 Ok(false) => {
                     st.held.push(permits);
-                    st.queued += len;
+                    st.queued += total;
                     if !st.draining {
                         st.draining = true;
                         st.progress = Some(Instant::now());
@@ -426,15 +427,17 @@ impl Sink {
                     }
                 }
             }
-            if bufs.is_empty() {
-                return;
-            }
         }
-        // Socket full (or already backed up): queue the reply, in order. A
-        // clone shares the payload buffers (`ReadChunk::Shared`).
+        // Socket full (or already backed up): queue the reply itself, in
+        // order (its payload slices are the shared buffers, not copies).
         let left: usize = bufs.iter().map(|b| b.len()).sum();
+        drop(slices);
+        drop(enc);
+        if left == 0 {
+            return;
+        }
         st.pending.push_back(Queued {
-            reply: reply.clone(),
+            reply,
             written: total - left,
             len: total,
             _permits: permits,
@@ -499,6 +502,7 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
             return r;
         }
     };
+    let mut broken = sink.broken.subscribe();
     loop {
         // Wait for work (or the end).
         loop {
@@ -516,33 +520,63 @@ async fn drain(sink: Arc<Sink>) -> io::Result<()> {
             }
             sink.wake.notified().await;
         }
-        // Drain.
+        // Drain. The replies are taken out of the state for the writev, so
+        // the mutex is not held while the kernel copies them: a reply
+        // finished meanwhile (the reader answers cached READs itself) is
+        // queued behind them instead of waiting for the lock (a futex sleep
+        // and wake-up per request, decision 0070). While the drain waits
+        // for the socket, they are back in the state, where `abort` drops
+        // them with their permits.
+        let mut batch = std::collections::VecDeque::new();
         loop {
-            if let Err(e) = sock.writable().await {
+            let ready = tokio::select! {
+                r = sock.writable() => r,
+                _ = broken.wait_for(|b| *b) => Err(io::ErrorKind::BrokenPipe.into()),
+            };
+            if let Err(e) = ready {
                 let mut st = sink.lock();
                 sink.fail(&mut st, &e);
                 return Err(e);
             }
+            {
+                let mut st = sink.lock();
+                if st.failed {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                std::mem::swap(&mut batch, &mut st.pending);
+            }
+            let r = write_pending(sock, &batch);
+            let mut written = 0;
+            if let Ok(mut n) = r {
+                written = n;
+                // Replies wholly on the wire go (and their permits with
+                // them, outside the lock).
+                while let Some(q) = batch.front_mut() {
+                    let k = n.min(q.len - q.written);
+                    q.written += k;
+                    n -= k;
+                    if q.written < q.len {
+                        break;
+                    }
+                    batch.pop_front();
+                }
+            }
             let mut st = sink.lock();
-            match write_pending(sock, &st.pending) {
+            if st.failed {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            // Back in front of what was queued meanwhile.
+            batch.append(&mut st.pending);
+            std::mem::swap(&mut batch, &mut st.pending);
+            match r {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     sink.fail(&mut st, &e);
                     return Err(e);
                 }
-                Ok(mut n) => {
+                Ok(_) => {
                     st.progress = Some(Instant::now());
-                    st.pending_bytes -= n;
-                    // Replies wholly on the wire go (and their permits with them).
-                    while let Some(q) = st.pending.front_mut() {
-                        let k = n.min(q.len - q.written);
-                        q.written += k;
-                        n -= k;
-                        if q.written < q.len {
-                            break;
-                        }
-                        st.pending.pop_front();
-                    }
+                    st.pending_bytes -= written;
                     if st.pending.is_empty() {
                         st.draining = false;
                         break;
@@ -685,6 +719,75 @@ mod tests {
             chunks,
             mode,
         }
+    }
+
+    /// Replies sent from several threads while the drain task writes the
+    /// queued ones outside the sink's lock (decision 0070): every reply
+    /// arrives whole, and each thread's replies in the order it sent them,
+    /// through a small receive window that keeps the socket full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replies_sent_while_the_drain_writes_arrive_whole_and_in_order() {
+        use tokio::io::AsyncReadExt;
+        const THREADS: u64 = 4;
+        const EACH: u64 = 3000;
+        fn payload(h: u64) -> Vec<u8> {
+            let n = 1 + (h.wrapping_mul(7919) % 9000) as usize;
+            (0..n)
+                .map(|i| (i as u8).wrapping_mul(31) ^ h as u8)
+                .collect()
+        }
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(16 * 1024).unwrap();
+        let (client, server) = tokio::join!(sock.connect(addr), l.accept());
+        let mut client = client.unwrap();
+        let (_rd, wr) = server.unwrap().0.into_split();
+        let (sink, drain, _broken) = Sink::start(Wire::Tcp(wr), None);
+        let senders: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let sink = sink.clone();
+                tokio::task::spawn_blocking(move || {
+                    for i in 0..EACH {
+                        let h = t << 32 | i;
+                        let p = Arc::new(payload(h));
+                        let len = p.len();
+                        sink.send(
+                            Reply::Read {
+                                handle: h,
+                                offset: 0,
+                                len: len as u32,
+                                chunks: vec![ReadChunk::Shared(p, 0..len)],
+                                mode: ReadMode::Simple,
+                            },
+                            Permits::default(),
+                        );
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; THREADS as usize];
+        let mut hdr = [0u8; 16];
+        for _ in 0..THREADS * EACH {
+            tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut hdr))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(be32(&hdr, 0), SIMPLE_REPLY_MAGIC, "a reply was cut");
+            let h = be64(&hdr, 8);
+            let t = (h >> 32) as usize;
+            assert_eq!(h & 0xffff_ffff, next[t], "thread {t}: replies out of order");
+            next[t] += 1;
+            let want = payload(h);
+            let mut got = vec![0u8; want.len()];
+            client.read_exact(&mut got).await.unwrap();
+            assert!(got == want, "reply {h:#x} differs");
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+        sink.close();
+        drain.await.unwrap().unwrap();
     }
 
     #[test]

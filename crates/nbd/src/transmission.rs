@@ -233,7 +233,7 @@ where
         st.count_request(req.command);
         let structured = session.structured;
         let early =
-            |f: Fail, permits: Permits| sink.send(&error_reply(structured, req.handle, f), permits);
+            |f: Fail, permits: Permits| sink.send(error_reply(structured, req.handle, f), permits);
 
         if req.command == Command::Disc {
             break End::Disconnect;
@@ -347,7 +347,7 @@ where
             && !sink.is_tls()
         {
             if let Some(reply) = try_read_inline(&session, &req) {
-                sink.send(&reply, permits);
+                sink.send(reply, permits);
                 continue;
             }
         }
@@ -383,7 +383,7 @@ where
                     }
                     continue;
                 }
-                sink.send(&reply, permits);
+                sink.send(reply, permits);
                 continue;
             }
         }
@@ -742,7 +742,7 @@ impl Dispatcher {
                     handle: job.req.handle,
                     error: 0,
                 };
-                d.sink.send(&reply, job.permits);
+                d.sink.send(reply, job.permits);
             } else {
                 d.submit_later(job);
             }
@@ -856,7 +856,7 @@ impl Dispatcher {
             // The payload is freed: only the slot waits for the reply.
             permits.release_bytes();
         }
-        self.sink.send(&reply, permits);
+        self.sink.send(reply, permits);
     }
 }
 
