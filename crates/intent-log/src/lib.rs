@@ -751,7 +751,10 @@ impl IntentLog {
             _ => return RingStart::No,
         };
         let mut st = self.state.lock();
-        if st.pending.is_empty() || st.region.log_tag() != region.log_tag() {
+        if st.pending.is_empty()
+            || st.region.log_tag() != region.log_tag()
+            || !ring.accepts(&write, st.write_pos)
+        {
             return RingStart::No;
         }
         if let Some(b) = blocked(&st) {

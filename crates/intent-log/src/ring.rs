@@ -277,6 +277,26 @@ impl Ring {
         }
     }
 
+    /// Whether a batch starting at `pos` goes through the ring. O_DSYNC
+    /// batches only in `Dsync` mode: io_uring runs buffered writes to one
+    /// file one after another on its kernel worker, so they would not
+    /// overlap (measured: half the IOPS of driver threads). In `Direct`
+    /// mode a batch that cannot be written O_DIRECT (a device without it,
+    /// a start off a page) is left to a driver thread.
+    pub(crate) fn accepts(&self, write: &DurableWrite, pos: u64) -> bool {
+        match self.mode {
+            Mode::Dsync => true,
+            Mode::Direct => {
+                !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
+                    && pos % vdev::SECTOR == 0
+                    && write
+                        .targets
+                        .iter()
+                        .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+            }
+        }
+    }
+
     /// Records one completion; the batch once its last write is in.
     fn complete(&self, ud: u64, res: i32) -> Option<RingBatch> {
         let (id, piece, target) = split(ud);
