@@ -420,8 +420,11 @@ fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
     let answered = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
     let checked = Arc::new(AtomicU64::new(0));
     let (mut drives, mut queued, mut done) = (0, 0, 0);
-    let threads = 8u64;
-    let per_thread = 40u64;
+    // Through the ring each commit finds a write slot free while there are
+    // no more writers than MAX_IN_FLIGHT: twice that many share writes and
+    // wait for a slot (`ring_more` submits their batches).
+    let threads = if ring_on { 2 * MAX_IN_FLIGHT as u64 } else { 8 };
+    let per_thread = if ring_on { 20u64 } else { 40 };
     std::thread::scope(|s| {
         let (drives, queued, done) = (&mut drives, &mut queued, &mut done);
         let (tx, rx) = std::sync::mpsc::channel::<(u8, bool)>();
