@@ -798,7 +798,8 @@ impl IntentLog {
         }
         drop(st);
         self.stats.ring.fetch_add(1, Ordering::Relaxed);
-        if let Err((e, b)) = ring.submit(id, batch.len(), writes, write, region) {
+        if let Err(failed) = ring.submit(id, batch.len(), writes, write, region) {
+            let (e, b) = *failed;
             tracing::warn!(error = %e, "io_uring log write not submitted; writing it here");
             self.ring_done(b);
         }
@@ -826,7 +827,8 @@ impl IntentLog {
                 }
             }
             let region = batch.region().clone();
-            let writes: Vec<(u64, Vec<u8>)> = batch.pieces().map(|(p, b)| (p, b.to_vec())).collect();
+            let writes: Vec<(u64, Vec<u8>)> =
+                batch.pieces().map(|(p, b)| (p, b.to_vec())).collect();
             // Releases the region's lock, which the blocking write takes
             // again; that write counts and reports any device failure.
             drop(batch);

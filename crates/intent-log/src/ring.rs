@@ -114,13 +114,16 @@ impl RingBatch {
     /// Whether a write through O_DIRECT was refused (EINVAL: the
     /// filesystem accepted O_DIRECT at open, not at write).
     pub(crate) fn direct_refused(&self) -> bool {
-        self.pieces.iter().zip(&self.results).any(|((_, buf), res)| {
-            matches!(buf, Buf::Aligned(_))
-                && res
-                    .iter()
-                    .flatten()
-                    .any(|r| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)))
-        })
+        self.pieces
+            .iter()
+            .zip(&self.results)
+            .any(|((_, buf), res)| {
+                matches!(buf, Buf::Aligned(_))
+                    && res
+                        .iter()
+                        .flatten()
+                        .any(|r| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)))
+            })
     }
 }
 
@@ -175,7 +178,7 @@ impl Ring {
         writes: Vec<(u64, Vec<u8>)>,
         write: DurableWrite,
         region: MirroredRegion,
-    ) -> Result<(), (io::Error, RingBatch)> {
+    ) -> Result<(), Box<(io::Error, RingBatch)>> {
         let direct_ok = |pos: u64, len: usize| {
             self.mode == Mode::Direct
                 && !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
@@ -230,7 +233,10 @@ impl Ring {
             region,
         };
         if entries.len() > 255 * 255 || targets > 255 {
-            return Err((io::Error::other("too many log writes for one batch"), batch));
+            return Err(Box::new((
+                io::Error::other("too many log writes for one batch"),
+                batch,
+            )));
         }
         // Registered before the kernel can complete it (the buffers live
         // in the map until then).
@@ -251,7 +257,10 @@ impl Ring {
         if pushed.is_err() {
             let batch = self.batches.lock().remove(&id);
             return match batch {
-                Some(b) => Err((io::Error::other("io_uring submission queue full"), b)),
+                Some(b) => Err(Box::new((
+                    io::Error::other("io_uring submission queue full"),
+                    b,
+                ))),
                 None => Ok(()),
             };
         }
@@ -272,7 +281,10 @@ impl Ring {
 
     /// O_DIRECT was refused: use the O_DSYNC descriptor from now on.
     pub(crate) fn refuse_direct(&self) {
-        if !self.no_direct.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .no_direct
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::info!("O_DIRECT log writes refused by the filesystem: using O_DSYNC");
         }
     }
