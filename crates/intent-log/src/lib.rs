@@ -331,6 +331,8 @@ pub struct IntentLog {
     /// Where deferred commits' batches are submitted without blocking
     /// (decision 0068); `None`: they are written on a driver thread.
     ring: Option<Arc<ring::Ring>>,
+    /// This log, for a thread that finishes a batch the ring could not.
+    me: std::sync::Weak<IntentLog>,
 }
 
 impl Drop for IntentLog {
@@ -425,6 +427,7 @@ impl IntentLog {
             max_pending,
             stats: Stats::default(),
             ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
+            me: weak.clone(),
         };
         (Arc::new_cyclic(log), records)
     }
@@ -830,9 +833,35 @@ impl IntentLog {
             let writes: Vec<(u64, Vec<u8>)> =
                 batch.pieces().map(|(p, b)| (p, b.to_vec())).collect();
             // Releases the region's lock, which the blocking write takes
-            // again; that write counts and reports any device failure.
+            // again; that write counts and reports any device failure. It
+            // runs on a thread of its own: the ring thread must not wait
+            // for the region's lock, which a resilver may be waiting to
+            // take until the ring thread releases another batch's share.
             drop(batch);
-            self.write_all(&region, &writes)
+            let me = self.me.clone();
+            let job = Arc::new(Mutex::new(Some((region, writes))));
+            let theirs = job.clone();
+            let rewrite = move || {
+                let (Some(log), Some((region, writes))) = (me.upgrade(), theirs.lock().take())
+                else {
+                    return;
+                };
+                let result = log.write_all(&region, &writes);
+                log.batch_finished(id, records, result);
+            };
+            let spawned = std::thread::Builder::new()
+                .name("log-rewrite".into())
+                .spawn(rewrite);
+            // A thread that could not be started never ran the job: it is
+            // still here to do.
+            if let Err(e) = spawned {
+                if let Some((region, writes)) = job.lock().take() {
+                    tracing::warn!(error = %e, "no thread to write a log batch again: writing it here");
+                    let result = self.write_all(&region, &writes);
+                    self.batch_finished(id, records, result);
+                }
+            }
+            return;
         };
         self.batch_finished(id, records, result);
     }

@@ -133,6 +133,9 @@ pub(crate) struct Ring {
     /// Set once an O_DIRECT write was refused: batches go through the
     /// O_DSYNC descriptor from then on.
     no_direct: std::sync::atomic::AtomicBool,
+    /// Tests: the next batch's first write goes to a bad descriptor (fails).
+    #[cfg(test)]
+    pub(crate) fail_next: std::sync::atomic::AtomicBool,
     /// Submissions come from any thread: one at a time.
     sq: Mutex<()>,
     batches: Mutex<HashMap<u64, RingBatch>>,
@@ -153,6 +156,8 @@ impl Ring {
             ring,
             mode,
             no_direct: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_next: std::sync::atomic::AtomicBool::new(false),
             sq: Mutex::new(()),
             batches: Mutex::new(HashMap::new()),
         });
@@ -205,6 +210,15 @@ impl Ring {
                 let (fd, flags) = match (direct, target.direct_fd) {
                     (true, Some(fd)) => (fd, RWF_DSYNC),
                     _ => (target.dsync_fd, 0),
+                };
+                #[cfg(test)]
+                let fd = if self
+                    .fail_next
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    -1
+                } else {
+                    fd
                 };
                 let e = io_uring::opcode::Write::new(
                     io_uring::types::Fd(fd),

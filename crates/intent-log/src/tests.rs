@@ -521,6 +521,45 @@ fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
     }
 }
 
+/// Decision 0068: a ring write that fails is written again the blocking
+/// way on a thread of its own; the waiter is answered only after that.
+#[test]
+fn a_failed_ring_write_is_written_again_before_the_answer() {
+    if !io_uring_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 2);
+    let region = p.log_region();
+    let (log, _) = open_mode(&p, start(), Some(ring::Mode::Direct));
+    let ring = log.ring.clone().expect("io_uring is enabled");
+    // A first batch puts the log on a page boundary (0061).
+    let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
+    log.commit(s0).unwrap();
+    ring.fail_next.store(true, Ordering::SeqCst);
+    let seq = log.append(RecordKind::Write, 1, 8, 4, b"late");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let guid = p.guid;
+    let waiter: Waiter = Box::new(move |durable| {
+        let mut buf = vec![0u8; region.size().min(4 << 20) as usize];
+        region.read(0, &mut buf).unwrap();
+        let (found, _, _) = fuzzing::replay(&buf, guid, start());
+        let _ = tx.send((durable, found.last().map(|r| r.seq)));
+    });
+    assert!(matches!(log.commit_deferred(seq, waiter), Deferred::Queued));
+    let (durable, last) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(durable);
+    assert_eq!(last, Some(seq), "answered before the record was on disk");
+    assert!(
+        !ring.fail_next.load(Ordering::SeqCst),
+        "the failure was not injected"
+    );
+    assert_eq!(log.stats().ring.load(Ordering::Relaxed), 1);
+    drop(log);
+    let (_, found) = open_mode(&p, start(), None);
+    assert_eq!(found.len(), 2);
+}
+
 fn io_uring_enabled() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").is_ok_and(|s| s.trim() == "0")
 }
