@@ -245,11 +245,13 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     model = Model()
     overlapped = []
     deferred = []
+    ring = []
 
     def before_kill():
         s = d.api("GET", "/v1/pools/tank/iostat")
         overlapped.append(s["log_overlapped"])
         deferred.append(s["log_deferred"])
+        ring.append(s.get("log_ring", 0))
 
     total_durable = 0
     for cycle in range(1, max(4, CYCLES // 4) + 1):
@@ -266,8 +268,19 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     # thread of their own while they waited (decision 0057): that path is
     # what the kills above hit.
     assert sum(deferred) > 0, f"no FLUSH took the deferred path: {deferred}"
+    # Their log writes went through io_uring (decision 0068) where the
+    # kernel has it: the kills hit batches in the ring.
+    if _io_uring_enabled():
+        assert sum(ring) > 0, f"no log write went through io_uring: {ring}"
     d.restart()
     _verify(d, vol, model, "after a final clean restart")
+
+
+def _io_uring_enabled() -> bool:
+    try:
+        return Path("/proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
+    except OSError:
+        return False
 
 
 def _binary() -> bytes:

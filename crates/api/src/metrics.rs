@@ -137,6 +137,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_deferred as f64,
         ),
         (
+            "cistern_pool_log_ring_writes_total",
+            "counter",
+            "Intent log batches submitted through io_uring, with no thread waiting for them (decision 0068).",
+            |s| s.log_ring as f64,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",

@@ -346,6 +346,9 @@ pub struct PoolStats {
     /// Commit requests answered without a thread of their own (decision 0057).
     #[serde(default)]
     pub log_deferred: u64,
+    /// Log batches submitted through io_uring, no thread waiting (decision 0068).
+    #[serde(default)]
+    pub log_ring: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -507,4 +510,7 @@ pub struct PoolIostat {
     /// Commit requests answered without a thread of their own (decision 0057).
     #[serde(default)]
     pub log_deferred: u64,
+    /// Log batches submitted through io_uring, no thread waiting (decision 0068).
+    #[serde(default)]
+    pub log_ring: u64,
 }

@@ -2421,6 +2421,7 @@ impl Engine {
             log_flushes: log.flushes.load(Ordering::Relaxed),
             log_overlapped: log.overlapped.load(Ordering::Relaxed),
             log_deferred: log.deferred.load(Ordering::Relaxed),
+            log_ring: log.ring.load(Ordering::Relaxed),
         })
     }
 }

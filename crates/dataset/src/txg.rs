@@ -1465,6 +1465,7 @@ impl ImportedPool {
             log_flushes: log.flushes.load(Ordering::Relaxed),
             log_overlapped: log.overlapped.load(Ordering::Relaxed),
             log_deferred: log.deferred.load(Ordering::Relaxed),
+            log_ring: log.ring.load(Ordering::Relaxed),
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
             dirty_bytes,

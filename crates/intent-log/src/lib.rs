@@ -315,6 +315,8 @@ pub struct Stats {
     pub overlapped: AtomicU64,
     /// Deferred commits answered durable (decision 0057), also in `flushes`.
     pub deferred: AtomicU64,
+    /// Batches submitted through io_uring (decision 0068), also in `commits`.
+    pub ring: AtomicU64,
 }
 
 pub struct IntentLog {
@@ -326,6 +328,29 @@ pub struct IntentLog {
     /// Bound of the records held in memory awaiting a commit.
     max_pending: usize,
     stats: Stats,
+    /// Where deferred commits' batches are submitted without blocking
+    /// (decision 0068); `None`: they are written on a driver thread.
+    ring: Option<Arc<ring::Ring>>,
+    /// This log, for a thread that finishes a batch the ring could not.
+    me: std::sync::Weak<IntentLog>,
+}
+
+impl Drop for IntentLog {
+    fn drop(&mut self) {
+        if let Some(r) = &self.ring {
+            r.stop();
+        }
+    }
+}
+
+/// What [`IntentLog::ring_start`] did.
+enum RingStart {
+    /// A batch with every pending record is submitted.
+    Submitted,
+    /// Not now: a write in flight finishes first and tries again.
+    Busy,
+    /// Not through the ring: the blocking way.
+    No,
 }
 
 impl IntentLog {
@@ -337,6 +362,25 @@ impl IntentLog {
         cp: Checkpoint,
         max_pending: usize,
         request_txg: Box<dyn Fn() + Send + Sync>,
+    ) -> (Arc<IntentLog>, Vec<LogRecord>) {
+        Self::open_with(
+            region,
+            pool_guid,
+            cp,
+            max_pending,
+            request_txg,
+            ring::Mode::from_env(),
+        )
+    }
+
+    /// [`IntentLog::open`] with the ring in `ring` mode, or none.
+    fn open_with(
+        region: MirroredRegion,
+        pool_guid: u64,
+        cp: Checkpoint,
+        max_pending: usize,
+        request_txg: Box<dyn Fn() + Send + Sync>,
+        ring: Option<ring::Mode>,
     ) -> (Arc<IntentLog>, Vec<LogRecord>) {
         let size = region.size();
         let Replay { records, pos, seq } = replay(size, pool_guid, cp, |pos, buf, verify| {
@@ -356,7 +400,7 @@ impl IntentLog {
         let next_seq = seq
             .max(cp.applied_seq)
             .saturating_add(size / HEADER as u64 + 1);
-        let log = IntentLog {
+        let log = |weak: &std::sync::Weak<IntentLog>| IntentLog {
             pool_guid,
             state: Mutex::new(State {
                 next_seq,
@@ -382,8 +426,10 @@ impl IntentLog {
             request_txg,
             max_pending,
             stats: Stats::default(),
+            ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
+            me: weak.clone(),
         };
-        (Arc::new(log), records)
+        (Arc::new_cyclic(log), records)
     }
 
     pub fn stats(&self) -> &Stats {
@@ -606,46 +652,8 @@ impl IntentLog {
                     let region = st.region.clone();
                     drop(st);
                     let result = self.write_all(&region, &writes);
+                    self.batch_finished(id, batch.len(), result);
                     st = self.state.lock();
-                    // Deferred commits this write made durable are answered
-                    // from this thread, right away (decision 0057).
-                    let (ready, durable) = match result {
-                        Ok(()) => {
-                            if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
-                                b.done = true;
-                            }
-                            Self::settle(&mut st);
-                            self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                            self.stats
-                                .records
-                                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                            (self.take_ready(&mut st), true)
-                        }
-                        Err(e) => {
-                            // The batch stays in `in_flight`, not done: no
-                            // later batch counts as durable until `resume`.
-                            if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
-                                b.failed = true;
-                            }
-                            tracing::error!(error = %e, "intent log write failed");
-                            st.failed = Some(e.to_string());
-                            // Every waiter goes the blocking way, which
-                            // reports or waits out the failure.
-                            (std::mem::take(&mut st.waiters), false)
-                        }
-                    };
-                    // Waiters whose records were left to a txg since they
-                    // were queued: ask for it (`applied` answers them).
-                    let need_txg = !st.waiters.is_empty() && st.applied_seq < st.dropped_below;
-                    self.changed.notify_all();
-                    if !ready.is_empty() || need_txg {
-                        drop(st);
-                        answer(ready, durable);
-                        if need_txg {
-                            (self.request_txg)();
-                        }
-                        st = self.state.lock();
-                    }
                 }
                 Err(full) => {
                     for p in batch.into_iter().rev() {
@@ -695,8 +703,240 @@ impl IntentLog {
         if Self::covered(&st, seq) || st.drivers >= MAX_IN_FLIGHT {
             return Deferred::Queued;
         }
+        // Submitted without blocking where the ring takes it (decision
+        // 0068); a running driver covers the waiter itself.
+        if let (Some(ring), 0) = (&self.ring, st.drivers) {
+            drop(st);
+            match self.ring_start(ring) {
+                RingStart::Submitted | RingStart::Busy => return Deferred::Queued,
+                RingStart::No => {}
+            }
+            st = self.state.lock();
+            if Self::durable(&st, seq) || Self::covered(&st, seq) || st.drivers >= MAX_IN_FLIGHT {
+                // Answered by the write that covers it (or already was).
+                return Deferred::Queued;
+            }
+        }
         st.drivers += 1;
         Deferred::Drive
+    }
+
+    /// Places every pending record as one batch and submits its writes to
+    /// the ring, as [`IntentLog::commit`] would write them (decision 0068).
+    fn ring_start(&self, ring: &ring::Ring) -> RingStart {
+        // What stops a batch now, under the lock: `Some(Busy)` when a write
+        // in flight will call `ring_more`, `Some(No)` when none can go.
+        let blocked = |st: &State| {
+            if st.failed.is_some() || st.closed || st.applied_seq < st.dropped_below {
+                return Some(RingStart::No);
+            }
+            let first = st.pending.front()?.seq;
+            if st.in_flight.len() >= MAX_IN_FLIGHT
+                || (first != st.next_disk_seq && !st.in_flight.is_empty())
+            {
+                return Some(RingStart::Busy);
+            }
+            None
+        };
+        let region = {
+            let st = self.state.lock();
+            if st.pending.is_empty() {
+                return RingStart::No;
+            }
+            if let Some(b) = blocked(&st) {
+                return b;
+            }
+            st.region.clone()
+        };
+        // The region's devices and its shared lock, taken without the log's lock.
+        let write = match region.start_durable(0, region.size() as usize) {
+            Ok(Some(w)) => w,
+            _ => return RingStart::No,
+        };
+        let mut st = self.state.lock();
+        if st.pending.is_empty()
+            || st.region.log_tag() != region.log_tag()
+            || !ring.accepts(&write, st.write_pos)
+        {
+            return RingStart::No;
+        }
+        if let Some(b) = blocked(&st) {
+            return b;
+        }
+        let (first, last) = match (st.pending.front(), st.pending.back()) {
+            (Some(f), Some(l)) => (f.seq, l.seq),
+            _ => return RingStart::No,
+        };
+        debug_assert!(first <= last);
+        let start_pos = st.write_pos;
+        let batch: Vec<Pending> = st.pending.drain(..).collect();
+        let writes = match self.place(&mut st, &batch) {
+            Ok(w) => w,
+            Err(_) => {
+                for p in batch.into_iter().rev() {
+                    st.pending.push_front(p);
+                }
+                // Log space comes back when a write in flight or a txg ends.
+                return if st.in_flight.is_empty() {
+                    RingStart::No
+                } else {
+                    RingStart::Busy
+                };
+            }
+        };
+        st.pending_bytes = 0;
+        let id = st.next_batch;
+        st.next_batch += 1;
+        let tag = st.region.log_tag();
+        st.in_flight.push_back(InFlight {
+            id,
+            end_seq: last + 1,
+            start_pos,
+            tag,
+            done: false,
+            failed: false,
+        });
+        if st.in_flight.len() > 1 {
+            self.stats.overlapped.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(st);
+        self.stats.ring.fetch_add(1, Ordering::Relaxed);
+        if let Err(failed) = ring.submit(id, batch.len(), writes, write, region) {
+            let (e, b) = *failed;
+            tracing::warn!(error = %e, "io_uring log write not submitted; writing it here");
+            self.ring_done(b);
+        }
+        RingStart::Submitted
+    }
+
+    /// A batch's writes through the ring are done (called by the reaper).
+    /// A failed or short write is written again the blocking way, which
+    /// reports the failure and applies the mirror's rules as before.
+    pub(crate) fn ring_done(&self, batch: ring::RingBatch) {
+        let (id, records) = (batch.id, batch.records);
+        let result = if batch.all_ok() {
+            let bytes: u64 = batch.pieces().map(|(_, b)| b.len() as u64).sum();
+            let n = batch.pieces().count() as u64;
+            let r = batch.finish();
+            if r.is_ok() {
+                self.stats.syncs.fetch_add(n, Ordering::Relaxed);
+                self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            r
+        } else {
+            if batch.direct_refused() {
+                if let Some(r) = &self.ring {
+                    r.refuse_direct();
+                }
+            }
+            let region = batch.region().clone();
+            let writes: Vec<(u64, Vec<u8>)> =
+                batch.pieces().map(|(p, b)| (p, b.to_vec())).collect();
+            // Releases the region's lock, which the blocking write takes
+            // again; that write counts and reports any device failure. It
+            // runs on a thread of its own: the ring thread must not wait
+            // for the region's lock, which a resilver may be waiting to
+            // take until the ring thread releases another batch's share.
+            drop(batch);
+            let me = self.me.clone();
+            let job = Arc::new(Mutex::new(Some((region, writes))));
+            let theirs = job.clone();
+            let rewrite = move || {
+                let (Some(log), Some((region, writes))) = (me.upgrade(), theirs.lock().take())
+                else {
+                    return;
+                };
+                let result = log.write_all(&region, &writes);
+                log.batch_finished(id, records, result);
+            };
+            let spawned = std::thread::Builder::new()
+                .name("log-rewrite".into())
+                .spawn(rewrite);
+            // A thread that could not be started never ran the job: it is
+            // still here to do.
+            if let Err(e) = spawned {
+                if let Some((region, writes)) = job.lock().take() {
+                    tracing::warn!(error = %e, "no thread to write a log batch again: writing it here");
+                    let result = self.write_all(&region, &writes);
+                    self.batch_finished(id, records, result);
+                }
+            }
+            return;
+        };
+        self.batch_finished(id, records, result);
+    }
+
+    /// Deferred commits that no write in flight covers, once a write is
+    /// done: the next batch goes to the ring; if none can go and nothing is
+    /// in flight, they take the blocking way (nothing else would answer them).
+    fn ring_more(&self) {
+        let Some(ring) = &self.ring else {
+            return;
+        };
+        let uncovered = |st: &State| {
+            st.drivers == 0
+                && st
+                    .waiters
+                    .back()
+                    .is_some_and(|(s, _)| !Self::covered(st, *s))
+        };
+        if !uncovered(&self.state.lock()) {
+            return;
+        }
+        if let RingStart::No = self.ring_start(ring) {
+            let left = {
+                let mut st = self.state.lock();
+                if uncovered(&st) && st.in_flight.is_empty() {
+                    std::mem::take(&mut st.waiters)
+                } else {
+                    VecDeque::new()
+                }
+            };
+            answer(left, false);
+        }
+    }
+
+    /// A batch's write ended: on success its records count once every
+    /// batch before it is done, and the deferred commits that made durable
+    /// are answered from this thread, right away (decision 0057); on
+    /// failure every waiter goes the blocking way.
+    fn batch_finished(&self, id: u64, records: usize, result: Result<(), PoolError>) {
+        let mut st = self.state.lock();
+        let (ready, durable) = match result {
+            Ok(()) => {
+                if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
+                    b.done = true;
+                }
+                Self::settle(&mut st);
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .records
+                    .fetch_add(records as u64, Ordering::Relaxed);
+                (self.take_ready(&mut st), true)
+            }
+            Err(e) => {
+                // The batch stays in `in_flight`, not done: no later batch
+                // counts as durable until `resume`.
+                if let Some(b) = st.in_flight.iter_mut().find(|b| b.id == id) {
+                    b.failed = true;
+                }
+                tracing::error!(error = %e, "intent log write failed");
+                st.failed = Some(e.to_string());
+                // Every waiter goes the blocking way, which reports or
+                // waits out the failure.
+                (std::mem::take(&mut st.waiters), false)
+            }
+        };
+        // Waiters whose records were left to a txg since they were queued:
+        // ask for it (`applied` answers them).
+        let need_txg = !st.waiters.is_empty() && st.applied_seq < st.dropped_below;
+        self.changed.notify_all();
+        drop(st);
+        answer(ready, durable);
+        if need_txg {
+            (self.request_txg)();
+        }
+        self.ring_more();
     }
 
     /// Writes the log for the queued deferred commits no write in flight
@@ -982,6 +1222,8 @@ fn answer(waiters: VecDeque<(u64, Waiter)>, durable: bool) {
         w(durable);
     }
 }
+
+mod ring;
 
 #[cfg(test)]
 mod tests;

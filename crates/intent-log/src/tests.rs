@@ -26,6 +26,16 @@ fn open(p: &Arc<Pool>, cp: Checkpoint) -> (Arc<IntentLog>, Vec<LogRecord>) {
     IntentLog::open(p.log_region(), p.guid, cp, 32 << 20, Box::new(|| {}))
 }
 
+/// A log whose deferred commits run on driver threads (no io_uring) or
+/// through the ring in `mode`.
+fn open_mode(
+    p: &Arc<Pool>,
+    cp: Checkpoint,
+    mode: Option<ring::Mode>,
+) -> (Arc<IntentLog>, Vec<LogRecord>) {
+    IntentLog::open_with(p.log_region(), p.guid, cp, 32 << 20, Box::new(|| {}), mode)
+}
+
 #[test]
 fn committed_records_replay_and_uncommitted_ones_do_not() {
     let dir = tempfile::tempdir().unwrap();
@@ -384,15 +394,37 @@ fn overlapping_commits_replay_every_acknowledged_record_in_order() {
 /// itself replays the region and finds them.
 #[test]
 fn deferred_commits_are_answered_once_and_only_when_on_disk() {
+    deferred_commits_check(None, 1);
+}
+
+/// Decision 0068: the same through io_uring, O_DIRECT+RWF_DSYNC and
+/// O_DSYNC, on one device and on a mirror (both copies per batch).
+#[test]
+fn deferred_commits_through_the_ring_are_answered_only_when_on_disk() {
+    for (mode, n) in [
+        (ring::Mode::Direct, 1),
+        (ring::Mode::Direct, 2),
+        (ring::Mode::Dsync, 2),
+    ] {
+        deferred_commits_check(Some(mode), n);
+    }
+}
+
+fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let p = pool(dir.path(), 1);
+    let p = pool(dir.path(), devices);
     let region = p.log_region();
-    let (log, _) = open(&p, start());
+    let (log, _) = open_mode(&p, start(), mode);
+    let ring_on = log.ring.is_some();
+    assert!(mode.is_none() || ring_on || !io_uring_enabled());
     let answered = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
     let checked = Arc::new(AtomicU64::new(0));
     let (mut drives, mut queued, mut done) = (0, 0, 0);
-    let threads = 8u64;
-    let per_thread = 40u64;
+    // Through the ring each commit finds a write slot free while there are
+    // no more writers than MAX_IN_FLIGHT: twice that many share writes and
+    // wait for a slot (`ring_more` submits their batches).
+    let threads = if ring_on { 2 * MAX_IN_FLIGHT as u64 } else { 8 };
+    let per_thread = if ring_on { 20u64 } else { 40 };
     std::thread::scope(|s| {
         let (drives, queued, done) = (&mut drives, &mut queued, &mut done);
         let (tx, rx) = std::sync::mpsc::channel::<(u8, bool)>();
@@ -463,7 +495,13 @@ fn deferred_commits_are_answered_once_and_only_when_on_disk() {
     seqs.dedup();
     assert_eq!(seqs.len() as u64, threads * per_thread, "answered twice");
     assert!(checked.load(Ordering::SeqCst) >= threads * per_thread / 8);
-    assert!(drives > 0, "no driver ran");
+    let ring = log.stats().ring.load(Ordering::Relaxed);
+    if ring_on {
+        assert!(ring > 0, "no batch went through the ring ({drives} drives)");
+    } else {
+        assert!(drives > 0, "no driver ran");
+        assert_eq!(ring, 0);
+    }
     // Group commit: fewer log writes than commits.
     let syncs = log.stats().syncs.load(Ordering::Relaxed);
     assert!(
@@ -471,8 +509,59 @@ fn deferred_commits_are_answered_once_and_only_when_on_disk() {
         "{syncs} syncs, {queued} queued, {done} done"
     );
     drop(log);
-    let (_, found) = open(&p, start());
+    // Every copy holds every record (a mirror's copies each get the batch).
+    let (_, found) = open_mode(&p, start(), None);
     assert_eq!(found.len() as u64, threads * per_thread);
+    for d in 0..devices {
+        let mut buf = vec![0u8; region.size().min(4 << 20) as usize];
+        let dev = Vdev::open(&dir.path().join(format!("d{d}"))).unwrap();
+        dev.read_at(region.offset(), &mut buf).unwrap();
+        let (found, _, _) = fuzzing::replay(&buf, p.guid, start());
+        assert_eq!(found.len() as u64, threads * per_thread, "device {d}");
+    }
+}
+
+/// Decision 0068: a ring write that fails is written again the blocking
+/// way on a thread of its own; the waiter is answered only after that.
+#[test]
+fn a_failed_ring_write_is_written_again_before_the_answer() {
+    if !io_uring_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 2);
+    let region = p.log_region();
+    let (log, _) = open_mode(&p, start(), Some(ring::Mode::Direct));
+    let ring = log.ring.clone().expect("io_uring is enabled");
+    // A first batch puts the log on a page boundary (0061).
+    let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
+    log.commit(s0).unwrap();
+    ring.fail_next.store(true, Ordering::SeqCst);
+    let seq = log.append(RecordKind::Write, 1, 8, 4, b"late");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let guid = p.guid;
+    let waiter: Waiter = Box::new(move |durable| {
+        let mut buf = vec![0u8; region.size().min(4 << 20) as usize];
+        region.read(0, &mut buf).unwrap();
+        let (found, _, _) = fuzzing::replay(&buf, guid, start());
+        let _ = tx.send((durable, found.last().map(|r| r.seq)));
+    });
+    assert!(matches!(log.commit_deferred(seq, waiter), Deferred::Queued));
+    let (durable, last) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(durable);
+    assert_eq!(last, Some(seq), "answered before the record was on disk");
+    assert!(
+        !ring.fail_next.load(Ordering::SeqCst),
+        "the failure was not injected"
+    );
+    assert_eq!(log.stats().ring.load(Ordering::Relaxed), 1);
+    drop(log);
+    let (_, found) = open_mode(&p, start(), None);
+    assert_eq!(found.len(), 2);
+}
+
+fn io_uring_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").is_ok_and(|s| s.trim() == "0")
 }
 
 /// A closed log answers queued deferred commits `false` (the caller's
@@ -481,7 +570,7 @@ fn deferred_commits_are_answered_once_and_only_when_on_disk() {
 fn a_closed_log_answers_deferred_commits_false() {
     let dir = tempfile::tempdir().unwrap();
     let p = pool(dir.path(), 1);
-    let (log, _) = open(&p, start());
+    let (log, _) = open_mode(&p, start(), None);
     let seq = log.append(RecordKind::Write, 1, 0, 0, &[1; 512]);
     let got = Arc::new(Mutex::new(None));
     let g = got.clone();

@@ -1986,6 +1986,72 @@ impl std::fmt::Debug for MirroredRegion {
     }
 }
 
+/// Devices an asynchronous durable write goes to, with the region's shared
+/// lock held ([`MirroredRegion::start_durable`]).
+pub struct DurableWrite {
+    pool: Arc<Pool>,
+    pub targets: Vec<DurableTarget>,
+}
+
+/// One copy of an asynchronous durable write.
+pub struct DurableTarget {
+    pub vdev: Arc<Vdev>,
+    /// The O_DSYNC descriptor, and the O_DIRECT one where the device has it.
+    pub dsync_fd: std::os::fd::RawFd,
+    pub direct_fd: Option<std::os::fd::RawFd>,
+    /// Device offset of the region's start.
+    pub offset: u64,
+}
+
+impl DurableWrite {
+    /// The writes are done: per piece, its length and one result per
+    /// target. A device that failed a piece another device took is
+    /// FAULTED, as for [`MirroredRegion::write_durable`]; `Err` when a
+    /// piece reached no device. Releases the region's lock.
+    pub fn finish(
+        self,
+        pieces: Vec<(usize, Vec<std::io::Result<()>>)>,
+        started: std::time::Instant,
+    ) -> Result<(), PoolError> {
+        let devices: Vec<Arc<Vdev>> = self.targets.iter().map(|t| t.vdev.clone()).collect();
+        let mut outcome = Ok(());
+        for (len, results) in pieces {
+            let results = self
+                .targets
+                .iter()
+                .zip(results)
+                .map(|(t, r)| match r {
+                    Ok(()) => {
+                        t.vdev.durable_write_done(len, started);
+                        Ok(())
+                    }
+                    Err(source) => {
+                        t.vdev.errors.write.fetch_add(1, Ordering::Relaxed);
+                        Err(VdevError::Io {
+                            path: t.vdev.path().to_path_buf(),
+                            op: "write",
+                            offset: t.offset,
+                            source,
+                        })
+                    }
+                })
+                .collect();
+            if let Err(e) = settle_writes(&self.pool.name, 0, &devices, results) {
+                outcome = Err(e);
+            }
+        }
+        outcome
+    }
+}
+
+impl Drop for DurableWrite {
+    fn drop(&mut self) {
+        use parking_lot::lock_api::RawRwLock as _;
+        // SAFETY: taken in `start_durable` for this value, released once here.
+        unsafe { self.pool.region_lock.raw().unlock_shared() };
+    }
+}
+
 impl MirroredRegion {
     pub fn size(&self) -> u64 {
         self.size
@@ -2047,6 +2113,49 @@ impl MirroredRegion {
         let devices = self.holders(Child::writable);
         let results = on_each(&devices, |d| d.write_durable_at(at, data));
         settle_writes(&self.pool.name, 0, &devices, results)
+    }
+
+    /// Where an asynchronous durable write of `len` bytes at `offset` goes
+    /// (the intent log's io_uring path, decision 0068): one descriptor and
+    /// device offset per writable holder. The region's shared lock is held
+    /// until the returned value is dropped, as [`MirroredRegion::write_durable`]
+    /// holds it for its write. `Ok(None)`: take the blocking way (a bucket
+    /// device, or the region is being copied).
+    pub fn start_durable(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<DurableWrite>, PoolError> {
+        use parking_lot::lock_api::RawRwLock as _;
+        let at = self.check(offset, len)?;
+        self.pool.check_owner()?;
+        // SAFETY: the shared lock taken here is released exactly once, by
+        // `DurableWrite`'s drop (parking_lot's raw lock may be released on
+        // another thread than the one that took it).
+        let raw = unsafe { self.pool.region_lock.raw() };
+        if !raw.try_lock_shared() {
+            return Ok(None);
+        }
+        // Built first so that every return below releases the lock.
+        let mut write = DurableWrite {
+            pool: self.pool.clone(),
+            targets: Vec::new(),
+        };
+        for d in self.holders(Child::writable) {
+            match d.durable_write_fd(false) {
+                Some(fd) if d.in_range(at, len) => write.targets.push(DurableTarget {
+                    direct_fd: d.durable_write_fd(true),
+                    dsync_fd: fd,
+                    offset: at,
+                    vdev: d,
+                }),
+                _ => return Ok(None),
+            }
+        }
+        if write.targets.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(write))
     }
 
     /// Reads from the first device that answers.

@@ -900,6 +900,32 @@ impl Vdev {
         r.map_err(|source| self.write_failed("write", offset, source))
     }
 
+    /// The descriptor an asynchronous durable write goes through (the
+    /// intent log's io_uring path, decision 0068): the O_DSYNC one, or with
+    /// `direct` the O_DIRECT one (the caller asks for RWF_DSYNC). `None` for
+    /// a bucket device (its writes are shipped) or when O_DIRECT is missing.
+    pub fn durable_write_fd(&self, direct: bool) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if self.bucket.is_some() {
+            return None;
+        }
+        if direct {
+            self.direct_file.as_ref().map(|f| f.as_raw_fd())
+        } else {
+            Some(self.dsync_file.as_raw_fd())
+        }
+    }
+
+    /// Whether `len` bytes at `offset` lie inside the device.
+    pub fn in_range(&self, offset: u64, len: usize) -> bool {
+        self.check_range(offset, len).is_ok()
+    }
+
+    /// Accounts an asynchronous durable write that succeeded (`pool iostat`).
+    pub fn durable_write_done(&self, len: usize, started: std::time::Instant) {
+        self.io.record(true, len, started);
+    }
+
     /// Makes every completed write durable (fdatasync).
     pub fn sync(&self) -> Result<(), VdevError> {
         if let Some(b) = &self.bucket {

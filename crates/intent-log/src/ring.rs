@@ -1,0 +1,415 @@
+//! Log writes submitted through io_uring (decision 0068): the thread that
+//! starts a deferred commit places the batch and submits its writes without
+//! blocking; one reaper thread per log takes the completions and answers
+//! the waiters. No thread sleeps in the write, and no worker is woken to
+//! start it, while several batches still overlap on the device.
+
+use parking_lot::Mutex;
+use pool::{DurableWrite, MirroredRegion};
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Weak};
+use vdev::AlignedBuf;
+
+use crate::IntentLog;
+
+/// `user_data` of the no-op that tells the reaper to stop.
+const STOP: u64 = u64::MAX;
+/// Submission queue entries (completions get twice that): MAX_IN_FLIGHT
+/// batches of at most two pieces (one where the region wraps) on up to
+/// eight mirror copies.
+const ENTRIES: u32 = 256;
+/// RWF_DSYNC: this write is durable when it completes (the O_DIRECT
+/// descriptor is not opened O_DSYNC).
+const RWF_DSYNC: i32 = 0x2;
+/// IORING_ENTER_GETEVENTS.
+const GETEVENTS: u32 = 1;
+
+/// How batches are written: the O_DSYNC descriptor (buffered; io_uring
+/// hands the write to one of its kernel workers), or the O_DIRECT one with
+/// RWF_DSYNC (submitted straight to the device when the batch is whole
+/// pages; its cache flush runs in a kernel workqueue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Dsync,
+    Direct,
+}
+
+impl Mode {
+    /// `CISTERN_LOG_URING=off|dsync|direct` (default `direct`).
+    pub(crate) fn from_env() -> Option<Mode> {
+        match std::env::var("CISTERN_LOG_URING").as_deref() {
+            Ok("off") | Ok("0") => None,
+            Ok("dsync") => Some(Mode::Dsync),
+            _ => Some(Mode::Direct),
+        }
+    }
+}
+
+enum Buf {
+    Plain(Vec<u8>),
+    Aligned(AlignedBuf),
+}
+
+impl Buf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Plain(v) => v,
+            Buf::Aligned(a) => a.as_slice(),
+        }
+    }
+}
+
+/// A batch whose writes are in the ring.
+pub(crate) struct RingBatch {
+    pub(crate) id: u64,
+    pub(crate) records: usize,
+    /// Region position and bytes of each piece (two where the region wraps).
+    pieces: Vec<(u64, Buf)>,
+    write: DurableWrite,
+    region: MirroredRegion,
+    /// Per piece, per target: the outcome.
+    results: Vec<Vec<Option<io::Result<()>>>>,
+    remaining: usize,
+    submitted: std::time::Instant,
+}
+
+impl RingBatch {
+    /// Pieces as (region position, bytes), for a blocking retry.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.pieces.iter().map(|(p, b)| (*p, b.bytes()))
+    }
+
+    pub(crate) fn region(&self) -> &MirroredRegion {
+        &self.region
+    }
+
+    /// Whether every write of every piece succeeded.
+    pub(crate) fn all_ok(&self) -> bool {
+        self.results
+            .iter()
+            .flatten()
+            .all(|r| matches!(r, Some(Ok(()))))
+    }
+
+    /// Releases the region's lock and accounts the writes; `Err` when a
+    /// piece reached no device (the mirror's rules: a device that failed
+    /// while another took the piece is FAULTED).
+    pub(crate) fn finish(self) -> Result<(), pool::PoolError> {
+        let pieces = self
+            .pieces
+            .iter()
+            .zip(self.results)
+            .map(|((_, buf), res)| {
+                let res = res
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Err(io::Error::other("log write not completed"))))
+                    .collect();
+                (buf.bytes().len(), res)
+            })
+            .collect();
+        self.write.finish(pieces, self.submitted)
+    }
+
+    /// Whether a write through O_DIRECT was refused (EINVAL: the
+    /// filesystem accepted O_DIRECT at open, not at write).
+    pub(crate) fn direct_refused(&self) -> bool {
+        self.pieces
+            .iter()
+            .zip(&self.results)
+            .any(|((_, buf), res)| {
+                matches!(buf, Buf::Aligned(_))
+                    && res
+                        .iter()
+                        .flatten()
+                        .any(|r| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)))
+            })
+    }
+}
+
+pub(crate) struct Ring {
+    ring: io_uring::IoUring,
+    mode: Mode,
+    /// Set once an O_DIRECT write was refused: batches go through the
+    /// O_DSYNC descriptor from then on.
+    no_direct: std::sync::atomic::AtomicBool,
+    /// Tests: the next batch's first write goes to a bad descriptor (fails).
+    #[cfg(test)]
+    pub(crate) fail_next: std::sync::atomic::AtomicBool,
+    /// Submissions come from any thread: one at a time.
+    sq: Mutex<()>,
+    batches: Mutex<HashMap<u64, RingBatch>>,
+}
+
+impl Ring {
+    /// A ring and its reaper thread for `log`; `None` where io_uring is
+    /// unavailable or turned off (the log then writes on the caller's thread).
+    pub(crate) fn start(mode: Mode, log: Weak<IntentLog>) -> Option<Arc<Ring>> {
+        let ring = match io_uring::IoUring::new(ENTRIES) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::info!(error = %e, "io_uring unavailable: log writes block a thread");
+                return None;
+            }
+        };
+        let ring = Arc::new(Ring {
+            ring,
+            mode,
+            no_direct: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_next: std::sync::atomic::AtomicBool::new(false),
+            sq: Mutex::new(()),
+            batches: Mutex::new(HashMap::new()),
+        });
+        let reaper = ring.clone();
+        let spawned = std::thread::Builder::new()
+            .name("log-ring".into())
+            .spawn(move || reaper.reap(log));
+        match spawned {
+            Ok(_) => Some(ring),
+            Err(e) => {
+                tracing::warn!(error = %e, "no log-ring thread: log writes block a thread");
+                None
+            }
+        }
+    }
+
+    /// Submits the writes of a placed batch. On `Err` nothing was submitted
+    /// and the batch comes back for a blocking write.
+    pub(crate) fn submit(
+        &self,
+        id: u64,
+        records: usize,
+        writes: Vec<(u64, Vec<u8>)>,
+        write: DurableWrite,
+        region: MirroredRegion,
+    ) -> Result<(), Box<(io::Error, RingBatch)>> {
+        let direct_ok = |pos: u64, len: usize| {
+            self.mode == Mode::Direct
+                && !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
+                && pos % vdev::SECTOR == 0
+                && len as u64 % vdev::SECTOR == 0
+                && write
+                    .targets
+                    .iter()
+                    .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+        };
+        let mut pieces = Vec::with_capacity(writes.len());
+        let mut entries = Vec::new();
+        for (p, (pos, bytes)) in writes.into_iter().enumerate() {
+            let direct = direct_ok(pos, bytes.len());
+            let buf = if direct {
+                let mut a = AlignedBuf::for_read(bytes.len());
+                a.as_mut_slice().copy_from_slice(&bytes);
+                Buf::Aligned(a)
+            } else {
+                Buf::Plain(bytes)
+            };
+            let b = buf.bytes();
+            for (t, target) in write.targets.iter().enumerate() {
+                let (fd, flags) = match (direct, target.direct_fd) {
+                    (true, Some(fd)) => (fd, RWF_DSYNC),
+                    _ => (target.dsync_fd, 0),
+                };
+                #[cfg(test)]
+                let fd = if self
+                    .fail_next
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    -1
+                } else {
+                    fd
+                };
+                let e = io_uring::opcode::Write::new(
+                    io_uring::types::Fd(fd),
+                    b.as_ptr(),
+                    b.len() as u32,
+                )
+                .offset(target.offset + pos)
+                .rw_flags(flags)
+                .build()
+                .user_data(user_data(id, p, t));
+                entries.push(e);
+            }
+            pieces.push((pos, buf));
+        }
+        let targets = write.targets.len();
+        let batch = RingBatch {
+            id,
+            records,
+            results: (0..pieces.len())
+                .map(|_| (0..targets).map(|_| None).collect())
+                .collect(),
+            remaining: entries.len(),
+            submitted: std::time::Instant::now(),
+            pieces,
+            write,
+            region,
+        };
+        if entries.len() > 255 * 255 || targets > 255 {
+            return Err(Box::new((
+                io::Error::other("too many log writes for one batch"),
+                batch,
+            )));
+        }
+        // Registered before the kernel can complete it (the buffers live
+        // in the map until then).
+        self.batches.lock().insert(id, batch);
+        let _sq = self.sq.lock();
+        // SAFETY: submissions are serialized by `sq`; each entry points at a
+        // buffer kept in `batches` until its completion is reaped.
+        let pushed = unsafe {
+            let mut sq = self.ring.submission_shared();
+            let r = if sq.capacity() - sq.len() < entries.len() {
+                Err(())
+            } else {
+                sq.push_multiple(&entries).map_err(|_| ())
+            };
+            sq.sync();
+            r
+        };
+        if pushed.is_err() {
+            let batch = self.batches.lock().remove(&id);
+            return match batch {
+                Some(b) => Err(Box::new((
+                    io::Error::other("io_uring submission queue full"),
+                    b,
+                ))),
+                None => Ok(()),
+            };
+        }
+        // Pushed entries go in with this call or the next one (the reaper's
+        // waits submit what is queued too).
+        for _ in 0..100 {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring submit; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// O_DIRECT was refused: use the O_DSYNC descriptor from now on.
+    pub(crate) fn refuse_direct(&self) {
+        if !self
+            .no_direct
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!("O_DIRECT log writes refused by the filesystem: using O_DSYNC");
+        }
+    }
+
+    /// Whether a batch starting at `pos` goes through the ring. O_DSYNC
+    /// batches only in `Dsync` mode: io_uring runs buffered writes to one
+    /// file one after another on its kernel worker, so they would not
+    /// overlap (measured: half the IOPS of driver threads). In `Direct`
+    /// mode a batch that cannot be written O_DIRECT (a device without it,
+    /// a start off a page) is left to a driver thread.
+    pub(crate) fn accepts(&self, write: &DurableWrite, pos: u64) -> bool {
+        match self.mode {
+            Mode::Dsync => true,
+            Mode::Direct => {
+                !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
+                    && pos % vdev::SECTOR == 0
+                    && write
+                        .targets
+                        .iter()
+                        .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+            }
+        }
+    }
+
+    /// Records one completion; the batch once its last write is in.
+    fn complete(&self, ud: u64, res: i32) -> Option<RingBatch> {
+        let (id, piece, target) = split(ud);
+        let mut batches = self.batches.lock();
+        let b = batches.get_mut(&id)?;
+        let want = b.pieces.get(piece).map_or(0, |(_, buf)| buf.bytes().len());
+        let r = if res < 0 {
+            Err(io::Error::from_raw_os_error(-res))
+        } else if res as usize != want {
+            Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short log write: {res} of {want} bytes"),
+            ))
+        } else {
+            Ok(())
+        };
+        if let Some(slot) = b.results.get_mut(piece).and_then(|p| p.get_mut(target)) {
+            if slot.is_none() {
+                b.remaining -= 1;
+            }
+            *slot = Some(r);
+        }
+        if b.remaining == 0 {
+            return batches.remove(&id);
+        }
+        None
+    }
+
+    fn reap(self: Arc<Ring>, log: Weak<IntentLog>) {
+        let mut stopping = false;
+        loop {
+            if stopping && self.batches.lock().is_empty() {
+                return;
+            }
+            // SAFETY: plain wait for one completion; no argument.
+            let r = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 1, GETEVENTS, None)
+            };
+            if let Err(e) = r {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "io_uring wait failed");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            let done: Vec<(u64, i32)> = {
+                // SAFETY: only this thread consumes completions.
+                let cq = unsafe { self.ring.completion_shared() };
+                cq.map(|c| (c.user_data(), c.result())).collect()
+            };
+            for (ud, res) in done {
+                if ud == STOP {
+                    stopping = true;
+                    continue;
+                }
+                if let Some(batch) = self.complete(ud, res) {
+                    match log.upgrade() {
+                        Some(log) => log.ring_done(batch),
+                        None => drop(batch),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks the reaper to end once the writes in flight are done.
+    pub(crate) fn stop(&self) {
+        let nop = io_uring::opcode::Nop::new().build().user_data(STOP);
+        let _sq = self.sq.lock();
+        // SAFETY: serialized by `sq`; a no-op points at no memory.
+        let pushed = unsafe {
+            let mut sq = self.ring.submission_shared();
+            let r = sq.push(&nop).is_ok();
+            sq.sync();
+            r
+        };
+        if pushed {
+            let _ = self.ring.submit();
+        }
+    }
+}
+
+fn user_data(id: u64, piece: usize, target: usize) -> u64 {
+    (id << 16) | ((piece as u64) << 8) | target as u64
+}
+
+fn split(ud: u64) -> (u64, usize, usize) {
+    (ud >> 16, ((ud >> 8) & 0xff) as usize, (ud & 0xff) as usize)
+}
