@@ -654,6 +654,9 @@ pub(crate) struct Shipper {
     /// The bounded, on-demand cache index (decision 0054); `None`: the
     /// cache file holds the whole device.
     pub(crate) ondemand: Option<Arc<crate::cache::Cache>>,
+    /// When this owner's last record landed: the heartbeat skips a beat
+    /// such a record already gave (decision 0071).
+    pub(crate) appended: Arc<crate::standby::Appended>,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -784,6 +787,7 @@ impl Shipper {
             stats: ShipStats::default(),
             compactor,
             ondemand: None,
+            appended: Arc::new(crate::standby::Appended::new()),
         }
     }
 
@@ -964,6 +968,7 @@ impl Shipper {
         match block(w) {
             Ok(Ok(Ok(_seq))) => {
                 self.acked.fetch_add(1, Ordering::AcqRel);
+                self.appended.note();
                 Ok(())
             }
             Ok(Ok(Err(e))) => Err(self.fail(e.to_string())),
