@@ -4,8 +4,9 @@
 # 1. installs the apt packages the suite needs, only those missing;
 # 2. makes .venv (system site packages, so python3-libnbd's `nbd` module is
 #    importable) and pip-installs pytest into it, only if missing;
-# 3. cargo build --release (and cargo install cargo-deb, fsx, pjdfstest if missing),
-#    builds the tests, starts cargo test --release --workspace in the background;
+# 3. cargo build --release --workspace --all-targets (and cargo install cargo-deb,
+#    fsx, pjdfstest if missing), starts cargo test --release --workspace in the
+#    background;
 # 4. pytest -q tests/ against target/release/cistern (env CISTERN_BIN), then
 #    waits for cargo test and prints its output.
 #
@@ -107,8 +108,18 @@ wait_for_versitygw() {
     go_pid=
 }
 
-log "cargo build --release"
-cargo build --release 2>&1
+# One build for the daemon and the tests: `cargo build --release` alone
+# resolves features without the dev-dependencies, so the `cargo test` after
+# it rebuilt tokio and everything above it (the whole workspace) a second
+# time with the test features. --all-targets is exactly what cargo test
+# builds (tests and examples), and the daemon pytest runs is the same binary.
+if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" == 1 ]]; then
+    log "cargo build --release"
+    cargo build --release 2>&1
+else
+    log "cargo build --release --workspace --all-targets"
+    cargo build --release --workspace --all-targets 2>&1
+fi
 # cargo-deb builds the Debian package tests/test_packaging.py installs;
 # installed once (a few minutes of compiling), then reused.
 if ! cargo deb --version >/dev/null 2>&1; then
@@ -129,7 +140,7 @@ wait_for_versitygw
 # A failing `cargo test` does not hide the integration results: both run,
 # and the script fails if either did.
 #
-# The test binaries are built first (the CPU-bound part), then `cargo test`
+# The test binaries were built above (the CPU-bound part); `cargo test`
 # runs in the background while pytest runs: both mostly wait on fsync,
 # timers and daemons (cargo test used 31% of one core over its 164 s, the
 # pytest suite under half a core), so on 2 cores running them side by side
@@ -139,12 +150,8 @@ cargo_rc=0
 cargo_pid=
 CARGO_TEST_LOG="$ROOT/target/cargo-test.log"
 if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" != 1 ]]; then
-    log "cargo test --release --workspace --no-run"
-    cargo test --release --workspace --no-run 2>&1 || cargo_rc=$?
     # --no-fail-fast: every crate's tests run; bounded so a deadlock cannot stall CI.
-    if ((cargo_rc != 0)); then
-        :
-    elif [[ "${CISTERN_CARGO_TEST_SERIAL:-0}" == 1 ]]; then
+    if [[ "${CISTERN_CARGO_TEST_SERIAL:-0}" == 1 ]]; then
         log "cargo test --release --workspace"
         timeout -k 30 "${CISTERN_CARGO_TEST_TIMEOUT:-1200}" \
             cargo test --release --workspace --no-fail-fast 2>&1 || cargo_rc=$?
