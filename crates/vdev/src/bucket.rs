@@ -125,7 +125,10 @@ pub struct BucketConfig {
     /// owner's log and heartbeat object have not changed for this long.
     /// Off by default; safety never depends on it (decision 0048).
     pub takeover_after_secs: Option<u64>,
-    /// How often an owner rewrites its heartbeat object, milliseconds.
+    /// How often an owner rewrites its heartbeat object, milliseconds
+    /// (skipped while it appends log records). Unset: a quarter of
+    /// `takeover_after_secs`, else a minute ([`crate::standby::heartbeat_every`],
+    /// decision 0071).
     pub heartbeat_ms: Option<u64>,
     /// The longest wait, milliseconds, between two looks of an idle
     /// standby for the owner's next record and heartbeat (two GETs; default

@@ -54,7 +54,10 @@ const EVERY_TAG: &str = "every_ms=";
 /// so an owner configured as its standbys beats often enough for them;
 /// else [`DEFAULT_HEARTBEAT_MS`].
 pub fn heartbeat_every(config: &bucket::BucketConfig) -> Duration {
-    let every = match (config.heartbeat_ms, config.takeover_after_secs.filter(|s| *s > 0)) {
+    let every = match (
+        config.heartbeat_ms,
+        config.takeover_after_secs.filter(|s| *s > 0),
+    ) {
         (Some(ms), _) => Duration::from_millis(ms),
         (None, Some(after)) => (Duration::from_secs(after) / 4)
             .clamp(POLL, Duration::from_millis(DEFAULT_HEARTBEAT_MS)),
@@ -75,7 +78,11 @@ fn advertised_every(body: &[u8]) -> Option<Duration> {
 /// configured delay, but never less than two of the owner's beats plus one
 /// idle look of this standby, so that an idle live owner whose interval is
 /// long (configured apart from this standby) is not taken over.
-fn takeover_delay(configured: Duration, owner_every: Option<Duration>, poll_max: Duration) -> Duration {
+fn takeover_delay(
+    configured: Duration,
+    owner_every: Option<Duration>,
+    poll_max: Duration,
+) -> Duration {
     match owner_every {
         Some(every) => configured.max(every * 2 + poll_max),
         None => configured,
@@ -167,10 +174,6 @@ struct Progress {
     owner: Option<String>,
     owner_node: Option<String>,
     last_change: Instant,
-    /// The highest log record read (applied or not): a newer one is the
-    /// owner's liveness, as a moved heartbeat is (the owner skips its beat
-    /// while it appends, decision 0071).
-    seen: u64,
     heartbeat: Option<Bytes>,
     /// The interval the owner's heartbeat advertises.
     owner_every: Option<Duration>,
@@ -333,7 +336,6 @@ pub fn start_bounded(
             owner: None,
             owner_node: None,
             last_change: Instant::now(),
-            seen: 0,
             heartbeat: None,
             owner_every: None,
             error: None,
@@ -607,15 +609,6 @@ fn tail_loop(
         tail = Some(t);
         match r {
             Ok(records) if !records.is_empty() => {
-                // A record never read before: the owner is alive, whether or
-                // not it applies here (re-reads after a failed apply are not).
-                if let Some(last) = records.last().map(|r| r.seq) {
-                    let mut p = shared.progress.lock();
-                    if last > p.seen {
-                        p.seen = last;
-                        p.last_change = Instant::now();
-                    }
-                }
                 let first = local.index.is_none();
                 match apply_following(&shared.pool, &mut local, &store, &prefix, &records) {
                     Ok((size, lines)) => {
@@ -635,6 +628,8 @@ fn tail_loop(
                             // A new owner: stand by for it afresh.
                             p.auto_fired = false;
                         }
+                        // The owner's liveness, as a moved heartbeat is: it
+                        // skips its beats while it appends (decision 0071).
                         p.last_change = Instant::now();
                         p.error = None;
                         // The owner writes: look again at once, then often.
@@ -706,7 +701,9 @@ fn tail_loop(
             if body.is_some() && body != p.heartbeat {
                 let every = body.as_deref().and_then(advertised_every);
                 if every != p.owner_every {
-                    let delay = shared.takeover_after.map(|a| takeover_delay(a, every, shared.poll_max));
+                    let delay = shared
+                        .takeover_after
+                        .map(|a| takeover_delay(a, every, shared.poll_max));
                     if let (Some(after), Some(delay)) = (shared.takeover_after, delay) {
                         if delay > after {
                             tracing::warn!(
@@ -1125,15 +1122,36 @@ mod tests {
         // No automatic takeover: one PUT a minute, 1,440 a day (was 86,400).
         assert_eq!(heartbeat_every(&cfg(None, None)), Duration::from_secs(60));
         assert_eq!(86_400 / heartbeat_every(&cfg(None, None)).as_secs(), 1_440);
-        assert_eq!(heartbeat_every(&cfg(None, Some(0))), Duration::from_secs(60));
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(0))),
+            Duration::from_secs(60)
+        );
         // A quarter of the takeover delay, within 200 ms..60 s.
-        assert_eq!(heartbeat_every(&cfg(None, Some(30))), Duration::from_millis(7_500));
-        assert_eq!(heartbeat_every(&cfg(None, Some(3))), Duration::from_millis(750));
-        assert_eq!(heartbeat_every(&cfg(None, Some(1))), Duration::from_millis(250));
-        assert_eq!(heartbeat_every(&cfg(None, Some(3600))), Duration::from_secs(60));
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(30))),
+            Duration::from_millis(7_500)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(3))),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(1))),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(3600))),
+            Duration::from_secs(60)
+        );
         // heartbeat_ms wins, and is never under 50 ms.
-        assert_eq!(heartbeat_every(&cfg(Some(300), Some(30))), Duration::from_millis(300));
-        assert_eq!(heartbeat_every(&cfg(Some(1), None)), Duration::from_millis(50));
+        assert_eq!(
+            heartbeat_every(&cfg(Some(300), Some(30))),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(Some(1), None)),
+            Duration::from_millis(50)
+        );
     }
 
     #[test]
@@ -1165,13 +1183,26 @@ mod tests {
             let body = block(async move { s.get(&k).await?.bytes().await })
                 .unwrap()
                 .unwrap();
-            assert!(advertised_every(&body) == Some(Duration::from_millis(100)), "{body:?}");
+            assert!(
+                advertised_every(&body) == Some(Duration::from_millis(100)),
+                "{body:?}"
+            );
             let text = String::from_utf8(body.to_vec()).unwrap();
-            text.split_whitespace().nth(2).unwrap().parse::<u64>().unwrap()
+            text.split_whitespace()
+                .nth(2)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
         };
         let appended = Arc::new(Appended::new());
         let every = Duration::from_millis(100);
-        let hb = Heartbeat::start(store.clone(), prefix.clone(), "n 00000000000000ab".into(), every, appended.clone());
+        let hb = Heartbeat::start(
+            store.clone(),
+            prefix.clone(),
+            "n 00000000000000ab".into(),
+            every,
+            appended.clone(),
+        );
         let first = Instant::now();
         let wait = |what: &str, f: &dyn Fn() -> bool| {
             let end = Instant::now() + Duration::from_secs(20);
