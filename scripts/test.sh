@@ -148,7 +148,7 @@ wait_for_versitygw
 # after pytest's. CISTERN_CARGO_TEST_SERIAL=1 runs it first, alone, as before.
 cargo_rc=0
 cargo_pid=
-CARGO_TEST_LOG="$ROOT/target/cargo-test.log"
+CARGO_TEST_LOG="${CARGO_TARGET_DIR:-$ROOT/target}/cargo-test.log"
 if [[ "${CISTERN_SKIP_CARGO_TEST:-0}" != 1 ]]; then
     # --no-fail-fast: every crate's tests run; bounded so a deadlock cannot stall CI.
     if [[ "${CISTERN_CARGO_TEST_SERIAL:-0}" == 1 ]]; then
