@@ -291,14 +291,27 @@ def test_warm_standby_tails_then_takes_over_a_stopped_owner(make_daemon, gateway
     assert standby.stop(timeout=60) == 0
 
 
-def test_automatic_takeover_after_kill9_but_not_of_an_idle_live_owner(make_daemon, gateway):
-    auto = "takeover_after_secs = 3\nheartbeat_ms = 300\n"
+def test_automatic_takeover_after_kill9_but_not_of_an_idle_or_busy_live_owner(make_daemon, gateway, tmp_path):
+    # No heartbeat_ms: the owner beats every quarter of takeover_after_secs
+    # (750 ms, decision 0071) and says so in the heartbeat object.
+    auto = "takeover_after_secs = 3\n"
     owner = make_daemon("owner", config=bucket_config(gateway) + auto)
     make_pool(owner)
     acked = write_flushed(owner.uri("tank/vol"), blocks("k", 12))
     standby = start_standby(make_daemon, gateway, extra=auto)
+    beat = (tmp_path / "gw" / "bkt" / "pools" / "tank" / "heartbeat").read_text()
+    assert beat.split()[-1] == "every_ms=750", beat
     # An idle owner keeps its heartbeat object fresh: no takeover.
-    time.sleep(6)
+    time.sleep(4.5)
+    assert "STANDBY" in standby.cli("pool", "status", "tank").stdout
+    # A busy owner skips its beats (its log records are its liveness), for
+    # longer than the takeover delay: still no takeover.
+    busy = time.monotonic() + 4.5
+    n = 0
+    while time.monotonic() < busy:
+        acked += write_flushed(owner.uri("tank/vol"), [(n * 4096, helpers.pattern(f"busy{n}", 4096))])
+        n += 1
+        time.sleep(0.2)
     assert "STANDBY" in standby.cli("pool", "status", "tank").stdout
     assert "tank" in owner.cli("pool", "list", "-H").stdout
     acked += write_flushed(owner.uri("tank/vol"), blocks("m", 4, stride=5 << 20))
@@ -317,7 +330,9 @@ def test_automatic_takeover_after_kill9_but_not_of_an_idle_live_owner(make_daemo
 
 def test_two_standbys_racing_to_take_over_exactly_one_owns(make_daemon, gateway, tmp_path):
     auto = "takeover_after_secs = 2\nheartbeat_ms = 300\n"
-    owner = make_daemon("owner", config=bucket_config(gateway))
+    # The owner says how often it beats (decision 0071): with the default
+    # (a minute) the standbys would wait two minutes before taking over.
+    owner = make_daemon("owner", config=bucket_config(gateway) + auto)
     make_pool(owner)
     acked = write_flushed(owner.uri("tank/vol"), blocks("r", 6))
     a = start_standby(make_daemon, gateway, "sa", extra=auto)

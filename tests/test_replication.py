@@ -121,7 +121,11 @@ def test_jobs_persist_and_bad_input_changes_nothing(make_daemon, disks, tmp_path
     assert p.returncode != 0 and "push" in p.stderr, p.stderr
     assert [j["name"] for j in d.cli_json("replication", "list")] == ["fromconfig"]
 
-    add(d, "j1", "tank/vm", url, other, "--schedule", "10m", "--bwlimit", "10M", "--policy", "long")
+    # Its first run (at once: never attempted) fails, there is no tank/vm;
+    # the retry it would start 30 s later could be running when `remove`
+    # below comes (refused while running, a flake on a loaded machine).
+    add(d, "j1", "tank/vm", url, other, "--schedule", "10m", "--bwlimit", "10M", "--policy", "long",
+        "--retry", "3600")
     p = d.cli("replication", "add", "j1", "--source", "tank/vm", "--target", url, check=False)
     assert p.returncode != 0 and "exists" in p.stderr
     rows = [l.split("\t") for l in d.cli("replication", "list", "-H", "-o", "name,direction,target,schedule,origin").stdout.splitlines()]

@@ -125,7 +125,10 @@ pub struct BucketConfig {
     /// owner's log and heartbeat object have not changed for this long.
     /// Off by default; safety never depends on it (decision 0048).
     pub takeover_after_secs: Option<u64>,
-    /// How often an owner rewrites its heartbeat object, milliseconds.
+    /// How often an owner rewrites its heartbeat object, milliseconds
+    /// (skipped while it appends log records). Unset: a quarter of
+    /// `takeover_after_secs`, else a minute ([`crate::standby::heartbeat_every`],
+    /// decision 0071).
     pub heartbeat_ms: Option<u64>,
     /// The longest wait, milliseconds, between two looks of an idle
     /// standby for the owner's next record and heartbeat (two GETs; default
@@ -654,6 +657,9 @@ pub(crate) struct Shipper {
     /// The bounded, on-demand cache index (decision 0054); `None`: the
     /// cache file holds the whole device.
     pub(crate) ondemand: Option<Arc<crate::cache::Cache>>,
+    /// When this owner's last record landed: the heartbeat skips a beat
+    /// such a record already gave (decision 0071).
+    pub(crate) appended: Arc<crate::standby::Appended>,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -784,6 +790,7 @@ impl Shipper {
             stats: ShipStats::default(),
             compactor,
             ondemand: None,
+            appended: Arc::new(crate::standby::Appended::new()),
         }
     }
 
@@ -964,6 +971,7 @@ impl Shipper {
         match block(w) {
             Ok(Ok(Ok(_seq))) => {
                 self.acked.fetch_add(1, Ordering::AcqRel);
+                self.appended.note();
                 Ok(())
             }
             Ok(Ok(Err(e))) => Err(self.fail(e.to_string())),

@@ -413,16 +413,12 @@ impl Vdev {
         // Only a daemon's devices beat (tests opening devices directly count PUTs).
         if let Some(st) = bucket::settings() {
             let (store, prefix, epoch) = shipper.location();
-            let every = st
-                .config
-                .heartbeat_ms
-                .unwrap_or(standby::DEFAULT_HEARTBEAT_MS)
-                .max(50);
             dev.heartbeat = Some(standby::Heartbeat::start(
                 store,
                 prefix,
                 format!("{} {epoch:016x}", st.node),
-                std::time::Duration::from_millis(every),
+                standby::heartbeat_every(&st.config),
+                shipper.appended.clone(),
             ));
         }
         dev.bucket = Some(Box::new(shipper));

@@ -31,14 +31,63 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The owner's heartbeat object, under the pool's prefix.
 pub const HEARTBEAT_KEY: &str = "heartbeat";
-/// How often an owner rewrites it unless `[bucket] heartbeat_ms` says.
-pub const DEFAULT_HEARTBEAT_MS: u64 = 1000;
+/// How often an owner rewrites it when neither `[bucket] heartbeat_ms` nor
+/// `takeover_after_secs` says (decision 0071): 1,440 PUTs a day. Without an
+/// automatic takeover nothing waits on the heartbeat (a manual takeover
+/// reads the log, and the claim fences); it only shows an owner's idle time.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 60_000;
+/// The shortest interval, whatever is configured.
+const HEARTBEAT_MIN: Duration = Duration::from_millis(50);
+/// What the owner writes after its counter: its interval, so that a standby
+/// whose `takeover_after_secs` is shorter than the owner's beat can wait
+/// long enough instead of taking over an idle live owner (decision 0071).
+const EVERY_TAG: &str = "every_ms=";
+
+/// The owner's heartbeat interval: `[bucket] heartbeat_ms` if set; else a
+/// quarter of `takeover_after_secs` (at least 200 ms, at most the default),
+/// so an owner configured as its standbys beats often enough for them;
+/// else [`DEFAULT_HEARTBEAT_MS`].
+pub fn heartbeat_every(config: &bucket::BucketConfig) -> Duration {
+    let every = match (
+        config.heartbeat_ms,
+        config.takeover_after_secs.filter(|s| *s > 0),
+    ) {
+        (Some(ms), _) => Duration::from_millis(ms),
+        (None, Some(after)) => (Duration::from_secs(after) / 4)
+            .clamp(POLL, Duration::from_millis(DEFAULT_HEARTBEAT_MS)),
+        (None, None) => Duration::from_millis(DEFAULT_HEARTBEAT_MS),
+    };
+    every.max(HEARTBEAT_MIN)
+}
+
+/// The interval an owner's heartbeat body advertises (`None`: an owner from
+/// before decision 0071, whose body is `<node> <epoch> <counter>`).
+fn advertised_every(body: &[u8]) -> Option<Duration> {
+    let text = std::str::from_utf8(body).ok()?;
+    let ms = text.split_whitespace().last()?.strip_prefix(EVERY_TAG)?;
+    ms.parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// How long the owner must be still before an automatic takeover: the
+/// configured delay, but never less than two of the owner's beats plus one
+/// idle look of this standby, so that an idle live owner whose interval is
+/// long (configured apart from this standby) is not taken over.
+fn takeover_delay(
+    configured: Duration,
+    owner_every: Option<Duration>,
+    poll_max: Duration,
+) -> Duration {
+    match owner_every {
+        Some(every) => configured.max(every * 2 + poll_max),
+        None => configured,
+    }
+}
 /// How often a standby looks for the next record while the owner writes.
 const POLL: Duration = Duration::from_millis(200);
 /// The longest wait between two looks of an idle caught-up standby unless
@@ -112,6 +161,10 @@ pub struct StandbyStatus {
     /// and `pool takeover POOL` replays again without a new claim.
     #[serde(default)]
     pub claimed: bool,
+    /// The interval the owner's heartbeat object advertises (decision 0071;
+    /// `None` before its first beat is read, or from an older owner).
+    #[serde(default)]
+    pub owner_heartbeat_ms: Option<u64>,
 }
 
 struct Progress {
@@ -122,6 +175,8 @@ struct Progress {
     owner_node: Option<String>,
     last_change: Instant,
     heartbeat: Option<Bytes>,
+    /// The interval the owner's heartbeat advertises.
+    owner_every: Option<Duration>,
     error: Option<String>,
     auto_fired: bool,
     /// The cache no longer follows the log (records it needed were deleted,
@@ -282,6 +337,7 @@ pub fn start_bounded(
             owner_node: None,
             last_change: Instant::now(),
             heartbeat: None,
+            owner_every: None,
             error: None,
             auto_fired: false,
             // The log was compacted: start from its last checkpoint.
@@ -572,6 +628,8 @@ fn tail_loop(
                             // A new owner: stand by for it afresh.
                             p.auto_fired = false;
                         }
+                        // The owner's liveness, as a moved heartbeat is: it
+                        // skips its beats while it appends (decision 0071).
                         p.last_change = Instant::now();
                         p.error = None;
                         // The owner writes: look again at once, then often.
@@ -641,6 +699,24 @@ fn tail_loop(
         }) {
             let mut p = shared.progress.lock();
             if body.is_some() && body != p.heartbeat {
+                let every = body.as_deref().and_then(advertised_every);
+                if every != p.owner_every {
+                    let delay = shared
+                        .takeover_after
+                        .map(|a| takeover_delay(a, every, shared.poll_max));
+                    if let (Some(after), Some(delay)) = (shared.takeover_after, delay) {
+                        if delay > after {
+                            tracing::warn!(
+                                pool = %shared.pool,
+                                owner_heartbeat_ms = every.map_or(0, |e| e.as_millis() as u64),
+                                takeover_after_secs = after.as_secs(),
+                                effective_secs = delay.as_secs_f64(),
+                                "standby: the owner beats too seldom for takeover_after_secs; waiting longer before an automatic takeover (set the same [bucket] takeover_after_secs on the owner)"
+                            );
+                        }
+                    }
+                    p.owner_every = every;
+                }
                 p.heartbeat = body;
                 p.last_change = Instant::now();
             }
@@ -665,6 +741,7 @@ fn maybe_take_over(shared: &Shared) {
         return;
     };
     let mut p = shared.progress.lock();
+    let after = takeover_delay(after, p.owner_every, shared.poll_max);
     if p.auto_fired || p.size.is_none() || p.last_change.elapsed() < after {
         return;
     }
@@ -716,6 +793,7 @@ fn status_of(sb: &Standby) -> StandbyStatus {
         error: p.error.clone(),
         rebuilds: p.rebuilds,
         claimed: sb.claimed.is_some(),
+        owner_heartbeat_ms: p.owner_every.map(|e| e.as_millis() as u64),
     }
 }
 
@@ -900,9 +978,44 @@ fn replay_claimed(sb: &Standby, local: &mut Local, owner: &OwnerId) -> Result<Op
     }
 }
 
+/// When the owner last appended a log record (decision 0071): a record a
+/// standby reads is liveness as a heartbeat is, so the heartbeat skips the
+/// beats such records already gave.
+#[derive(Debug)]
+pub(crate) struct Appended {
+    base: Instant,
+    /// Milliseconds after `base` plus one of the last append; 0: none yet.
+    at: AtomicU64,
+}
+
+impl Appended {
+    pub(crate) fn new() -> Appended {
+        Appended {
+            base: Instant::now(),
+            at: AtomicU64::new(0),
+        }
+    }
+
+    /// A log record of this owner is durable in the bucket.
+    pub(crate) fn note(&self) {
+        let ms = self.base.elapsed().as_millis() as u64 + 1;
+        self.at.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Whether a record was appended within the last `d`.
+    fn within(&self, d: Duration) -> bool {
+        match self.at.load(Ordering::Acquire) {
+            0 => false,
+            at => self.base.elapsed().as_millis() as u64 + 1 - at < d.as_millis() as u64,
+        }
+    }
+}
+
 /// The owner's heartbeat: rewrites `PREFIX/heartbeat` every interval so a
-/// standby can tell an idle owner from a stopped one. Stops when dropped or
-/// when the device fails (fenced).
+/// standby can tell an idle owner from a stopped one, unless a log record
+/// was appended within the interval (the standby reads that as liveness:
+/// a busy owner PUTs no heartbeats). Stops when dropped or when the device
+/// fails (fenced).
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
     stop: Arc<AtomicBool>,
@@ -914,6 +1027,7 @@ impl Heartbeat {
         prefix: ObjPath,
         owner: String,
         every: Duration,
+        appended: Arc<Appended>,
     ) -> Heartbeat {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -923,13 +1037,18 @@ impl Heartbeat {
             .spawn(move || {
                 let mut beat = 0u64;
                 while !flag.load(Ordering::Acquire) {
-                    beat += 1;
-                    let body = Bytes::from(format!("{owner} {beat}\n"));
-                    let (s, k) = (store.clone(), key.clone());
-                    match block(async move { s.put(&k, PutPayload::from_bytes(body)).await }) {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => tracing::debug!("heartbeat object: {e}"),
-                        Err(e) => tracing::debug!("heartbeat object: {e}"),
+                    if beat == 0 || !appended.within(every) {
+                        beat += 1;
+                        let body = Bytes::from(format!(
+                            "{owner} {beat} {EVERY_TAG}{}\n",
+                            every.as_millis()
+                        ));
+                        let (s, k) = (store.clone(), key.clone());
+                        match block(async move { s.put(&k, PutPayload::from_bytes(body)).await }) {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::debug!("heartbeat object: {e}"),
+                            Err(e) => tracing::debug!("heartbeat object: {e}"),
+                        }
                     }
                     let end = Instant::now() + every;
                     while !flag.load(Ordering::Acquire) && Instant::now() < end {
@@ -991,5 +1110,123 @@ mod tests {
         assert_eq!(poll_max(Some(0), None), POLL);
         assert_eq!(poll_max(None, Some(Duration::from_millis(400))), POLL);
         assert_eq!(backoff(POLL, POLL, POLL), POLL);
+    }
+
+    #[test]
+    fn the_heartbeat_interval_follows_the_takeover_delay_and_idles_at_a_minute() {
+        let cfg = |hb: Option<u64>, after: Option<u64>| bucket::BucketConfig {
+            heartbeat_ms: hb,
+            takeover_after_secs: after,
+            ..Default::default()
+        };
+        // No automatic takeover: one PUT a minute, 1,440 a day (was 86,400).
+        assert_eq!(heartbeat_every(&cfg(None, None)), Duration::from_secs(60));
+        assert_eq!(86_400 / heartbeat_every(&cfg(None, None)).as_secs(), 1_440);
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(0))),
+            Duration::from_secs(60)
+        );
+        // A quarter of the takeover delay, within 200 ms..60 s.
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(30))),
+            Duration::from_millis(7_500)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(3))),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(1))),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(None, Some(3600))),
+            Duration::from_secs(60)
+        );
+        // heartbeat_ms wins, and is never under 50 ms.
+        assert_eq!(
+            heartbeat_every(&cfg(Some(300), Some(30))),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            heartbeat_every(&cfg(Some(1), None)),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn a_standby_waits_at_least_two_beats_of_the_owner_and_reads_old_bodies() {
+        // The body as the owner writes it, and an owner's from before 0071.
+        assert_eq!(
+            advertised_every(b"owner 00000000000000ab 7 every_ms=7500\n"),
+            Some(Duration::from_millis(7_500))
+        );
+        assert_eq!(advertised_every(b"owner 00000000000000ab 7\n"), None);
+        assert_eq!(advertised_every(b"\xff\xfe"), None);
+        assert_eq!(advertised_every(b""), None);
+        let (s, poll) = (Duration::from_secs(1), Duration::from_secs(1));
+        // An owner beating as often as its standby needs: the delay stands.
+        assert_eq!(takeover_delay(30 * s, Some(7_500 * s / 1000), poll), 30 * s);
+        // An owner configured apart (a minute): two beats and a look.
+        assert_eq!(takeover_delay(10 * s, Some(60 * s), poll), 121 * s);
+        // An old owner says nothing: the configured delay.
+        assert_eq!(takeover_delay(10 * s, None, poll), 10 * s);
+    }
+
+    #[test]
+    fn a_busy_owner_skips_its_beats_and_an_idle_one_beats_again() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let prefix = ObjPath::from("p");
+        let key = prefix.child(HEARTBEAT_KEY);
+        let counter = || {
+            let (s, k) = (store.clone(), key.clone());
+            let body = block(async move { s.get(&k).await?.bytes().await })
+                .unwrap()
+                .unwrap();
+            assert!(
+                advertised_every(&body) == Some(Duration::from_millis(100)),
+                "{body:?}"
+            );
+            let text = String::from_utf8(body.to_vec()).unwrap();
+            text.split_whitespace()
+                .nth(2)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        };
+        let appended = Arc::new(Appended::new());
+        let every = Duration::from_millis(100);
+        let hb = Heartbeat::start(
+            store.clone(),
+            prefix.clone(),
+            "n 00000000000000ab".into(),
+            every,
+            appended.clone(),
+        );
+        let first = Instant::now();
+        let wait = |what: &str, f: &dyn Fn() -> bool| {
+            let end = Instant::now() + Duration::from_secs(20);
+            while !f() {
+                assert!(Instant::now() < end, "timed out waiting for {what}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        wait("the first beat", &|| {
+            let (s, k) = (store.clone(), key.clone());
+            block(async move { s.head(&k).await }).unwrap().is_ok()
+        });
+        // Appending every 20 ms for 1 s (ten intervals): no beat at all.
+        let start = counter();
+        let end = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < end {
+            appended.note();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let busy = counter() - start;
+        assert!(busy <= 1, "{busy} beats while appending");
+        // Idle again: it beats every interval.
+        wait("beats once idle", &|| counter() >= start + busy + 3);
+        drop(hb);
+        assert!(first.elapsed() < Duration::from_secs(20));
     }
 }
