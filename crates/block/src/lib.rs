@@ -213,7 +213,7 @@ pub fn decode_verified_keyed(
     stored: &[u8],
     unseal: Option<Unseal<'_>>,
 ) -> Option<Result<Vec<u8>, BlockError>> {
-    if stored.len() != bp.psize as usize || bp.checksum_algo.compute(stored) != bp.checksum {
+    if !is_stored(bp, stored) {
         return None;
     }
     // A compressed, unencrypted block decompresses straight from the bytes
@@ -225,6 +225,22 @@ pub fn decode_verified_keyed(
         );
     }
     Some(open_verified(bp, stored.to_vec(), unseal))
+}
+
+/// Whether `stored` are the bytes `bp` names as stored (length and checksum).
+pub fn is_stored(bp: &BlockPointer, stored: &[u8]) -> bool {
+    stored.len() == bp.psize as usize && bp.checksum_algo.compute(stored) == bp.checksum
+}
+
+/// Whether a block's stored bytes are its data as they are (on the data
+/// region, neither compressed nor encrypted): once [`is_stored`] holds for
+/// them, they are the block, with no decoding (a read can land them in the
+/// buffer they are kept in).
+pub fn stored_as_is(bp: &BlockPointer) -> bool {
+    bp.embedded.is_none()
+        && bp.crypt.is_none()
+        && bp.compression == CompressionAlgo::Off
+        && bp.psize == bp.lsize
 }
 
 /// Fetches a block, verifies its checksum (healing bad copies from good

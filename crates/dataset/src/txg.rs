@@ -1292,7 +1292,7 @@ impl ImportedPool {
                     let base = bases.get(&b).cloned().flatten();
                     out.insert(
                         (ds, obj, b),
-                        Arc::new(p.over(base.as_deref().map(|v| v.as_slice()))),
+                        Arc::new(p.over(base.as_deref())),
                     );
                 }
             }
