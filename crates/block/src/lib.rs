@@ -10,7 +10,7 @@ pub mod crypt;
 pub use bp::{BlockPointer, BpDecodeError, Dvas, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
 pub use compress::{
-    compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
+    compress, decompress, decompress_into, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
 };
 pub use crypt::{BlockCrypt, BlockId, CryptError, MasterKey};
 
@@ -225,6 +225,23 @@ pub fn decode_verified_keyed(
         );
     }
     Some(open_verified(bp, stored.to_vec(), unseal))
+}
+
+/// [`decode_verified_keyed`] into `out` (exactly the block's logical size)
+/// for a block that is not encrypted (one that is is refused: it is opened
+/// in a copy of its own); `None` if `stored` are not the block's bytes.
+pub fn decode_verified_into(
+    bp: &BlockPointer,
+    stored: &[u8],
+    out: &mut [u8],
+) -> Option<Result<(), BlockError>> {
+    if !is_stored(bp, stored) {
+        return None;
+    }
+    if bp.crypt.is_some() {
+        return Some(Err(BlockError::KeyUnavailable));
+    }
+    Some(decompress_into(bp.compression, stored, out).map_err(BlockError::from))
 }
 
 /// Whether `stored` are the bytes `bp` names as stored (length and checksum).

@@ -231,20 +231,39 @@ fn a_healed_block_is_cached_as_its_verified_bytes() {
     assert!(cksum > 0, "the corruption was seen");
 }
 
-/// Uncompressed 16K blocks are read straight into the buffers the ARC keeps
-/// (decision 0069): a copy damaged on the side that run read is healed from
-/// the other side, a block damaged on both is reported, and neither the
-/// damaged bytes nor an unverified buffer is ever served or cached.
+/// Blocks are read straight into the buffers the ARC keeps (decision 0069:
+/// uncompressed ones by the device read, compressed ones by decompression):
+/// a copy damaged on the side that run read is healed from the other side,
+/// a block damaged on both is reported, and neither the damaged bytes nor
+/// an unverified buffer is ever served or cached.
 #[test]
 fn damaged_blocks_read_into_the_arcs_own_buffers_are_healed_or_reported() {
+    damaged_blocks_are_healed_or_reported("off");
+}
+
+#[test]
+fn damaged_compressed_blocks_decoded_into_the_arcs_own_buffers_are_healed_or_reported() {
+    damaged_blocks_are_healed_or_reported("lz4");
+}
+
+fn damaged_blocks_are_healed_or_reported(compression: &str) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let bs = 16384usize;
     let n = 128usize; // 2 MiB: both mirror sides take runs (by 1 MiB of offset)
+    // A marker (found on the devices, also in an lz4 block's first literals),
+    // 8 KiB of noise and zeros: lz4 stores it in 12 KiB of 16.
     let block = |k: usize| -> Vec<u8> {
-        let mut b: Vec<u8> = (0..bs).map(|i| (i * 7 + k) as u8).collect();
+        let mut b = vec![0u8; bs];
         b[..8].copy_from_slice(b"COLDBUF!");
-        b[8..16].copy_from_slice(&(k as u64).to_le_bytes());
+        b[8] = k as u8; // no run lz4 could turn into a match
+        let mut x = k as u64 * 0x9e37_79b9_7f4a_7c15 + 1;
+        for v in &mut b[9..8192] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *v = x as u8;
+        }
         b
     };
     let data: Vec<u8> = (0..n).flat_map(block).collect();
@@ -256,7 +275,7 @@ fn damaged_blocks_read_into_the_arcs_own_buffers_are_healed_or_reported() {
                 "tank/v",
                 (n * bs) as u64,
                 &[
-                    ("compression".into(), "off".into()),
+                    ("compression".into(), compression.into()),
                     ("volblocksize".into(), "16K".into()),
                 ],
             )
@@ -270,9 +289,10 @@ fn damaged_blocks_read_into_the_arcs_own_buffers_are_healed_or_reported() {
     let place = |dev: &str| -> Vec<u64> {
         let bytes = std::fs::read(dir.path().join(dev)).unwrap();
         let mut at = vec![u64::MAX; n];
-        for off in (0..bytes.len().saturating_sub(16)).step_by(4096) {
-            if &bytes[off..off + 8] == b"COLDBUF!" {
-                let k = u64::from_le_bytes(bytes[off + 8..off + 16].try_into().unwrap()) as usize;
+        for off in (0..bytes.len().saturating_sub(128)).step_by(4096) {
+            let head = &bytes[off..off + 128];
+            if let Some(m) = head.windows(8).position(|w| w == b"COLDBUF!") {
+                let k = head[m + 8] as usize;
                 if k < n {
                     at[k] = off as u64;
                 }
@@ -304,21 +324,21 @@ fn damaged_blocks_read_into_the_arcs_own_buffers_are_healed_or_reported() {
             let got = vol.read(off, len);
             if (off..off + len).contains(&lost) {
                 let e = got.expect_err("a block damaged on both sides is reported");
-                assert!(matches!(e, Error::Corrupt(_)), "pass {pass}: {e}");
+                assert!(matches!(e, Error::Corrupt(_)), "{compression} pass {pass}: {e}");
                 // The rest of that MiB, block by block: healed and right.
                 for k in (off as usize / bs)..((off + len) as usize / bs) {
                     if k != 100 {
                         let at = (k * bs) as u64;
                         assert!(
                             read_range(&vol, at, bs as u64)[..] == data[k * bs..(k + 1) * bs],
-                            "pass {pass}: block {k}"
+                            "{compression} pass {pass}: block {k}"
                         );
                     }
                 }
             } else {
                 assert!(
                     read_range(&vol, off, len)[..] == data[off as usize..(off + len) as usize],
-                    "pass {pass}: MiB {mib} healed"
+                    "{compression} pass {pass}: MiB {mib} healed"
                 );
             }
         }

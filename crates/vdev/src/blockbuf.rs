@@ -27,7 +27,7 @@ pub const MAX_LEN: usize = 1 << 20;
 /// Bytes mapped at a time for one size.
 const CHUNK: usize = 2 << 20;
 /// Free buffers kept populated, over all sizes.
-const WARM_MAX: usize = 32 << 20;
+const WARM_MAX: usize = 16 << 20;
 
 /// An owned, page-aligned buffer of whole pages from the slab.
 pub struct BlockBuf {
