@@ -222,11 +222,7 @@ mod tests {
     #[test]
     fn decompress_into_matches_decompress_and_refuses_wrong_sizes() {
         let data: Vec<u8> = (0..65536u32).map(|i| (i / 64 % 251) as u8).collect();
-        for setting in [
-            Compression::Lz4,
-            Compression::Zstd(3),
-            Compression::Gzip(6),
-        ] {
+        for setting in [Compression::Lz4, Compression::Zstd(3), Compression::Gzip(6)] {
             let packed = compress(setting, &data).expect("compressible");
             let algo = setting.algo();
             let mut out = vec![0u8; data.len()];
@@ -235,9 +231,15 @@ mod tests {
             assert!(out == decompress(algo, &packed, data.len()).unwrap());
             // A buffer shorter or longer than the block is an error, never a prefix.
             let mut short = vec![0u8; data.len() - 1];
-            assert!(decompress_into(algo, &packed, &mut short).is_err(), "{algo:?} short");
+            assert!(
+                decompress_into(algo, &packed, &mut short).is_err(),
+                "{algo:?} short"
+            );
             let mut long = vec![0u8; data.len() + 1];
-            assert!(decompress_into(algo, &packed, &mut long).is_err(), "{algo:?} long");
+            assert!(
+                decompress_into(algo, &packed, &mut long).is_err(),
+                "{algo:?} long"
+            );
         }
         let mut out = vec![0u8; 8];
         decompress_into(CompressionAlgo::Off, b"12345678", &mut out).unwrap();

@@ -10,7 +10,8 @@ pub mod crypt;
 pub use bp::{BlockPointer, BpDecodeError, Dvas, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
 pub use compress::{
-    compress, decompress, decompress_into, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
+    compress, decompress, decompress_into, Compression, CompressionAlgo, DecompressError,
+    ParseCompressionError,
 };
 pub use crypt::{BlockCrypt, BlockId, CryptError, MasterKey};
 

@@ -109,10 +109,7 @@ fn read_outside_open_as(
     };
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
-        out.insert(
-            b,
-            Some(Block::from(part.over(base.as_deref()))),
-        );
+        out.insert(b, Some(Block::from(part.over(base.as_deref()))));
     }
     Ok(Some((out, warm)))
 }
@@ -396,9 +393,8 @@ fn direct_run(
     run: &[usize],
     fetch: &[(u64, &BlockPointer)],
 ) -> Option<Vec<Option<vdev::BlockBuf>>> {
-    let plain = |bp: &BlockPointer| {
-        block::stored_as_is(bp) && bp.psize == bs && bp.dvas[0].asize == bs
-    };
+    let plain =
+        |bp: &BlockPointer| block::stored_as_is(bp) && bp.psize == bs && bp.dvas[0].asize == bs;
     if !run.iter().all(|&k| plain(fetch[k].1)) {
         return None;
     }

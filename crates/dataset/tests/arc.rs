@@ -251,8 +251,8 @@ fn damaged_blocks_are_healed_or_reported(compression: &str) {
     let state = dir.path().join("state");
     let bs = 16384usize;
     let n = 128usize; // 2 MiB: both mirror sides take runs (by 1 MiB of offset)
-    // A marker (found on the devices, also in an lz4 block's first literals),
-    // 8 KiB of noise and zeros: lz4 stores it in 12 KiB of 16.
+                      // A marker (found on the devices, also in an lz4 block's first literals),
+                      // 8 KiB of noise and zeros: lz4 stores it in 12 KiB of 16.
     let block = |k: usize| -> Vec<u8> {
         let mut b = vec![0u8; bs];
         b[..8].copy_from_slice(b"COLDBUF!");
@@ -298,7 +298,10 @@ fn damaged_blocks_are_healed_or_reported(compression: &str) {
                 }
             }
         }
-        assert!(at.iter().all(|&a| a != u64::MAX), "every block found on {dev}");
+        assert!(
+            at.iter().all(|&a| a != u64::MAX),
+            "every block found on {dev}"
+        );
         at
     };
     let damage = |dev: &str, blocks: &[usize]| {
@@ -324,7 +327,10 @@ fn damaged_blocks_are_healed_or_reported(compression: &str) {
             let got = vol.read(off, len);
             if (off..off + len).contains(&lost) {
                 let e = got.expect_err("a block damaged on both sides is reported");
-                assert!(matches!(e, Error::Corrupt(_)), "{compression} pass {pass}: {e}");
+                assert!(
+                    matches!(e, Error::Corrupt(_)),
+                    "{compression} pass {pass}: {e}"
+                );
                 // The rest of that MiB, block by block: healed and right.
                 for k in (off as usize / bs)..((off + len) as usize / bs) {
                     if k != 100 {
@@ -343,7 +349,10 @@ fn damaged_blocks_are_healed_or_reported(compression: &str) {
             }
         }
     }
-    assert!(vdev::blockbuf::mapped_bytes() > 0, "runs were read into block buffers");
+    assert!(
+        vdev::blockbuf::mapped_bytes() > 0,
+        "runs were read into block buffers"
+    );
     let st = engine.pool_status("tank").unwrap();
     let cksum: u64 = st.groups[0].devices.iter().map(|d| d.checksum_errors).sum();
     assert!(cksum >= 2, "the damage was seen: {cksum}");

@@ -1910,7 +1910,12 @@ impl Pool {
     /// add up to the run's): one scatter read of a mirror side straight into
     /// them (decision 0069). Raidz runs are read and reconstructed as
     /// usual, then copied. Unverified, as `read_run`.
-    pub fn read_run_into(&self, group: u32, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), PoolError> {
+    pub fn read_run_into(
+        &self,
+        group: u32,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> Result<(), PoolError> {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let g = self.group(group)?;
         if g.geometry().is_some() {

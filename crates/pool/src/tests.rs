@@ -746,7 +746,10 @@ fn a_run_reads_into_block_buffers_as_it_reads_whole() {
         let pool = Pool::create("t", vec![(layout, devs(dir.path(), width))]).unwrap();
         let unit = pool.groups()[0].unit() as usize;
         // Eight adjacent blocks of whole pages and whole units, one write.
-        let len = unit.max(16384).next_multiple_of(4096).next_multiple_of(unit);
+        let len = unit
+            .max(16384)
+            .next_multiple_of(4096)
+            .next_multiple_of(unit);
         let dvas: Vec<Dva> = (0..8)
             .map(|_| pool.allocator().allocate(len as u64).unwrap())
             .collect();
@@ -770,7 +773,10 @@ fn a_run_reads_into_block_buffers_as_it_reads_whole() {
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
         pool.read_run_into(0, dvas[0].offset, &mut slices).unwrap();
         for (b, d) in bufs.iter().zip(&datas) {
-            assert!(b[..] == d[..], "{layout:?}: a block read into its own buffer");
+            assert!(
+                b[..] == d[..],
+                "{layout:?}: a block read into its own buffer"
+            );
         }
         // With a side (a column) gone, the run is read from what is left.
         pool.groups()[0].devices()[0].set_state(DeviceState::Offline);

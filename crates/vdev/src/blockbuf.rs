@@ -219,14 +219,18 @@ mod tests {
     fn buffers_past_the_warm_bound_give_their_memory_back() {
         let len = 29 * PAGE;
         let n = WARM_MAX / len + 8;
-        let mut bufs: Vec<BlockBuf> = (0..n).map(|_| BlockBuf::new(len).expect("memory")).collect();
+        let mut bufs: Vec<BlockBuf> = (0..n)
+            .map(|_| BlockBuf::new(len).expect("memory"))
+            .collect();
         for b in &mut bufs {
             b.fill(0xa5);
         }
         drop(bufs);
         assert!(warm_bytes() <= WARM_MAX);
         // Some of them were given back: they read as zeros when reused.
-        let again: Vec<BlockBuf> = (0..n).map(|_| BlockBuf::new(len).expect("memory")).collect();
+        let again: Vec<BlockBuf> = (0..n)
+            .map(|_| BlockBuf::new(len).expect("memory"))
+            .collect();
         assert!(again.iter().any(|b| b.iter().all(|&x| x == 0)));
         assert!(again.iter().all(|b| b.iter().all(|&x| x == 0 || x == 0xa5)));
     }

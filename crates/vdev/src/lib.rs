@@ -888,7 +888,11 @@ impl Vdev {
     /// order (one scatter read; O_DIRECT where the device allows it, so the
     /// buffers must be sector-aligned whole sectors for that, as
     /// [`BlockBuf`]s are). A short read is an error.
-    pub fn read_direct_vectored(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<(), VdevError> {
+    pub fn read_direct_vectored(
+        &self,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> Result<(), VdevError> {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         self.check_range(offset, len)?;
         let _pins = self.cache_pin(offset, len, false)?;
@@ -1126,9 +1130,9 @@ fn preadv_exact(file: &File, mut offset: u64, bufs: &mut [&mut [u8]]) -> io::Res
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         let n = rest.len().min(1024) as libc::c_int; // IOV_MAX
-        // SAFETY: IoSliceMut is ABI-compatible with `struct iovec` on Unix
-        // (documented by std); each one points into a `&mut [u8]` borrowed
-        // for this call, so the kernel writes only memory we own.
+                                                     // SAFETY: IoSliceMut is ABI-compatible with `struct iovec` on Unix
+                                                     // (documented by std); each one points into a `&mut [u8]` borrowed
+                                                     // for this call, so the kernel writes only memory we own.
         let got = unsafe {
             libc::preadv(
                 file.as_raw_fd(),
