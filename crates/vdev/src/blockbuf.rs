@@ -62,6 +62,42 @@ static SLAB: Mutex<Slab> = Mutex::new(Slab {
     mapped: 0,
 });
 
+impl Slab {
+    fn size_index(&mut self, len: usize) -> usize {
+        match self.sizes.iter().position(|s| s.len == len) {
+            Some(i) => i,
+            None => {
+                self.sizes.push(Size {
+                    len,
+                    warm: Vec::new(),
+                    cold: Vec::new(),
+                    rest: (0, 0),
+                });
+                self.sizes.len() - 1
+            }
+        }
+    }
+
+    /// A free buffer of `len` bytes, or one carved from the newest chunk.
+    fn take(&mut self, len: usize) -> Option<BlockBuf> {
+        let i = self.size_index(len);
+        if let Some(addr) = self.sizes[i].warm.pop() {
+            self.warm_bytes -= len;
+            return Some(BlockBuf::at(addr, len));
+        }
+        let size = &mut self.sizes[i];
+        if let Some(addr) = size.cold.pop() {
+            return Some(BlockBuf::at(addr, len));
+        }
+        let (addr, left) = size.rest;
+        if left < len {
+            return None;
+        }
+        size.rest = (addr + len, left - len);
+        Some(BlockBuf::at(addr, len))
+    }
+}
+
 /// Bytes mapped for block buffers (the address space, not all resident).
 pub fn mapped_bytes() -> usize {
     SLAB.lock().mapped
@@ -81,50 +117,41 @@ impl BlockBuf {
         if len == 0 || len % PAGE != 0 || len > MAX_LEN {
             return None;
         }
-        let mut slab = SLAB.lock();
-        let i = match slab.sizes.iter().position(|s| s.len == len) {
-            Some(i) => i,
-            None => {
-                slab.sizes.push(Size {
-                    len,
-                    warm: Vec::new(),
-                    cold: Vec::new(),
-                    rest: (0, 0),
-                });
-                slab.sizes.len() - 1
-            }
+        if let Some(b) = SLAB.lock().take(len) {
+            return Some(b);
+        }
+        // Map and populate a new chunk outside the lock: it takes a fraction
+        // of a millisecond, which readers of other blocks need not wait for.
+        let bytes = CHUNK.max(len) / len * len;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // touched. The result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
         };
-        if let Some(addr) = slab.sizes[i].warm.pop() {
-            slab.warm_bytes -= len;
-            return Some(BlockBuf::at(addr, len));
+        if p == libc::MAP_FAILED {
+            return None;
         }
-        if let Some(addr) = slab.sizes[i].cold.pop() {
-            return Some(BlockBuf::at(addr, len));
-        }
-        if slab.sizes[i].rest.1 < len {
-            let bytes = CHUNK.max(len) / len * len;
-            // SAFETY: a fresh private anonymous mapping; no existing memory
-            // is touched. The result is checked against MAP_FAILED.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return None;
-            }
+        let mut slab = SLAB.lock();
+        slab.mapped += bytes;
+        let i = slab.size_index(len);
+        let size = &mut slab.sizes[i];
+        if size.rest.1 < len {
             // The tail of the previous chunk (smaller than `len`) is left unused.
-            slab.sizes[i].rest = (p as usize, bytes);
-            slab.mapped += bytes;
+            size.rest = (p as usize, bytes);
+        } else {
+            // Another thread installed a chunk meanwhile: this one's
+            // buffers go on the free list.
+            size.cold
+                .extend((0..bytes / len).map(|k| p as usize + k * len));
         }
-        let (addr, left) = slab.sizes[i].rest;
-        slab.sizes[i].rest = (addr + len, left - len);
-        Some(BlockBuf::at(addr, len))
+        slab.take(len)
     }
 
     fn at(addr: usize, len: usize) -> BlockBuf {
