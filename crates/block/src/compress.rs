@@ -171,3 +171,79 @@ pub fn decompress(
     }
     Ok(out)
 }
+
+/// [`decompress`] into `out`, which must be exactly the block's logical size
+/// (a buffer of the caller's: the ARC's own, decision 0069).
+pub fn decompress_into(
+    algo: CompressionAlgo,
+    src: &[u8],
+    out: &mut [u8],
+) -> Result<(), DecompressError> {
+    let lsize = out.len();
+    let err = |reason: String| DecompressError {
+        algo,
+        lsize,
+        reason,
+    };
+    let got = match algo {
+        CompressionAlgo::Off => {
+            if src.len() == lsize {
+                out.copy_from_slice(src);
+            }
+            src.len()
+        }
+        CompressionAlgo::Lz4 => {
+            lz4_flex::block::decompress_into(src, out).map_err(|e| err(e.to_string()))?
+        }
+        CompressionAlgo::Zstd => {
+            zstd::bulk::decompress_to_buffer(src, out).map_err(|e| err(e.to_string()))?
+        }
+        CompressionAlgo::Gzip => {
+            let mut dec = flate2::read::DeflateDecoder::new(src);
+            dec.read_exact(out).map_err(|e| err(e.to_string()))?;
+            // Nothing may follow the block's bytes.
+            let mut more = [0u8; 1];
+            match dec.read(&mut more).map_err(|e| err(e.to_string()))? {
+                0 => lsize,
+                n => lsize + n,
+            }
+        }
+    };
+    if got != lsize {
+        return Err(err(format!("got {got} bytes")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decompress_into_matches_decompress_and_refuses_wrong_sizes() {
+        let data: Vec<u8> = (0..65536u32).map(|i| (i / 64 % 251) as u8).collect();
+        for setting in [Compression::Lz4, Compression::Zstd(3), Compression::Gzip(6)] {
+            let packed = compress(setting, &data).expect("compressible");
+            let algo = setting.algo();
+            let mut out = vec![0u8; data.len()];
+            decompress_into(algo, &packed, &mut out).unwrap();
+            assert!(out == data, "{algo:?}");
+            assert!(out == decompress(algo, &packed, data.len()).unwrap());
+            // A buffer shorter or longer than the block is an error, never a prefix.
+            let mut short = vec![0u8; data.len() - 1];
+            assert!(
+                decompress_into(algo, &packed, &mut short).is_err(),
+                "{algo:?} short"
+            );
+            let mut long = vec![0u8; data.len() + 1];
+            assert!(
+                decompress_into(algo, &packed, &mut long).is_err(),
+                "{algo:?} long"
+            );
+        }
+        let mut out = vec![0u8; 8];
+        decompress_into(CompressionAlgo::Off, b"12345678", &mut out).unwrap();
+        assert_eq!(&out, b"12345678");
+        assert!(decompress_into(CompressionAlgo::Off, b"1234567", &mut out).is_err());
+    }
+}

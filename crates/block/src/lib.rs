@@ -10,7 +10,8 @@ pub mod crypt;
 pub use bp::{BlockPointer, BpDecodeError, Dvas, BP_VERSION, BP_VERSION_CRYPT, MAX_DVAS};
 pub use checksum::{Checksum, ChecksumAlgo};
 pub use compress::{
-    compress, decompress, Compression, CompressionAlgo, DecompressError, ParseCompressionError,
+    compress, decompress, decompress_into, Compression, CompressionAlgo, DecompressError,
+    ParseCompressionError,
 };
 pub use crypt::{BlockCrypt, BlockId, CryptError, MasterKey};
 
@@ -213,7 +214,7 @@ pub fn decode_verified_keyed(
     stored: &[u8],
     unseal: Option<Unseal<'_>>,
 ) -> Option<Result<Vec<u8>, BlockError>> {
-    if stored.len() != bp.psize as usize || bp.checksum_algo.compute(stored) != bp.checksum {
+    if !is_stored(bp, stored) {
         return None;
     }
     // A compressed, unencrypted block decompresses straight from the bytes
@@ -225,6 +226,39 @@ pub fn decode_verified_keyed(
         );
     }
     Some(open_verified(bp, stored.to_vec(), unseal))
+}
+
+/// [`decode_verified_keyed`] into `out` (exactly the block's logical size)
+/// for a block that is not encrypted (one that is is refused: it is opened
+/// in a copy of its own); `None` if `stored` are not the block's bytes.
+pub fn decode_verified_into(
+    bp: &BlockPointer,
+    stored: &[u8],
+    out: &mut [u8],
+) -> Option<Result<(), BlockError>> {
+    if !is_stored(bp, stored) {
+        return None;
+    }
+    if bp.crypt.is_some() {
+        return Some(Err(BlockError::KeyUnavailable));
+    }
+    Some(decompress_into(bp.compression, stored, out).map_err(BlockError::from))
+}
+
+/// Whether `stored` are the bytes `bp` names as stored (length and checksum).
+pub fn is_stored(bp: &BlockPointer, stored: &[u8]) -> bool {
+    stored.len() == bp.psize as usize && bp.checksum_algo.compute(stored) == bp.checksum
+}
+
+/// Whether a block's stored bytes are its data as they are (on the data
+/// region, neither compressed nor encrypted): once [`is_stored`] holds for
+/// them, they are the block, with no decoding (a read can land them in the
+/// buffer they are kept in).
+pub fn stored_as_is(bp: &BlockPointer) -> bool {
+    bp.embedded.is_none()
+        && bp.crypt.is_none()
+        && bp.compression == CompressionAlgo::Off
+        && bp.psize == bp.lsize
 }
 
 /// Fetches a block, verifies its checksum (healing bad copies from good

@@ -280,7 +280,7 @@ pub fn map_error(e: dataset::Error) -> ExportError {
 
 pub fn map_piece(p: ReadPiece) -> ReadChunk {
     match p {
-        ReadPiece::Data(b, r) => ReadChunk::Shared(b, r),
+        ReadPiece::Data(b, r) => ReadChunk::Shared(b.shared(), r),
         ReadPiece::Hole(n) => ReadChunk::Hole(n),
     }
 }
@@ -503,7 +503,7 @@ mod tests {
     #[test]
     fn maps_read_segments() {
         let buf = Arc::new(vec![1, 2, 3]);
-        let got = map_piece(ReadPiece::Data(buf.clone(), 1..3));
+        let got = map_piece(ReadPiece::Data(buf.clone().into(), 1..3));
         assert_eq!(got, ReadChunk::Shared(buf, 1..3));
         assert_eq!(got.data(), Some(&[2u8, 3][..]));
         assert_eq!(map_piece(ReadPiece::Hole(4096)), ReadChunk::Hole(4096));

@@ -41,12 +41,71 @@ const COLD_MIN_BYTES: u64 = 96 << 20;
 /// Shards of the in-flight table (claims of blocks being read).
 const LOADING_SHARDS: usize = 16;
 
+/// A block's bytes as the ARC, the txg, the L2ARC feed and read replies
+/// share them: a heap vector (a written or decompressed block) or a page-
+/// aligned slab buffer a device read landed in ([`vdev::BlockBuf`], decision
+/// 0069). Cloning shares the bytes; they never change once shared.
+#[derive(Clone)]
+pub struct Block {
+    data: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    /// Bytes of memory it holds (a vector's capacity), for the ARC's bound.
+    held: usize,
+}
+
+impl Block {
+    /// The bytes as a front end shares them (the NBD reply's `ReadChunk::Shared`).
+    pub fn shared(self) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
+        self.data
+    }
+
+    /// Bytes of memory held (at least its length).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.data).as_ref()
+    }
+}
+
+impl From<Vec<u8>> for Block {
+    fn from(v: Vec<u8>) -> Block {
+        Block::from(Arc::new(v))
+    }
+}
+
+impl From<Arc<Vec<u8>>> for Block {
+    fn from(v: Arc<Vec<u8>>) -> Block {
+        let held = v.capacity();
+        Block { data: v, held }
+    }
+}
+
+impl From<vdev::BlockBuf> for Block {
+    fn from(b: vdev::BlockBuf) -> Block {
+        let held = b.len();
+        Block {
+            data: Arc::new(b),
+            held,
+        }
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Block({} bytes)", self.len())
+    }
+}
+
 /// One ARC entry. `prefetched`: read ahead and not yet used by a demand
 /// read; that first demand read is the block's first access, not its second
 /// (as ZFS's ARC_FLAG_PREFETCH), so a prefetched one-pass scan stays in the
 /// cold queue and cannot push the working set out.
 pub struct Entry {
-    data: Arc<Vec<u8>>,
+    data: Block,
     prefetched: AtomicBool,
 }
 
@@ -57,7 +116,7 @@ struct BlockWeighter;
 
 impl Weighter<Key, Val> for BlockWeighter {
     fn weight(&self, _key: &Key, val: &Val) -> u64 {
-        val.data.capacity() as u64 + ENTRY_OVERHEAD
+        val.data.held() as u64 + ENTRY_OVERHEAD
     }
 }
 
@@ -235,7 +294,7 @@ impl BlockCache {
 
     /// A demand read: counted as a hit or a miss. The first demand read of
     /// a prefetched block leaves its recency as it is (one access).
-    pub fn get(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
+    pub fn get(&self, key: &Key) -> Option<Block> {
         let got = self.get_uncounted(key);
         let counter = if got.is_some() {
             &self.hits
@@ -248,7 +307,7 @@ impl BlockCache {
 
     /// [`BlockCache::get`] for a demand read already counted (a miss that
     /// waited for another reader's I/O).
-    pub fn get_uncounted(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
+    pub fn get_uncounted(&self, key: &Key) -> Option<Block> {
         match self.cache.peek(key) {
             Some(e) if e.prefetched.swap(false, Ordering::Relaxed) => Some(e),
             Some(_) => self.cache.get(key),
@@ -264,7 +323,7 @@ impl BlockCache {
     /// usual way, so a prefetched block's first demand read is still its
     /// first access). With the data, how many of the blocks were read ahead
     /// and not read since.
-    pub fn get_all(&self, keys: &[Key]) -> Option<(Vec<Arc<Vec<u8>>>, usize)> {
+    pub fn get_all(&self, keys: &[Key]) -> Option<(Vec<Block>, usize)> {
         let mut found = Vec::with_capacity(keys.len());
         for key in keys {
             found.push(self.cache.peek(key)?);
@@ -296,16 +355,16 @@ impl BlockCache {
         self.cache.contains_key(key)
     }
 
-    pub fn insert(&self, key: Key, data: Arc<Vec<u8>>) {
-        self.insert_entry(key, data, false);
+    pub fn insert(&self, key: Key, data: impl Into<Block>) {
+        self.insert_entry(key, data.into(), false);
     }
 
     /// A block read ahead (crate::prefetch): see [`Entry`].
-    pub fn insert_prefetched(&self, key: Key, data: Arc<Vec<u8>>) {
-        self.insert_entry(key, data, true);
+    pub fn insert_prefetched(&self, key: Key, data: impl Into<Block>) {
+        self.insert_entry(key, data.into(), true);
     }
 
-    fn insert_entry(&self, key: Key, data: Arc<Vec<u8>>, prefetched: bool) {
+    fn insert_entry(&self, key: Key, data: Block, prefetched: bool) {
         let entry = Arc::new(Entry {
             data,
             prefetched: AtomicBool::new(prefetched),
@@ -401,7 +460,7 @@ impl BlockCache {
     }
 
     /// A block from a cache device (verified against its record's hash).
-    pub fn l2_get(&self, key: &Key) -> Option<Arc<Vec<u8>>> {
+    pub fn l2_get(&self, key: &Key) -> Option<Block> {
         let l2 = self.evictions.l2.read();
         if l2.is_empty() {
             return None;
@@ -410,7 +469,7 @@ impl BlockCache {
         if got.is_none() {
             self.l2_misses.fetch_add(1, Ordering::Relaxed);
         }
-        got.map(Arc::new)
+        got.map(Block::from)
     }
 
     /// Every cache device, open ones first (`pool status`'s cache section).

@@ -78,7 +78,7 @@ struct Index {
 }
 
 /// A block offered to the feed.
-type Offered = (Key, Arc<Vec<u8>>);
+type Offered = (Key, crate::cache::Block);
 
 pub struct L2Device {
     pub path: PathBuf,
@@ -382,7 +382,8 @@ impl L2Device {
     }
 
     /// A block leaving the ARC: queued for the device, or dropped when the queue is full.
-    pub fn offer(&self, key: Key, data: Arc<Vec<u8>>) {
+    pub fn offer(&self, key: Key, data: impl Into<crate::cache::Block>) {
+        let data = data.into();
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
@@ -432,7 +433,7 @@ impl L2Device {
     }
 }
 
-fn feed_loop(dev: std::sync::Weak<L2Device>, rx: Receiver<(Key, Arc<Vec<u8>>)>, rate: u64) {
+fn feed_loop(dev: std::sync::Weak<L2Device>, rx: Receiver<Offered>, rate: u64) {
     let mut window = Instant::now();
     let mut written = 0u64;
     while let Ok((key, data)) = rx.recv() {

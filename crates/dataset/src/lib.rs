@@ -10,6 +10,7 @@ mod api_types;
 mod autosnap;
 mod blockmap;
 pub mod cache;
+pub use cache::Block;
 mod cache_devices;
 pub mod crypt;
 mod dataset_admin;
@@ -181,7 +182,7 @@ pub enum ReadSegment {
 /// or a run of bytes never written (zeros).
 #[derive(Debug, Clone)]
 pub enum ReadPiece {
-    Data(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>),
+    Data(crate::cache::Block, std::ops::Range<usize>),
     Hole(u64),
 }
 

@@ -1290,10 +1290,7 @@ impl ImportedPool {
             for b in blocks {
                 if let Some(Dirty::Partial(p)) = dirty.get(&(ds, obj, b)) {
                     let base = bases.get(&b).cloned().flatten();
-                    out.insert(
-                        (ds, obj, b),
-                        Arc::new(p.over(base.as_deref().map(|v| v.as_slice()))),
-                    );
+                    out.insert((ds, obj, b), Arc::new(p.over(base.as_deref())));
                 }
             }
         }

@@ -8,7 +8,7 @@ use crate::cache::Claim;
 use crate::objects::VOLUME_OBJECT;
 use crate::space::Class;
 use crate::txg::{BlockKey, Dirty, ImportedPool, OpenTxg, PartialBlock, View};
-use crate::{Error, Extent, ReadPiece, ReadSegment, Result, Volume};
+use crate::{Block, Error, Extent, ReadPiece, ReadSegment, Result, Volume};
 use block::{BlockPointer, MasterKey};
 use intent_log::RecordKind;
 use std::collections::{HashMap, HashSet};
@@ -52,13 +52,13 @@ pub(crate) fn read_outside_open(
     head: bool,
     bs: u32,
     blocks: &[u64],
-) -> Result<HashMap<u64, Option<Arc<Vec<u8>>>>> {
+) -> Result<HashMap<u64, Option<Block>>> {
     let got = read_outside_open_as(p, view, chain, obj, head, bs, blocks, Fetch::Demand)?;
     Ok(got.map(|g| g.0).unwrap_or_default())
 }
 
 /// Contents of blocks by index (`None`: a hole).
-type Blocks = HashMap<u64, Option<Arc<Vec<u8>>>>;
+type Blocks = HashMap<u64, Option<Block>>;
 
 /// How [`read_committed`] gets blocks the ARC does not hold.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -109,10 +109,7 @@ fn read_outside_open_as(
     };
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
-        out.insert(
-            b,
-            Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice())))),
-        );
+        out.insert(b, Some(Block::from(part.over(base.as_deref()))));
     }
     Ok(Some((out, warm)))
 }
@@ -144,7 +141,7 @@ fn read_committed(
     obj: u64,
     bs: u32,
     committed: &[u64],
-    out: &mut HashMap<u64, Option<Arc<Vec<u8>>>>,
+    out: &mut Blocks,
     how: Fetch,
 ) -> Result<Option<bool>> {
     let prefetch = how == Fetch::Prefetch;
@@ -203,7 +200,7 @@ fn read_committed(
                 }
                 let data =
                     block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
-                out.insert(b, Some(Arc::new(full_block(data, bs, ds, obj, b)?)));
+                out.insert(b, Some(Block::from(full_block(data, bs, ds, obj, b)?)));
             }
             Some(bp) if prefetch => {
                 let key = arc_key(ds, obj, b, bp);
@@ -285,28 +282,65 @@ fn read_committed(
             end += d.asize as u64;
             j += 1;
         }
-        let run = p
-            .pool
-            .read_run(first.group, first.offset, (end - first.offset) as usize)
-            .ok();
-        for &k in &order[i..j] {
-            let (b, bp) = fetch[k];
-            let at = (bp.dvas[0].offset - first.offset) as usize;
-            let quick = run.as_ref().and_then(|r| {
-                block::decode_verified_keyed(bp, &r[at..at + bp.psize as usize], unseal(b))
-            });
-            let data = match quick {
-                Some(d) => d.map_err(|e| lost(b, bp, &e))?,
-                // Slow path: try every copy, heal the bad ones, count the errors.
-                None => {
-                    block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?
+        let mut got: Vec<(usize, Block)> = Vec::with_capacity(j - i);
+        match direct_run(p, bs, first, &order[i..j], &fetch) {
+            Some(read) => {
+                for (&k, buf) in order[i..j].iter().zip(read) {
+                    let (b, bp) = fetch[k];
+                    let data = match buf {
+                        // Verified where it landed: this buffer is the ARC's.
+                        Some(buf) if block::is_stored(bp, &buf) => Block::from(buf),
+                        // Slow path: try every copy, heal the bad ones, count
+                        // the errors (the unverified buffer is dropped unused).
+                        _ => Block::from(full_block(
+                            block::read_block_keyed(&p.pool, bp, unseal(b))
+                                .map_err(|e| lost(b, bp, &e))?,
+                            bs,
+                            ds,
+                            obj,
+                            b,
+                        )?),
+                    };
+                    got.push((k, data));
                 }
-            };
-            let data = full_block(data, bs, ds, obj, b)?;
+            }
+            None => {
+                let run = p
+                    .pool
+                    .read_run(first.group, first.offset, (end - first.offset) as usize)
+                    .ok();
+                for &k in &order[i..j] {
+                    let (b, bp) = fetch[k];
+                    let at = (bp.dvas[0].offset - first.offset) as usize;
+                    let stored = run.as_ref().map(|r| &r[at..at + bp.psize as usize]);
+                    // A whole block that needs no key: decoded straight into
+                    // a slab buffer (populated in bulk, decision 0069).
+                    let into = stored
+                        .filter(|_| bp.crypt.is_none() && bp.lsize == bs)
+                        .and_then(|s| Some((s, vdev::BlockBuf::new(bs as usize)?)));
+                    if let Some((stored, mut buf)) = into {
+                        if let Some(r) = block::decode_verified_into(bp, stored, &mut buf) {
+                            r.map_err(|e| lost(b, bp, &e))?;
+                            got.push((k, Block::from(buf)));
+                            continue;
+                        }
+                    }
+                    let quick = stored.and_then(|s| block::decode_verified_keyed(bp, s, unseal(b)));
+                    let data = match quick {
+                        Some(d) => d.map_err(|e| lost(b, bp, &e))?,
+                        // Slow path: try every copy, heal the bad ones, count the errors.
+                        None => block::read_block_keyed(&p.pool, bp, unseal(b))
+                            .map_err(|e| lost(b, bp, &e))?,
+                    };
+                    got.push((k, Block::from(full_block(data, bs, ds, obj, b)?)));
+                }
+            }
+        }
+        for (k, data) in got {
+            let (b, bp) = fetch[k];
             p.counters
                 .read_bytes
                 .fetch_add(bp.psize as u64, Ordering::Relaxed);
-            let data = Arc::new(data);
             let key = arc_key(ds, obj, b, bp);
             if prefetch {
                 p.cache.insert_prefetched(key, data);
@@ -335,7 +369,7 @@ fn read_committed(
         }
         // The other read failed, or the block left the ARC already: read it here.
         let data = block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
-        let data = Arc::new(full_block(data, bs, ds, obj, b)?);
+        let data = Block::from(full_block(data, bs, ds, obj, b)?);
         p.counters
             .read_bytes
             .fetch_add(bp.psize as u64, Ordering::Relaxed);
@@ -345,9 +379,40 @@ fn read_committed(
     Ok(Some(false))
 }
 
+/// A run of blocks kept exactly as stored ([`block::stored_as_is`], one
+/// whole block per extent, whole pages), read with one scatter read straight
+/// into a slab buffer per block (`vdev::BlockBuf`, decision 0069): no run
+/// buffer, no copy out of it, and the buffers' pages are populated in bulk.
+/// `None` when the run does not qualify or no buffers are available (the
+/// caller reads it the usual way); a block `None` when the read failed.
+/// Nothing here is verified: the caller checks every buffer before use.
+fn direct_run(
+    p: &ImportedPool,
+    bs: u32,
+    first: pool::Dva,
+    run: &[usize],
+    fetch: &[(u64, &BlockPointer)],
+) -> Option<Vec<Option<vdev::BlockBuf>>> {
+    let plain =
+        |bp: &BlockPointer| block::stored_as_is(bp) && bp.psize == bs && bp.dvas[0].asize == bs;
+    if !run.iter().all(|&k| plain(fetch[k].1)) {
+        return None;
+    }
+    let mut bufs = run
+        .iter()
+        .map(|_| vdev::BlockBuf::new(bs as usize))
+        .collect::<Option<Vec<_>>>()?;
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let read = p
+        .pool
+        .read_run_into(first.group, first.offset, &mut slices)
+        .is_ok();
+    Some(bufs.into_iter().map(|b| read.then_some(b)).collect())
+}
+
 /// A block from the L2ARC, if a cache device holds it whole (ARC entries
 /// are full blocks; anything else is a miss).
-fn l2_block(p: &ImportedPool, key: &crate::cache::Key, bs: u32) -> Option<Arc<Vec<u8>>> {
+fn l2_block(p: &ImportedPool, key: &crate::cache::Key, bs: u32) -> Option<Block> {
     p.cache.l2_get(key).filter(|d| d.len() == bs as usize)
 }
 
@@ -383,10 +448,10 @@ fn materialized(
     key: BlockKey,
     d: &Dirty,
     bs: u32,
-) -> Result<Option<Arc<Vec<u8>>>> {
+) -> Result<Option<Block>> {
     Ok(match d {
-        Dirty::Data(v) => Some(v.clone()),
-        Dirty::Zero => Some(Arc::new(vec![0u8; bs as usize])),
+        Dirty::Data(v) => Some(Block::from(v.clone())),
+        Dirty::Zero => Some(Block::from(vec![0u8; bs as usize])),
         Dirty::Hole => None,
         Dirty::Partial(_) => unreachable!("partial blocks are merged by the caller"),
         Dirty::Raw(raw) => {
@@ -395,7 +460,7 @@ fn materialized(
                 None => None,
             };
             let data = Dirty::open_raw(raw, k.as_deref(), key.1, key.2)?;
-            Some(Arc::new(full_block(data, bs, key.0, key.1, key.2)?))
+            Some(Block::from(full_block(data, bs, key.0, key.1, key.2)?))
         }
     })
 }
@@ -749,7 +814,7 @@ fn read_pieces_as(
         let data = match &in_open[i] {
             Some(Dirty::Partial(part)) => {
                 let base = fetched.remove(&b).flatten();
-                Some(Arc::new(part.over(base.as_deref().map(|v| v.as_slice()))))
+                Some(Block::from(part.over(base.as_deref())))
             }
             Some(d) => materialized(Some(p), (chain.data_id(), obj, b), d, bs)?,
             None => fetched.remove(&b).flatten(),

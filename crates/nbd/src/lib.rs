@@ -105,13 +105,17 @@ pub enum ExportError {
     Shutdown(String), // NBD_ESHUTDOWN
 }
 
+/// Bytes an export shares with a reply (a cached block's buffer, a heap
+/// vector or one a device read landed in): never changed while shared.
+pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// One piece of a read reply, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum ReadChunk {
     Data(Vec<u8>),
     /// A range of a buffer the export shares (a cached block): sent from
     /// there without a copy. A range outside the buffer fails the read (EIO).
-    Shared(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>),
+    Shared(SharedBytes, std::ops::Range<usize>),
     /// `len` bytes of zeros that are not allocated (sent as NBD_REPLY_TYPE_OFFSET_HOLE).
     Hole(u64),
 }
@@ -135,8 +139,38 @@ impl ReadChunk {
     pub fn data(&self) -> Option<&[u8]> {
         match self {
             ReadChunk::Data(d) => Some(d),
-            ReadChunk::Shared(b, r) => b.get(r.clone()),
+            ReadChunk::Shared(b, r) => (**b).as_ref().get(r.clone()),
             ReadChunk::Hole(_) => None,
+        }
+    }
+}
+
+/// Equal when they send the same thing (shared buffers by their bytes).
+impl PartialEq for ReadChunk {
+    fn eq(&self, other: &ReadChunk) -> bool {
+        match (self, other) {
+            (ReadChunk::Data(a), ReadChunk::Data(b)) => a == b,
+            (ReadChunk::Shared(a, ra), ReadChunk::Shared(b, rb)) => {
+                ra == rb && (**a).as_ref() == (**b).as_ref()
+            }
+            (ReadChunk::Hole(a), ReadChunk::Hole(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ReadChunk {}
+
+impl std::fmt::Debug for ReadChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadChunk::Data(d) => f.debug_tuple("Data").field(d).finish(),
+            ReadChunk::Shared(b, r) => f
+                .debug_tuple("Shared")
+                .field(&(**b).as_ref())
+                .field(r)
+                .finish(),
+            ReadChunk::Hole(n) => f.debug_tuple("Hole").field(n).finish(),
         }
     }
 }

@@ -1906,6 +1906,56 @@ impl Pool {
             }))
     }
 
+    /// [`Pool::read_run`] into the caller's buffers, in order (their lengths
+    /// add up to the run's): one scatter read of a mirror side straight into
+    /// them (decision 0069). Raidz runs are read and reconstructed as
+    /// usual, then copied. Unverified, as `read_run`.
+    pub fn read_run_into(
+        &self,
+        group: u32,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> Result<(), PoolError> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let g = self.group(group)?;
+        if g.geometry().is_some() {
+            let run = self.read_run(group, offset, len)?;
+            let mut at = 0;
+            for b in bufs.iter_mut() {
+                let n = b.len();
+                b.copy_from_slice(&run[at..at + n]);
+                at += n;
+            }
+            return Ok(());
+        }
+        check_extent(
+            &g,
+            Dva {
+                group,
+                offset,
+                asize: len.min(u32::MAX as usize) as u32,
+            },
+        )?;
+        let at = self.regions.data_offset + offset;
+        let mut last = None;
+        // The same side as `read_run` would take.
+        let n = g.children.len().max(1);
+        let start = (offset >> 20) as usize % n;
+        let sides = g.children.iter().cycle().skip(start).take(n);
+        for dev in sides.filter_map(|c| c.readable()) {
+            match dev.read_direct_vectored(at, bufs) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .map(PoolError::from)
+            .unwrap_or(PoolError::GroupUnavailable {
+                pool: self.name.clone(),
+                group: group as usize,
+            }))
+    }
+
     /// Makes every completed write on every device durable, devices in parallel.
     pub fn sync_all(&self) -> Result<(), PoolError> {
         self.check_owner()?;

@@ -737,3 +737,60 @@ fn log_group_is_labelled_reopened_and_removed() {
     assert!(reopen(&data_paths)[0].1.logs.is_empty());
     assert!(Vdev::open(&removed[0]).unwrap().read_label().is_err());
 }
+
+#[test]
+fn a_run_reads_into_block_buffers_as_it_reads_whole() {
+    for layout in [LayoutKind::Mirror, raidz(1), raidz(2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let width = if layout == LayoutKind::Mirror { 2 } else { 5 };
+        let pool = Pool::create("t", vec![(layout, devs(dir.path(), width))]).unwrap();
+        let unit = pool.groups()[0].unit() as usize;
+        // Eight adjacent blocks of whole pages and whole units, one write.
+        let len = unit
+            .max(16384)
+            .next_multiple_of(4096)
+            .next_multiple_of(unit);
+        let dvas: Vec<Dva> = (0..8)
+            .map(|_| pool.allocator().allocate(len as u64).unwrap())
+            .collect();
+        for w in dvas.windows(2) {
+            assert_eq!(w[0].offset + w[0].asize as u64, w[1].offset);
+        }
+        let datas: Vec<Vec<u8>> = (0..8).map(|i| pattern(900 + i, len)).collect();
+        let parts: Vec<&[u8]> = datas.iter().map(|d| d.as_slice()).collect();
+        let total = (8 * len) as u32;
+        pool.write_vectored(
+            Dva {
+                asize: total,
+                ..dvas[0]
+            },
+            &parts,
+        )
+        .unwrap();
+        let mut bufs: Vec<vdev::BlockBuf> = (0..8)
+            .map(|_| vdev::BlockBuf::new(len).expect("memory"))
+            .collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        pool.read_run_into(0, dvas[0].offset, &mut slices).unwrap();
+        for (b, d) in bufs.iter().zip(&datas) {
+            assert!(
+                b[..] == d[..],
+                "{layout:?}: a block read into its own buffer"
+            );
+        }
+        // With a side (a column) gone, the run is read from what is left.
+        pool.groups()[0].devices()[0].set_state(DeviceState::Offline);
+        let mut again: Vec<vdev::BlockBuf> = (0..8)
+            .map(|_| vdev::BlockBuf::new(len).expect("memory"))
+            .collect();
+        let mut slices: Vec<&mut [u8]> = again.iter_mut().map(|b| &mut b[..]).collect();
+        pool.read_run_into(0, dvas[0].offset, &mut slices).unwrap();
+        for (b, d) in again.iter().zip(&datas) {
+            assert!(b[..] == d[..], "{layout:?}: degraded");
+        }
+        // Past the group's end: refused, not read.
+        let mut one = vdev::BlockBuf::new(len).expect("memory");
+        let end = pool.groups()[0].capacity();
+        assert!(pool.read_run_into(0, end, &mut [&mut one[..]]).is_err());
+    }
+}

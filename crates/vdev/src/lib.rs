@@ -1,6 +1,8 @@
 //! One device of a pool: positioned I/O, error counters and the labels at both ends.
 
+pub mod blockbuf;
 pub mod bucket;
+pub use blockbuf::BlockBuf;
 mod cache;
 pub mod size;
 pub use cache::CacheStats;
@@ -878,6 +880,43 @@ impl Vdev {
         }
     }
 
+    /// Reads `bufs.iter().map(len).sum()` bytes from `offset` into `bufs` in
+    /// order (one scatter read; O_DIRECT where the device allows it, so the
+    /// buffers must be sector-aligned whole sectors for that, as
+    /// [`BlockBuf`]s are). A short read is an error.
+    pub fn read_direct_vectored(
+        &self,
+        offset: u64,
+        bufs: &mut [&mut [u8]],
+    ) -> Result<(), VdevError> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.check_range(offset, len)?;
+        let _pins = self.cache_pin(offset, len, false)?;
+        let aligned = offset % SECTOR == 0
+            && bufs
+                .iter()
+                .all(|b| b.as_ptr() as u64 % SECTOR == 0 && b.len() as u64 % SECTOR == 0);
+        let started = std::time::Instant::now();
+        let mut r = match self.direct_file.as_ref().filter(|_| aligned) {
+            Some(direct) => preadv_exact(direct, offset, bufs),
+            None => preadv_exact(&self.file, offset, bufs),
+        };
+        if matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) && aligned {
+            // Some filesystems accept O_DIRECT at open and refuse it at read.
+            r = preadv_exact(&self.file, offset, bufs);
+        }
+        self.io.record(false, len, started);
+        r.map_err(|source| {
+            self.errors.read.fetch_add(1, Ordering::Relaxed);
+            VdevError::Io {
+                path: self.path.clone(),
+                op: "read",
+                offset,
+                source,
+            }
+        })
+    }
+
     /// Writes and returns once those bytes are durable (O_DSYNC).
     pub fn write_durable_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
         self.check_range(offset, data.len())?;
@@ -1103,6 +1142,41 @@ impl Drop for AlignedBuf {
         // SAFETY: allocated in `zeroed` with the layout of `cap` bytes.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
+}
+
+/// Fills `bufs` in order from `offset` with `preadv`, resuming after short
+/// reads; reaching the end of the file first is `UnexpectedEof`.
+fn preadv_exact(file: &File, mut offset: u64, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+    let mut slices: Vec<io::IoSliceMut<'_>> =
+        bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = rest.len().min(1024) as libc::c_int; // IOV_MAX
+                                                     // SAFETY: IoSliceMut is ABI-compatible with `struct iovec` on Unix
+                                                     // (documented by std); each one points into a `&mut [u8]` borrowed
+                                                     // for this call, so the kernel writes only memory we own.
+        let got = unsafe {
+            libc::preadv(
+                file.as_raw_fd(),
+                rest.as_ptr() as *const libc::iovec,
+                n,
+                offset as libc::off_t,
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if got == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        offset += got as u64;
+        io::IoSliceMut::advance_slices(&mut rest, got as usize);
+    }
+    Ok(())
 }
 
 fn device_size(file: &File) -> io::Result<u64> {
