@@ -271,7 +271,9 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert p.poll() is None, (tmp_path / "qs.log").read_text()
-            if run([cistern_bin(), "list", "-H", "-t", "volume"], check=False, env=env).stdout.startswith("tank/vol0"):
+            # The announcement is printed after the API answers: wait for its key lines too.
+            if "S3 secret access key" in (tmp_path / "qs.log").read_text() and run(
+                    [cistern_bin(), "list", "-H", "-t", "volume"], check=False, env=env).stdout.startswith("tank/vol0"):
                 break
             time.sleep(0.2)
         out = (tmp_path / "qs.log").read_text()
@@ -315,7 +317,8 @@ def test_quickstart_creates_pool_and_volume(tmp_path):
         deadline = time.monotonic() + 60
         ok = False
         while time.monotonic() < deadline and p.poll() is None:
-            if run([cistern_bin(), "list", "-H", "-t", "volume"], check=False, env=env).stdout.startswith("tank/vol0"):
+            if "printed at the first start" in (tmp_path / "qs2.log").read_text() and run(
+                    [cistern_bin(), "list", "-H", "-t", "volume"], check=False, env=env).stdout.startswith("tank/vol0"):
                 ok = True
                 break
             time.sleep(0.2)

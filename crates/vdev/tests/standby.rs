@@ -24,7 +24,10 @@ mod common;
 fn state() -> &'static Path {
     static STATE: OnceLock<PathBuf> = OnceLock::new();
     STATE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("cistern-standby-test-{}", std::process::id()));
+        // Under cargo's scratch directory for integration tests, emptied at
+        // each run (in /tmp, each run left its 51 MB behind).
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cistern-standby-test");
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // One heartbeat at open, then none for the test's length: a crash
         // point counted in PUTs must not move with the clock.
