@@ -634,21 +634,7 @@ impl IntentLog {
             let batch: Vec<Pending> = st.pending.drain(..).collect();
             match self.place(&mut st, &batch) {
                 Ok(writes) => {
-                    st.pending_bytes = 0;
-                    let id = st.next_batch;
-                    st.next_batch += 1;
-                    let tag = st.region.log_tag();
-                    st.in_flight.push_back(InFlight {
-                        id,
-                        end_seq: last + 1,
-                        start_pos,
-                        tag,
-                        done: false,
-                        failed: false,
-                    });
-                    if st.in_flight.len() > 1 {
-                        self.stats.overlapped.fetch_add(1, Ordering::Relaxed);
-                    }
+                    let id = self.begin_batch(&mut st, last, start_pos);
                     let region = st.region.clone();
                     drop(st);
                     let result = self.write_all(&region, &writes);
@@ -784,21 +770,7 @@ impl IntentLog {
                 };
             }
         };
-        st.pending_bytes = 0;
-        let id = st.next_batch;
-        st.next_batch += 1;
-        let tag = st.region.log_tag();
-        st.in_flight.push_back(InFlight {
-            id,
-            end_seq: last + 1,
-            start_pos,
-            tag,
-            done: false,
-            failed: false,
-        });
-        if st.in_flight.len() > 1 {
-            self.stats.overlapped.fetch_add(1, Ordering::Relaxed);
-        }
+        let id = self.begin_batch(&mut st, last, start_pos);
         drop(st);
         self.stats.ring.fetch_add(1, Ordering::Relaxed);
         if let Err(failed) = ring.submit(id, batch.len(), writes, write, region) {
@@ -1015,6 +987,27 @@ impl IntentLog {
     /// the one it carries), so the bound of 0041 on sequence numbers past a
     /// hole holds as before.
     /// Err(true): not enough free log space now; Err(false): a record can never fit.
+    /// Registers a placed batch (records up to `last`, written from
+    /// `start_pos`) as in flight; its id.
+    fn begin_batch(&self, st: &mut State, last: u64, start_pos: u64) -> u64 {
+        st.pending_bytes = 0;
+        let id = st.next_batch;
+        st.next_batch += 1;
+        let tag = st.region.log_tag();
+        st.in_flight.push_back(InFlight {
+            id,
+            end_seq: last + 1,
+            start_pos,
+            tag,
+            done: false,
+            failed: false,
+        });
+        if st.in_flight.len() > 1 {
+            self.stats.overlapped.fetch_add(1, Ordering::Relaxed);
+        }
+        id
+    }
+
     fn place(&self, st: &mut State, batch: &[Pending]) -> Result<Vec<(u64, Vec<u8>)>, bool> {
         let size = st.region.size();
         let header = HEADER as u64;

@@ -1876,8 +1876,26 @@ impl Pool {
         if let Some(geo) = g.geometry() {
             return raidz::read_run(self, &g, geo, offset, len);
         }
+        self.read_mirror_run(&g, group, offset, len, |dev, at| {
+            let mut buf = AlignedBuf::for_read(len);
+            dev.read_direct_at(at, &mut buf).map(|()| buf)
+        })
+    }
+
+    /// Reads a run of mirror group `g` with `read(device, device offset)`
+    /// from the first readable side that gives it. Sides take turns by
+    /// 1 MiB of offset, so that concurrent runs (prefetch workers,
+    /// requests) keep every side busy.
+    fn read_mirror_run<T>(
+        &self,
+        g: &Group,
+        group: u32,
+        offset: u64,
+        len: usize,
+        mut read: impl FnMut(&Vdev, u64) -> Result<T, VdevError>,
+    ) -> Result<T, PoolError> {
         check_extent(
-            &g,
+            g,
             Dva {
                 group,
                 offset,
@@ -1886,15 +1904,12 @@ impl Pool {
         )?;
         let at = self.regions.data_offset + offset;
         let mut last = None;
-        // Mirror sides take turns by 1 MiB of offset, so that concurrent
-        // runs (prefetch workers, requests) keep every side busy.
         let n = g.children.len().max(1);
         let start = (offset >> 20) as usize % n;
         let sides = g.children.iter().cycle().skip(start).take(n);
         for dev in sides.filter_map(|c| c.readable()) {
-            let mut buf = AlignedBuf::for_read(len);
-            match dev.read_direct_at(at, &mut buf) {
-                Ok(()) => return Ok(buf),
+            match read(&dev, at) {
+                Ok(v) => return Ok(v),
                 Err(e) => last = Some(e),
             }
         }
@@ -1928,32 +1943,10 @@ impl Pool {
             }
             return Ok(());
         }
-        check_extent(
-            &g,
-            Dva {
-                group,
-                offset,
-                asize: len.min(u32::MAX as usize) as u32,
-            },
-        )?;
-        let at = self.regions.data_offset + offset;
-        let mut last = None;
         // The same side as `read_run` would take.
-        let n = g.children.len().max(1);
-        let start = (offset >> 20) as usize % n;
-        let sides = g.children.iter().cycle().skip(start).take(n);
-        for dev in sides.filter_map(|c| c.readable()) {
-            match dev.read_direct_vectored(at, bufs) {
-                Ok(()) => return Ok(()),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last
-            .map(PoolError::from)
-            .unwrap_or(PoolError::GroupUnavailable {
-                pool: self.name.clone(),
-                group: group as usize,
-            }))
+        self.read_mirror_run(&g, group, offset, len, |dev, at| {
+            dev.read_direct_vectored(at, bufs)
+        })
     }
 
     /// Makes every completed write on every device durable, devices in parallel.
