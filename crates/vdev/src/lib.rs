@@ -547,6 +547,17 @@ impl Vdev {
     }
 
     /// A failed write or sync of this device: counted in its write errors.
+    /// A failed read, counted in the device's read errors.
+    fn read_failed(&self, offset: u64, source: io::Error) -> VdevError {
+        self.errors.read.fetch_add(1, Ordering::Relaxed);
+        VdevError::Io {
+            path: self.path.clone(),
+            op: "read",
+            offset,
+            source,
+        }
+    }
+
     fn write_failed(&self, op: &'static str, offset: u64, source: io::Error) -> VdevError {
         self.errors.write.fetch_add(1, Ordering::Relaxed);
         VdevError::Io {
@@ -725,15 +736,7 @@ impl Vdev {
         let started = std::time::Instant::now();
         let r = self.file.read_exact_at(buf, offset);
         self.io.record(false, buf.len(), started);
-        r.map_err(|source| {
-            self.errors.read.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io {
-                path: self.path.clone(),
-                op: "read",
-                offset,
-                source,
-            }
-        })
+        r.map_err(|source| self.read_failed(offset, source))
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), VdevError> {
@@ -868,15 +871,7 @@ impl Vdev {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.read_at(offset, buf.as_mut_slice())
             }
-            Err(source) => {
-                self.errors.read.fetch_add(1, Ordering::Relaxed);
-                Err(VdevError::Io {
-                    path: self.path.clone(),
-                    op: "read",
-                    offset,
-                    source,
-                })
-            }
+            Err(source) => Err(self.read_failed(offset, source)),
         }
     }
 
@@ -906,15 +901,7 @@ impl Vdev {
             r = preadv_exact(&self.file, offset, bufs);
         }
         self.io.record(false, len, started);
-        r.map_err(|source| {
-            self.errors.read.fetch_add(1, Ordering::Relaxed);
-            VdevError::Io {
-                path: self.path.clone(),
-                op: "read",
-                offset,
-                source,
-            }
-        })
+        r.map_err(|source| self.read_failed(offset, source))
     }
 
     /// Writes and returns once those bytes are durable (O_DSYNC).
