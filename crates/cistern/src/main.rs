@@ -18,23 +18,6 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
-#[cfg(feature = "alloc-mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[cfg(feature = "alloc-jemalloc")]
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's options, read at its first allocation: a background thread
-/// gives dirty pages back after 1 s (not 10 s) without waiting for an
-/// allocation to trigger it.
-#[cfg(feature = "alloc-jemalloc")]
-#[allow(non_upper_case_globals)]
-#[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: Option<&'static u8> =
-    Some(&b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
-
 #[derive(Debug, Parser)]
 #[command(
     name = "cistern",
