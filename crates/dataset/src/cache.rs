@@ -551,6 +551,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_taken_block_is_handed_back_only_when_nobody_else_holds_it() {
+        let c = BlockCache::new(0, 1 << 20);
+        // A reader still holds the bytes: the txg gets them to copy, never to change.
+        c.insert((1, 1, 0, 1, 0), Arc::new(vec![1u8; 16384]));
+        let reader = c.get(&(1, 1, 0, 1, 0)).unwrap();
+        let taken = c.take(&(1, 1, 0, 1, 0)).unwrap();
+        assert!(!c.contains(&(1, 1, 0, 1, 0)), "taken out of the ARC");
+        let back = taken.into_vec().expect_err("shared with a reader");
+        assert!(back.iter().chain(reader.iter()).all(|&b| b == 1));
+        drop(back);
+        // Now the reader is the only holder: it may have it (it is no ARC entry).
+        assert!(reader.into_vec().is_ok());
+        // Nobody else: the buffer itself comes back.
+        let v = Arc::new(vec![2u8; 16384]);
+        let at = v.as_ptr();
+        c.insert((1, 1, 1, 1, 0), v);
+        let buf = c.take(&(1, 1, 1, 1, 0)).unwrap().into_vec().unwrap();
+        assert_eq!(buf.as_ptr(), at, "the ARC's own buffer, not a copy");
+        assert!(c.get(&(1, 1, 1, 1, 0)).is_none());
+        assert_eq!(c.stats().entries, 0);
+        assert!(c.take(&(1, 1, 1, 1, 0)).is_none());
+        // A device read's slab buffer is never handed out.
+        if let Some(mut b) = vdev::BlockBuf::new(16384) {
+            b.fill(3);
+            c.insert((1, 1, 2, 1, 0), b);
+            assert!(c.take(&(1, 1, 2, 1, 0)).unwrap().into_vec().is_err());
+        }
+    }
+
+    #[test]
     fn stays_within_its_bound() {
         let c = BlockCache::new(0, 100_000);
         for i in 0..100 {

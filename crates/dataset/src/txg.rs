@@ -1802,4 +1802,25 @@ mod tests {
         p.put(0, 16, Some(&[5; 16]));
         assert!(p.is_complete());
     }
+
+    #[test]
+    fn merging_without_copies_gives_the_same_block() {
+        let mut p = PartialBlock::new(16);
+        p.put(2, 6, Some(&[7; 4]));
+        p.put(10, 12, None);
+        let base: Vec<u8> = (100..116).collect();
+        let want = p.over(Some(&base));
+        assert_eq!(p.over_into(base.clone()), want);
+        assert_eq!(*p.over_hole(), p.over(None));
+        assert_eq!(
+            p.over(None),
+            [0, 0, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        // Shared with a merged block: a later write copies, the merged block stays.
+        let merged = p.over_hole();
+        let mut q = p.clone();
+        q.put(0, 2, Some(&[9; 2]));
+        assert_eq!(merged[..2], [0, 0]);
+        assert_eq!(q.over(None)[..2], [9, 9]);
+    }
 }
