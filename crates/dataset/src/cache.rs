@@ -47,27 +47,51 @@ const LOADING_SHARDS: usize = 16;
 /// 0069). Cloning shares the bytes; they never change once shared.
 #[derive(Clone)]
 pub struct Block {
-    data: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    data: Bytes,
     /// Bytes of memory it holds (a vector's capacity), for the ARC's bound.
     held: usize,
+}
+
+/// Where a [`Block`]'s bytes live. An enum, not a trait object, so the txg
+/// can take back a heap vector nobody else holds (see [`Block::into_vec`]).
+#[derive(Clone)]
+enum Bytes {
+    Heap(Arc<Vec<u8>>),
+    Slab(Arc<vdev::BlockBuf>),
 }
 
 impl Block {
     /// The bytes as a front end shares them (the NBD reply's `ReadChunk::Shared`).
     pub fn shared(self) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
-        self.data
+        match self.data {
+            Bytes::Heap(v) => v,
+            Bytes::Slab(b) => b,
+        }
     }
 
     /// Bytes of memory held (at least its length).
     pub fn held(&self) -> usize {
         self.held
     }
+
+    /// The heap vector itself when this is its only holder (no ARC entry,
+    /// no reader, no reply holds it: `Arc::try_unwrap` proves it), so the
+    /// caller may change it; else the block back, unchanged.
+    pub fn into_vec(self) -> std::result::Result<Vec<u8>, Block> {
+        match self.data {
+            Bytes::Heap(v) => Arc::try_unwrap(v).map_err(Block::from),
+            Bytes::Slab(_) => Err(self),
+        }
+    }
 }
 
 impl std::ops::Deref for Block {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        (*self.data).as_ref()
+        match &self.data {
+            Bytes::Heap(v) => v,
+            Bytes::Slab(b) => b,
+        }
     }
 }
 
@@ -80,7 +104,10 @@ impl From<Vec<u8>> for Block {
 impl From<Arc<Vec<u8>>> for Block {
     fn from(v: Arc<Vec<u8>>) -> Block {
         let held = v.capacity();
-        Block { data: v, held }
+        Block {
+            data: Bytes::Heap(v),
+            held,
+        }
     }
 }
 
@@ -88,7 +115,7 @@ impl From<vdev::BlockBuf> for Block {
     fn from(b: vdev::BlockBuf) -> Block {
         let held = b.len();
         Block {
-            data: Arc::new(b),
+            data: Bytes::Slab(Arc::new(b)),
             held,
         }
     }
@@ -377,6 +404,20 @@ impl BlockCache {
         self.cache.insert(key, entry);
     }
 
+    /// Takes a block version out of the ARC (the txg replaces it and no
+    /// snapshot holds it: nobody will ask for it again). The bytes come
+    /// back so the txg can merge the new ones into them: in the buffer
+    /// itself when the ARC was its only holder ([`Block::into_vec`]), else
+    /// by copying. Not an eviction: nothing is offered to the L2ARC.
+    pub fn take(&self, key: &Key) -> Option<Block> {
+        let (_, entry) = self.cache.remove(key)?;
+        Some(match Arc::try_unwrap(entry) {
+            Ok(e) => e.data,
+            // A reader holds the entry: it keeps its bytes, the txg copies.
+            Err(e) => e.data.clone(),
+        })
+    }
+
     fn loading_shard(&self, key: &Key) -> &Mutex<HashMap<Key, Arc<Loading>>> {
         let h = key.0 ^ key.1.rotate_left(17) ^ key.2.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         &self.loading[(h >> 58) as usize % LOADING_SHARDS]
@@ -508,6 +549,36 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taken_block_is_handed_back_only_when_nobody_else_holds_it() {
+        let c = BlockCache::new(0, 1 << 20);
+        // A reader still holds the bytes: the txg gets them to copy, never to change.
+        c.insert((1, 1, 0, 1, 0), Arc::new(vec![1u8; 16384]));
+        let reader = c.get(&(1, 1, 0, 1, 0)).unwrap();
+        let taken = c.take(&(1, 1, 0, 1, 0)).unwrap();
+        assert!(!c.contains(&(1, 1, 0, 1, 0)), "taken out of the ARC");
+        let back = taken.into_vec().expect_err("shared with a reader");
+        assert!(back.iter().chain(reader.iter()).all(|&b| b == 1));
+        drop(back);
+        // Now the reader is the only holder: it may have it (it is no ARC entry).
+        assert!(reader.into_vec().is_ok());
+        // Nobody else: the buffer itself comes back.
+        let v = Arc::new(vec![2u8; 16384]);
+        let at = v.as_ptr();
+        c.insert((1, 1, 1, 1, 0), v);
+        let buf = c.take(&(1, 1, 1, 1, 0)).unwrap().into_vec().unwrap();
+        assert_eq!(buf.as_ptr(), at, "the ARC's own buffer, not a copy");
+        assert!(c.get(&(1, 1, 1, 1, 0)).is_none());
+        assert_eq!(c.stats().entries, 0);
+        assert!(c.take(&(1, 1, 1, 1, 0)).is_none());
+        // A device read's slab buffer is never handed out.
+        if let Some(mut b) = vdev::BlockBuf::new(16384) {
+            b.fill(3);
+            c.insert((1, 1, 2, 1, 0), b);
+            assert!(c.take(&(1, 1, 2, 1, 0)).unwrap().into_vec().is_err());
+        }
+    }
 
     #[test]
     fn stays_within_its_bound() {

@@ -125,7 +125,10 @@ impl Dirty {
 
 #[derive(Debug, Clone)]
 pub struct PartialBlock {
-    pub data: Vec<u8>,
+    /// The whole block: the new bytes in `ranges`, zeros everywhere else
+    /// (so over a hole this is the merged block as it is, see
+    /// [`PartialBlock::over_hole`]). Shared until changed (copy on write).
+    pub data: Arc<Vec<u8>>,
     /// Sorted, disjoint, non-adjacent [start, end) byte ranges.
     pub ranges: Vec<(u32, u32)>,
 }
@@ -133,16 +136,17 @@ pub struct PartialBlock {
 impl PartialBlock {
     pub fn new(bs: u32) -> PartialBlock {
         PartialBlock {
-            data: vec![0; bs as usize],
+            data: Arc::new(vec![0; bs as usize]),
             ranges: Vec::new(),
         }
     }
 
     /// Copies `bytes` (or zeros) to [lo, hi) and records the range.
     pub fn put(&mut self, lo: usize, hi: usize, bytes: Option<&[u8]>) {
+        let data = Arc::make_mut(&mut self.data);
         match bytes {
-            Some(b) => self.data[lo..hi].copy_from_slice(b),
-            None => self.data[lo..hi].fill(0),
+            Some(b) => data[lo..hi].copy_from_slice(b),
+            None => data[lo..hi].fill(0),
         }
         let (mut lo, mut hi) = (lo as u32, hi as u32);
         let mut kept = Vec::with_capacity(self.ranges.len() + 1);
@@ -165,14 +169,26 @@ impl PartialBlock {
 
     /// The whole block: `base` (None: zeros) with the new ranges on top.
     pub fn over(&self, base: Option<&[u8]>) -> Vec<u8> {
-        let mut out = match base {
-            Some(b) => b.to_vec(),
-            None => vec![0; self.data.len()],
-        };
-        for &(a, b) in &self.ranges {
-            out[a as usize..b as usize].copy_from_slice(&self.data[a as usize..b as usize]);
+        match base {
+            Some(b) => self.over_into(b.to_vec()),
+            None => self.data.to_vec(),
         }
-        out
+    }
+
+    /// [`PartialBlock::over`] a hole, without a copy: the block's own bytes
+    /// (zeros outside the new ranges).
+    pub fn over_hole(&self) -> Arc<Vec<u8>> {
+        self.data.clone()
+    }
+
+    /// [`PartialBlock::over`] an owned base: the new ranges are copied into
+    /// it, nothing else is (the txg merging into the ARC's old buffer).
+    pub fn over_into(&self, mut base: Vec<u8>) -> Vec<u8> {
+        for &(a, b) in &self.ranges {
+            let (a, b) = (a as usize, b as usize);
+            base[a..b].copy_from_slice(&self.data[a..b]);
+        }
+        base
     }
 }
 
@@ -1260,6 +1276,13 @@ impl ImportedPool {
 
     /// Whole contents of the partial blocks of a committing txg: each read
     /// once from the committed map (in runs, like any read) and overlaid.
+    /// Over a hole the partial block's own buffer is the result (no copy).
+    /// A base version that this commit replaces for good (no snapshot or
+    /// clone origin holds it) leaves the ARC here, and when the ARC was its
+    /// only holder the new ranges are copied into its buffer, which becomes
+    /// the new version: no allocation, no page faults, no copy of the rest
+    /// of the block (decision 0073). A commit that fails later has only
+    /// lost a cached copy: the old version is still on disk.
     fn merge_partials(
         &self,
         dirty: &HashMap<BlockKey, Dirty>,
@@ -1274,7 +1297,7 @@ impl ImportedPool {
                 e.1.push(k.2);
             }
         }
-        let mut out = HashMap::new();
+        let mut out = HashMap::with_capacity(by_obj.values().map(|v| v.1.len()).sum());
         if by_obj.is_empty() {
             return Ok(out);
         }
@@ -1285,16 +1308,67 @@ impl ImportedPool {
                 continue;
             };
             blocks.sort_unstable();
+            let partial = |b: u64| match dirty.get(&(ds, obj, b)) {
+                Some(Dirty::Partial(p)) => Some(p),
+                _ => None,
+            };
+            let retained = self.retained_upto(&chain);
+            let pointers = crate::volume::committed_pointers(&view, &chain, obj, &blocks)?;
+            // Blocks whose base is read the usual way (cache, L2ARC, disk).
+            let mut rest = Vec::new();
+            for &b in &blocks {
+                let Some(p) = partial(b) else { continue };
+                let base = match pointers.get(&b) {
+                    None => {
+                        out.insert((ds, obj, b), p.over_hole());
+                        continue;
+                    }
+                    Some(bp) if bp.birth > retained && !bp.is_embedded() => self
+                        .cache
+                        .take(&crate::volume::arc_key(ds, obj, b, bp))
+                        .filter(|d| d.len() == bs as usize),
+                    Some(_) => None,
+                };
+                let merged = match base.map(crate::Block::into_vec) {
+                    Some(Ok(buf)) => p.over_into(buf),
+                    Some(Err(shared)) => p.over(Some(&shared)),
+                    None => {
+                        rest.push(b);
+                        continue;
+                    }
+                };
+                out.insert((ds, obj, b), Arc::new(merged));
+            }
+            if rest.is_empty() {
+                continue;
+            }
             let bases =
-                crate::volume::read_outside_open(self, &view, &chain, obj, false, bs, &blocks)?;
-            for b in blocks {
-                if let Some(Dirty::Partial(p)) = dirty.get(&(ds, obj, b)) {
-                    let base = bases.get(&b).cloned().flatten();
-                    out.insert((ds, obj, b), Arc::new(p.over(base.as_deref())));
+                crate::volume::read_outside_open(self, &view, &chain, obj, false, bs, &rest)?;
+            for b in rest {
+                if let Some(p) = partial(b) {
+                    let merged = match bases.get(&b).cloned().flatten() {
+                        Some(base) => Arc::new(p.over(Some(&base))),
+                        None => p.over_hole(),
+                    };
+                    out.insert((ds, obj, b), merged);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The newest txg whose versions of `chain`'s head something other than
+    /// the head holds: its newest snapshot, or the origin of a clone (all
+    /// the head sees below it). A version born after it is the head's alone.
+    fn retained_upto(&self, chain: &Chain) -> u64 {
+        let ds = chain.data_id();
+        let origin = chain.0.get(1).map_or(0, |l| l.1);
+        self.datasets
+            .read()
+            .values()
+            .filter(|r| r.is_snapshot() && r.data_id() == ds)
+            .map(|r| r.created_txg)
+            .fold(origin, u64::max)
     }
 
     /// Writes a dataset record (created or changed) in its own transaction.
@@ -1727,5 +1801,26 @@ mod tests {
         assert_eq!(p.over(None)[..4], [0, 0, 0, 0]);
         p.put(0, 16, Some(&[5; 16]));
         assert!(p.is_complete());
+    }
+
+    #[test]
+    fn merging_without_copies_gives_the_same_block() {
+        let mut p = PartialBlock::new(16);
+        p.put(2, 6, Some(&[7; 4]));
+        p.put(10, 12, None);
+        let base: Vec<u8> = (100..116).collect();
+        let want = p.over(Some(&base));
+        assert_eq!(p.over_into(base.clone()), want);
+        assert_eq!(*p.over_hole(), p.over(None));
+        assert_eq!(
+            p.over(None),
+            [0, 0, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        // Shared with a merged block: a later write copies, the merged block stays.
+        let merged = p.over_hole();
+        let mut q = p.clone();
+        q.put(0, 2, Some(&[9; 2]));
+        assert_eq!(merged[..2], [0, 0]);
+        assert_eq!(q.over(None)[..2], [9, 9]);
     }
 }

@@ -109,7 +109,7 @@ fn read_outside_open_as(
     };
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
-        out.insert(b, Some(Block::from(part.over(base.as_deref()))));
+        out.insert(b, Some(merged(&part, base.as_deref())));
     }
     Ok(Some((out, warm)))
 }
@@ -126,6 +126,37 @@ pub(crate) fn prefetch_committed(
 ) -> Result<()> {
     let mut out = HashMap::new();
     read_committed(p, view, chain, obj, bs, blocks, &mut out, Fetch::Prefetch).map(|_| ())
+}
+
+/// A partial block over its base (`None`: a hole, which costs no copy).
+fn merged(part: &PartialBlock, base: Option<&[u8]>) -> Block {
+    match base {
+        Some(b) => Block::from(part.over(Some(b))),
+        None => Block::from(part.over_hole()),
+    }
+}
+
+/// Committed pointers of `blocks` as `chain` sees them (holes and tombstones
+/// left out): one range scan when the blocks are dense (a read), point
+/// lookups when they are far apart (the head and tail of a large write, the
+/// partial blocks of a txg).
+pub(crate) fn committed_pointers(
+    view: &View,
+    chain: &Chain,
+    obj: u64,
+    blocks: &[u64],
+) -> Result<std::collections::BTreeMap<u64, BlockPointer>> {
+    let (Some(&lo), Some(&hi)) = (blocks.iter().min(), blocks.iter().max()) else {
+        return Ok(Default::default());
+    };
+    if hi - lo < 4 * blocks.len() as u64 {
+        return view.pointers(chain, obj, lo, hi);
+    }
+    let mut m = std::collections::BTreeMap::new();
+    for &b in blocks {
+        m.extend(view.pointers(chain, obj, b, b)?);
+    }
+    Ok(m)
 }
 
 /// Committed contents of `committed` blocks as `chain` sees them, into `out`
@@ -146,20 +177,10 @@ fn read_committed(
 ) -> Result<Option<bool>> {
     let prefetch = how == Fetch::Prefetch;
     let ds = chain.data_id();
-    let (Some(&lo), Some(&hi)) = (committed.iter().min(), committed.iter().max()) else {
+    if committed.is_empty() {
         return Ok(Some(true));
-    };
-    // One range scan when the blocks are dense (a read), point lookups when
-    // they are far apart (the head and tail of a large write).
-    let pointers = if hi - lo < 4 * committed.len() as u64 {
-        view.pointers(chain, obj, lo, hi)?
-    } else {
-        let mut m = std::collections::BTreeMap::new();
-        for &b in committed {
-            m.extend(view.pointers(chain, obj, b, b)?);
-        }
-        m
-    };
+    }
+    let pointers = committed_pointers(view, chain, obj, committed)?;
     // Encrypted datasets: blocks open with their root's key (decision 0026).
     let key = p.key_of(ds)?;
     if key.is_some() {
@@ -619,7 +640,7 @@ pub(crate) fn apply(
                         let mut part = PartialBlock::clone(part);
                         part.put(in_lo, in_hi, bytes);
                         if part.is_complete() {
-                            Dirty::Data(Arc::new(part.data))
+                            Dirty::Data(part.data)
                         } else {
                             Dirty::Partial(Arc::new(part))
                         }
@@ -814,7 +835,7 @@ fn read_pieces_as(
         let data = match &in_open[i] {
             Some(Dirty::Partial(part)) => {
                 let base = fetched.remove(&b).flatten();
-                Some(Block::from(part.over(base.as_deref())))
+                Some(merged(part, base.as_deref()))
             }
             Some(d) => materialized(Some(p), (chain.data_id(), obj, b), d, bs)?,
             None => fetched.remove(&b).flatten(),

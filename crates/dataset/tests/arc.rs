@@ -670,3 +670,85 @@ fn l2arc_serves_evicted_blocks_survives_restarts_and_never_lies() {
         "without the cache device"
     );
 }
+
+/// Decision 0073: a partial write's commit merges into the ARC's buffer of
+/// the version it replaces, but only when nothing else holds that version:
+/// a reader's bytes, a snapshot's version and a hole stay as they were.
+#[test]
+fn partial_writes_merge_in_place_only_into_versions_nobody_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config()).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_volume(
+            "tank/v",
+            1 << 20,
+            &[
+                ("compression".into(), "off".into()),
+                ("volblocksize".into(), "16K".into()),
+            ],
+        )
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    vol.write(0, &vec![1u8; 64 << 10], false).unwrap();
+    engine.sync_all().unwrap();
+    let entries = |e: &Engine| e.stats()[0].arc.entries;
+    let cached = entries(&engine);
+    // Block 0: a reader holds its bytes across the commit of a partial write.
+    let held = vol.read_pieces(0, 16 << 10).unwrap();
+    vol.write(0, &[2u8; 4096], false).unwrap();
+    engine.sync_all().unwrap();
+    let got: Vec<u8> = held.iter().flat_map(|p| p.data().to_vec()).collect();
+    all(&got, 1, "bytes a reader held while the block was rewritten");
+    drop(held);
+    let now = read_range(&vol, 0, 16 << 10);
+    all(&now[..4096], 2, "block 0, new bytes");
+    all(&now[4096..], 1, "block 0, old bytes");
+    // Block 1: nobody holds it: the new version takes the old one's place.
+    vol.write((16 << 10) + 8192, &[3u8; 4096], false).unwrap();
+    engine.sync_all().unwrap();
+    assert_eq!(entries(&engine), cached, "old versions left the ARC");
+    let now = read_range(&vol, 16 << 10, 16 << 10);
+    all(&now[..8192], 1, "block 1 before the write");
+    all(&now[8192..12288], 3, "block 1, new bytes");
+    all(&now[12288..], 1, "block 1 after the write");
+    // Block 2 after a snapshot: the snapshot's version stays cached and intact.
+    engine.snapshot(&["tank/v@s".into()], false).unwrap();
+    vol.write(32 << 10, &[4u8; 4096], false).unwrap();
+    engine.sync_all().unwrap();
+    assert_eq!(
+        entries(&engine),
+        cached + 1,
+        "the snapshot's version is kept"
+    );
+    let snap = engine.open_volume("tank/v@s").unwrap();
+    let before = hits(&engine);
+    all(&read_range(&snap, 32 << 10, 16 << 10), 1, "the snapshot");
+    assert!(
+        hits(&engine) > before,
+        "the snapshot's version served from the ARC"
+    );
+    let now = read_range(&vol, 32 << 10, 16 << 10);
+    all(&now[..4096], 4, "block 2, new bytes");
+    all(&now[4096..], 1, "block 2, old bytes");
+    // A hole: the partial block's own bytes, zeros around the write.
+    vol.write((256 << 10) + 4096, &[5u8; 4096], false).unwrap();
+    engine.sync_all().unwrap();
+    let now = read_range(&vol, 256 << 10, 16 << 10);
+    all(&now[..4096], 0, "hole before the write");
+    all(&now[4096..8192], 5, "hole, new bytes");
+    all(&now[8192..], 0, "hole after the write");
+    // Everything as written after a restart (verified from disk).
+    drop((vol, snap));
+    engine.export_pool("tank").unwrap();
+    engine
+        .import_pool("tank", &[dir.path().to_path_buf()], false)
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let now = read_range(&vol, 0, 48 << 10);
+    all(&now[..4096], 2, "block 0 after import");
+    all(&now[4096..16384 + 8192], 1, "blocks 0-1 after import");
+    all(&now[16384 + 8192..16384 + 12288], 3, "block 1 after import");
+    all(&now[32768..32768 + 4096], 4, "block 2 after import");
+    all(&now[32768 + 4096..], 1, "block 2 after import");
+}
