@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # bench/flush-cost.sh: what a 4 KiB random write + FLUSH costs the server, in
-# load-independent figures (issue 15's sync-write target; decision 0072).
-# A benchmark, not a test.
+# load-independent figures (issue 15's sync-write target; decisions 0072,
+# 0073, 0075). A benchmark, not a test.
 #
 #   bash bench/flush-cost.sh BIN [COMP] [RUNTIME]
 #   (interleave binaries: for b in A B A B; do bash bench/flush-cost.sh $b off 10; done)
 #
 # A fresh daemon (defaults), a 4 GiB file pool, a 1 GiB volume (COMP: off or
-# lz4, volblocksize 16K); 2 s of warm-up, then RUNTIME (10) seconds of fio
-# (nbd engine, 8 jobs, 4 KiB random writes at iodepth 1, FLUSH after each,
-# half-compressible data). One line: IOPS (moves with the load), the
-# daemon's CPU µs, voluntary and involuntary context switches and minor page
-# faults per write+FLUSH pair (from /proc/PID/stat and task/*/status), log
-# syncs per FLUSH (pool iostat), kworker CPU µs per pair (all kworkers: the
-# loop back and the disk's flushes), the daemon's peak RSS, the load average.
-# Needs fio (nbd engine), python3.
+# lz4, volblocksize 16K); 2 s of warm-up, then RUNTIME (10, at least 5)
+# seconds of fio (nbd engine, 8 jobs, 4 KiB random writes at iodepth 1, FLUSH
+# after each, half-compressible data). Figures are taken inside the run, from
+# 2 s in to 1 s before its end (the NBD connection threads exit when fio
+# disconnects); pairs in that window = fio's mean IOPS x its length.
+# Two lines:
+#   IOPS (moves with the load), the daemon's CPU µs, voluntary and involuntary
+#   context switches and minor page faults per write+FLUSH pair (/proc/PID/stat,
+#   task/*/status), log syncs per FLUSH (pool iostat), kworker CPU µs per pair
+#   (all kworkers: the loop back and the disk's flushes), the daemon's peak
+#   RSS, the load average;
+#   the daemon's CPU µs per pair by thread name ("gone": threads that exited
+#   in the window, e.g. the txg's encoder threads), txg commits and the mean
+#   commit time (metrics).
+# Needs fio (nbd engine), python3. Only 127.0.0.1.
 set -u
 BIN="$1"; COMP="${2:-off}"; RT="${3:-10}"
+((RT >= 5)) || { echo "flush-cost.sh: RUNTIME must be at least 5 seconds" >&2; exit 2; }
 D=$(mktemp -d /tmp/ffc.XXXX)
 mkdir -p "$D/disks"
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
@@ -29,47 +37,64 @@ CISTERN_TOKEN=$(cat "$D/state/api.token")
 export CISTERN_TOKEN
 "$BIN" pool create -s 4G bench "$D/disks/d0" >/dev/null
 "$BIN" create -V 1G -o "compression=$COMP" -o volblocksize=16K bench/vol >/dev/null
-# log syncs and FLUSHes so far, from the pool's iostat
+# log syncs, FLUSHes (pool iostat), txg commits and commit seconds (metrics)
 counters() { python3 - <<'PY'
-import json, os, urllib.request
-req = urllib.request.Request(os.environ["CISTERN_API"] + "/v1/pools/bench/iostat", headers={"Authorization": "Bearer " + os.environ["CISTERN_TOKEN"]})
-s = json.load(urllib.request.urlopen(req, timeout=30))
-print(s["log_syncs"], s["log_flushes"])
+import json, os, re, urllib.request
+def get(path):
+    req = urllib.request.Request(os.environ["CISTERN_API"] + path, headers={"Authorization": "Bearer " + os.environ["CISTERN_TOKEN"]})
+    return urllib.request.urlopen(req, timeout=30).read().decode()
+s = json.loads(get("/v1/pools/bench/iostat"))
+m = get("/metrics")
+metric = lambda name: re.search(r'^' + name + r'\{pool="bench"\} (\S+)$', m, re.M).group(1)
+print(s["log_syncs"], s["log_flushes"], metric("cistern_pool_txg_commits_total"), metric("cistern_pool_txg_commit_seconds_total"))
 PY
 }
-# daemon utime+stime ticks, voluntary and involuntary switches over all its
-# threads, all kworkers' ticks, daemon minor faults
+# name=ticks per live thread name; then the daemon's ticks, minor faults,
+# voluntary and involuntary switches over its threads, all kworkers' ticks
 snap() {
-  local t; t=$(awk '{print $14+$15}' /proc/$PID/stat)
-  local v=0 n=0
+  for f in /proc/$PID/task/*/stat; do
+    sed -E 's/^[0-9]+ \((.*)\) . (.*)$/\1 \2/' "$f" 2>/dev/null | awk '{gsub(/-.*/,"",$1); print $1, $12+$13}'
+  done | awk '{s[$1]+=$2} END{for (k in s) printf "%s=%d ", k, s[k]}'
+  local v=0 n=0 a b
   for f in /proc/$PID/task/*/status; do
     read -r a b < <(awk '/^voluntary_ctxt/{v=$2} /^nonvoluntary_ctxt/{n=$2} END{print v, n}' "$f" 2>/dev/null)
     v=$((v+${a:-0})); n=$((n+${b:-0}))
   done
   local k; k=$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$2 ~ /^\(kworker/ {s+=$14+$15} END{print s+0}')
-  local m; m=$(awk '{print $10}' /proc/$PID/stat)
-  echo "$t $v $n $k $m"
+  awk -v v="$v" -v n="$n" -v k="$k" '{printf "total=%d minflt=%d vol=%d invol=%d kworker=%d\n", $14+$15, $10, v, n, k}' /proc/$PID/stat
 }
 fio --name=w --ioengine=nbd --uri="nbd://127.0.0.1:$NP/bench/vol" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8 --size=128M --offset_increment=128M --time_based --runtime=2 --group_reporting >/dev/null 2>&1
-read -r c0 f0 < <(counters)
-read -r t0 v0 n0 k0 m0 < <(snap)
-fio --name=m --ioengine=nbd --uri="nbd://127.0.0.1:$NP/bench/vol" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8 --size=128M --offset_increment=128M --buffer_compress_percentage=50 --buffer_compress_chunk=4k --refill_buffers --time_based --runtime="$RT" --group_reporting --output-format=json --output="$D/fio.json" >/dev/null 2>&1
-read -r t1 v1 n1 k1 m1 < <(snap)
-read -r c1 f1 < <(counters)
+fio --name=m --ioengine=nbd --uri="nbd://127.0.0.1:$NP/bench/vol" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8 --size=128M --offset_increment=128M --buffer_compress_percentage=50 --buffer_compress_chunk=4k --refill_buffers --time_based --runtime="$RT" --group_reporting --output-format=json --output="$D/fio.json" >/dev/null 2>&1 &
+FIO=$!
+sleep 2
+C0=$(counters); T0=$(date +%s.%N); S0=$(snap)
+sleep $((RT - 3))
+C1=$(counters); T1=$(date +%s.%N); S1=$(snap)
+wait $FIO
 LOAD=$(cut -d' ' -f1 /proc/loadavg)
 HWM=$(awk '/^VmHWM/{print int($2/1024)}' /proc/$PID/status)
-python3 - "$D/fio.json" "$t0" "$t1" "$v0" "$v1" "$n0" "$n1" "$c0" "$c1" "$f0" "$f1" "$LOAD" "$BIN" "$k0" "$k1" "$m0" "$m1" "$HWM" <<'PY'
+python3 - "$D/fio.json" "$S0" "$S1" "$C0" "$C1" "$T0" "$T1" "$LOAD" "$BIN" "$COMP" "$HWM" <<'PY'
 import json, sys, os
 d = json.load(open(sys.argv[1]))["jobs"][0]["write"]
-ops = d["total_ios"]; iops = d["iops"]
-t0,t1,v0,v1,n0,n1,c0,c1,f0,f1 = map(int, sys.argv[2:12])
-m0, m1 = int(sys.argv[16]), int(sys.argv[17])
+iops = d["iops"]; ops = iops * (float(sys.argv[7]) - float(sys.argv[6]))
+def parse(s): return {k: int(v) for k, v in (x.split("=") for x in s.split())}
+a, b = parse(sys.argv[2]), parse(sys.argv[3])
+syncs0, flushes0, commits0, secs0 = map(float, sys.argv[4].split())
+syncs1, flushes1, commits1, secs1 = map(float, sys.argv[5].split())
 hz = os.sysconf("SC_CLK_TCK")
-cpu = (t1-t0)/hz*1e6/ops
-label = sys.argv[13].split('/')[-4] if sys.argv[13].count('/') > 3 else sys.argv[13]
-print(f"{label} iops={iops:.0f} cpu_us/pair={cpu:.0f} vol/pair={(v1-v0)/ops:.2f} invol/pair={(n1-n0)/ops:.2f} "
-      f"minflt/pair={(m1-m0)/ops:.2f} syncs/flush={(c1-c0)/max(1,f1-f0):.3f} "
-      f"kworker_us/pair={(int(sys.argv[15])-int(sys.argv[14]))/hz*1e6/ops:.0f} peakRSS={sys.argv[18]}MiB load={sys.argv[12]}")
+us = lambda t: t / hz * 1e6 / ops
+delta = lambda k: b[k] - a[k]
+process = ("total", "minflt", "vol", "invol", "kworker")
+per = {k: b[k] - a.get(k, 0) for k in b if k not in process}
+gone = delta("total") - sum(per.values())
+commits = commits1 - commits0
+label = sys.argv[9].split('/')[-4] if sys.argv[9].count('/') > 3 else sys.argv[9]
+print(f"{label} {sys.argv[10]} iops={iops:.0f} cpu_us/pair={us(delta('total')):.1f} vol/pair={delta('vol')/ops:.2f} "
+      f"invol/pair={delta('invol')/ops:.2f} minflt/pair={delta('minflt')/ops:.2f} "
+      f"syncs/flush={(syncs1-syncs0)/max(1, flushes1-flushes0):.3f} kworker_us/pair={us(delta('kworker')):.0f} "
+      f"peakRSS={sys.argv[11]}MiB load={sys.argv[8]}")
+by = " ".join(f"{k}={us(v):.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0)
+print(f"  by thread (µs/pair): {by} gone={us(gone):.1f}; txgs={commits:.0f} ms/txg={(secs1-secs0)*1e3/max(1, commits):.0f}")
 PY
 kill $PID; wait $PID 2>/dev/null
 grep -q "panicked at" "$D/daemon.log" && echo "PANIC: $D/daemon.log"
