@@ -288,6 +288,55 @@ struct Queued {
 /// Most iovecs the drain hands one writev (IOV_MAX is 1024).
 const DRAIN_IOVECS: usize = 512;
 
+/// EXPERIMENT knobs (decision 0074), read once from the environment.
+pub(crate) mod exp {
+    use std::sync::OnceLock;
+    fn var(name: &str) -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+    pub(crate) struct Knobs {
+        pub sndbuf: usize,
+        pub lowat: usize,
+        pub maxw: usize,
+        pub iov: usize,
+        pub drainonly: bool,
+        pub pollwait: usize,
+        pub cork: bool,
+    }
+    pub(crate) fn get() -> &'static Knobs {
+        static K: OnceLock<Knobs> = OnceLock::new();
+        K.get_or_init(|| Knobs {
+            sndbuf: var("NBDX_SNDBUF"),
+            lowat: var("NBDX_LOWAT"),
+            maxw: var("NBDX_MAXW"),
+            iov: var("NBDX_IOV"),
+            drainonly: var("NBDX_DRAINONLY") != 0,
+            pollwait: var("NBDX_POLLWAIT"),
+            cork: var("NBDX_CORK") != 0,
+        })
+    }
+}
+
+/// Caps `bufs` at `max` bytes (0: no cap): how many slices, and the length
+/// of the last one.
+fn cap<'a>(bufs: &'a [IoSlice<'a>], max: usize, out: &mut Vec<IoSlice<'a>>) {
+    out.clear();
+    let mut left = if max == 0 { usize::MAX } else { max };
+    for b in bufs.iter().take(1024) {
+        if left == 0 {
+            break;
+        }
+        let k = b.len().min(left);
+        out.push(IoSlice::new(&b[..k]));
+        left -= k;
+    }
+}
+
+fn poll_out(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
 /// Encodes a reply into one contiguous byte vector (tests and the fuzzer).
 pub(crate) fn encode_to_vec(r: &Reply) -> Vec<u8> {
     let mut e = Encoder::new();
@@ -411,16 +460,27 @@ impl Sink {
             }
             return;
         }
-        if let (false, Wire::Tcp(sock)) = (st.draining, &self.sock) {
+        let k = exp::get();
+        if let (false, false, Wire::Tcp(sock)) = (k.drainonly, st.draining, &self.sock) {
             while !bufs.is_empty() {
-                match sock.try_write_vectored(bufs) {
+                let r = {
+                    let mut tmp = Vec::with_capacity(80);
+                    cap(bufs, k.maxw, &mut tmp);
+                    sock.try_write_vectored(&tmp)
+                };
+                match r {
                     Ok(0) => {
                         self.fail(&mut st, &io::ErrorKind::WriteZero.into());
                         return;
                     }
                     Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        use std::os::fd::AsRawFd;
+                        if k.pollwait == 0 || !poll_out(sock.as_ref().as_raw_fd(), k.pollwait as i32) {
+                            break;
+                        }
+                    }
                     Err(e) => {
                         self.fail(&mut st, &e);
                         return;
@@ -607,7 +667,8 @@ fn write_pending(
         e.encode(&q.reply);
         parts += e.parts.len();
         encs.push(e);
-        if parts >= DRAIN_IOVECS {
+        let lim = if exp::get().iov > 0 { exp::get().iov } else { DRAIN_IOVECS };
+        if parts >= lim {
             break;
         }
     }
@@ -619,8 +680,9 @@ fn write_pending(
     if let Some(q) = pending.front() {
         IoSlice::advance_slices(&mut bufs, q.written);
     }
-    let n = bufs.len().min(1024);
-    sock.try_write_vectored(&bufs[..n])
+    let mut tmp = Vec::with_capacity(bufs.len().min(1024));
+    cap(bufs, exp::get().maxw, &mut tmp);
+    sock.try_write_vectored(&tmp)
 }
 
 /// The drain of a TLS wire: writes the records rustls still queues as the
