@@ -302,6 +302,8 @@ pub(crate) mod exp {
         pub drainonly: bool,
         pub pollwait: usize,
         pub cork: bool,
+        pub touch: bool,
+        pub copy: bool,
     }
     pub(crate) fn get() -> &'static Knobs {
         static K: OnceLock<Knobs> = OnceLock::new();
@@ -311,8 +313,10 @@ pub(crate) mod exp {
             maxw: var("NBDX_MAXW"),
             iov: var("NBDX_IOV"),
             drainonly: var("NBDX_DRAINONLY") != 0,
-            pollwait: var("NBDX_POLLWAIT"),
+            pollwait: 0 * var("NBDX_POLLWAIT"),
             cork: var("NBDX_CORK") != 0,
+            touch: var("NBDX_TOUCH") != 0,
+            copy: var("NBDX_COPY") != 0,
         })
     }
 }
@@ -434,6 +438,17 @@ impl Sink {
         let mut enc = Encoder::new();
         enc.encode(&reply);
         let mut slices = enc.slices();
+        if exp::get().touch {
+            let mut acc = 0u8;
+            for sl in &slices {
+                let mut i = 0;
+                while i < sl.len() {
+                    acc = acc.wrapping_add(sl[i]);
+                    i += 64;
+                }
+            }
+            std::hint::black_box(acc);
+        }
         let mut st = self.lock();
         if st.failed {
             return;
@@ -461,6 +476,36 @@ impl Sink {
             return;
         }
         let k = exp::get();
+        if let (true, false, false, Wire::Tcp(sock)) = (k.copy, k.drainonly, st.draining, &self.sock) {
+            thread_local! {
+                static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            let r: io::Result<usize> = BUF.with(|b| {
+                let mut b = b.borrow_mut();
+                b.clear();
+                for sl in bufs.iter() {
+                    b.extend_from_slice(sl);
+                }
+                let mut off = 0;
+                while off < b.len() {
+                    match sock.try_write(&b[off..]) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => off += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(off)
+            });
+            match r {
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) => {
+                    self.fail(&mut st, &e);
+                    return;
+                }
+            }
+        }
         if let (false, false, Wire::Tcp(sock)) = (k.drainonly, st.draining, &self.sock) {
             while !bufs.is_empty() {
                 let r = {
