@@ -205,21 +205,6 @@ async fn connection(
     if let Err(e) = sock.set_nodelay(true) {
         debug!(%peer, "TCP_NODELAY: {e}");
     }
-    {
-        use std::os::fd::AsRawFd;
-        let k = crate::sink::exp::get();
-        let fd = sock.as_raw_fd();
-        let set = |lvl: i32, opt: i32, v: usize| unsafe {
-            let v = v as libc::c_int;
-            libc::setsockopt(fd, lvl, opt, &v as *const _ as *const libc::c_void, 4);
-        };
-        if k.sndbuf > 0 {
-            set(libc::SOL_SOCKET, libc::SO_SNDBUF, k.sndbuf);
-        }
-        if k.lowat > 0 {
-            set(libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, k.lowat);
-        }
-    }
     let hs = tokio::select! {
         r = tokio::time::timeout(
             config.handshake_timeout,
