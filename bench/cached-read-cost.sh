@@ -13,9 +13,15 @@
 # server's CPU seconds, context switches, syscalls (all; writev, sendmsg,
 # futex, epoll_wait, recvfrom+read) and page faults per GiB read, fio's own
 # CPU per GiB, and the server's peak/current RSS.
+# A second line gives the client's (fio's) context switches, syscalls,
+# recvfrom and poll calls per GiB: how often it woke for data.
 # Environment: RT=10 (seconds per round), NBDKIT=1 (0: skip nbdkit),
+# RW=read BS=1M QD=8 (the fio job: --rw, --bs, --iodepth),
 # PERF_RECORD=FILE (also `perf record` one more round; PERF_G, PERF_E: its
 # call-graph and event options). Needs root (perf), fio, nbdkit, python3.
+# On a shared machine, `chrt -f 5 bash bench/cached-read-cost.sh ...` runs
+# server and client as on a quiet one (decision 0074: under load the
+# per-GiB figures fall, since client and server rarely run at once).
 set -euo pipefail
 BIN=$1; LABEL=${2:-$(basename "$(dirname "$(dirname "$(dirname "$BIN")")")")}; ROUNDS=${3:-1}
 RT=${RT:-10}
@@ -33,7 +39,8 @@ measure() {
     perf stat -x, -o "$W/$name.perf" -e "$EV" -p "$pid" &
     local pp=$!
     sleep 0.2
-    perf stat -x, -o "$W/$name.fioperf" -e task-clock fio --name="$name" --ioengine=nbd "--uri=$uri" --rw=read --bs=1M --iodepth=8 --size=256M \
+    perf stat -x, -o "$W/$name.fioperf" -e task-clock,context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_recvfrom,syscalls:sys_enter_poll,syscalls:sys_enter_ppoll \
+        fio --name="$name" --ioengine=nbd "--uri=$uri" --rw="${RW:-read}" --bs="${BS:-1M}" --iodepth="${QD:-8}" --size=256M \
         --time_based --runtime="$RT" --output-format=json --output="$W/$name.json" >/dev/null 2>&1
     kill -INT $pp; wait $pp || true
     python3 - "$W/$name.json" "$W/$name.perf" "$LABEL" "$name" "$(cut -d' ' -f1 /proc/loadavg)" "$pid" <<'EOF'
@@ -55,10 +62,15 @@ fiocpu = 0
 for l in open(sys.argv[1].replace(".json", ".fioperf")):
     f = l.strip().split(",")
     if len(f) > 2 and f[2] == "task-clock": fiocpu = float(f[0]) / 1000 / gib
+    elif len(f) > 2:
+        try: ev["fio:" + f[2]] = float(f[0])
+        except ValueError: pass
 print(f"{sys.argv[3]:<10} {sys.argv[4]:<8} load {sys.argv[5]:>5}  {r['bw_bytes']/1e6:7.0f} MB/s  cpu {g('task-clock')/1000:.3f} s/GiB  "
       f"cs {g('context-switches'):6.0f}  sys {g('raw_syscalls:sys_enter'):6.0f}  writev {g('syscalls:sys_enter_writev'):5.0f}  "
       f"sendmsg {g('syscalls:sys_enter_sendmsg'):4.0f}  futex {g('syscalls:sys_enter_futex'):5.0f}  epoll {g('syscalls:sys_enter_epoll_wait'):5.0f}  "
       f"recv {g('syscalls:sys_enter_recvfrom')+g('syscalls:sys_enter_read'):5.0f}  pf {g('page-faults'):5.0f} /GiB  fio-cpu {fiocpu:.3f} s/GiB  rss {rss.get('VmHWM')}/{rss.get('VmRSS')} MiB")
+print(f"{'':<10} fio      cs {g('fio:context-switches'):6.0f}  sys {g('fio:raw_syscalls:sys_enter'):6.0f}  recv {g('fio:syscalls:sys_enter_recvfrom'):6.0f}  "
+      f"poll {g('fio:syscalls:sys_enter_poll') + g('fio:syscalls:sys_enter_ppoll'):6.0f} /GiB (the client's wake-ups)")
 EOF
 }
 mkdir -p "$W/disks"
