@@ -214,6 +214,10 @@ struct Pending {
 /// O_DSYNC writes in flight far better than one after another.
 const MAX_IN_FLIGHT: usize = 8;
 
+/// How long a blocking commit waits for a write in flight before it takes
+/// the ring's completions itself (see [`IntentLog::wait_in_flight`]).
+const RING_STALL: Duration = Duration::from_millis(50);
+
 /// A batch placed in the region and being written.
 struct InFlight {
     id: u64,
@@ -611,7 +615,7 @@ impl IntentLog {
             }
             // Already being written: wait for that batch and those before it.
             if st.in_flight.back().is_some_and(|b| b.end_seq > seq) {
-                self.changed.wait(&mut st);
+                self.wait_in_flight(&mut st);
                 continue;
             }
             let Some(first) = st.pending.front().map(|p| p.seq) else {
@@ -626,7 +630,7 @@ impl IntentLog {
             if st.in_flight.len() >= MAX_IN_FLIGHT
                 || (first != st.next_disk_seq && !st.in_flight.is_empty())
             {
-                self.changed.wait(&mut st);
+                self.wait_in_flight(&mut st);
                 continue;
             }
             let last = st.pending.back().map_or(first, |p| p.seq);
@@ -659,6 +663,18 @@ impl IntentLog {
                     st = self.state.lock();
                     self.changed.wait_for(&mut st, Duration::from_millis(100));
                 }
+            }
+        }
+    }
+
+    /// Waits for a write in flight to end. The ring's completions are taken
+    /// by its reaper, a runtime task (decision 0075); when the wait lasts,
+    /// this thread takes any posted completions itself, so a runtime whose
+    /// threads are all blocked here cannot leave them untaken.
+    fn wait_in_flight(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+        if self.changed.wait_for(st, RING_STALL).timed_out() {
+            if let Some(ring) = &self.ring {
+                parking_lot::MutexGuard::unlocked(st, || ring.reap_ready(&self.me));
             }
         }
     }
