@@ -337,6 +337,18 @@ pub struct IntentLog {
     ring: Option<Arc<ring::Ring>>,
     /// This log, for a thread that finishes a batch the ring could not.
     me: std::sync::Weak<IntentLog>,
+    /// Batches in the ring at once (at most [`MAX_IN_FLIGHT`]); a deferred
+    /// commit that finds this many waits for the next completion, which
+    /// submits one batch for every waiter queued meanwhile.
+    ring_depth: usize,
+}
+
+/// `CISTERN_LOG_RING_DEPTH` (1..=8, for measuring): batches in the ring at once.
+fn ring_depth() -> usize {
+    std::env::var("CISTERN_LOG_RING_DEPTH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(MAX_IN_FLIGHT, |d| d.clamp(1, MAX_IN_FLIGHT))
 }
 
 impl Drop for IntentLog {
@@ -432,6 +444,7 @@ impl IntentLog {
             stats: Stats::default(),
             ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
             me: weak.clone(),
+            ring_depth: ring_depth(),
         };
         (Arc::new_cyclic(log), records)
     }
@@ -733,7 +746,7 @@ impl IntentLog {
                 return Some(RingStart::No);
             }
             let first = st.pending.front()?.seq;
-            if st.in_flight.len() >= MAX_IN_FLIGHT
+            if st.in_flight.len() >= self.ring_depth
                 || (first != st.next_disk_seq && !st.in_flight.is_empty())
             {
                 return Some(RingStart::Busy);
@@ -1033,7 +1046,9 @@ impl IntentLog {
         let mut pos = st.write_pos;
         let mut disk_seq = st.next_disk_seq;
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut cur: Vec<u8> = Vec::new();
+        // Records plus a jump and the zeros to the page's end: no regrowth.
+        let bytes: usize = batch.iter().map(|p| p.bytes.len()).sum();
+        let mut cur: Vec<u8> = Vec::with_capacity(bytes + HEADER + PAGE as usize);
         let mut cur_start = pos;
         // Every record leaves room for a jump header after it, so `pos +
         // header <= size` holds wherever a jump is written.
