@@ -17,9 +17,9 @@ export CISTERN_TOKEN=$(cat "$D/state/api.token")
 "$BIN" pool create -s 4G bench "$D/disks/d0" >/dev/null
 "$BIN" create -V 1G -o compression=$COMP -o volblocksize=16K bench/vol >/dev/null
 snap() { for t in /proc/$PID/task/*; do
-  c=$(cat $t/comm); s=$(awk '{print $14+$15}' $t/stat)
-  v=$(awk '/^voluntary_ctxt/{print $2}' $t/status); n=$(awk '/^nonvoluntary_ctxt/{print $2}' $t/status)
-  echo "${t##*/} $c $s $v $n"; done; }
+  c=$(cat $t/comm 2>/dev/null); s=$(awk '{print $14+$15}' $t/stat 2>/dev/null)
+  v=$(awk '/^voluntary_ctxt/{print $2}' $t/status 2>/dev/null); n=$(awk '/^nonvoluntary_ctxt/{print $2}' $t/status 2>/dev/null)
+  [ -n "$n" ] && echo "${t##*/} $c $s $v $n"; done; }
 fio --name=w --ioengine=nbd --uri="nbd://127.0.0.1:$NP/bench/vol" --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8 --size=128M --offset_increment=128M --time_based --runtime=2 --group_reporting >/dev/null 2>&1
 snap > "$D/s0"
 if [ -n "${PERF_OUT:-}" ]; then perf record ${PERF_ARGS:--g} -p $PID -o "$PERF_OUT" >/dev/null 2>&1 & PP=$!; fi
@@ -33,7 +33,8 @@ iops=json.load(open(d+"/fio.json"))["jobs"][0]["write"]["iops"]
 def rd(f):
     r={}
     for l in open(f):
-        tid,c,s,v,n=l.split(); r[tid]=(c,int(s),int(v),int(n))
+        f=l.split()
+        if len(f)==5: r[f[0]]=(f[1],int(f[2]),int(f[3]),int(f[4]))
     return r
 a=rd(d+"/s0"); b=rd(d+"/s1"); hz=os.sysconf("SC_CLK_TCK")
 agg=collections.defaultdict(lambda:[0,0,0,0])

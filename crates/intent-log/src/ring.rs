@@ -234,10 +234,7 @@ impl Ring {
             // SAFETY: the AsyncFd owns the descriptor, which stays open
             // until it is dropped. Panics on a runtime without I/O.
             unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    efd,
-                    tokio::io::Interest::READABLE,
-                )
+                tokio::io::unix::AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE)
             }
             .map_err(|e| io::Error::from(e.into_parts().1))
         })

@@ -447,7 +447,10 @@ fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
         open_mode(&p, start(), Some(ring::Mode::Direct))
     };
     let ring = log.ring.clone().expect("io_uring is enabled");
-    assert!(ring.on_runtime.load(Ordering::Relaxed), "reaper not on the runtime");
+    assert!(
+        ring.on_runtime.load(Ordering::Relaxed),
+        "reaper not on the runtime"
+    );
     // A first batch puts the log on a page boundary (0061).
     let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
     log.commit(s0).unwrap();
@@ -464,9 +467,11 @@ fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
         let r = l.commit(seq);
         let _ = tx.send((queued, r.is_ok(), arx.recv_timeout(Duration::from_secs(5))));
     });
-    let (queued, committed, answer) = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("a commit blocking the runtime never returned");
+    let Ok((queued, committed, answer)) = rx.recv_timeout(Duration::from_secs(20)) else {
+        // Its thread is stuck: do not wait for it.
+        rt.shutdown_background();
+        panic!("a commit blocking the runtime never returned");
+    };
     assert!(queued, "the batch did not go to the ring");
     assert!(committed);
     assert_eq!(answer, Ok(true));
@@ -493,7 +498,10 @@ fn a_shut_down_runtime_hands_the_ring_to_a_thread() {
     let ring = log.ring.clone().expect("io_uring is enabled");
     assert!(ring.on_runtime.load(Ordering::Relaxed));
     drop(rt);
-    assert!(!ring.on_runtime.load(Ordering::Relaxed), "no thread took over");
+    assert!(
+        !ring.on_runtime.load(Ordering::Relaxed),
+        "no thread took over"
+    );
     let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
     log.commit(s0).unwrap();
     let seq = log.append(RecordKind::Write, 1, 8, 4, b"next");
