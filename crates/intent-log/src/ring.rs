@@ -236,7 +236,7 @@ impl Ring {
             unsafe {
                 tokio::io::unix::AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE)
             }
-            .map_err(|e| io::Error::from(e.into_parts().1))
+            .map_err(|e| e.into_parts().1)
         })
         .unwrap_or_else(|_| Err(io::Error::other("runtime without I/O")));
         let afd = match afd {
