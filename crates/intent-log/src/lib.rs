@@ -214,6 +214,10 @@ struct Pending {
 /// O_DSYNC writes in flight far better than one after another.
 const MAX_IN_FLIGHT: usize = 8;
 
+/// How long a blocking commit waits for a write in flight before it takes
+/// the ring's completions itself (see [`IntentLog::wait_in_flight`]).
+const RING_STALL: Duration = Duration::from_millis(50);
+
 /// A batch placed in the region and being written.
 struct InFlight {
     id: u64,
@@ -333,6 +337,18 @@ pub struct IntentLog {
     ring: Option<Arc<ring::Ring>>,
     /// This log, for a thread that finishes a batch the ring could not.
     me: std::sync::Weak<IntentLog>,
+    /// Batches in the ring at once (at most [`MAX_IN_FLIGHT`]); a deferred
+    /// commit that finds this many waits for the next completion, which
+    /// submits one batch for every waiter queued meanwhile.
+    ring_depth: usize,
+}
+
+/// `CISTERN_LOG_RING_DEPTH` (1..=8, for measuring): batches in the ring at once.
+fn ring_depth() -> usize {
+    std::env::var("CISTERN_LOG_RING_DEPTH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(MAX_IN_FLIGHT, |d| d.clamp(1, MAX_IN_FLIGHT))
 }
 
 impl Drop for IntentLog {
@@ -428,6 +444,7 @@ impl IntentLog {
             stats: Stats::default(),
             ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
             me: weak.clone(),
+            ring_depth: ring_depth(),
         };
         (Arc::new_cyclic(log), records)
     }
@@ -611,7 +628,7 @@ impl IntentLog {
             }
             // Already being written: wait for that batch and those before it.
             if st.in_flight.back().is_some_and(|b| b.end_seq > seq) {
-                self.changed.wait(&mut st);
+                self.wait_in_flight(&mut st);
                 continue;
             }
             let Some(first) = st.pending.front().map(|p| p.seq) else {
@@ -626,7 +643,7 @@ impl IntentLog {
             if st.in_flight.len() >= MAX_IN_FLIGHT
                 || (first != st.next_disk_seq && !st.in_flight.is_empty())
             {
-                self.changed.wait(&mut st);
+                self.wait_in_flight(&mut st);
                 continue;
             }
             let last = st.pending.back().map_or(first, |p| p.seq);
@@ -659,6 +676,18 @@ impl IntentLog {
                     st = self.state.lock();
                     self.changed.wait_for(&mut st, Duration::from_millis(100));
                 }
+            }
+        }
+    }
+
+    /// Waits for a write in flight to end. The ring's completions are taken
+    /// by its reaper, a runtime task (decision 0075); when the wait lasts,
+    /// this thread takes any posted completions itself, so a runtime whose
+    /// threads are all blocked here cannot leave them untaken.
+    fn wait_in_flight(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+        if self.changed.wait_for(st, RING_STALL).timed_out() {
+            if let Some(ring) = &self.ring {
+                parking_lot::MutexGuard::unlocked(st, || ring.reap_ready(&self.me));
             }
         }
     }
@@ -717,7 +746,7 @@ impl IntentLog {
                 return Some(RingStart::No);
             }
             let first = st.pending.front()?.seq;
-            if st.in_flight.len() >= MAX_IN_FLIGHT
+            if st.in_flight.len() >= self.ring_depth
                 || (first != st.next_disk_seq && !st.in_flight.is_empty())
             {
                 return Some(RingStart::Busy);
@@ -1017,7 +1046,9 @@ impl IntentLog {
         let mut pos = st.write_pos;
         let mut disk_seq = st.next_disk_seq;
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut cur: Vec<u8> = Vec::new();
+        // Records plus a jump and the zeros to the page's end: no regrowth.
+        let bytes: usize = batch.iter().map(|p| p.bytes.len()).sum();
+        let mut cur: Vec<u8> = Vec::with_capacity(bytes + HEADER + PAGE as usize);
         let mut cur_start = pos;
         // Every record leaves room for a jump header after it, so `pos +
         // header <= size` holds wherever a jump is written.

@@ -1,13 +1,22 @@
 //! Log writes submitted through io_uring (decision 0068): the thread that
 //! starts a deferred commit places the batch and submits its writes without
-//! blocking; one reaper thread per log takes the completions and answers
-//! the waiters. No thread sleeps in the write, and no worker is woken to
-//! start it, while several batches still overlap on the device.
+//! blocking; a reaper takes the completions and answers the waiters. No
+//! thread sleeps in the write, and no worker is woken to start it, while
+//! several batches still overlap on the device.
+//!
+//! The reaper (decision 0075) is a task on the tokio runtime the log was
+//! opened on, woken through an eventfd registered with the ring: the kernel
+//! posts a completion from the submitting thread's task work (a runtime
+//! thread), which then finds the eventfd ready in its own epoll and answers
+//! the waiters itself, instead of waking a `log-ring` thread to do it. Off
+//! a runtime (tests, tools) the `log-ring` thread waits in the ring as before.
 
 use parking_lot::Mutex;
 use pool::{DurableWrite, MirroredRegion};
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use vdev::AlignedBuf;
 
@@ -138,7 +147,19 @@ pub(crate) struct Ring {
     pub(crate) fail_next: std::sync::atomic::AtomicBool,
     /// Submissions come from any thread: one at a time.
     sq: Mutex<()>,
+    /// Completions too (the reaper, or a blocked commit taking them itself).
+    cq: Mutex<()>,
     batches: Mutex<HashMap<u64, RingBatch>>,
+    /// The STOP no-op was reaped: the reaper ends once no batch is left.
+    stopping: AtomicBool,
+    /// Whether the reaper is a runtime task (else the `log-ring` thread).
+    pub(crate) on_runtime: AtomicBool,
+}
+
+/// Where the reaper runs: `CISTERN_LOG_REAPER=thread` keeps the `log-ring`
+/// thread (for measuring); by default a task on the runtime, if any.
+fn reaper_on_runtime() -> bool {
+    !matches!(std::env::var("CISTERN_LOG_REAPER").as_deref(), Ok("thread"))
 }
 
 impl Ring {
@@ -159,19 +180,81 @@ impl Ring {
             #[cfg(test)]
             fail_next: std::sync::atomic::AtomicBool::new(false),
             sq: Mutex::new(()),
+            cq: Mutex::new(()),
             batches: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+            on_runtime: AtomicBool::new(false),
         });
-        let reaper = ring.clone();
-        let spawned = std::thread::Builder::new()
-            .name("log-ring".into())
-            .spawn(move || reaper.reap(log));
-        match spawned {
-            Ok(_) => Some(ring),
+        if reaper_on_runtime() && ring.reap_on_runtime(&log) {
+            return Some(ring);
+        }
+        match ring.clone().reap_on_thread(log) {
+            Ok(()) => Some(ring),
             Err(e) => {
                 tracing::warn!(error = %e, "no log-ring thread: log writes block a thread");
                 None
             }
         }
+    }
+
+    fn reap_on_thread(self: Arc<Ring>, log: Weak<IntentLog>) -> io::Result<()> {
+        self.on_runtime.store(false, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("log-ring".into())
+            .spawn(move || self.reap(log))
+            .map(|_| ())
+    }
+
+    /// Starts the reaper as a task of the current multi-thread runtime,
+    /// woken by an eventfd the ring signals on each completion; false (and
+    /// nothing registered) where there is no such runtime or no eventfd.
+    /// A current-thread runtime is not used: its one thread may be the one
+    /// blocked waiting for the log.
+    fn reap_on_runtime(self: &Arc<Ring>, log: &Weak<IntentLog>) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return false;
+        }
+        // SAFETY: plain syscall; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            tracing::info!(error = %io::Error::last_os_error(), "no eventfd: log completions on a thread");
+            return false;
+        }
+        // SAFETY: `fd` is a new descriptor owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        if let Err(e) = self.ring.submitter().register_eventfd(efd.as_raw_fd()) {
+            tracing::info!(error = %e, "io_uring eventfd not registered: log completions on a thread");
+            return false;
+        }
+        let afd = std::panic::catch_unwind(|| {
+            let _in = rt.enter();
+            // SAFETY: the AsyncFd owns the descriptor, which stays open
+            // until it is dropped. Panics on a runtime without I/O.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE)
+            }
+            .map_err(|e| e.into_parts().1)
+        })
+        .unwrap_or_else(|_| Err(io::Error::other("runtime without I/O")));
+        let afd = match afd {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = self.ring.submitter().unregister_eventfd();
+                tracing::info!(error = %e, "eventfd not pollable: log completions on a thread");
+                return false;
+            }
+        };
+        self.on_runtime.store(true, Ordering::Relaxed);
+        let guard = TaskGuard {
+            ring: self.clone(),
+            log: log.clone(),
+            ended: false,
+        };
+        rt.spawn(guard.run(afd));
+        true
     }
 
     /// Submits the writes of a placed batch. On `Err` nothing was submitted
@@ -351,10 +434,38 @@ impl Ring {
         None
     }
 
+    /// Takes every completion posted so far and finishes the batches they
+    /// complete (answering their waiters from this thread).
+    pub(crate) fn reap_ready(&self, log: &Weak<IntentLog>) {
+        let done: Vec<(u64, i32)> = {
+            let _cq = self.cq.lock();
+            // SAFETY: consumers are serialized by `cq`.
+            let cq = unsafe { self.ring.completion_shared() };
+            cq.map(|c| (c.user_data(), c.result())).collect()
+        };
+        for (ud, res) in done {
+            if ud == STOP {
+                self.stopping.store(true, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(batch) = self.complete(ud, res) {
+                match log.upgrade() {
+                    Some(log) => log.ring_done(batch),
+                    None => drop(batch),
+                }
+            }
+        }
+    }
+
+    /// Whether the reaper may end: stopped, and no write left in the ring.
+    fn ended(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed) && self.batches.lock().is_empty()
+    }
+
+    /// The `log-ring` thread: sleeps in the ring until a completion.
     fn reap(self: Arc<Ring>, log: Weak<IntentLog>) {
-        let mut stopping = false;
         loop {
-            if stopping && self.batches.lock().is_empty() {
+            if self.ended() {
                 return;
             }
             // SAFETY: plain wait for one completion; no argument.
@@ -369,23 +480,7 @@ impl Ring {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             }
-            let done: Vec<(u64, i32)> = {
-                // SAFETY: only this thread consumes completions.
-                let cq = unsafe { self.ring.completion_shared() };
-                cq.map(|c| (c.user_data(), c.result())).collect()
-            };
-            for (ud, res) in done {
-                if ud == STOP {
-                    stopping = true;
-                    continue;
-                }
-                if let Some(batch) = self.complete(ud, res) {
-                    match log.upgrade() {
-                        Some(log) => log.ring_done(batch),
-                        None => drop(batch),
-                    }
-                }
-            }
+            self.reap_ready(&log);
         }
     }
 
@@ -402,6 +497,63 @@ impl Ring {
         };
         if pushed {
             let _ = self.ring.submit();
+        }
+    }
+}
+
+/// The reaper task. If the runtime drops it while writes may still be in
+/// the ring (runtime shut down), a `log-ring` thread takes over, so no
+/// waiter is left unanswered.
+struct TaskGuard {
+    ring: Arc<Ring>,
+    log: Weak<IntentLog>,
+    ended: bool,
+}
+
+impl TaskGuard {
+    async fn run(mut self, afd: tokio::io::unix::AsyncFd<OwnedFd>) {
+        loop {
+            if self.ring.ended() {
+                break;
+            }
+            let mut ready = match afd.readable().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "log eventfd wait failed: log completions on a thread");
+                    return;
+                }
+            };
+            // Reset the counter before taking the completions: one posted
+            // after this read signals the eventfd again.
+            let read = ready.try_io(|fd| {
+                let mut n = [0u8; 8];
+                // SAFETY: reads 8 bytes into `n`.
+                let r = unsafe { libc::read(fd.as_raw_fd(), n.as_mut_ptr().cast(), n.len()) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            });
+            if read.is_err() {
+                // Would block: readiness cleared, wait again.
+                continue;
+            }
+            self.ring.reap_ready(&self.log);
+        }
+        let _ = self.ring.ring.submitter().unregister_eventfd();
+        self.ended = true;
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if self.ended || self.ring.ended() {
+            return;
+        }
+        let _ = self.ring.ring.submitter().unregister_eventfd();
+        if let Err(e) = self.ring.clone().reap_on_thread(self.log.clone()) {
+            tracing::error!(error = %e, "no log-ring thread after the runtime's reaper ended");
         }
     }
 }

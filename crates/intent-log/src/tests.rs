@@ -410,12 +410,124 @@ fn deferred_commits_through_the_ring_are_answered_only_when_on_disk() {
     }
 }
 
+/// Decision 0075: the same with the ring's completions reaped by a task on
+/// a multi-thread runtime (woken through the ring's eventfd), the answers
+/// coming from that task: each 8th waiter replays the region from inside
+/// its callback and must find its record.
+#[test]
+fn deferred_commits_reaped_on_the_runtime_are_answered_only_when_on_disk() {
+    let rt = runtime(2);
+    let _in = rt.enter();
+    for (mode, n) in [(ring::Mode::Direct, 1), (ring::Mode::Direct, 2)] {
+        deferred_commits_check(Some(mode), n);
+    }
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Decision 0075: a runtime whose only thread is blocked in a commit
+/// cannot run the reaper task; the commit takes the ring's completions
+/// itself (and answers the deferred commit queued before it).
+#[test]
+fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
+    if !io_uring_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let rt = runtime(1);
+    let (log, _) = {
+        let _in = rt.enter();
+        open_mode(&p, start(), Some(ring::Mode::Direct))
+    };
+    let ring = log.ring.clone().expect("io_uring is enabled");
+    assert!(
+        ring.on_runtime.load(Ordering::Relaxed),
+        "reaper not on the runtime"
+    );
+    // A first batch puts the log on a page boundary (0061).
+    let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
+    log.commit(s0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let l = log.clone();
+    rt.spawn(async move {
+        let seq = l.append(RecordKind::Write, 1, 8, 4, b"next");
+        let (atx, arx) = std::sync::mpsc::channel();
+        let waiter: Waiter = Box::new(move |durable| {
+            let _ = atx.send(durable);
+        });
+        let queued = matches!(l.commit_deferred(seq, waiter), Deferred::Queued);
+        // Blocks the runtime's only thread until the batch is on disk.
+        let r = l.commit(seq);
+        let _ = tx.send((queued, r.is_ok(), arx.recv_timeout(Duration::from_secs(5))));
+    });
+    let Ok((queued, committed, answer)) = rx.recv_timeout(Duration::from_secs(20)) else {
+        // Its thread is stuck: do not wait for it.
+        rt.shutdown_background();
+        panic!("a commit blocking the runtime never returned");
+    };
+    assert!(queued, "the batch did not go to the ring");
+    assert!(committed);
+    assert_eq!(answer, Ok(true));
+    assert_eq!(log.stats().ring.load(Ordering::Relaxed), 1);
+    drop(log);
+    let (_, found) = open_mode(&p, start(), None);
+    assert_eq!(found.len(), 2);
+}
+
+/// Decision 0075: when the runtime that ran the reaper shuts down, a
+/// `log-ring` thread takes over: deferred commits are still answered.
+#[test]
+fn a_shut_down_runtime_hands_the_ring_to_a_thread() {
+    if !io_uring_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let rt = runtime(1);
+    let (log, _) = {
+        let _in = rt.enter();
+        open_mode(&p, start(), Some(ring::Mode::Direct))
+    };
+    let ring = log.ring.clone().expect("io_uring is enabled");
+    assert!(ring.on_runtime.load(Ordering::Relaxed));
+    drop(rt);
+    assert!(
+        !ring.on_runtime.load(Ordering::Relaxed),
+        "no thread took over"
+    );
+    let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
+    log.commit(s0).unwrap();
+    let seq = log.append(RecordKind::Write, 1, 8, 4, b"next");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter: Waiter = Box::new(move |durable| {
+        let _ = tx.send(durable);
+    });
+    assert!(matches!(log.commit_deferred(seq, waiter), Deferred::Queued));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(true));
+    assert_eq!(log.stats().ring.load(Ordering::Relaxed), 1);
+}
+
 fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
     let dir = tempfile::tempdir().unwrap();
     let p = pool(dir.path(), devices);
     let region = p.log_region();
     let (log, _) = open_mode(&p, start(), mode);
     let ring_on = log.ring.is_some();
+    let on_runtime = tokio::runtime::Handle::try_current().is_ok();
+    assert_eq!(
+        log.ring
+            .as_ref()
+            .is_some_and(|r| r.on_runtime.load(Ordering::Relaxed)),
+        ring_on && on_runtime,
+        "reaper on the runtime iff there is one"
+    );
     assert!(mode.is_none() || ring_on || !io_uring_enabled());
     let answered = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
     let checked = Arc::new(AtomicU64::new(0));

@@ -187,6 +187,9 @@ where
     let rebalance = tokio::time::sleep(Duration::from_secs(3600));
     tokio::pin!(rebalance);
     let mut rebalance_armed = false;
+    // The payload buffer of the last WRITE done on this task, for the next
+    // one (decision 0075: no allocation per small WRITE).
+    let mut spare: Vec<u8> = Vec::new();
 
     let end = 'conn: loop {
         // ---- request header (cancel-safe: a single `read` either reads or
@@ -318,7 +321,7 @@ where
         }
 
         let payload = if req.command == Command::Write {
-            match read_payload(&mut rd, req.len as usize).await {
+            match read_payload(&mut rd, req.len as usize, &mut spare).await {
                 Ok(p) => p,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                     break End::Protocol(format!(
@@ -369,6 +372,8 @@ where
         // runs the blocking flush and replies under the write's handle.
         if req.command == Command::Write && req.len <= INLINE_WRITE_MAX {
             if let Some(reply) = try_write_inline(&session, &req, &payload) {
+                // The export copied the bytes: the buffer serves the next WRITE.
+                spare = payload;
                 let mut permits = permits;
                 permits.release_bytes();
                 let written = matches!(reply, Reply::Simple { error: 0, .. });
@@ -869,9 +874,21 @@ impl Dispatcher {
     }
 }
 
-/// Reads exactly `len` payload bytes without zero-filling the buffer first.
-async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(len);
+/// Reads exactly `len` payload bytes without zero-filling the buffer first,
+/// into `spare` if it is big enough and at most [`INLINE_WRITE_MAX`] (so a
+/// connection keeps no large buffer), else into a new one.
+async fn read_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    len: usize,
+    spare: &mut Vec<u8>,
+) -> io::Result<Vec<u8>> {
+    let mut buf = if len <= spare.capacity() && spare.capacity() <= INLINE_WRITE_MAX as usize {
+        let mut b = std::mem::take(spare);
+        b.clear();
+        b
+    } else {
+        Vec::with_capacity(len)
+    };
     let mut take = rd.take(len as u64);
     while buf.len() < len {
         if take.read_buf(&mut buf).await? == 0 {
