@@ -21,7 +21,10 @@
 #   the daemon's CPU µs per pair by thread name ("gone": threads that exited
 #   in the window, e.g. the txg's encoder threads), txg commits and the mean
 #   commit time (metrics).
-# Needs fio (nbd engine), python3. Only 127.0.0.1.
+# PERF_OUT=FILE also runs `perf record ${PERF_ARGS:--g}` of the daemon over the
+# measured window (e.g. PERF_ARGS="-e sched:sched_switch -e sched:sched_wakeup -g"
+# to see who wakes whom).
+# Needs fio (nbd engine), python3 (and perf for PERF_OUT). Only 127.0.0.1.
 set -u
 BIN="$1"; COMP="${2:-off}"; RT="${3:-10}"
 ((RT >= 5)) || { echo "flush-cost.sh: RUNTIME must be at least 5 seconds" >&2; exit 2; }
@@ -68,9 +71,15 @@ fio --name=m --ioengine=nbd --uri="nbd://127.0.0.1:$NP/bench/vol" --rw=randwrite
 FIO=$!
 sleep 2
 C0=$(counters); T0=$(date +%s.%N); S0=$(snap)
+if [[ -n "${PERF_OUT:-}" ]]; then
+    # shellcheck disable=SC2086 # PERF_ARGS is a list of options
+    timeout $((RT + 5)) perf record ${PERF_ARGS:--g} -p "$PID" -o "$PERF_OUT" -- sleep $((RT - 3)) >/dev/null 2>&1 &
+    PERF_PID=$!
+fi
 sleep $((RT - 3))
 C1=$(counters); T1=$(date +%s.%N); S1=$(snap)
 wait $FIO
+[[ -n "${PERF_PID:-}" ]] && wait "$PERF_PID"
 LOAD=$(cut -d' ' -f1 /proc/loadavg)
 HWM=$(awk '/^VmHWM/{print int($2/1024)}' /proc/$PID/status)
 python3 - "$D/fio.json" "$S0" "$S1" "$C0" "$C1" "$T0" "$T1" "$LOAD" "$BIN" "$COMP" "$HWM" <<'PY'
