@@ -431,14 +431,16 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Decision 0075: a runtime whose only thread is blocked in a commit
-/// cannot run the reaper task; the commit takes the ring's completions
-/// itself (and answers the deferred commit queued before it).
-#[test]
-fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
-    if !io_uring_enabled() {
-        return;
-    }
+/// A log on one device, opened inside a one-thread runtime, whose ring
+/// completions that runtime reaps (decision 0075).
+#[allow(clippy::type_complexity)]
+fn ring_log_on_one_thread_runtime() -> (
+    tempfile::TempDir,
+    Arc<Pool>,
+    tokio::runtime::Runtime,
+    Arc<IntentLog>,
+    Arc<ring::Ring>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let p = pool(dir.path(), 1);
     let rt = runtime(1);
@@ -451,6 +453,18 @@ fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
         ring.on_runtime.load(Ordering::Relaxed),
         "reaper not on the runtime"
     );
+    (dir, p, rt, log, ring)
+}
+
+/// Decision 0075: a runtime whose only thread is blocked in a commit
+/// cannot run the reaper task; the commit takes the ring's completions
+/// itself (and answers the deferred commit queued before it).
+#[test]
+fn a_commit_blocking_the_runtime_takes_the_ring_completions_itself() {
+    if !io_uring_enabled() {
+        return;
+    }
+    let (_dir, p, rt, log, _ring) = ring_log_on_one_thread_runtime();
     // A first batch puts the log on a page boundary (0061).
     let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
     log.commit(s0).unwrap();
@@ -488,15 +502,7 @@ fn a_shut_down_runtime_hands_the_ring_to_a_thread() {
     if !io_uring_enabled() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let p = pool(dir.path(), 1);
-    let rt = runtime(1);
-    let (log, _) = {
-        let _in = rt.enter();
-        open_mode(&p, start(), Some(ring::Mode::Direct))
-    };
-    let ring = log.ring.clone().expect("io_uring is enabled");
-    assert!(ring.on_runtime.load(Ordering::Relaxed));
+    let (_dir, _p, rt, log, ring) = ring_log_on_one_thread_runtime();
     drop(rt);
     assert!(
         !ring.on_runtime.load(Ordering::Relaxed),

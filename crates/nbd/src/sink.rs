@@ -769,6 +769,25 @@ mod tests {
         }
     }
 
+    /// A sink over a loopback connection whose client has a 16 KiB
+    /// receive window, so the socket fills and the drain task writes; the
+    /// client end, the server's read half (kept open), the sink, its drain.
+    async fn small_window_sink() -> (
+        tokio::net::TcpStream,
+        tokio::net::tcp::OwnedReadHalf,
+        Arc<Sink>,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(16 * 1024).unwrap();
+        let (client, server) = tokio::join!(sock.connect(addr), l.accept());
+        let (rd, wr) = server.unwrap().0.into_split();
+        let (sink, drain, _broken) = Sink::start(Wire::Tcp(wr), None);
+        (client.unwrap(), rd, sink, drain)
+    }
+
     /// Replies sent from several threads while the drain task writes the
     /// queued ones outside the sink's lock (decision 0070): every reply
     /// arrives whole, and each thread's replies in the order it sent them,
@@ -784,14 +803,7 @@ mod tests {
                 .map(|i| (i as u8).wrapping_mul(31) ^ h as u8)
                 .collect()
         }
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.set_recv_buffer_size(16 * 1024).unwrap();
-        let (client, server) = tokio::join!(sock.connect(addr), l.accept());
-        let mut client = client.unwrap();
-        let (_rd, wr) = server.unwrap().0.into_split();
-        let (sink, drain, _broken) = Sink::start(Wire::Tcp(wr), None);
+        let (mut client, _rd, sink, drain) = small_window_sink().await;
         let senders: Vec<_> = (0..THREADS)
             .map(|t| {
                 let sink = sink.clone();
@@ -852,14 +864,7 @@ mod tests {
                 .map(|i| (i as u8).wrapping_mul(13) ^ h as u8)
                 .collect()
         }
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.set_recv_buffer_size(16 * 1024).unwrap();
-        let (client, server) = tokio::join!(sock.connect(addr), l.accept());
-        let mut client = client.unwrap();
-        let (_rd, wr) = server.unwrap().0.into_split();
-        let (sink, drain, _broken) = Sink::start(Wire::Tcp(wr), None);
+        let (mut client, _rd, sink, drain) = small_window_sink().await;
         let slots = Arc::new(tokio::sync::Semaphore::new(N as usize));
         let sender = {
             let (sink, slots) = (sink.clone(), slots.clone());
