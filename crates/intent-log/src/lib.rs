@@ -86,12 +86,37 @@ pub struct LogRecord {
     pub payload: Vec<u8>,
 }
 
+/// Records up to this payload size are checksummed from one gathered copy.
+const GATHER_MAX: usize = 64 << 10;
+
+/// blake3 of the pool guid, the 48 header bytes and the payload.
+///
+/// blake3 hashes 1 KiB chunks side by side (SIMD) only when they reach it
+/// as one slice from the stream's start; fed as guid, header and payload,
+/// the 56-byte prefix makes it hash a small record's chunks one at a time
+/// (4.1 µs instead of 1.6 µs for a 4 KiB record, once per NBD WRITE). So a
+/// small record is gathered into a per-thread buffer (a copy costs a tenth
+/// of the hash); the bytes hashed, hence the checksum, are the same. A
+/// large payload's chunks go side by side anyway after the first few.
 fn checksum(guid: u64, header: &[u8], payload: &[u8]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(&guid.to_le_bytes());
-    h.update(&header[..48]);
-    h.update(payload);
-    *h.finalize().as_bytes()
+    thread_local! {
+        static STREAM: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    if payload.len() > GATHER_MAX {
+        let mut h = blake3::Hasher::new();
+        h.update(&guid.to_le_bytes());
+        h.update(&header[..48]);
+        h.update(payload);
+        return *h.finalize().as_bytes();
+    }
+    STREAM.with(|s| {
+        let mut s = s.borrow_mut();
+        s.clear();
+        s.extend_from_slice(&guid.to_le_bytes());
+        s.extend_from_slice(&header[..48]);
+        s.extend_from_slice(payload);
+        *blake3::hash(&s).as_bytes()
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
