@@ -175,6 +175,14 @@ impl PartialBlock {
         }
     }
 
+    /// The merged block over `base`, or over a hole (`None`) without a copy.
+    pub fn merged(&self, base: Option<&[u8]>) -> Arc<Vec<u8>> {
+        match base {
+            Some(b) => Arc::new(self.over(Some(b))),
+            None => self.over_hole(),
+        }
+    }
+
     /// [`PartialBlock::over`] a hole, without a copy: the block's own bytes
     /// (zeros outside the new ranges).
     pub fn over_hole(&self) -> Arc<Vec<u8>> {
@@ -1346,11 +1354,8 @@ impl ImportedPool {
                 crate::volume::read_outside_open(self, &view, &chain, obj, false, bs, &rest)?;
             for b in rest {
                 if let Some(p) = partial(b) {
-                    let merged = match bases.get(&b).cloned().flatten() {
-                        Some(base) => Arc::new(p.over(Some(&base))),
-                        None => p.over_hole(),
-                    };
-                    out.insert((ds, obj, b), merged);
+                    let base = bases.get(&b).cloned().flatten();
+                    out.insert((ds, obj, b), p.merged(base.as_deref()));
                 }
             }
         }

@@ -109,7 +109,7 @@ fn read_outside_open_as(
     };
     for (b, part) in partial {
         let base = out.get(&b).cloned().flatten();
-        out.insert(b, Some(merged(&part, base.as_deref())));
+        out.insert(b, Some(Block::from(part.merged(base.as_deref()))));
     }
     Ok(Some((out, warm)))
 }
@@ -126,14 +126,6 @@ pub(crate) fn prefetch_committed(
 ) -> Result<()> {
     let mut out = HashMap::new();
     read_committed(p, view, chain, obj, bs, blocks, &mut out, Fetch::Prefetch).map(|_| ())
-}
-
-/// A partial block over its base (`None`: a hole, which costs no copy).
-fn merged(part: &PartialBlock, base: Option<&[u8]>) -> Block {
-    match base {
-        Some(b) => Block::from(part.over(Some(b))),
-        None => Block::from(part.over_hole()),
-    }
 }
 
 /// Committed pointers of `blocks` as `chain` sees them (holes and tombstones
@@ -200,6 +192,12 @@ fn read_committed(
             b * bs as u64
         ))
     };
+    // Every copy tried, bad copies healed, errors counted: the slow path of
+    // any block a quicker read could not give.
+    let reread = |b: u64, bp: &BlockPointer| -> Result<Block> {
+        let data = block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
+        Ok(Block::from(full_block(data, bs, ds, obj, b)?))
+    };
     // Blocks this call reads from the devices, each claimed so that a
     // concurrent reader of the same block (prefetch or another request)
     // waits for it instead of reading it again.
@@ -219,9 +217,7 @@ fn read_committed(
                 if prefetch {
                     continue;
                 }
-                let data =
-                    block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
-                out.insert(b, Some(Block::from(full_block(data, bs, ds, obj, b)?)));
+                out.insert(b, Some(reread(b, bp)?));
             }
             Some(bp) if prefetch => {
                 let key = arc_key(ds, obj, b, bp);
@@ -313,14 +309,7 @@ fn read_committed(
                         Some(buf) if block::is_stored(bp, &buf) => Block::from(buf),
                         // Slow path: try every copy, heal the bad ones, count
                         // the errors (the unverified buffer is dropped unused).
-                        _ => Block::from(full_block(
-                            block::read_block_keyed(&p.pool, bp, unseal(b))
-                                .map_err(|e| lost(b, bp, &e))?,
-                            bs,
-                            ds,
-                            obj,
-                            b,
-                        )?),
+                        _ => reread(b, bp)?,
                     };
                     got.push((k, data));
                 }
@@ -348,12 +337,16 @@ fn read_committed(
                     }
                     let quick = stored.and_then(|s| block::decode_verified_keyed(bp, s, unseal(b)));
                     let data = match quick {
-                        Some(d) => d.map_err(|e| lost(b, bp, &e))?,
-                        // Slow path: try every copy, heal the bad ones, count the errors.
-                        None => block::read_block_keyed(&p.pool, bp, unseal(b))
-                            .map_err(|e| lost(b, bp, &e))?,
+                        Some(d) => Block::from(full_block(
+                            d.map_err(|e| lost(b, bp, &e))?,
+                            bs,
+                            ds,
+                            obj,
+                            b,
+                        )?),
+                        None => reread(b, bp)?,
                     };
-                    got.push((k, Block::from(full_block(data, bs, ds, obj, b)?)));
+                    got.push((k, data));
                 }
             }
         }
@@ -389,8 +382,7 @@ fn read_committed(
             continue;
         }
         // The other read failed, or the block left the ARC already: read it here.
-        let data = block::read_block_keyed(&p.pool, bp, unseal(b)).map_err(|e| lost(b, bp, &e))?;
-        let data = Block::from(full_block(data, bs, ds, obj, b)?);
+        let data = reread(b, bp)?;
         p.counters
             .read_bytes
             .fetch_add(bp.psize as u64, Ordering::Relaxed);
@@ -835,7 +827,7 @@ fn read_pieces_as(
         let data = match &in_open[i] {
             Some(Dirty::Partial(part)) => {
                 let base = fetched.remove(&b).flatten();
-                Some(merged(part, base.as_deref()))
+                Some(Block::from(part.merged(base.as_deref())))
             }
             Some(d) => materialized(Some(p), (chain.data_id(), obj, b), d, bs)?,
             None => fetched.remove(&b).flatten(),
