@@ -788,13 +788,42 @@ mod tests {
         (client.unwrap(), rd, sink, drain)
     }
 
+    /// A successful simple READ reply carrying `p`.
+    fn shared_read(handle: u64, p: Vec<u8>) -> Reply {
+        let len = p.len();
+        Reply::Read {
+            handle,
+            offset: 0,
+            len: len as u32,
+            chunks: vec![ReadChunk::Shared(Arc::new(p), 0..len)],
+            mode: ReadMode::Simple,
+        }
+    }
+
+    /// Reads the next simple reply whole and checks its payload is
+    /// `payload(handle)`; its handle.
+    async fn next_reply(client: &mut tokio::net::TcpStream, payload: fn(u64) -> Vec<u8>) -> u64 {
+        use tokio::io::AsyncReadExt;
+        let mut hdr = [0u8; 16];
+        tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut hdr))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(be32(&hdr, 0), SIMPLE_REPLY_MAGIC, "a reply was cut");
+        let h = be64(&hdr, 8);
+        let want = payload(h);
+        let mut got = vec![0u8; want.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got == want, "reply {h:#x} differs");
+        h
+    }
+
     /// Replies sent from several threads while the drain task writes the
     /// queued ones outside the sink's lock (decision 0070): every reply
     /// arrives whole, and each thread's replies in the order it sent them,
     /// through a small receive window that keeps the socket full.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replies_sent_while_the_drain_writes_arrive_whole_and_in_order() {
-        use tokio::io::AsyncReadExt;
         const THREADS: u64 = 4;
         const EACH: u64 = 3000;
         fn payload(h: u64) -> Vec<u8> {
@@ -810,38 +839,17 @@ mod tests {
                 tokio::task::spawn_blocking(move || {
                     for i in 0..EACH {
                         let h = t << 32 | i;
-                        let p = Arc::new(payload(h));
-                        let len = p.len();
-                        sink.send(
-                            Reply::Read {
-                                handle: h,
-                                offset: 0,
-                                len: len as u32,
-                                chunks: vec![ReadChunk::Shared(p, 0..len)],
-                                mode: ReadMode::Simple,
-                            },
-                            Permits::default(),
-                        );
+                        sink.send(shared_read(h, payload(h)), Permits::default());
                     }
                 })
             })
             .collect();
         let mut next = [0u64; THREADS as usize];
-        let mut hdr = [0u8; 16];
         for _ in 0..THREADS * EACH {
-            tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut hdr))
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(be32(&hdr, 0), SIMPLE_REPLY_MAGIC, "a reply was cut");
-            let h = be64(&hdr, 8);
+            let h = next_reply(&mut client, payload).await;
             let t = (h >> 32) as usize;
             assert_eq!(h & 0xffff_ffff, next[t], "thread {t}: replies out of order");
             next[t] += 1;
-            let want = payload(h);
-            let mut got = vec![0u8; want.len()];
-            client.read_exact(&mut got).await.unwrap();
-            assert!(got == want, "reply {h:#x} differs");
         }
         for s in senders {
             s.await.unwrap();
@@ -856,7 +864,6 @@ mod tests {
     /// come back once it is on the wire.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queued_and_sent_replies_arrive_whole_in_order_and_release_permits() {
-        use tokio::io::AsyncReadExt;
         const N: u64 = 3000;
         fn payload(h: u64) -> Vec<u8> {
             let n = 1 + (h.wrapping_mul(104_729) % 40_000) as usize;
@@ -870,15 +877,7 @@ mod tests {
             let (sink, slots) = (sink.clone(), slots.clone());
             tokio::task::spawn_blocking(move || {
                 for h in 0..N {
-                    let p = Arc::new(payload(h));
-                    let len = p.len();
-                    let reply = Reply::Read {
-                        handle: h,
-                        offset: 0,
-                        len: len as u32,
-                        chunks: vec![ReadChunk::Shared(p, 0..len)],
-                        mode: ReadMode::Simple,
-                    };
+                    let reply = shared_read(h, payload(h));
                     let permits = Permits {
                         _slot: Some(slots.clone().try_acquire_owned().unwrap()),
                         ..Permits::default()
@@ -893,18 +892,12 @@ mod tests {
                 }
             })
         };
-        let mut hdr = [0u8; 16];
         for want_h in 0..N {
-            tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut hdr))
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(be32(&hdr, 0), SIMPLE_REPLY_MAGIC, "a reply was cut");
-            assert_eq!(be64(&hdr, 8), want_h, "replies out of order");
-            let want = payload(want_h);
-            let mut got = vec![0u8; want.len()];
-            client.read_exact(&mut got).await.unwrap();
-            assert!(got == want, "reply {want_h} differs");
+            assert_eq!(
+                next_reply(&mut client, payload).await,
+                want_h,
+                "replies out of order"
+            );
         }
         sender.await.unwrap();
         let t = Instant::now();
