@@ -27,6 +27,39 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.random()).collect()
 }
 
+/// Allocates one block per entry of `datas`, checks they lie side by side,
+/// and writes them as one vectored write (as the txg does), each padded to
+/// its allocated size; their DVAs.
+fn write_adjacent_run(pool: &Pool, datas: &[Vec<u8>]) -> Vec<Dva> {
+    let dvas: Vec<Dva> = datas
+        .iter()
+        .map(|d| pool.allocator().allocate(d.len() as u64).unwrap())
+        .collect();
+    for w in dvas.windows(2) {
+        assert_eq!(w[0].offset + w[0].asize as u64, w[1].offset);
+    }
+    let pads: Vec<Vec<u8>> = dvas
+        .iter()
+        .zip(datas)
+        .map(|(d, x)| vec![0u8; d.asize as usize - x.len()])
+        .collect();
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for (x, p) in datas.iter().zip(&pads) {
+        parts.push(x);
+        parts.push(p);
+    }
+    let total: u32 = dvas.iter().map(|d| d.asize).sum();
+    pool.write_vectored(
+        Dva {
+            asize: total,
+            ..dvas[0]
+        },
+        &parts,
+    )
+    .unwrap();
+    dvas
+}
+
 fn raidz(parity: u8) -> LayoutKind {
     LayoutKind::Raidz { parity }
 }
@@ -168,33 +201,9 @@ fn raidz_round_trips_many_block_sizes_and_runs() {
         // A run of adjacent blocks, written as one vectored write (as the
         // txg does), reads back block by block and as one run.
         let lens = [5000usize, 70000, 4096, 300000];
-        let dvas: Vec<Dva> = lens
-            .iter()
-            .map(|&l| pool.allocator().allocate(l as u64).unwrap())
-            .collect();
-        for w in dvas.windows(2) {
-            assert_eq!(w[0].offset + w[0].asize as u64, w[1].offset);
-        }
         let datas: Vec<Vec<u8>> = lens.iter().map(|&l| pattern(l as u64, l)).collect();
-        let pads: Vec<Vec<u8>> = dvas
-            .iter()
-            .zip(&datas)
-            .map(|(d, x)| vec![0u8; d.asize as usize - x.len()])
-            .collect();
-        let mut parts: Vec<&[u8]> = Vec::new();
-        for (x, p) in datas.iter().zip(&pads) {
-            parts.push(x);
-            parts.push(p);
-        }
+        let dvas = write_adjacent_run(&pool, &datas);
         let total: u32 = dvas.iter().map(|d| d.asize).sum();
-        pool.write_vectored(
-            Dva {
-                asize: total,
-                ..dvas[0]
-            },
-            &parts,
-        )
-        .unwrap();
         let run = pool.read_run(0, dvas[0].offset, total as usize).unwrap();
         for (dva, data) in dvas.iter().zip(&datas) {
             let got = pool
@@ -750,23 +759,12 @@ fn a_run_reads_into_block_buffers_as_it_reads_whole() {
             .max(16384)
             .next_multiple_of(4096)
             .next_multiple_of(unit);
-        let dvas: Vec<Dva> = (0..8)
-            .map(|_| pool.allocator().allocate(len as u64).unwrap())
-            .collect();
-        for w in dvas.windows(2) {
-            assert_eq!(w[0].offset + w[0].asize as u64, w[1].offset);
-        }
         let datas: Vec<Vec<u8>> = (0..8).map(|i| pattern(900 + i, len)).collect();
-        let parts: Vec<&[u8]> = datas.iter().map(|d| d.as_slice()).collect();
-        let total = (8 * len) as u32;
-        pool.write_vectored(
-            Dva {
-                asize: total,
-                ..dvas[0]
-            },
-            &parts,
-        )
-        .unwrap();
+        let dvas = write_adjacent_run(&pool, &datas);
+        assert!(
+            dvas.iter().all(|d| d.asize as usize == len),
+            "whole units: no padding"
+        );
         let mut bufs: Vec<vdev::BlockBuf> = (0..8)
             .map(|_| vdev::BlockBuf::new(len).expect("memory"))
             .collect();
