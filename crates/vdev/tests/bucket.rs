@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use vdev::{DeviceState, Vdev};
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
 use common::SIZE;
 

@@ -16,6 +16,7 @@ use vdev::bucket::{self, BucketConfig};
 use vdev::compact::Policy;
 use vdev::Vdev;
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
 
 const MIB: usize = 1 << 20;

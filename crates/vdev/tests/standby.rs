@@ -12,12 +12,14 @@ use objstore::OpenMode;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
-use vdev::bucket::{self, BucketConfig, BucketOpen, DEFAULT_INLINE_MAX};
+use std::time::Duration;
+use vdev::bucket::{self, BucketConfig};
 use vdev::compact::Policy;
 use vdev::{DeviceState, Vdev};
 
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
 mod common;
+use common::wait_for;
 
 /// The daemon's settings are global: every test of this file shares one
 /// state directory (standbys differ by pool name and location).
@@ -65,30 +67,18 @@ fn cache_has(cache: &Path, offset: u64, want: &[u8]) -> bool {
     f.read_exact_at(&mut b, offset).is_ok() && b == want
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_standby_tails_writes_nothing_and_takes_over_from_where_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let state = state();
     let url = format!("file://{}/store", dir.path().display());
-    let owner = Vdev::open_bucket(BucketOpen {
-        url: &url,
-        cache: &dir.path().join("owner.cache"),
-        size: Some(SIZE),
-        mode: OpenMode::Create,
-        s3: Default::default(),
-        node: "owner",
-        inline_max: DEFAULT_INLINE_MAX,
-        store: None,
-    })
-    .unwrap();
+    let owner = common::open_url(
+        &url,
+        &dir.path().join("owner.cache"),
+        Some(SIZE),
+        "owner",
+        OpenMode::Create,
+    );
     owner.write_at(0, &pattern(1, 8192)).unwrap();
     owner.write_at(1 << 20, &pattern(2, 3 << 20)).unwrap();
     owner.sync().unwrap();
@@ -154,17 +144,13 @@ fn a_standby_tails_writes_nothing_and_takes_over_from_where_it_is() {
     // The new owner ships; a cold open of the log sees its writes.
     dev.write_durable_at(12 << 20, &pattern(5, 100)).unwrap();
     drop(dev);
-    let again = Vdev::open_bucket(BucketOpen {
-        url: &url,
-        cache: &dir.path().join("third.cache"),
-        size: None,
-        mode: OpenMode::Takeover,
-        s3: Default::default(),
-        node: "third",
-        inline_max: DEFAULT_INLINE_MAX,
-        store: None,
-    })
-    .unwrap();
+    let again = common::open_url(
+        &url,
+        &dir.path().join("third.cache"),
+        None,
+        "third",
+        OpenMode::Takeover,
+    );
     assert_eq!(read(&again, 0, 8192), pattern(1, 8192));
     assert_eq!(read(&again, 12 << 20, 100), pattern(5, 100));
     assert_eq!(read(&again, 8192, 4096), pattern(4, 4096));

@@ -10,8 +10,11 @@ use objstore::OpenMode;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vdev::bucket::{self, BucketConfig, BucketOpen, DEFAULT_INLINE_MAX};
-use vdev::Vdev;
+use vdev::bucket::{self, BucketConfig};
+
+#[allow(dead_code)] // each test binary uses a part of the shared helpers
+mod common;
+use common::wait_for;
 
 #[test]
 fn a_busy_owner_that_skips_its_beats_is_not_taken_over_and_a_stopped_one_is() {
@@ -30,25 +33,19 @@ fn a_busy_owner_that_skips_its_beats_is_not_taken_over_and_a_stopped_one_is() {
     vdev::standby::on_auto_takeover(move |pool, _url| f.lock().push((pool, Instant::now())));
 
     let url = format!("file://{}/store", dir.path().display());
-    let owner = Vdev::open_bucket(BucketOpen {
-        url: &url,
-        cache: &dir.path().join("owner.cache"),
-        size: Some(64 << 20),
-        mode: OpenMode::Create,
-        s3: Default::default(),
-        node: "owner",
-        inline_max: DEFAULT_INLINE_MAX,
-        store: None,
-    })
-    .unwrap();
+    let owner = common::open_url(
+        &url,
+        &dir.path().join("owner.cache"),
+        Some(common::SIZE),
+        "owner",
+        OpenMode::Create,
+    );
     owner.write_at(0, &[7u8; 8192]).unwrap();
     owner.sync().unwrap();
     vdev::standby::start("auto", &url).unwrap();
-    let end = Instant::now() + Duration::from_secs(20);
-    while vdev::standby::status("auto").and_then(|s| s.size).is_none() {
-        assert!(Instant::now() < end, "the standby never caught up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("the standby to catch up", || {
+        vdev::standby::status("auto").and_then(|s| s.size).is_some()
+    });
 
     // The owner appends a record every 50 ms for two takeover delays: it
     // skips its beats, the records are its liveness.
@@ -86,11 +83,9 @@ fn a_busy_owner_that_skips_its_beats_is_not_taken_over_and_a_stopped_one_is() {
     // Closed: no record, no beat. The standby fires after the delay.
     let closed = Instant::now();
     drop(owner);
-    let end = closed + Duration::from_secs(20);
-    while fired.lock().is_empty() {
-        assert!(Instant::now() < end, "a stopped owner was never taken over");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("a stopped owner to be taken over", || {
+        !fired.lock().is_empty()
+    });
     let (pool, at) = fired.lock()[0].clone();
     assert_eq!(pool, "auto");
     assert!(at.duration_since(closed) >= Duration::from_millis(900));

@@ -5,6 +5,7 @@ use object_store::ObjectStore;
 use objstore::OpenMode;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vdev::bucket::{BucketOpen, DEFAULT_INLINE_MAX};
 use vdev::Vdev;
 
@@ -46,4 +47,29 @@ pub fn open_with(
         },
         bound,
     )
+}
+
+/// A bucket device at `url` itself (no store handed in), cache file
+/// `cache`, opened by `node` as `mode` says; `size` only when creating.
+pub fn open_url(url: &str, cache: &Path, size: Option<u64>, node: &str, mode: OpenMode) -> Vdev {
+    Vdev::open_bucket(BucketOpen {
+        url,
+        cache,
+        size,
+        mode,
+        s3: Default::default(),
+        node,
+        inline_max: DEFAULT_INLINE_MAX,
+        store: None,
+    })
+    .unwrap()
+}
+
+/// Waits up to 20 s for `f`, polling every 20 ms.
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
