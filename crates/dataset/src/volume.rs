@@ -1155,11 +1155,7 @@ impl Volume {
             Some(Class::Write),
             |_| log_volume_change(p, key.as_deref(), self.id, offset, op),
         ) {
-            Ok(seq) => {
-                // A FLUSH usually follows: its log write starts now (0077).
-                p.log.write_ahead(seq);
-                Some(Ok(()))
-            }
+            Ok(_) => Some(Ok(())),
             // Refused without a change: the blocking path commits and retries.
             Err(Error::NoSpace(_)) => None,
             Err(e) => Some(Err(e)),

@@ -366,28 +366,7 @@ pub struct IntentLog {
     /// commit that finds this many waits for the next completion, which
     /// submits one batch for every waiter queued meanwhile.
     ring_depth: usize,
-    /// Write-ahead (decision 0077): a record appended while deferred
-    /// commits come often is submitted at once if fewer than this many
-    /// batches are in the ring; 0 turns it off.
-    ahead: usize,
-    /// Sequence number the newest deferred commit asked for.
-    last_commit: AtomicU64,
 }
-
-/// Deferred commits at most this many records apart count as "often"
-/// (a FLUSH after each write, over many connections).
-const AHEAD_GAP: u64 = 16;
-
-/// `CISTERN_LOG_AHEAD` (0..=8): batches in the ring below which a record
-/// is written ahead of its commit (0: never).
-fn ahead_depth() -> usize {
-    std::env::var("CISTERN_LOG_AHEAD")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(AHEAD_DEFAULT, |d| d.min(MAX_IN_FLIGHT))
-}
-
-const AHEAD_DEFAULT: usize = MAX_IN_FLIGHT;
 
 /// `CISTERN_LOG_RING_DEPTH` (1..=8, for measuring): batches in the ring at once.
 fn ring_depth() -> usize {
@@ -491,8 +470,6 @@ impl IntentLog {
             ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
             me: weak.clone(),
             ring_depth: ring_depth(),
-            ahead: ahead_depth(),
-            last_commit: AtomicU64::new(0),
         };
         (Arc::new_cyclic(log), records)
     }
@@ -748,7 +725,6 @@ impl IntentLog {
     /// that may block ([`Deferred::Drive`]), up to [`MAX_IN_FLIGHT`] at once;
     /// past that the running drivers take it.
     pub fn commit_deferred(&self, seq: u64, waiter: Waiter) -> Deferred {
-        self.last_commit.fetch_max(seq, Ordering::Relaxed);
         let mut st = self.state.lock();
         if st.closed || st.failed.is_some() || st.failing.is_some() {
             return Deferred::Refused(waiter);
@@ -783,32 +759,6 @@ impl IntentLog {
         }
         st.drivers += 1;
         Deferred::Drive
-    }
-
-    /// Write-ahead (decision 0077): called after record `seq` is appended.
-    /// While deferred commits come often (the last one asked for a record
-    /// at most [`AHEAD_GAP`] before `seq`), the pending records are
-    /// submitted to the ring now, as the next commit would submit them, so
-    /// the device write overlaps the client's round trip to its FLUSH; that
-    /// FLUSH then finds its record in flight or durable. Nothing is answered
-    /// here and nothing waits: a record not taken now (ring busy, no ring,
-    /// a driver running, log space short) is written by the commit, as
-    /// before. Bulk writers without FLUSHes never get here.
-    pub fn write_ahead(&self, seq: u64) {
-        let Some(ring) = &self.ring else {
-            return;
-        };
-        let last = self.last_commit.load(Ordering::Relaxed);
-        if self.ahead == 0 || last == 0 || seq.saturating_sub(last) > AHEAD_GAP {
-            return;
-        }
-        {
-            let st = self.state.lock();
-            if st.pending.is_empty() || st.drivers > 0 || st.in_flight.len() >= self.ahead {
-                return;
-            }
-        }
-        let _ = self.ring_start(ring);
     }
 
     /// Places every pending record as one batch and submits its writes to
