@@ -54,7 +54,10 @@ t1 = ev[-1][0] - 0.005
 sub, cqe, ins = {}, {}, collections.defaultdict(list)
 data_done, ff_issue, ff_done = {}, [], []
 irq_cpu = collections.Counter()
+ff_by = collections.Counter()
 woken, wait = {}, collections.defaultdict(list)
+# What runs on a CPU when a kworker is woken there, and the wait it causes.
+running, blame = {}, collections.Counter()
 idle = collections.Counter(); last_switch = {}; cur_idle = {}
 for t, comm, tid, cpu, e, rest in ev:
     if e == 'io_uring:io_uring_submit_req' and 'opcode WRITE' in rest:
@@ -70,6 +73,8 @@ for t, comm, tid, cpu, e, rest in ev:
             ins[tid].append((t, p[4] if p[3] == '()' else p[3]))
         elif e == 'block:block_rq_issue' and rwbs == 'FF':
             ff_issue.append(t)
+            if t0 <= t <= t1:
+                ff_by[comm.split('/')[0].split('-')[0]] += 1
         elif e == 'block:block_rq_complete':
             irq_cpu[cpu] += 1
             if rwbs == 'FF':
@@ -77,16 +82,19 @@ for t, comm, tid, cpu, e, rest in ev:
             elif p[3] != '0':
                 data_done.setdefault(p[3], t)
     elif e == 'sched:sched_wakeup':
-        m = re.search(r'comm=(\S+) pid=(\d+)', rest)
-        woken[int(m.group(2))] = (t, m.group(1))
+        m = re.search(r'comm=(\S+) pid=(\d+).*target_cpu=(\d+)', rest)
+        woken[int(m.group(2))] = (t, m.group(1), running.get(int(m.group(3)), '?'))
     elif e == 'sched:sched_switch':
         m = re.search(r'next_comm=(.+?) next_pid=(\d+)', rest)
         nxt = int(m.group(2))
+        running[cpu] = m.group(1)
         if nxt in woken:
-            tw, name = woken.pop(nxt)
+            tw, name, holder = woken.pop(nxt)
             kind = 'kworker' if name.startswith('kworker') else name.split('-')[0]
             if t0 <= tw <= t1:
                 wait[kind].append(t - tw)
+                if kind == 'kworker':
+                    blame[holder.split('-')[0].split('/')[0]] += t - tw
         if cpu in last_switch and cur_idle.get(cpu) and t0 <= t <= t1:
             idle[cpu] += t - max(last_switch[cpu], t0)
         last_switch[cpu] = t
@@ -117,8 +125,9 @@ def pr(name, v):
     if n:
         print(f"  {name:12s} n={n:5d} mean={sum(v)/n:6.0f} p50={v[n//2]:5.0f} p90={v[n*9//10]:6.0f} p99={v[n*99//100]:6.0f} us")
 span = t1 - t0
-print(f"log batches through the ring: {len(rows)} in {span:.2f} s; flushes issued per batch "
-      f"{sum(1 for t in ff_issue if t0 <= t <= t1) / max(1, len(rows)):.2f}")
+n_sub = sum(1 for t, _ in sub.values() if t0 <= t <= t1)
+print(f"log writes submitted to the ring: {n_sub} in {span:.2f} s ({len(rows)} traced through the "
+      f"block layer); cache flushes per log write {sum(1 for t in ff_issue if t0 <= t <= t1) / max(1, n_sub):.2f}")
 full = [r for r in rows if r[2] and r[3]]
 pr("dev write", [r[1] - r[0] for r in rows])
 pr("to flush", [r[2] - r[1] for r in full])
@@ -130,6 +139,9 @@ print("  batches already in the ring at submission: " + " ".join(f"{k}:{c[k]}" f
 print("wait for a CPU after a wake-up:")
 for kind in sorted(wait, key=lambda k: -len(wait[k]))[:6]:
     pr(kind[:12], wait[kind])
+print("a woken kworker's wait for a CPU (ms in the window), by what ran there: "
+      + " ".join(f"{k}:{v*1e3:.0f}" for k, v in blame.most_common(6)))
+print("cache flushes issued by: " + " ".join(f"{k}:{v}" for k, v in ff_by.most_common(4)))
 print("disk completions by CPU: " + " ".join(f"cpu{k}:{v}" for k, v in sorted(irq_cpu.items())))
 print("idle share by CPU: " + " ".join(f"cpu{k}:{idle[k]/span:.2f}" for k in sorted(last_switch)))
 PY
