@@ -82,10 +82,14 @@ for t, comm, tid, cpu, e, rest in ev:
             elif p[3] != '0':
                 data_done.setdefault(p[3], t)
     elif e == 'sched:sched_wakeup':
-        m = re.search(r'comm=(\S+) pid=(\d+).*target_cpu=(\d+)', rest)
+        m = re.search(r'comm=(.+?) pid=(\d+) .*target_cpu=(\d+)', rest)
+        if not m:
+            continue
         woken[int(m.group(2))] = (t, m.group(1), running.get(int(m.group(3)), '?'))
     elif e == 'sched:sched_switch':
         m = re.search(r'next_comm=(.+?) next_pid=(\d+)', rest)
+        if not m:
+            continue
         nxt = int(m.group(2))
         running[cpu] = m.group(1)
         if nxt in woken:
