@@ -90,7 +90,8 @@ d = job["write"]
 iops = d["iops"]
 # fio's mean latency of a WRITE and of a FLUSH (µs, as the client sees them)
 wlat = d["lat_ns"]["mean"] / 1e3
-flat = job.get("sync", {}).get("lat_ns", {}).get("mean", 0) / 1e3; ops = iops * (float(sys.argv[7]) - float(sys.argv[6]))
+flat = job.get("sync", {}).get("lat_ns", {}).get("mean", 0) / 1e3
+ops = iops * (float(sys.argv[7]) - float(sys.argv[6]))
 def parse(s): return {k: int(v) for k, v in (x.split("=") for x in s.split())}
 a, b = parse(sys.argv[2]), parse(sys.argv[3])
 syncs0, flushes0, commits0, secs0 = map(float, sys.argv[4].split())
