@@ -25,7 +25,8 @@ pub(crate) struct CloseIfUnread(pub(crate) s3s::service::S3Service);
 impl hyper::service::Service<http::Request<Incoming>> for CloseIfUnread {
     type Response = s3s::HttpResponse;
     type Error = s3s::HttpError;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, req: http::Request<Incoming>) -> Self::Future {
         let (req, read) = tracked(req);
@@ -120,10 +121,7 @@ mod tests {
 
     fn poll(b: &mut Tracked<Chunks>) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        matches!(
-            Pin::new(b).poll_frame(&mut cx),
-            Poll::Ready(Some(Ok(_)))
-        )
+        matches!(Pin::new(b).poll_frame(&mut cx), Poll::Ready(Some(Ok(_))))
     }
 
     fn answer(read: &AtomicBool) -> http::Response<()> {
@@ -136,12 +134,23 @@ mod tests {
     fn unread_or_partly_read_body_closes_read_body_keeps_alive() {
         let read = Arc::new(AtomicBool::new(false));
         let mut b = Tracked {
-            inner: Chunks(VecDeque::from([Bytes::from_static(b"ab"), Bytes::from_static(b"c")])),
+            inner: Chunks(VecDeque::from([
+                Bytes::from_static(b"ab"),
+                Bytes::from_static(b"c"),
+            ])),
             read: read.clone(),
         };
-        assert_eq!(answer(&read).headers()["connection"], "close", "not read at all");
+        assert_eq!(
+            answer(&read).headers()["connection"],
+            "close",
+            "not read at all"
+        );
         assert!(poll(&mut b));
-        assert_eq!(answer(&read).headers()["connection"], "close", "read in part");
+        assert_eq!(
+            answer(&read).headers()["connection"],
+            "close",
+            "read in part"
+        );
         assert!(poll(&mut b));
         assert!(
             answer(&read).headers().get("connection").is_none(),
@@ -169,9 +178,15 @@ mod tests {
             read: read.clone(),
         };
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        assert!(matches!(Pin::new(&mut b).poll_frame(&mut cx), Poll::Ready(Some(_))));
+        assert!(matches!(
+            Pin::new(&mut b).poll_frame(&mut cx),
+            Poll::Ready(Some(_))
+        ));
         assert!(!read.load(Ordering::Acquire));
-        assert!(matches!(Pin::new(&mut b).poll_frame(&mut cx), Poll::Ready(None)));
+        assert!(matches!(
+            Pin::new(&mut b).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
         assert!(read.load(Ordering::Acquire));
     }
 }
