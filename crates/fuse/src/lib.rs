@@ -101,20 +101,21 @@ struct SessionThread {
     unmounter: Option<SessionUnmounter>,
 }
 
-impl SessionThread {
-    /// Unmounts `dir` (flags 0): through fuser's unmounter the first time.
-    fn unmount(&mut self, dir: &Path) -> std::io::Result<()> {
-        let Some(mut u) = self.unmounter.take() else {
-            return umount2(dir, 0);
-        };
-        u.unmount()?;
-        // fuser skips the unmount when it thinks nothing is mounted: check.
-        if mounted_at(dir) {
-            return umount2(dir, 0);
-        }
-        Ok(())
+/// Unmounts `dir` (flags 0): through fuser's unmounter when there is one (the
+/// first unmount of the session), with `umount2` otherwise.
+fn unmount_dir(unmounter: Option<SessionUnmounter>, dir: &Path) -> std::io::Result<()> {
+    let Some(mut u) = unmounter else {
+        return umount2(dir, 0);
+    };
+    u.unmount()?;
+    // fuser skips the unmount when it thinks nothing is mounted: check.
+    if mounted_at(dir) {
+        return umount2(dir, 0);
     }
+    Ok(())
+}
 
+impl SessionThread {
     /// After the unmount: the session's threads end with the connection.
     fn join(mut self) {
         match self.thread.take().map(|t| t.join()) {
@@ -521,19 +522,17 @@ impl Mounts {
     }
 
     fn unmount_id(&self, id: u64, force: bool) -> Result<MountInfo> {
-        let (dir, conn, info, unmounted) = {
+        let (dir, conn, info, unmounter) = {
             let mut mounts = self.inner.mounts.lock();
             let m = mounts
                 .get_mut(&id)
                 .ok_or_else(|| Error::NotFound("mount".into()))?;
-            let dir = m.dir.clone();
-            let r = match &mut m.session {
-                Some(s) => s.unmount(&dir),
-                None => umount2(&dir, 0),
-            };
-            (dir, m.conn, m.info(), r)
+            // Spent by this attempt whatever its outcome (fuser's mount handle is consumed).
+            let u = m.session.as_mut().and_then(|s| s.unmounter.take());
+            (m.dir.clone(), m.conn, m.info(), u)
         };
-        match unmounted {
+        // Not under the lock: unmounting flushes cached writes through this daemon.
+        match unmount_dir(unmounter, &dir) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
                 return Err(Error::Busy(format!(
