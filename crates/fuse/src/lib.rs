@@ -23,7 +23,7 @@ mod fs;
 
 use dataset::{DatasetKind, Engine, Error, OpenHandle, Result, RollbackPhase};
 use fs::{CisternFs, Shared};
-use fuser::{BackgroundSession, Config, MountOption, Notifier, SessionACL};
+use fuser::{Config, MountOption, Notifier, SessionACL, SessionUnmounter};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -76,7 +76,7 @@ struct Mounted {
     dir: PathBuf,
     /// The FUSE connection's number (/sys/fs/fuse/connections/N).
     conn: Option<u64>,
-    session: Option<BackgroundSession>,
+    session: Option<SessionThread>,
     _handle: OpenHandle,
 }
 
@@ -85,6 +85,55 @@ impl Mounted {
         MountInfo {
             dataset: self.shared.head.name(),
             mountpoint: self.dir.clone(),
+        }
+    }
+}
+
+/// A FUSE session served by its own thread. fuser's `BackgroundSession`
+/// unmounts again when dropped, after we already did, and logs every clean
+/// unmount as "Unmount failed: Invalid argument" (its is-it-still-mounted poll
+/// takes the POLLERR of a gone connection for "mounted"). Holding fuser's
+/// unmounter ourselves, our first unmount goes through it (which disarms its
+/// unmount at drop) and later ones through `umount2`.
+struct SessionThread {
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// None once used: fuser's mount handle is spent, even if that unmount failed.
+    unmounter: Option<SessionUnmounter>,
+}
+
+/// Unmounts `dir` (flags 0): through fuser's unmounter when there is one (the
+/// first unmount of the session), with `umount2` otherwise.
+fn unmount_dir(unmounter: Option<SessionUnmounter>, dir: &Path) -> std::io::Result<()> {
+    let Some(mut u) = unmounter else {
+        return umount2(dir, 0);
+    };
+    u.unmount()?;
+    // fuser skips the unmount when it thinks nothing is mounted: check.
+    if mounted_at(dir) {
+        return umount2(dir, 0);
+    }
+    Ok(())
+}
+
+impl SessionThread {
+    /// After the unmount: the session's threads end with the connection.
+    fn join(mut self) {
+        match self.thread.take().map(|t| t.join()) {
+            None | Some(Ok(Ok(()))) => {}
+            Some(Ok(Err(e))) => tracing::debug!(error = %e, "FUSE session ended with an error"),
+            Some(Err(_)) => tracing::warn!("FUSE session thread panicked"),
+        }
+    }
+}
+
+impl Drop for SessionThread {
+    /// Dropped before anyone unmounted it: fuser's unmount is the only one, so
+    /// its failure is real. Not joined: a failed unmount leaves it serving.
+    fn drop(&mut self) {
+        if let Some(mut u) = self.unmounter.take() {
+            if let Err(e) = u.unmount() {
+                tracing::warn!(error = %e, "FUSE unmount failed");
+            }
         }
     }
 }
@@ -411,21 +460,31 @@ impl Mounts {
                 );
             }
         }
-        let session = fuser::Session::new(
+        let cannot = |e| {
+            io(
+                &format!("cannot mount '{dataset}' on '{}'", dir.display()),
+                e,
+            )
+        };
+        let mut session = fuser::Session::new(
             CisternFs {
                 shared: shared.clone(),
             },
             &dir,
             &config,
         )
-        .and_then(|s| s.spawn())
-        .map_err(|e| {
-            io(
-                &format!("cannot mount '{dataset}' on '{}'", dir.display()),
-                e,
-            )
-        })?;
+        .map_err(cannot)?;
         let _ = notifier.set(session.notifier());
+        let unmounter = session.unmount_callable();
+        // On a spawn failure the session is dropped, which unmounts.
+        let thread = std::thread::Builder::new()
+            .name("fuser-bg".into())
+            .spawn(move || session.run())
+            .map_err(cannot)?;
+        let session = SessionThread {
+            thread: Some(thread),
+            unmounter: Some(unmounter),
+        };
         // The connection's number is the minor of the mount's device.
         let conn = {
             use std::os::unix::fs::MetadataExt;
@@ -463,14 +522,17 @@ impl Mounts {
     }
 
     fn unmount_id(&self, id: u64, force: bool) -> Result<MountInfo> {
-        let (dir, conn, info) = {
-            let mounts = self.inner.mounts.lock();
+        let (dir, conn, info, unmounter) = {
+            let mut mounts = self.inner.mounts.lock();
             let m = mounts
-                .get(&id)
+                .get_mut(&id)
                 .ok_or_else(|| Error::NotFound("mount".into()))?;
-            (m.dir.clone(), m.conn, m.info())
+            // Spent by this attempt whatever its outcome (fuser's mount handle is consumed).
+            let u = m.session.as_mut().and_then(|s| s.unmounter.take());
+            (m.dir.clone(), m.conn, m.info(), u)
         };
-        match umount2(&dir, 0) {
+        // Not under the lock: unmounting flushes cached writes through this daemon.
+        match unmount_dir(unmounter, &dir) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
                 return Err(Error::Busy(format!(
@@ -491,9 +553,7 @@ impl Mounts {
         let m = self.inner.mounts.lock().remove(&id);
         if let Some(mut m) = m {
             if let Some(s) = m.session.take() {
-                if let Err(e) = s.join() {
-                    tracing::debug!(error = %e, "FUSE session ended with an error");
-                }
+                s.join();
             }
         }
         tracing::info!(dataset = %info.dataset, dir = %info.mountpoint.display(), "unmounted");

@@ -8,6 +8,7 @@ pub mod access;
 pub mod record;
 mod service;
 pub mod store;
+mod unread;
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -253,7 +254,7 @@ async fn serve_connection<IO>(
         .keep_alive(true)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+        .serve_connection(hyper_util::rt::TokioIo::new(io), unread::CloseIfUnread(svc));
     if let Err(e) = conn.await {
         tracing::debug!(%peer, error = %e, "S3 connection ended");
     }
