@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import random
@@ -14,6 +15,7 @@ import re
 import shutil
 import stat
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -187,6 +189,21 @@ def test_big_file_write_read(fs, tmp_path):
     assert hashlib.sha256((fs / "big").read_bytes()).digest() == hashlib.sha256(want).digest()
     df = os.statvfs(fs)
     assert df.f_blocks > 0 and df.f_bfree > 0
+
+
+def test_unknown_ioctl_is_enotty_and_not_logged(daemon, fs):
+    """An ioctl the filesystem does not know is ENOTTY, as on a disk
+    filesystem (Python's open asks every file isatty); fuser's default logged
+    each one at WARN as not implemented."""
+    p = fs / "t"
+    p.write_text("x")
+    with open(p, "rb") as f:
+        assert not os.isatty(f.fileno())
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(f.fileno(), termios.TCGETS, bytes(64))
+        assert e.value.errno == errno.ENOTTY
+    assert p.read_text() == "x"
+    assert "Not Implemented" not in daemon.log_text()
 
 
 def test_inode_numbers_stable_across_remount_and_restart(daemon, pool, tmp_path):

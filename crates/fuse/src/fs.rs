@@ -18,9 +18,9 @@
 use dataset::Engine;
 use fuser::{
     AccessFlags, Errno as FErrno, FileAttr, FileHandle, FileType as FType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use posix::{Attr, Cred, Errno, FileType, SetAttr, SetTime};
@@ -1037,6 +1037,23 @@ impl Filesystem for CisternFs {
         let obj = tri!(reply, self.head(ino));
         tri!(reply, self.shared.head.fallocate(obj, offset, length, mode));
         reply.ok();
+    }
+
+    /// No ioctl is supported: ENOTTY, as a disk filesystem answers one it
+    /// does not know. Python's `open` asks every file `isatty` (TCGETS), and
+    /// fuser's default logged a WARN for each.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(FErrno::from_i32(libc::ENOTTY));
     }
 }
 
