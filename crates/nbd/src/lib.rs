@@ -49,6 +49,7 @@ use std::sync::Arc;
 
 #[doc(hidden)]
 pub mod fuzzing;
+mod assemble;
 mod handshake;
 mod limits;
 pub mod proto;
