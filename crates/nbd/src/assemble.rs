@@ -103,50 +103,7 @@ impl Drop for Assembled {
 
 /// Whether a READ of `len` bytes is worth assembling.
 pub(crate) fn wanted(len: u32) -> bool {
-    len >= xmin()
-}
-
-fn env_u(k: &str, d: usize) -> usize {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
-}
-/// EXPERIMENT knobs (removed before merge).
-pub(crate) fn xmode() -> usize {
-    static M: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *M.get_or_init(|| env_u("NBDX_PAR", 1))
-}
-fn xmin() -> u32 {
-    static M: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *M.get_or_init(|| env_u("NBDX_MIN", ASSEMBLE_MIN as usize) as u32)
-}
-
-type XJob = (Arc<crate::sink::Sink>, Reply, crate::sink::Permits);
-struct XPool {
-    q: std::sync::Mutex<std::collections::VecDeque<XJob>>,
-    cv: std::sync::Condvar,
-}
-/// EXPERIMENT: dedicated threads that assemble and send.
-pub(crate) fn on_thread(sink: Arc<crate::sink::Sink>, reply: Reply, permits: crate::sink::Permits) {
-    static P: std::sync::OnceLock<Arc<XPool>> = std::sync::OnceLock::new();
-    let p = P.get_or_init(|| {
-        let p = Arc::new(XPool { q: Default::default(), cv: Default::default() });
-        for _ in 0..env_u("NBDX_THREADS", 2) {
-            let p = p.clone();
-            std::thread::spawn(move || loop {
-                let job = {
-                    let mut q = p.q.lock().unwrap();
-                    loop {
-                        if let Some(j) = q.pop_front() { break j; }
-                        q = p.cv.wait(q).unwrap();
-                    }
-                };
-                let (s, r, pm) = job;
-                s.send(assemble(r), pm);
-            });
-        }
-        p
-    });
-    p.q.lock().unwrap().push_back((sink, reply, permits));
-    p.cv.notify_one();
+    len >= ASSEMBLE_MIN
 }
 
 /// `reply` with its data chunks copied into one buffer (holes stay holes);
@@ -175,7 +132,7 @@ pub(crate) fn assemble(reply: Reply) -> Reply {
         chunks,
         mode,
     };
-    if data < xmin() as usize || xmode() == 9 {
+    if data < ASSEMBLE_MIN as usize {
         return unchanged(chunks);
     }
     let Some(mut o) = take(data) else {

@@ -344,28 +344,6 @@ where
         // no hand-off to a worker thread and back. Not over TLS: sealing a
         // large reply stays on the workers (decision 0043), so the reader
         // goes on reading requests meanwhile.
-        let xmode = crate::assemble::xmode();
-        if xmode == 2
-            && req.command == Command::Read
-            && req.len > 0
-            && req.len <= INLINE_READ_MAX
-            && !sink.is_tls()
-            && crate::assemble::wanted(req.len)
-        {
-            let sink = sink.clone();
-            let session = session.clone();
-            tokio::spawn(async move {
-                match try_read_inline(&session, &req) {
-                    Some(reply) => sink.send(crate::assemble::assemble(reply), permits),
-                    None => {
-                        let _ = tokio::task::spawn_blocking(move || {
-                            sink.send(execute(&session, &req, Vec::new()), permits)
-                        });
-                    }
-                }
-            });
-            continue;
-        }
         if req.command == Command::Read
             && req.len > 0
             && req.len <= INLINE_READ_MAX
@@ -376,15 +354,11 @@ where
                 // runtime task, so several are assembled at once on the
                 // runtime's workers and each goes out from the cache of the
                 // core that copied it (decision 0076).
-                if xmode == 1 && crate::assemble::wanted(req.len) {
+                if crate::assemble::wanted(req.len) {
                     let sink = sink.clone();
                     tokio::spawn(async move {
                         sink.send(crate::assemble::assemble(reply), permits);
                     });
-                    continue;
-                }
-                if xmode == 3 && crate::assemble::wanted(req.len) {
-                    crate::assemble::on_thread(sink.clone(), reply, permits);
                     continue;
                 }
                 // The client's next request is already here: its reply
