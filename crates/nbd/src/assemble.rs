@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::sink::Reply;
 use crate::ReadChunk;
@@ -52,19 +52,35 @@ impl Drop for Owned {
 }
 
 thread_local! {
-    /// The last buffer this thread sent (or another reply sent from here):
-    /// reused by its next assembly, its lines likely still in this core's
-    /// cache. At most one per thread, counted in [`USED`].
+    /// The last buffer sent from this thread: reused by its next assembly,
+    /// its lines likely still in this core's cache.
     static SPARE: Cell<Option<Owned>> = const { Cell::new(None) };
 }
 
-/// Takes a buffer of at least `len` bytes: this thread's spare, else a new
-/// one within the budget.
+/// Buffers let go while their thread already had a spare (replies that
+/// met a full socket are dropped together by the drain): reused before a
+/// new one is mapped. Every buffer counts in [`USED`], so this is bounded.
+static POOL: Mutex<Vec<Owned>> = Mutex::new(Vec::new());
+
+fn pool() -> std::sync::MutexGuard<'static, Vec<Owned>> {
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes a buffer of at least `len` bytes: this thread's spare, else a
+/// pooled one, else a new one within the budget.
 fn take(len: usize) -> Option<Owned> {
     if let Ok(Some(o)) = SPARE.try_with(Cell::take) {
         if o.reserved >= len {
             return Some(o);
         }
+    }
+    {
+        let mut p = pool();
+        if let Some(i) = p.iter().rposition(|o| o.reserved >= len) {
+            return Some(p.swap_remove(i));
+        }
+        // Smaller ones make room for this size.
+        p.clear();
     }
     let mut cur = USED.load(Ordering::Relaxed);
     loop {
@@ -93,10 +109,13 @@ impl AsRef<[u8]> for Assembled {
 
 impl Drop for Assembled {
     fn drop(&mut self) {
-        // Becomes this thread's spare (the one it had is freed).
+        // Becomes this thread's spare; the one it had goes to the pool.
         if let Some(o) = self.0.take() {
             let mut o = Some(o);
-            let _ = SPARE.try_with(|s| s.set(o.take()));
+            let _ = SPARE.try_with(|s| o = s.replace(o.take()));
+            if let Some(o) = o {
+                pool().push(o);
+            }
         }
     }
 }
