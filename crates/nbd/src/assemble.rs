@@ -33,11 +33,13 @@ pub(crate) const ASSEMBLY_BYTES_MAX: usize = 16 << 20;
 
 static USED: AtomicUsize = AtomicUsize::new(0);
 
-/// Bytes of assembly buffers in existence (tests and diagnostics).
+/// Bytes of assembly buffers in existence, and replies assembled (tests).
 #[cfg(test)]
 pub(crate) fn used() -> usize {
     USED.load(Ordering::Relaxed)
 }
+#[cfg(test)]
+pub(crate) static ASSEMBLED: AtomicUsize = AtomicUsize::new(0);
 
 /// A buffer counted in [`USED`] until dropped.
 struct Owned {
@@ -183,5 +185,7 @@ pub(crate) fn assemble(reply: Reply) -> Reply {
             Err(n) => ReadChunk::Hole(n),
         })
         .collect();
+    #[cfg(test)]
+    ASSEMBLED.fetch_add(1, Ordering::Relaxed);
     unchanged(chunks)
 }

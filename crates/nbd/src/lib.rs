@@ -47,9 +47,9 @@
 
 use std::sync::Arc;
 
+mod assemble;
 #[doc(hidden)]
 pub mod fuzzing;
-mod assemble;
 mod handshake;
 mod limits;
 pub mod proto;
