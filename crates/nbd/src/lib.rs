@@ -47,7 +47,6 @@
 
 use std::sync::Arc;
 
-mod assemble;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;

@@ -1,8 +1,7 @@
 //! The single reply writer of a connection.
 //!
-//! Whoever finishes a request (a blocking-pool thread, the reader task
-//! for early errors and cached READs, or the runtime task that assembled a
-//! large cached READ, decision 0076) calls [`Sink::send`], which under one mutex encodes the
+//! Whoever finishes a request (a blocking-pool thread, or the reader task
+//! for early errors) calls [`Sink::send`], which under one mutex encodes the
 //! reply as an `iovec` list (headers, then the payload slices as they are:
 //! no copy) and writes it with one non-blocking `writev`. That needs no
 //! thread hand-off in the common case. When the socket is full, the reply

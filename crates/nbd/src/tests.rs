@@ -1917,16 +1917,16 @@ impl ExportProvider for BlocksProvider {
     }
 }
 
-/// Many large cached READs at once on several connections (decision 0076:
-/// replies assembled and written by whichever runtime worker copied them):
-/// every reply arrives whole (its chunks together, one handle), once, and
-/// holds exactly the bytes of the blocks it asked for.
+/// Many large cached READs at once on several connections (answered on
+/// their reader tasks, queued and written together by the drain, decisions
+/// 0062/0074; 0076 tried assembling them in parallel): every reply arrives
+/// whole (its chunks together, one handle), once, and holds exactly the
+/// bytes of the blocks it asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_large_cached_reads_arrive_whole_with_their_own_bytes() {
     let exp = Arc::new(BlocksExport::new());
     let (addr, stop, task) =
         serve_provider(Arc::new(BlocksProvider(exp)), ServerConfig::default()).await;
-    let before = crate::assemble::ASSEMBLED.load(Ordering::Relaxed);
     let mut clients = Vec::new();
     for conn in 0..4u64 {
         clients.push(tokio::spawn(async move {
@@ -2000,9 +2000,6 @@ async fn concurrent_large_cached_reads_arrive_whole_with_their_own_bytes() {
     for c in clients {
         tokio::time::timeout(T * 6, c).await.unwrap().unwrap();
     }
-    // The replies went through the assembly path.
-    assert!(crate::assemble::ASSEMBLED.load(Ordering::Relaxed) > before);
-    assert!(crate::assemble::used() <= crate::assemble::ASSEMBLY_BYTES_MAX);
     stop.send(true).unwrap();
     let _ = tokio::time::timeout(T, task).await;
 }

@@ -350,17 +350,6 @@ where
             && !sink.is_tls()
         {
             if let Some(reply) = try_read_inline(&session, &req) {
-                // A large reply is copied into one buffer and written by a
-                // runtime task, so several are assembled at once on the
-                // runtime's workers and each goes out from the cache of the
-                // core that copied it (decision 0076).
-                if crate::assemble::wanted(req.len) {
-                    let sink = sink.clone();
-                    tokio::spawn(async move {
-                        sink.send(crate::assemble::assemble(reply), permits);
-                    });
-                    continue;
-                }
                 // The client's next request is already here: its reply
                 // follows at once, so this one waits for it in the sink's
                 // queue and the drain writes them together (decision 0074).
