@@ -101,9 +101,13 @@ mod tests {
     use bytes::Bytes;
     use std::collections::VecDeque;
 
-    /// A body of some chunks, like hyper's, which knows it has ended once its
-    /// last chunk is taken.
-    struct Chunks(VecDeque<Bytes>);
+    /// A body of some chunks. `knows_end`: like hyper's, it has ended once
+    /// its last chunk is taken; else it learns of its end only when asked
+    /// once more (`Body::is_end_stream`'s default).
+    struct Chunks {
+        chunks: VecDeque<Bytes>,
+        knows_end: bool,
+    }
 
     impl Body for Chunks {
         type Data = Bytes;
@@ -112,13 +116,35 @@ mod tests {
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+            Poll::Ready(
+                self.get_mut()
+                    .chunks
+                    .pop_front()
+                    .map(|b| Ok(Frame::data(b))),
+            )
         }
         fn is_end_stream(&self) -> bool {
-            self.0.is_empty()
+            self.knows_end && self.chunks.is_empty()
         }
     }
 
+    fn tracked_chunks(
+        chunks: &[&'static [u8]],
+        knows_end: bool,
+    ) -> (Tracked<Chunks>, Arc<AtomicBool>) {
+        let read = Arc::new(AtomicBool::new(false));
+        let inner = Chunks {
+            chunks: chunks.iter().map(|c| Bytes::from_static(c)).collect(),
+            knows_end,
+        };
+        let b = Tracked {
+            inner,
+            read: read.clone(),
+        };
+        (b, read)
+    }
+
+    /// Polls once: whether a chunk came.
     fn poll(b: &mut Tracked<Chunks>) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         matches!(Pin::new(b).poll_frame(&mut cx), Poll::Ready(Some(Ok(_))))
@@ -132,14 +158,7 @@ mod tests {
 
     #[test]
     fn unread_or_partly_read_body_closes_read_body_keeps_alive() {
-        let read = Arc::new(AtomicBool::new(false));
-        let mut b = Tracked {
-            inner: Chunks(VecDeque::from([
-                Bytes::from_static(b"ab"),
-                Bytes::from_static(b"c"),
-            ])),
-            read: read.clone(),
-        };
+        let (mut b, read) = tracked_chunks(&[b"ab", b"c"], true);
         assert_eq!(
             answer(&read).headers()["connection"],
             "close",
@@ -160,33 +179,10 @@ mod tests {
 
     #[test]
     fn end_seen_as_none_counts_as_read() {
-        // A body that only learns of its end when asked once more.
-        struct Lazy(Option<Bytes>);
-        impl Body for Lazy {
-            type Data = Bytes;
-            type Error = std::convert::Infallible;
-            fn poll_frame(
-                self: Pin<&mut Self>,
-                _: &mut Context<'_>,
-            ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-                Poll::Ready(self.get_mut().0.take().map(|b| Ok(Frame::data(b))))
-            }
-        }
-        let read = Arc::new(AtomicBool::new(false));
-        let mut b = Tracked {
-            inner: Lazy(Some(Bytes::from_static(b"x"))),
-            read: read.clone(),
-        };
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        assert!(matches!(
-            Pin::new(&mut b).poll_frame(&mut cx),
-            Poll::Ready(Some(_))
-        ));
+        let (mut b, read) = tracked_chunks(&[b"x"], false);
+        assert!(poll(&mut b));
         assert!(!read.load(Ordering::Acquire));
-        assert!(matches!(
-            Pin::new(&mut b).poll_frame(&mut cx),
-            Poll::Ready(None)
-        ));
+        assert!(!poll(&mut b), "then the end");
         assert!(read.load(Ordering::Acquire));
     }
 }
