@@ -1310,18 +1310,26 @@ impl ImportedPool {
             return Ok(out);
         }
         let view = self.committed_view()?;
+        // Each dataset's chain and retained txg, found once: both scan every
+        // dataset record, and a txg can hold partial blocks of many objects.
+        let mut of_dataset: HashMap<u64, Option<(Chain, u64)>> = HashMap::new();
         for ((ds, obj), (bs, mut blocks)) in by_obj {
+            let found = of_dataset.entry(ds).or_insert_with(|| {
+                let chain = self.chain_of(ds)?;
+                let retained = self.retained_upto(&chain);
+                Some((chain, retained))
+            });
             // A dataset destroyed meanwhile: its blocks are dropped at placement.
-            let Some(chain) = self.chain_of(ds) else {
+            let Some((chain, retained)) = found else {
                 continue;
             };
+            let retained = *retained;
             blocks.sort_unstable();
             let partial = |b: u64| match dirty.get(&(ds, obj, b)) {
                 Some(Dirty::Partial(p)) => Some(p),
                 _ => None,
             };
-            let retained = self.retained_upto(&chain);
-            let pointers = crate::volume::committed_pointers(&view, &chain, obj, &blocks)?;
+            let pointers = crate::volume::committed_pointers(&view, chain, obj, &blocks)?;
             // Blocks whose base is read the usual way (cache, L2ARC, disk).
             let mut rest = Vec::new();
             for &b in &blocks {
@@ -1351,7 +1359,7 @@ impl ImportedPool {
                 continue;
             }
             let bases =
-                crate::volume::read_outside_open(self, &view, &chain, obj, false, bs, &rest)?;
+                crate::volume::read_outside_open(self, &view, chain, obj, false, bs, &rest)?;
             for b in rest {
                 if let Some(p) = partial(b) {
                     let base = bases.get(&b).cloned().flatten();
