@@ -202,9 +202,7 @@ async fn connection(
     // Per-connection lines are debug until the client has an export: a
     // flood of connections that never get there must not flood the log.
     debug!(%peer, "connection opened");
-    if let Err(e) = sock.set_nodelay(true) {
-        debug!(%peer, "TCP_NODELAY: {e}");
-    }
+    tls::tcp::accepted(&sock, peer);
     let hs = tokio::select! {
         r = tokio::time::timeout(
             config.handshake_timeout,

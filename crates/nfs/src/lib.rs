@@ -147,7 +147,7 @@ impl Server {
             let total = total.clone();
             tasks.spawn(async move {
                 let _permit = permit;
-                let _ = sock.set_nodelay(true);
+                tls::tcp::accepted(&sock, peer);
                 if let Err(e) = me.connection(sock, peer, total).await {
                     tracing::info!(%peer, error = %e, "NFS connection closed");
                 }

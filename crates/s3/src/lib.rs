@@ -219,11 +219,7 @@ pub async fn serve_tls(
             },
             () = &mut shutdown => break,
         };
-        // Headers and a streamed body go out in separate writes: without
-        // NODELAY, Nagle and delayed ACKs add ~40 ms to every small GET.
-        if let Err(e) = sock.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-        }
+        tls::tcp::accepted(&sock, peer);
         let svc = svc.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {

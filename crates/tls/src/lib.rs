@@ -12,6 +12,8 @@
 //!   hold up the others).
 //! - [`share`] splits a finished connection into a reader and a writer that
 //!   worker threads seal their replies with directly (decision 0043).
+//! - [`tcp::accepted`] sets the socket options of every accepted TCP
+//!   connection, with or without TLS (decision 0080).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
 mod shared;
+pub mod tcp;
 
 pub use rustls;
 pub use shared::{share, SharedTls, SharedTlsReader};
@@ -256,7 +259,7 @@ impl Incoming {
                         continue;
                     }
                 };
-                let _ = sock.set_nodelay(true);
+                tcp::accepted(&sock, peer);
                 let done = tx.clone();
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
