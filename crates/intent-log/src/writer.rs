@@ -53,12 +53,22 @@ fn spin() -> Duration {
     Duration::from_micros(us)
 }
 
+/// `CISTERN_LOG_WRITERS` (1..=4, default 1): writer threads per log. With
+/// two, one writes the next batch while the other waits for the device or
+/// answers its waiters (each woken when the other is busy).
+fn writers() -> usize {
+    std::env::var("CISTERN_LOG_WRITERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(1, |n| n.clamp(1, 4))
+}
+
 #[derive(Default)]
 struct Flags {
     /// A deferred commit is waiting that no write covers.
     work: bool,
-    /// The writer sleeps on `wake`.
-    parked: bool,
+    /// Writers sleeping on `wake`.
+    parked: usize,
     stop: bool,
 }
 
@@ -90,18 +100,22 @@ impl Writer {
             #[cfg(test)]
             fail_next: AtomicBool::new(false),
         });
-        let theirs = w.clone();
         let spin = spin();
-        match std::thread::Builder::new()
-            .name("log-writer".into())
-            .spawn(move || theirs.run(log, spin))
-        {
-            Ok(_) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "no log-writer thread: log writes on driver threads");
-                None
+        let mut started = 0;
+        for _ in 0..writers() {
+            let (theirs, log) = (w.clone(), log.clone());
+            match std::thread::Builder::new()
+                .name("log-writer".into())
+                .spawn(move || theirs.run(log, spin))
+            {
+                Ok(_) => started += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no log-writer thread");
+                }
             }
         }
+        // None started: deferred commits take the driver path.
+        (started > 0).then_some(w)
     }
 
     /// A deferred commit no write covers is queued: the writer takes it
@@ -112,7 +126,7 @@ impl Writer {
         }
         let mut f = self.flags.lock();
         f.work = true;
-        if f.parked {
+        if f.parked > 0 {
             self.wake.notify_one();
         }
     }
@@ -121,7 +135,7 @@ impl Writer {
     pub(crate) fn stop(&self) {
         let mut f = self.flags.lock();
         f.stop = true;
-        self.wake.notify_one();
+        self.wake.notify_all();
     }
 
     fn run(&self, log: Weak<IntentLog>, spin: Duration) {
@@ -156,9 +170,9 @@ impl Writer {
                 self.work.store(false, Ordering::Release);
                 return true;
             }
-            f.parked = true;
+            f.parked += 1;
             self.wake.wait(&mut f);
-            f.parked = false;
+            f.parked -= 1;
         }
     }
 
