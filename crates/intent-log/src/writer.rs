@@ -212,13 +212,40 @@ impl Writer {
                 a
             })
             .collect();
+        let slices: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
         let started = Instant::now();
-        // Per target, per piece; copies one after another.
-        let per_target: Vec<Vec<io::Result<()>>> = write
-            .targets
-            .iter()
-            .map(|t| self.write_target(t, writes, &bufs))
-            .collect();
+        // Per target, per piece. A mirror's other copies are written at
+        // the same time on threads of their own (a thread that cannot be
+        // started: that copy here, after).
+        let per_target: Vec<Vec<io::Result<()>>> = std::thread::scope(|s| {
+            let (first, rest) = match write.targets.split_first() {
+                Some(x) => x,
+                None => return Vec::new(),
+            };
+            let others: Vec<_> = rest
+                .iter()
+                .map(|t| {
+                    let slices = &slices;
+                    std::thread::Builder::new()
+                        .name("log-copy".into())
+                        .spawn_scoped(s, move || self.write_target(t, writes, slices))
+                        .map_err(|_| t)
+                })
+                .collect();
+            let mut out = vec![self.write_target(first, writes, &slices)];
+            for h in others {
+                out.push(match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        writes
+                            .iter()
+                            .map(|_| Err(io::Error::other("log copy thread panicked")))
+                            .collect()
+                    }),
+                    Err(t) => self.write_target(t, writes, &slices),
+                });
+            }
+            out
+        });
         let refused = per_target
             .iter()
             .flatten()
@@ -246,7 +273,7 @@ impl Writer {
         &self,
         t: &DurableTarget,
         writes: &[(u64, Vec<u8>)],
-        bufs: &[AlignedBuf],
+        bufs: &[&[u8]],
     ) -> Vec<io::Result<()>> {
         let Some(fd) = t.direct_fd else {
             return bufs
@@ -267,7 +294,7 @@ impl Writer {
         let mut out: Vec<io::Result<()>> = writes
             .iter()
             .zip(bufs)
-            .map(|((pos, _), buf)| pwrite_all(fd, buf.as_slice(), t.offset + pos, flags))
+            .map(|((pos, _), buf)| pwrite_all(fd, buf, t.offset + pos, flags))
             .collect();
         if self.sync == Sync::Fdatasync && out.iter().all(|r| r.is_ok()) {
             if let Err(e) = fdatasync(fd) {
