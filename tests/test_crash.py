@@ -241,7 +241,7 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path, path):
     (decision 0079; two of them, so their batches overlap) and through
     io_uring (decision 0068)."""
     rng = random.Random(int(os.environ.get("CISTERN_CRASH_SEED", "1234")) + 41)
-    env = {"CISTERN_LOG_WRITERS": "2"} if path == "thread" else {"CISTERN_LOG_URING": "direct"}
+    env = {"CISTERN_LOG_URING": "thread", "CISTERN_LOG_WRITERS": "2"} if path == "thread" else {}
     d = make_daemon(config="", env=env)
     d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
     d.cli("create", "-V", str(VOL_BYTES), "tank/crash")

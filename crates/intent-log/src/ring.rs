@@ -47,14 +47,14 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    /// `CISTERN_LOG_URING=off|dsync|direct|thread` (default `thread`: the
-    /// log writer thread, decision 0079; `direct` is the ring of 0068).
+    /// `CISTERN_LOG_URING=off|dsync|direct|thread` (default `direct`;
+    /// `thread`: the log writer thread of decision 0079, not the ring).
     pub(crate) fn from_env() -> Option<Mode> {
         match std::env::var("CISTERN_LOG_URING").as_deref() {
             Ok("off") | Ok("0") => None,
             Ok("dsync") => Some(Mode::Dsync),
-            Ok("direct") => Some(Mode::Direct),
-            _ => Some(Mode::Thread),
+            Ok("thread") => Some(Mode::Thread),
+            _ => Some(Mode::Direct),
         }
     }
 }
