@@ -39,6 +39,11 @@ export CISTERN_API="http://127.0.0.1:$AP"
 for _ in $(seq 300); do "$BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
 CISTERN_TOKEN=$(cat "$D/state/api.token")
 export CISTERN_TOKEN
+# PREALLOC=1: the pool file written full of zeros first (not sparse), so no
+# write allocates ext4 extents and no log sync commits ext4 metadata (0079).
+if [[ "${PREALLOC:-0}" == 1 ]]; then
+  dd if=/dev/zero of="$D/disks/d0" bs=4M count=1024 oflag=direct status=none
+fi
 "$BIN" pool create -s 4G bench "$D/disks/d0" >/dev/null
 "$BIN" create -V 1G -o "compression=$COMP" -o volblocksize=16K bench/vol >/dev/null
 # log syncs, FLUSHes (pool iostat), txg commits and commit seconds (metrics)

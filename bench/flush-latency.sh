@@ -15,6 +15,14 @@
 #   dev flush   -> that flush completes
 #   to cqe      -> the completion is posted (kworker again, then the task
 #                  work on the submitting runtime thread)
+# With the log writer thread (decision 0079; pwritev2 with RWF_DSYNC, or
+# pwrite + fdatasync, by the `log-writer` thread), per log write the split
+# of the syscall's time: enter -> data issued, dev write, -> cache flush
+# issued (in the thread: any ext4 fast commit or journal wait is here),
+# dev flush, -> syscall returns; block writes and fast commits per log
+# write, the thread's time between log writes and its wake-ups per write.
+# Also block writes by issuing thread (jbd2 = full journal commits: ext4
+# extents allocated in the sparse pool file).
 # plus: batches in the ring at each submission, flushes per batch, how long
 # woken kworkers and daemon threads wait for a CPU, which CPU takes the
 # disk's completions, and the idle share of each CPU.
@@ -30,7 +38,10 @@ sleep 4
 perf record -a -q -o "$OUT/trace.data" \
     -e io_uring:io_uring_submit_req -e io_uring:io_uring_complete \
     -e block:block_rq_insert -e block:block_rq_issue -e block:block_rq_complete \
-    -e sched:sched_wakeup -e sched:sched_switch -- sleep "$TRACE" >/dev/null 2>&1
+    -e sched:sched_wakeup -e sched:sched_switch \
+    -e syscalls:sys_enter_pwritev2 -e syscalls:sys_exit_pwritev2 \
+    -e syscalls:sys_enter_fdatasync -e syscalls:sys_exit_fdatasync \
+    -e ext4:ext4_fc_commit_start -e jbd2:jbd2_start_commit -- sleep "$TRACE" >/dev/null 2>&1
 wait $COST
 perf script -i "$OUT/trace.data" -F comm,tid,cpu,time,event,trace 2>/dev/null >"$OUT/trace.txt"
 python3 - "$OUT/trace.txt" <<'PY'
@@ -147,6 +158,93 @@ print("a woken kworker's wait for a CPU (ms in the window), by what ran there: "
       + " ".join(f"{k}:{v*1e3:.0f}" for k, v in blame.most_common(6)))
 print("cache flushes issued by: " + " ".join(f"{k}:{v}" for k, v in ff_by.most_common(4)))
 print("disk completions by CPU: " + " ".join(f"cpu{k}:{v}" for k, v in sorted(irq_cpu.items())))
+# The log writer thread (decision 0079).
+W = re.compile(r'log-writer')
+wr_sys = collections.defaultdict(list)   # tid -> [(enter, exit)]
+open_sys = {}
+issues = collections.defaultdict(list)   # tid -> [(t, rwbs, sector)]
+done_at = {}
+wr_by = collections.Counter(); meta_by = collections.Counter(); fc_by = collections.Counter(); jbd2 = 0
+wakes = 0
+for t, comm, tid, cpu, e, rest in ev:
+    if e in ('syscalls:sys_enter_pwritev2', 'syscalls:sys_enter_fdatasync') and W.search(comm):
+        open_sys.setdefault(tid, (t, e))
+    elif e in ('syscalls:sys_exit_pwritev2', 'syscalls:sys_exit_fdatasync') and W.search(comm):
+        if tid in open_sys:
+            # pwrite + fdatasync: one log write spans both calls
+            wr_sys[tid].append((open_sys.pop(tid)[0], t, e))
+    elif e == 'block:block_rq_issue':
+        p = rest.split()
+        if t0 <= t <= t1 and p[1].startswith('W'):
+            wr_by[comm.split('/')[0].split('-')[0]] += 1
+            if 'M' in p[1]:
+                meta_by[comm.split('/')[0].split('-')[0]] += 1
+        issues[tid].append((t, p[1], p[4] if p[3] == '()' else p[3]))
+    elif e == 'block:block_rq_complete':
+        p = rest.split()
+        done_at.setdefault((p[1], p[3]), []).append(t)
+    elif e == 'ext4:ext4_fc_commit_start' and t0 <= t <= t1:
+        fc_by[comm.split('/')[0].split('-')[0]] += 1
+    elif e == 'jbd2:jbd2_start_commit' and t0 <= t <= t1:
+        jbd2 += 1
+    elif e == 'sched:sched_wakeup' and 'comm=log-writer' in rest and t0 <= t <= t1:
+        wakes += 1
+def first_done(key, after):
+    L = done_at.get(key, [])
+    i = bisect.bisect_left(L, after)
+    return L[i] if i < len(L) else None
+lw = []
+for tid, calls in wr_sys.items():
+    # A log write ends at a pwritev2 with RWF_DSYNC or at fdatasync: join a
+    # plain pwrite to the fdatasync after it.
+    calls.sort()
+    start = None
+    for te, tx, e in calls:
+        if start is None:
+            start = te
+        if e == 'syscalls:sys_exit_pwritev2' and any(c[2] == 'syscalls:sys_exit_fdatasync' and c[0] >= tx and c[0] - tx < 1e-4 for c in calls):
+            continue
+        if t0 <= start <= t1:
+            L = issues[tid]
+            iss = L[bisect.bisect_left(L, (start,)):bisect.bisect_right(L, (tx, '~'))]
+            dw = [x for x in iss if x[1].startswith('W') and 'M' not in x[1]]
+            ff = [x for x in iss if x[1] == 'FF']
+            d0 = dw[0] if dw else None
+            dd = first_done((d0[1], d0[2]), d0[0]) if d0 else None
+            # The cache flush is issued by kblockd's flush machinery, not
+            # this thread: the first one issued after the data completes.
+            j = bisect.bisect_left(ff_issue, dd) if dd else None
+            f0 = (ff_issue[j], 'FF', '0') if dd and j < len(ff_issue) and ff_issue[j] <= tx else None
+            k = bisect.bisect_left(ff_done, f0[0]) if f0 else None
+            fd = ff_done[k] if f0 and k < len(ff_done) and ff_done[k] <= tx else None
+            lw.append((start, d0[0] if d0 else None, dd, f0[0] if f0 else None, fd, tx, len(dw), len(ff), tid))
+        start = None
+if lw:
+    n_ff = sum(1 for t in ff_issue if t0 <= t <= t1)
+    print(f"log writes by the log-writer thread: {len(lw)} in {span:.2f} s; block writes it issued per log write "
+          f"{sum(r[6] for r in lw)/len(lw):.2f}, cache flushes (any) per log write {n_ff/len(lw):.2f}; "
+          f"wake-ups of the thread per log write {wakes/len(lw):.2f}")
+    ok = [r for r in lw if r[1] and r[2] and r[3] and r[4]]
+    pr("to issue", [r[1] - r[0] for r in ok])
+    pr("dev write", [r[2] - r[1] for r in ok])
+    pr("to flush", [r[3] - r[2] for r in ok])
+    pr("dev flush", [r[4] - r[3] for r in ok])
+    pr("to return", [r[5] - r[4] for r in ok])
+    pr("total", [r[5] - r[0] for r in lw])
+    gaps = []
+    bytid = collections.defaultdict(list)
+    for r in lw:
+        bytid[r[8]].append(r)
+    for L in bytid.values():
+        L.sort()
+        gaps += [b[0] - a[5] for a, b in zip(L, L[1:])]
+    pr("between", gaps)
+print("block writes issued by: " + " ".join(f"{k}:{v}" for k, v in wr_by.most_common(6))
+      + f"; fast commits by: " + " ".join(f"{k}:{v}" for k, v in fc_by.most_common(4))
+      + f"; jbd2 commits started: {jbd2}")
+n_lw = max(1, len(lw) + n_sub)
+print("ext4 metadata writes (rwbs M: journal / fast commit) by: " + " ".join(f"{k}:{v}" for k, v in meta_by.most_common(6))
+      + f"; per log write {sum(meta_by.values()) / n_lw:.2f}")
 print("idle share by CPU: " + " ".join(f"cpu{k}:{idle[k]/span:.2f}" for k in sorted(last_switch)))
 PY
 rm -rf "$OUT"

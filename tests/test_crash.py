@@ -230,15 +230,19 @@ def test_kill9_under_flush_fua_load(make_daemon, disks, tmp_path, log, encrypted
           f"{time.monotonic() - t0:.0f}s")
 
 
-def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
+@pytest.mark.parametrize("path", ["thread", "ring"])
+def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path, path):
     """Eight connections flushing at once put several intent-log writes in
     flight (decision 0041), so a kill can land with a later log batch on
     disk and an earlier one not (and, decision 0057, with FLUSHes queued on
     the log, answered by whichever thread's write makes them durable): replay must stop at the hole, and the
     records written after the restart must never bring the stale ones back
-    (several kills in a row on the same log)."""
+    (several kills in a row on the same log). Through the log writer threads
+    (decision 0079; two of them, so their batches overlap) and through
+    io_uring (decision 0068)."""
     rng = random.Random(int(os.environ.get("CISTERN_CRASH_SEED", "1234")) + 41)
-    d = make_daemon(config="")
+    env = {"CISTERN_LOG_URING": "thread", "CISTERN_LOG_WRITERS": "2"} if path == "thread" else {}
+    d = make_daemon(config="", env=env)
     d.cli("pool", "create", "-s", "1G", "tank", disks / "d0")
     d.cli("create", "-V", str(VOL_BYTES), "tank/crash")
     vol = "tank/crash"
@@ -246,12 +250,14 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     overlapped = []
     deferred = []
     ring = []
+    thread = []
 
     def before_kill():
         s = d.api("GET", "/v1/pools/tank/iostat")
         overlapped.append(s["log_overlapped"])
         deferred.append(s["log_deferred"])
         ring.append(s.get("log_ring", 0))
+        thread.append(s.get("log_thread", 0))
 
     total_durable = 0
     for cycle in range(1, max(4, CYCLES // 4) + 1):
@@ -268,9 +274,13 @@ def test_kill9_with_overlapping_log_writes(make_daemon, disks, tmp_path):
     # thread of their own while they waited (decision 0057): that path is
     # what the kills above hit.
     assert sum(deferred) > 0, f"no FLUSH took the deferred path: {deferred}"
-    # Their log writes went through io_uring (decision 0068) where the
-    # kernel has it: the kills hit batches in the ring.
-    if _io_uring_enabled():
+    # Their log writes went the way asked for: the kills hit batches the
+    # writer threads were writing (decision 0079), or batches in the ring
+    # (decision 0068) where the kernel has io_uring.
+    if path == "thread":
+        assert sum(thread) > 0, f"no log write by the writer thread: {thread}"
+        assert sum(ring) == 0, f"log writes through io_uring: {ring}"
+    elif _io_uring_enabled():
         assert sum(ring) > 0, f"no log write went through io_uring: {ring}"
     d.restart()
     _verify(d, vol, model, "after a final clean restart")

@@ -143,6 +143,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_ring as f64,
         ),
         (
+            "cistern_pool_log_thread_writes_total",
+            "counter",
+            "Intent log batches written O_DIRECT by the log writer thread (decision 0079).",
+            |s| s.log_thread as f64,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",

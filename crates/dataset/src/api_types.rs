@@ -349,6 +349,9 @@ pub struct PoolStats {
     /// Log batches submitted through io_uring, no thread waiting (decision 0068).
     #[serde(default)]
     pub log_ring: u64,
+    /// Log batches written O_DIRECT by the log writer thread (decision 0079).
+    #[serde(default)]
+    pub log_thread: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -513,4 +516,7 @@ pub struct PoolIostat {
     /// Log batches submitted through io_uring, no thread waiting (decision 0068).
     #[serde(default)]
     pub log_ring: u64,
+    /// Log batches written O_DIRECT by the log writer thread (decision 0079).
+    #[serde(default)]
+    pub log_thread: u64,
 }

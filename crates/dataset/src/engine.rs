@@ -2422,6 +2422,7 @@ impl Engine {
             log_overlapped: log.overlapped.load(Ordering::Relaxed),
             log_deferred: log.deferred.load(Ordering::Relaxed),
             log_ring: log.ring.load(Ordering::Relaxed),
+            log_thread: log.thread.load(Ordering::Relaxed),
         })
     }
 }

@@ -1550,6 +1550,7 @@ impl ImportedPool {
             log_overlapped: log.overlapped.load(Ordering::Relaxed),
             log_deferred: log.deferred.load(Ordering::Relaxed),
             log_ring: log.ring.load(Ordering::Relaxed),
+            log_thread: log.thread.load(Ordering::Relaxed),
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
             dirty_bytes,

@@ -346,6 +346,9 @@ pub struct Stats {
     pub deferred: AtomicU64,
     /// Batches submitted through io_uring (decision 0068), also in `commits`.
     pub ring: AtomicU64,
+    /// Batches written O_DIRECT by the log writer thread (decision 0079),
+    /// also in `commits`.
+    pub thread: AtomicU64,
 }
 
 pub struct IntentLog {
@@ -360,6 +363,9 @@ pub struct IntentLog {
     /// Where deferred commits' batches are submitted without blocking
     /// (decision 0068); `None`: they are written on a driver thread.
     ring: Option<Arc<ring::Ring>>,
+    /// The log writer thread that writes deferred commits' batches
+    /// (decision 0079); when set, `ring` is `None`.
+    writer: Option<Arc<writer::Writer>>,
     /// This log, for a thread that finishes a batch the ring could not.
     me: std::sync::Weak<IntentLog>,
     /// Batches in the ring at once (at most [`MAX_IN_FLIGHT`]); a deferred
@@ -380,6 +386,9 @@ impl Drop for IntentLog {
     fn drop(&mut self) {
         if let Some(r) = &self.ring {
             r.stop();
+        }
+        if let Some(w) = &self.writer {
+            w.stop();
         }
     }
 }
@@ -467,7 +476,12 @@ impl IntentLog {
             request_txg,
             max_pending,
             stats: Stats::default(),
-            ring: ring.and_then(|mode| ring::Ring::start(mode, weak.clone())),
+            ring: ring
+                .filter(|m| *m != ring::Mode::Thread)
+                .and_then(|mode| ring::Ring::start(mode, weak.clone())),
+            writer: (ring == Some(ring::Mode::Thread))
+                .then(|| writer::Writer::start(weak.clone()))
+                .flatten(),
             me: weak.clone(),
             ring_depth: ring_depth(),
         };
@@ -627,6 +641,12 @@ impl IntentLog {
 
     /// [`IntentLog::commit`] without counting a commit request answered.
     fn commit_quiet(&self, seq: u64) -> Result<(), LogError> {
+        self.commit_with(seq, false)
+    }
+
+    /// [`IntentLog::commit_quiet`]; with `direct`, the batches this thread
+    /// places are written by the log writer's O_DIRECT way (decision 0079).
+    fn commit_with(&self, seq: u64, direct: bool) -> Result<(), LogError> {
         let mut st = self.state.lock();
         loop {
             if let Some(f) = &st.failed {
@@ -679,7 +699,20 @@ impl IntentLog {
                     let id = self.begin_batch(&mut st, last, start_pos);
                     let region = st.region.clone();
                     drop(st);
-                    let result = self.write_all(&region, &writes);
+                    let result = match self.writer.as_ref().filter(|_| direct) {
+                        Some(w) if w.write(&region, &writes) => {
+                            self.stats.thread.fetch_add(1, Ordering::Relaxed);
+                            self.stats
+                                .syncs
+                                .fetch_add(writes.len() as u64, Ordering::Relaxed);
+                            let bytes: usize = writes.iter().map(|(_, b)| b.len()).sum();
+                            self.stats.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                            Ok(())
+                        }
+                        // Not O_DIRECT, or a write failed: the blocking way
+                        // (again), which reports device failures.
+                        _ => self.write_all(&region, &writes),
+                    };
                     self.batch_finished(id, batch.len(), result);
                     st = self.state.lock();
                 }
@@ -741,6 +774,12 @@ impl IntentLog {
         let at = st.waiters.partition_point(|(s, _)| *s <= seq);
         st.waiters.insert(at, (seq, waiter));
         if Self::covered(&st, seq) || st.drivers >= MAX_IN_FLIGHT {
+            return Deferred::Queued;
+        }
+        // The log writer thread takes it with its next batch (decision 0079).
+        if let (Some(w), 0) = (&self.writer, st.drivers) {
+            drop(st);
+            w.kick();
             return Deferred::Queued;
         }
         // Submitted without blocking where the ring takes it (decision
@@ -995,6 +1034,35 @@ impl IntentLog {
                     st.drivers -= 1;
                     std::mem::take(&mut st.waiters)
                 };
+                answer(failed, false);
+                return;
+            }
+        }
+    }
+
+    /// The log writer thread's round (decision 0079): writes batches for
+    /// the queued deferred commits no write in flight covers, each batch
+    /// taking every record pending when it starts, and answers those it
+    /// makes durable; returns once none is left uncovered. On a failure
+    /// every queued waiter is answered `false` (the blocking way).
+    pub(crate) fn write_waiters(&self) {
+        loop {
+            let (ready, target) = {
+                let mut st = self.state.lock();
+                let ready = self.take_ready(&mut st);
+                let target = st
+                    .waiters
+                    .back()
+                    .map(|(s, _)| *s)
+                    .filter(|&s| !Self::covered(&st, s));
+                (ready, target)
+            };
+            answer(ready, true);
+            let Some(target) = target else {
+                return;
+            };
+            if self.commit_with(target, true).is_err() {
+                let failed = std::mem::take(&mut self.state.lock().waiters);
                 answer(failed, false);
                 return;
             }
@@ -1273,6 +1341,7 @@ fn answer(waiters: VecDeque<(u64, Waiter)>, durable: bool) {
 }
 
 mod ring;
+mod writer;
 
 #[cfg(test)]
 mod tests;

@@ -42,14 +42,18 @@ const GETEVENTS: u32 = 1;
 pub(crate) enum Mode {
     Dsync,
     Direct,
+    /// Not the ring: the log writer thread (decision 0079).
+    Thread,
 }
 
 impl Mode {
-    /// `CISTERN_LOG_URING=off|dsync|direct` (default `direct`).
+    /// `CISTERN_LOG_URING=off|dsync|direct|thread` (default `direct`;
+    /// `thread`: the log writer thread of decision 0079, not the ring).
     pub(crate) fn from_env() -> Option<Mode> {
         match std::env::var("CISTERN_LOG_URING").as_deref() {
             Ok("off") | Ok("0") => None,
             Ok("dsync") => Some(Mode::Dsync),
+            Ok("thread") => Some(Mode::Thread),
             _ => Some(Mode::Direct),
         }
     }
@@ -395,7 +399,7 @@ impl Ring {
     pub(crate) fn accepts(&self, write: &DurableWrite, pos: u64) -> bool {
         match self.mode {
             Mode::Dsync => true,
-            Mode::Direct => {
+            Mode::Direct | Mode::Thread => {
                 !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
                     && pos % vdev::SECTOR == 0
                     && write

@@ -442,6 +442,15 @@ fn deferred_commits_through_the_ring_are_answered_only_when_on_disk() {
     }
 }
 
+/// Decision 0079: the same through the log writer thread (O_DIRECT writes
+/// it waits for itself), on one device and on a mirror.
+#[test]
+fn deferred_commits_through_the_writer_thread_are_answered_only_when_on_disk() {
+    for n in [1, 2] {
+        deferred_commits_check(Some(ring::Mode::Thread), n);
+    }
+}
+
 /// Decision 0075: the same with the ring's completions reaped by a task on
 /// a multi-thread runtime (woken through the ring's eventfd), the answers
 /// coming from that task: each 8th waiter replays the region from inside
@@ -566,15 +575,21 @@ fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
         ring_on && on_runtime,
         "reaper on the runtime iff there is one"
     );
-    assert!(mode.is_none() || ring_on || !io_uring_enabled());
+    let thread_on = log.writer.is_some();
+    assert_eq!(thread_on, mode == Some(ring::Mode::Thread));
+    assert!(mode.is_none() || ring_on || thread_on || !io_uring_enabled());
     let answered = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
     let checked = Arc::new(AtomicU64::new(0));
     let (mut drives, mut queued, mut done) = (0, 0, 0);
     // Through the ring each commit finds a write slot free while there are
     // no more writers than MAX_IN_FLIGHT: twice that many share writes and
     // wait for a slot (`ring_more` submits their batches).
-    let threads = if ring_on { 2 * MAX_IN_FLIGHT as u64 } else { 8 };
-    let per_thread = if ring_on { 20u64 } else { 40 };
+    let threads = if ring_on || thread_on {
+        2 * MAX_IN_FLIGHT as u64
+    } else {
+        8
+    };
+    let per_thread = if ring_on || thread_on { 20u64 } else { 40 };
     std::thread::scope(|s| {
         let (drives, queued, done) = (&mut drives, &mut queued, &mut done);
         let (tx, rx) = std::sync::mpsc::channel::<(u8, bool)>();
@@ -646,8 +661,12 @@ fn deferred_commits_check(mode: Option<ring::Mode>, devices: usize) {
     assert_eq!(seqs.len() as u64, threads * per_thread, "answered twice");
     assert!(checked.load(Ordering::SeqCst) >= threads * per_thread / 8);
     let ring = log.stats().ring.load(Ordering::Relaxed);
+    let by_thread = log.stats().thread.load(Ordering::Relaxed);
     if ring_on {
         assert!(ring > 0, "no batch went through the ring ({drives} drives)");
+    } else if thread_on {
+        assert_eq!((drives, ring), (0, 0), "deferred commits left the writer");
+        assert!(by_thread > 0, "no batch written by the log writer");
     } else {
         assert!(drives > 0, "no driver ran");
         assert_eq!(ring, 0);
@@ -705,6 +724,44 @@ fn a_failed_ring_write_is_written_again_before_the_answer() {
         "the failure was not injected"
     );
     assert_eq!(log.stats().ring.load(Ordering::Relaxed), 1);
+    drop(log);
+    let (_, found) = open_mode(&p, start(), None);
+    assert_eq!(found.len(), 2);
+}
+
+/// Decision 0079: a log writer write that fails (the first copy of a
+/// mirrored batch goes to a bad descriptor) is written again the blocking
+/// way before the waiter is answered: it must find its record in the region.
+#[test]
+fn a_failed_writer_write_is_written_again_before_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 2);
+    let region = p.log_region();
+    let (log, _) = open_mode(&p, start(), Some(ring::Mode::Thread));
+    let writer = log.writer.clone().expect("writer thread");
+    // A first batch puts the log on a page boundary (0061).
+    let s0 = log.append(RecordKind::Write, 1, 0, 4, b"zero");
+    log.commit(s0).unwrap();
+    writer.fail_next.store(true, Ordering::SeqCst);
+    let seq = log.append(RecordKind::Write, 1, 8, 4, b"late");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let guid = p.guid;
+    let waiter: Waiter = Box::new(move |durable| {
+        let mut buf = vec![0u8; region.size().min(4 << 20) as usize];
+        region.read(0, &mut buf).unwrap();
+        let (found, _, _) = fuzzing::replay(&buf, guid, start());
+        let _ = tx.send((durable, found.last().map(|r| r.seq)));
+    });
+    assert!(matches!(log.commit_deferred(seq, waiter), Deferred::Queued));
+    let (durable, last) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(durable);
+    assert_eq!(last, Some(seq), "answered before the record was on disk");
+    assert!(
+        !writer.fail_next.load(Ordering::SeqCst),
+        "the failure was not injected"
+    );
+    // Written again the blocking way, not counted as the writer's.
+    assert_eq!(log.stats().thread.load(Ordering::Relaxed), 0);
     drop(log);
     let (_, found) = open_mode(&p, start(), None);
     assert_eq!(found.len(), 2);
