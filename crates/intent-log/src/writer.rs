@@ -2,8 +2,8 @@
 //! written by one thread per log that waits for the device itself.
 //!
 //! A batch is one synchronous O_DIRECT write with RWF_DSYNC per piece and
-//! copy (or, with `CISTERN_LOG_SYNC=fdatasync`, O_DIRECT writes then one
-//! `fdatasync` per copy). The kernel then runs the write's cache flush in
+//! copy (ranged: unlike `fdatasync`, it does not write back buffered dirty
+//! pages of the device). The kernel then runs the write's cache flush in
 //! this thread and the device's completions wake it directly: no
 //! dio-completion kworker and no io_uring task work between the device and
 //! the waiter (decision 0077 measured those hand-offs as two thirds of a
@@ -16,42 +16,10 @@ use pool::{DurableTarget, MirroredRegion};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use vdev::AlignedBuf;
 
 use crate::IntentLog;
-
-/// How a batch is made durable on its O_DIRECT descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Sync {
-    /// `pwritev2(RWF_DSYNC)`: the kernel syncs the written range after the
-    /// write, in this thread.
-    Dsync,
-    /// `pwrite` then `fdatasync` of the descriptor (not ranged: it also
-    /// writes back any buffered dirty pages of the device).
-    Fdatasync,
-}
-
-impl Sync {
-    /// `CISTERN_LOG_SYNC=fdatasync|dsync` (default `dsync`).
-    fn from_env() -> Sync {
-        match std::env::var("CISTERN_LOG_SYNC").as_deref() {
-            Ok("fdatasync") => Sync::Fdatasync,
-            _ => Sync::Dsync,
-        }
-    }
-}
-
-/// `CISTERN_LOG_SPIN_US` (0..=1000, default 0): how long the writer looks
-/// for more work before it sleeps (for measuring).
-fn spin() -> Duration {
-    let us = std::env::var("CISTERN_LOG_SPIN_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(1000);
-    Duration::from_micros(us)
-}
 
 /// `CISTERN_LOG_WRITERS` (1..=4, default 1): writer threads per log. With
 /// two, one writes the next batch while the other waits for the device or
@@ -77,9 +45,8 @@ struct Flags {
 pub(crate) struct Writer {
     flags: Mutex<Flags>,
     wake: Condvar,
-    /// Set for a cheap check while spinning.
+    /// Set by [`Writer::kick`] without the lock while the writer is busy.
     work: AtomicBool,
-    sync: Sync,
     /// Set once an O_DIRECT write was refused: the blocking O_DSYNC way from then on.
     no_direct: AtomicBool,
     /// Tests: the next batch's first write goes to a bad descriptor (fails).
@@ -95,18 +62,16 @@ impl Writer {
             flags: Mutex::new(Flags::default()),
             wake: Condvar::new(),
             work: AtomicBool::new(false),
-            sync: Sync::from_env(),
             no_direct: AtomicBool::new(false),
             #[cfg(test)]
             fail_next: AtomicBool::new(false),
         });
-        let spin = spin();
         let mut started = 0;
         for _ in 0..writers() {
             let (theirs, log) = (w.clone(), log.clone());
             match std::thread::Builder::new()
                 .name("log-writer".into())
-                .spawn(move || theirs.run(log, spin))
+                .spawn(move || theirs.run(log))
             {
                 Ok(_) => started += 1,
                 Err(e) => {
@@ -138,9 +103,9 @@ impl Writer {
         self.wake.notify_all();
     }
 
-    fn run(&self, log: Weak<IntentLog>, spin: Duration) {
+    fn run(&self, log: Weak<IntentLog>) {
         loop {
-            if !self.wait(spin) {
+            if !self.wait() {
                 return;
             }
             let Some(log) = log.upgrade() else {
@@ -151,13 +116,7 @@ impl Writer {
     }
 
     /// Until there is work (true) or the log is gone (false).
-    fn wait(&self, spin: Duration) -> bool {
-        if !spin.is_zero() {
-            let until = Instant::now() + spin;
-            while !self.work.load(Ordering::Acquire) && Instant::now() < until {
-                std::hint::spin_loop();
-            }
-        }
+    fn wait(&self) -> bool {
         let mut f = self.flags.lock();
         loop {
             if f.stop {
@@ -287,31 +246,17 @@ impl Writer {
         } else {
             fd
         };
-        let flags = match self.sync {
-            Sync::Dsync => libc::RWF_DSYNC,
-            Sync::Fdatasync => 0,
-        };
-        let mut out: Vec<io::Result<()>> = writes
+        writes
             .iter()
             .zip(bufs)
-            .map(|((pos, _), buf)| pwrite_all(fd, buf, t.offset + pos, flags))
-            .collect();
-        if self.sync == Sync::Fdatasync && out.iter().all(|r| r.is_ok()) {
-            if let Err(e) = fdatasync(fd) {
-                let kind = e.kind();
-                let msg = e.to_string();
-                out = out
-                    .into_iter()
-                    .map(|_| Err(io::Error::new(kind, msg.clone())))
-                    .collect();
-            }
-        }
-        out
+            .map(|((pos, _), buf)| pwrite_dsync(fd, buf, t.offset + pos))
+            .collect()
     }
 }
 
-/// Writes all of `buf` at `offset` (O_DIRECT: whole sectors).
-fn pwrite_all(fd: i32, buf: &[u8], offset: u64, flags: i32) -> io::Result<()> {
+/// Writes all of `buf` at `offset` (O_DIRECT: whole sectors) with
+/// RWF_DSYNC: on stable storage when it returns.
+fn pwrite_dsync(fd: i32, buf: &[u8], offset: u64) -> io::Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
         let rest = &buf[done..];
@@ -321,7 +266,7 @@ fn pwrite_all(fd: i32, buf: &[u8], offset: u64, flags: i32) -> io::Result<()> {
         };
         let at = i64::try_from(offset + done as u64).map_err(|_| io::Error::other("offset"))?;
         // SAFETY: one iovec over `rest`, which outlives the call.
-        let n = unsafe { libc::pwritev2(fd, &iov, 1, at, flags) };
+        let n = unsafe { libc::pwritev2(fd, &iov, 1, at, libc::RWF_DSYNC) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -338,17 +283,4 @@ fn pwrite_all(fd: i32, buf: &[u8], offset: u64, flags: i32) -> io::Result<()> {
         done += n as usize;
     }
     Ok(())
-}
-
-fn fdatasync(fd: i32) -> io::Result<()> {
-    loop {
-        // SAFETY: plain syscall on a descriptor the caller holds open.
-        if unsafe { libc::fdatasync(fd) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
