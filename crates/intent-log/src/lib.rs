@@ -634,18 +634,14 @@ impl IntentLog {
     /// replay, which stops at the first missing record, finds every record
     /// acknowledged here.
     pub fn commit(&self, seq: u64) -> Result<(), LogError> {
-        self.commit_quiet(seq)?;
+        self.commit_with(seq, false)?;
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// [`IntentLog::commit`] without counting a commit request answered.
-    fn commit_quiet(&self, seq: u64) -> Result<(), LogError> {
-        self.commit_with(seq, false)
-    }
-
-    /// [`IntentLog::commit_quiet`]; with `direct`, the batches this thread
-    /// places are written by the log writer's O_DIRECT way (decision 0079).
+    /// [`IntentLog::commit`] without counting a commit request answered;
+    /// with `direct`, the batches this thread places are written by the log
+    /// writer's O_DIRECT way (decision 0079).
     fn commit_with(&self, seq: u64, direct: bool) -> Result<(), LogError> {
         let mut st = self.state.lock();
         loop {
@@ -1009,6 +1005,23 @@ impl IntentLog {
     /// queued one is answered or covered by a write in flight (whose thread
     /// answers it). On a failure every queued waiter is answered `false`.
     pub fn drive(&self) {
+        self.write_queued(false)
+    }
+
+    /// The log writer thread's round (decision 0079): [`IntentLog::drive`]
+    /// with each batch written the writer's O_DIRECT way; the writer is not
+    /// counted in `drivers`.
+    pub(crate) fn write_waiters(&self) {
+        self.write_queued(true)
+    }
+
+    fn write_queued(&self, writer: bool) {
+        // A driver leaves `drivers` when it returns; the writer never joined.
+        let leave = |st: &mut State| {
+            if !writer {
+                st.drivers -= 1;
+            }
+        };
         loop {
             let (ready, target) = {
                 let mut st = self.state.lock();
@@ -1020,7 +1033,7 @@ impl IntentLog {
                     .map(|(s, _)| *s)
                     .filter(|&s| !Self::covered(&st, s));
                 if target.is_none() {
-                    st.drivers -= 1;
+                    leave(&mut st);
                 }
                 (ready, target)
             };
@@ -1028,41 +1041,12 @@ impl IntentLog {
             let Some(target) = target else {
                 return;
             };
-            if self.commit_quiet(target).is_err() {
+            if self.commit_with(target, writer).is_err() {
                 let failed = {
                     let mut st = self.state.lock();
-                    st.drivers -= 1;
+                    leave(&mut st);
                     std::mem::take(&mut st.waiters)
                 };
-                answer(failed, false);
-                return;
-            }
-        }
-    }
-
-    /// The log writer thread's round (decision 0079): writes batches for
-    /// the queued deferred commits no write in flight covers, each batch
-    /// taking every record pending when it starts, and answers those it
-    /// makes durable; returns once none is left uncovered. On a failure
-    /// every queued waiter is answered `false` (the blocking way).
-    pub(crate) fn write_waiters(&self) {
-        loop {
-            let (ready, target) = {
-                let mut st = self.state.lock();
-                let ready = self.take_ready(&mut st);
-                let target = st
-                    .waiters
-                    .back()
-                    .map(|(s, _)| *s)
-                    .filter(|&s| !Self::covered(&st, s));
-                (ready, target)
-            };
-            answer(ready, true);
-            let Some(target) = target else {
-                return;
-            };
-            if self.commit_with(target, true).is_err() {
-                let failed = std::mem::take(&mut self.state.lock().waiters);
                 answer(failed, false);
                 return;
             }
