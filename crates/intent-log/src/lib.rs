@@ -698,11 +698,8 @@ impl IntentLog {
                     let result = match self.writer.as_ref().filter(|_| direct) {
                         Some(w) if w.write(&region, &writes) => {
                             self.stats.thread.fetch_add(1, Ordering::Relaxed);
-                            self.stats
-                                .syncs
-                                .fetch_add(writes.len() as u64, Ordering::Relaxed);
-                            let bytes: usize = writes.iter().map(|(_, b)| b.len()).sum();
-                            self.stats.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                            let bytes = writes.iter().map(|(_, b)| b.len()).sum();
+                            self.count_synced(writes.len(), bytes);
                             Ok(())
                         }
                         // Not O_DIRECT, or a write failed: the blocking way
@@ -876,12 +873,11 @@ impl IntentLog {
     pub(crate) fn ring_done(&self, batch: ring::RingBatch) {
         let (id, records) = (batch.id, batch.records);
         let result = if batch.all_ok() {
-            let bytes: u64 = batch.pieces().map(|(_, b)| b.len() as u64).sum();
-            let n = batch.pieces().count() as u64;
+            let bytes = batch.pieces().map(|(_, b)| b.len()).sum();
+            let pieces = batch.pieces().count();
             let r = batch.finish();
             if r.is_ok() {
-                self.stats.syncs.fetch_add(n, Ordering::Relaxed);
-                self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.count_synced(pieces, bytes);
             }
             r
         } else {
@@ -1256,12 +1252,16 @@ impl IntentLog {
         // Durable writes (O_DSYNC) sync only these bytes, not txg data in flight.
         for (pos, bytes) in writes {
             region.write_durable(*pos, bytes)?;
-            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.count_synced(1, bytes.len());
         }
         Ok(())
+    }
+
+    /// Counts durable region writes done: `pieces` of `bytes` in all (a
+    /// mirror's copies count once).
+    fn count_synced(&self, pieces: usize, bytes: usize) {
+        self.stats.syncs.fetch_add(pieces as u64, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Fraction of the region that replay may still need, plus records in memory.

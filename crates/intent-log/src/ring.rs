@@ -274,21 +274,15 @@ impl Ring {
         let direct_ok = |pos: u64, len: usize| {
             self.mode == Mode::Direct
                 && !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
-                && pos % vdev::SECTOR == 0
-                && len as u64 % vdev::SECTOR == 0
-                && write
-                    .targets
-                    .iter()
-                    .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+                && direct_piece(pos, len)
+                && direct_targets(&write)
         };
         let mut pieces = Vec::with_capacity(writes.len());
         let mut entries = Vec::new();
         for (p, (pos, bytes)) in writes.into_iter().enumerate() {
             let direct = direct_ok(pos, bytes.len());
             let buf = if direct {
-                let mut a = AlignedBuf::for_read(bytes.len());
-                a.as_mut_slice().copy_from_slice(&bytes);
-                Buf::Aligned(a)
+                Buf::Aligned(AlignedBuf::copy_of(&bytes))
             } else {
                 Buf::Plain(bytes)
             };
@@ -402,10 +396,7 @@ impl Ring {
             Mode::Direct | Mode::Thread => {
                 !self.no_direct.load(std::sync::atomic::Ordering::Relaxed)
                     && pos % vdev::SECTOR == 0
-                    && write
-                        .targets
-                        .iter()
-                        .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+                    && direct_targets(write)
             }
         }
     }
@@ -560,6 +551,20 @@ impl Drop for TaskGuard {
             tracing::error!(error = %e, "no log-ring thread after the runtime's reaper ended");
         }
     }
+}
+
+/// Every copy of the region has an O_DIRECT descriptor, at a sector
+/// boundary (the ring's and the log writer's condition, decision 0079).
+pub(crate) fn direct_targets(write: &DurableWrite) -> bool {
+    write
+        .targets
+        .iter()
+        .all(|t| t.direct_fd.is_some() && t.offset % vdev::SECTOR == 0)
+}
+
+/// A piece of a batch O_DIRECT can write: whole sectors at a sector boundary.
+pub(crate) fn direct_piece(pos: u64, len: usize) -> bool {
+    pos % vdev::SECTOR == 0 && len as u64 % vdev::SECTOR == 0
 }
 
 fn user_data(id: u64, piece: usize, target: usize) -> u64 {

@@ -19,6 +19,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 use vdev::AlignedBuf;
 
+use crate::ring::{direct_piece, direct_targets};
 use crate::IntentLog;
 
 /// `CISTERN_LOG_WRITERS` (1..=4, default 1): writer threads per log. With
@@ -144,11 +145,7 @@ impl Writer {
         if self.no_direct.load(Ordering::Relaxed) {
             return false;
         }
-        let aligned = |v: u64| v % vdev::SECTOR == 0;
-        if !writes
-            .iter()
-            .all(|(p, b)| aligned(*p) && aligned(b.len() as u64))
-        {
+        if !writes.iter().all(|(p, b)| direct_piece(*p, b.len())) {
             return false;
         }
         // The region's devices and its shared lock (held until `write` drops).
@@ -156,21 +153,10 @@ impl Writer {
             Ok(Some(w)) => w,
             _ => return false,
         };
-        if !write
-            .targets
-            .iter()
-            .all(|t| t.direct_fd.is_some() && aligned(t.offset))
-        {
+        if !direct_targets(&write) {
             return false;
         }
-        let bufs: Vec<AlignedBuf> = writes
-            .iter()
-            .map(|(_, b)| {
-                let mut a = AlignedBuf::for_read(b.len());
-                a.as_mut_slice().copy_from_slice(b);
-                a
-            })
-            .collect();
+        let bufs: Vec<AlignedBuf> = writes.iter().map(|(_, b)| AlignedBuf::copy_of(b)).collect();
         let slices: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
         let started = Instant::now();
         // Per target, per piece. A mirror's other copies are written at

@@ -49,7 +49,7 @@ fn unpace(fd: RawFd) -> io::Result<bool> {
 }
 
 /// The socket's congestion control algorithm (`TCP_CONGESTION`).
-pub fn congestion_control(fd: RawFd) -> io::Result<String> {
+fn congestion_control(fd: RawFd) -> io::Result<String> {
     // TCP_CA_NAME_MAX is 16 with the terminating NUL.
     let mut name = [0u8; 16];
     let mut len = name.len() as libc::socklen_t;
@@ -72,7 +72,7 @@ pub fn congestion_control(fd: RawFd) -> io::Result<String> {
 }
 
 /// Sets the socket's congestion control algorithm (`TCP_CONGESTION`).
-pub fn set_congestion_control(fd: RawFd, name: &[u8]) -> io::Result<()> {
+fn set_congestion_control(fd: RawFd, name: &[u8]) -> io::Result<()> {
     // SAFETY: `name` is readable for its length.
     let r = unsafe {
         libc::setsockopt(

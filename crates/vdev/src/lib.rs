@@ -1048,6 +1048,14 @@ impl AlignedBuf {
         AlignedBuf { ptr, len, cap: len }
     }
 
+    /// An aligned copy of `bytes`, which are whole sectors: what an O_DIRECT
+    /// write of them needs.
+    pub fn copy_of(bytes: &[u8]) -> AlignedBuf {
+        let mut a = AlignedBuf::for_read(bytes.len());
+        a.as_mut_slice().copy_from_slice(bytes);
+        a
+    }
+
     /// A buffer of `len` bytes (rounded up to whole sectors) that a device
     /// read is about to fill: its bytes are unspecified (an earlier read's),
     /// never uninitialized. A fresh zeroed buffer per run read cost a fifth
