@@ -18,7 +18,8 @@
 #   task/*/status), log syncs per FLUSH (pool iostat), kworker CPU µs per pair
 #   (all kworkers: the loop back and the disk's flushes), the daemon's peak
 #   RSS, the load average;
-#   fio's mean WRITE and FLUSH latency and the pair's wall time per job;
+#   fio's mean WRITE and FLUSH latency, the FLUSH's p99 and p99.9, and the
+#   pair's wall time per job;
 #   the daemon's CPU µs per pair by thread name ("gone": threads that exited
 #   in the window, e.g. the txg's encoder threads), txg commits and the mean
 #   commit time (metrics).
@@ -96,6 +97,9 @@ iops = d["iops"]
 # fio's mean latency of a WRITE and of a FLUSH (µs, as the client sees them)
 wlat = d["lat_ns"]["mean"] / 1e3
 flat = job.get("sync", {}).get("lat_ns", {}).get("mean", 0) / 1e3
+# and the FLUSH tail (µs): p99 and p99.9
+fp = job.get("sync", {}).get("lat_ns", {}).get("percentile", {})
+fp99, fp999 = (fp.get(k, 0) / 1e3 for k in ("99.000000", "99.900000"))
 ops = iops * (float(sys.argv[7]) - float(sys.argv[6]))
 def parse(s): return {k: int(v) for k, v in (x.split("=") for x in s.split())}
 a, b = parse(sys.argv[2]), parse(sys.argv[3])
@@ -113,7 +117,7 @@ print(f"{label} {sys.argv[10]} iops={iops:.0f} cpu_us/pair={us(delta('total')):.
       f"invol/pair={delta('invol')/ops:.2f} minflt/pair={delta('minflt')/ops:.2f} "
       f"syncs/flush={(syncs1-syncs0)/max(1, flushes1-flushes0):.3f} kworker_us/pair={us(delta('kworker')):.0f} "
       f"peakRSS={sys.argv[11]}MiB load={sys.argv[8]}")
-print(f"  client latency (µs): write={wlat:.0f} flush={flat:.0f} pair={8e6/iops:.0f} (8 jobs / IOPS)")
+print(f"  client latency (µs): write={wlat:.0f} flush={flat:.0f} flush_p99={fp99:.0f} flush_p99.9={fp999:.0f} pair={8e6/iops:.0f} (8 jobs / IOPS)")
 by = " ".join(f"{k}={us(v):.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0)
 print(f"  by thread (µs/pair): {by} gone={us(gone):.1f}; txgs={commits:.0f} ms/txg={(secs1-secs0)*1e3/max(1, commits):.0f}")
 PY

@@ -21,6 +21,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most one vectored write of a txg carries (adjacent blocks).
+const RUN_MAX: usize = 8 << 20;
+/// The same while sync writers wait for the intent log on the same
+/// devices ([`ImportedPool::run_max`], decision 0081): 64 pages, a quarter
+/// of a small device queue.
+const SYNC_RUN_MAX: usize = 256 << 10;
+
 /// See [`ImportedPool::view`].
 pub struct View {
     pub syncing: Option<Arc<TxgChanges>>,
@@ -278,6 +285,9 @@ pub struct ImportedPool {
     pub syncing_charged: Mutex<crate::space::SyncingCharges>,
     /// An ENOSPC/EDQUOT was logged and no write has succeeded since.
     pub nospace_logged: AtomicBool,
+    /// The intent log's batch count when the last txg wrote its data: a
+    /// txg that sees it moved writes in [`SYNC_RUN_MAX`] requests.
+    log_commits_seen: AtomicU64,
     /// Dataset records by name: the committed ones plus space figures of the last txg.
     pub datasets: RwLock<BTreeMap<String, DatasetRecord>>,
     /// Serializes write transactions of the metadata store (txg commit, admin changes).
@@ -446,6 +456,7 @@ impl ImportedPool {
             syncing: RwLock::new(None),
             syncing_charged: Mutex::default(),
             nospace_logged: AtomicBool::new(false),
+            log_commits_seen: AtomicU64::new(0),
             datasets: RwLock::new(datasets),
             meta_lock: Mutex::new(()),
             ctl: Mutex::new(SyncCtl::default()),
@@ -1024,6 +1035,25 @@ impl ImportedPool {
         result
     }
 
+    /// How much one vectored write of a txg may carry. Sync writers (FLUSH,
+    /// fsync, S3 PUT) wait for the intent log, and a log write queues behind
+    /// whatever the txg has queued on the same devices: one 8 MiB write is
+    /// split into requests of up to 254 segments, and a virtio disk without
+    /// indirect descriptors (256 slots) then has no room for the log's
+    /// 4 KiB until they complete (decision 0081). So while the log is in use
+    /// on the main devices, the txg writes [`SYNC_RUN_MAX`] at a time, as
+    /// ZFS aggregates at most 128 KiB on SSDs; with a SLOG, or with no sync
+    /// writer since the last txg, large writes cost nobody a wait.
+    fn run_max(&self, cp: Checkpoint) -> usize {
+        let commits = self.log.stats().commits.load(Ordering::Relaxed);
+        let seen = self.log_commits_seen.swap(commits, Ordering::Relaxed);
+        if commits != seen && cp.tag == 0 {
+            SYNC_RUN_MAX
+        } else {
+            RUN_MAX
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn write_placed(
         &self,
@@ -1038,8 +1068,10 @@ impl ImportedPool {
     ) -> Result<ActionOutcome> {
         // The fault hooks skip empty commits (the one every import makes).
         let carries = !changes.blocks.is_empty() || !changes.names.is_empty() || action.is_some();
-        // Write: blocks adjacent on disk go out together, up to 8 MiB per vectored write.
+        // Write: blocks adjacent on disk go out together, up to `run_max`
+        // per vectored write.
         static PAD: [u8; pool::SECTOR as usize] = [0; pool::SECTOR as usize];
+        let run_max = self.run_max(cp);
         let mut order: Vec<usize> = (0..keys.len())
             .filter(|&i| placed[i].as_ref().is_some_and(|bp| !bp.is_embedded()))
             .collect();
@@ -1070,7 +1102,7 @@ impl ImportedPool {
             let extends = run.is_some_and(|r| {
                 r.group == dva.group
                     && r.offset + r.asize as u64 == dva.offset
-                    && r.asize as usize + dva.asize as usize <= 8 << 20
+                    && r.asize as usize + dva.asize as usize <= run_max
             });
             if !extends {
                 flush(&mut run, &mut parts)?;

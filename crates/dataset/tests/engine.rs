@@ -183,6 +183,45 @@ fn compression_shrinks_text_and_reports_the_ratio() {
     same(&read_range(&vol, 0, 2 << 20), &data, "random");
 }
 
+/// Decision 0081: while sync writers use the intent log on the pool's own
+/// devices, a txg writes adjacent blocks in requests of at most 256 KiB
+/// (the log's writes must not queue behind megabytes); with no log write
+/// since the last txg they go out as one large write.
+#[test]
+fn txg_writes_stay_small_while_the_log_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("state"), config(3600.0)).unwrap();
+    create_pool(&engine, dir.path());
+    engine
+        .create_volume("tank/v", 32 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    let vol = engine.open_volume("tank/v").unwrap();
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    // Write requests of the txg that writes `at`, after `before` ran.
+    let txg_writes = |at: u64, before: &dyn Fn()| {
+        engine.sync_all().unwrap();
+        before();
+        vol.write(at, &data, false).unwrap();
+        let ops = || -> u64 {
+            let s = engine.pool_iostat("tank").unwrap();
+            s.groups[0].devices.iter().map(|d| d.write_ops).sum()
+        };
+        let start = ops();
+        engine.sync_all().unwrap();
+        ops() - start
+    };
+    let quiet = txg_writes(0, &|| {});
+    let syncing = txg_writes(8 << 20, &|| {
+        vol.write(24 << 20, &[7; 4096], false).unwrap();
+        vol.flush().unwrap();
+    });
+    // Two mirror copies: 4 MiB is 16 requests of 256 KiB per device.
+    assert!(
+        syncing >= quiet + 2 * 15,
+        "quiet txg {quiet} writes, syncing {syncing}"
+    );
+}
+
 #[test]
 fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
     let dir = tempfile::tempdir().unwrap();
