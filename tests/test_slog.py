@@ -135,7 +135,8 @@ def test_iostat_output(make_daemon, disks):
     for want in ["tank", "mirror-0", str(disks / "d0"), str(disks / "d1"), "logs", str(disks / "l0")]:
         assert want in names, out
     lat = d.cli("pool", "iostat", "-l", "-H", "-p", "tank").stdout.splitlines()
-    assert len(lat[0].split("\t")) == 9, lat
+    # disk_wait read and write, and the pool's sync_wait
+    assert len(lat[0].split("\t")) == 10, lat
     human = d.cli("pool", "iostat", "-v", "tank").stdout
     assert "capacity" in human and "operations" in human and "logs" in human, human
     before = iostat_api(d, "tank")
@@ -143,15 +144,22 @@ def test_iostat_output(make_daemon, disks):
     after = iostat_api(d, "tank")
     assert log_write_ops(d, "tank") >= 10
     assert after["log_flushes"] - before["log_flushes"] >= 10
+    # each of them counted its wait for the log (sync_wait)
+    assert sum(after["log_wait_hist"]) - sum(before["log_wait_hist"]) >= 10, (before, after)
+    assert after["log_wait_ns"] > before["log_wait_ns"]
     assert after["timestamp_ms"] >= before["timestamp_ms"]
     # Two reports one interval apart: the second one shows the period's writes.
     out = d.cli("pool", "iostat", "-v", "-H", "-p", "tank", "0.5", "2").stdout.splitlines()
     assert len(out) == 2 * len(names), out
     hist = d.cli("pool", "iostat", "-w", "tank").stdout
     assert "disk_wait" in hist and ("us" in hist or "ms" in hist), hist
+    assert "sync_wait" in hist, hist
+    lat = d.cli("pool", "iostat", "-l", "-H", "-p", "tank").stdout.splitlines()[0].split("\t")
+    assert lat[9].isdigit() and int(lat[9]) > 0, lat
     metrics = d.metrics()
     assert f'cistern_vdev_write_ops_total{{pool="tank",device="{disks / "l0"}",class="log"}}' in metrics
     assert "cistern_pool_log_syncs_total" in metrics and "cistern_pool_log_flushes_total" in metrics
+    assert "cistern_pool_log_wait_seconds_total" in metrics
     bad = d.cli("pool", "iostat", "tank", "-1", check=False)
     assert bad.returncode != 0
 

@@ -149,6 +149,12 @@ pub fn render_pool_stats(stats: &[PoolStats]) -> String {
             |s| s.log_thread as f64,
         ),
         (
+            "cistern_pool_log_wait_seconds_total",
+            "counter",
+            "Time commit requests (FLUSH, FUA, fsync) waited for the intent log, summed; per request: divide by cistern_pool_log_flushes_total.",
+            |s| s.log_wait_seconds_total,
+        ),
+        (
             "cistern_pool_log_bytes_total",
             "counter",
             "Bytes written to the intent log.",

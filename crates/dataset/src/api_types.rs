@@ -352,6 +352,9 @@ pub struct PoolStats {
     /// Log batches written O_DIRECT by the log writer thread (decision 0079).
     #[serde(default)]
     pub log_thread: u64,
+    /// Seconds the commit requests in `log_flushes` waited for the intent log.
+    #[serde(default)]
+    pub log_wait_seconds_total: f64,
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub dirty_bytes: u64,
@@ -519,4 +522,11 @@ pub struct PoolIostat {
     /// Log batches written O_DIRECT by the log writer thread (decision 0079).
     #[serde(default)]
     pub log_thread: u64,
+    /// Nanoseconds the commit requests in `log_flushes` waited for the
+    /// intent log, summed (`pool iostat -l` sync_wait).
+    #[serde(default)]
+    pub log_wait_ns: u64,
+    /// Those waits per power-of-two latency bucket (`pool iostat -w`).
+    #[serde(default)]
+    pub log_wait_hist: Vec<u64>,
 }

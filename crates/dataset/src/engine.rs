@@ -2423,6 +2423,13 @@ impl Engine {
             log_deferred: log.deferred.load(Ordering::Relaxed),
             log_ring: log.ring.load(Ordering::Relaxed),
             log_thread: log.thread.load(Ordering::Relaxed),
+            log_wait_ns: log.wait.nanos.load(Ordering::Relaxed),
+            log_wait_hist: log
+                .wait
+                .hist
+                .iter()
+                .map(|h| h.load(Ordering::Relaxed))
+                .collect(),
         })
     }
 }

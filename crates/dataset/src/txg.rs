@@ -1583,6 +1583,7 @@ impl ImportedPool {
             log_deferred: log.deferred.load(Ordering::Relaxed),
             log_ring: log.ring.load(Ordering::Relaxed),
             log_thread: log.thread.load(Ordering::Relaxed),
+            log_wait_seconds_total: log.wait.nanos.load(Ordering::Relaxed) as f64 / 1e9,
             read_bytes: self.counters.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.counters.write_bytes.load(Ordering::Relaxed),
             dirty_bytes,

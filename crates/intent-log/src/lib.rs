@@ -14,7 +14,7 @@ use pool::{MirroredRegion, PoolError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"CZIL";
 pub const HEADER: usize = 80;
@@ -329,6 +329,31 @@ pub struct Checkpoint {
     pub tag: u64,
 }
 
+/// How long commit requests waited for the intent log, from the request
+/// to its durable answer (`pool iostat -l`'s sync_wait, `-w`'s histogram).
+pub struct WaitStats {
+    pub nanos: AtomicU64,
+    /// Requests per power-of-two latency bucket ([`vdev::latency_bucket`]).
+    pub hist: [AtomicU64; vdev::LATENCY_BUCKETS],
+}
+
+impl Default for WaitStats {
+    fn default() -> Self {
+        WaitStats {
+            nanos: AtomicU64::new(0),
+            hist: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl WaitStats {
+    fn record(&self, started: Instant) {
+        let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.hist[vdev::latency_bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 #[derive(Default)]
 pub struct Stats {
     /// Batches written (group commits).
@@ -349,6 +374,8 @@ pub struct Stats {
     /// Batches written O_DIRECT by the log writer thread (decision 0079),
     /// also in `commits`.
     pub thread: AtomicU64,
+    /// Waits of the commit requests counted in `flushes`.
+    pub wait: WaitStats,
 }
 
 pub struct IntentLog {
@@ -634,8 +661,10 @@ impl IntentLog {
     /// replay, which stops at the first missing record, finds every record
     /// acknowledged here.
     pub fn commit(&self, seq: u64) -> Result<(), LogError> {
+        let started = Instant::now();
         self.commit_with(seq, false)?;
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats.wait.record(started);
         Ok(())
     }
 
@@ -751,6 +780,7 @@ impl IntentLog {
     /// that may block ([`Deferred::Drive`]), up to [`MAX_IN_FLIGHT`] at once;
     /// past that the running drivers take it.
     pub fn commit_deferred(&self, seq: u64, waiter: Waiter) -> Deferred {
+        let started = Instant::now();
         let mut st = self.state.lock();
         if st.closed || st.failed.is_some() || st.failing.is_some() {
             return Deferred::Refused(waiter);
@@ -758,11 +788,22 @@ impl IntentLog {
         if Self::durable(&st, seq) {
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            self.stats.wait.record(started);
             return Deferred::Done(waiter);
         }
         if st.applied_seq < st.dropped_below {
             return Deferred::Refused(waiter);
         }
+        // Its wait counts once it is answered durable (as `take_ready`
+        // counts it); answered not durable, it goes the blocking way, which
+        // counts there.
+        let me = self.me.clone();
+        let waiter: Waiter = Box::new(move |durable| {
+            if let (true, Some(log)) = (durable, me.upgrade()) {
+                log.stats.wait.record(started);
+            }
+            waiter(durable)
+        });
         // Kept in sequence order: callers read `seq` before the lock.
         let at = st.waiters.partition_point(|(s, _)| *s <= seq);
         st.waiters.insert(at, (seq, waiter));

@@ -909,3 +909,33 @@ fn page_jumps_near_the_region_end_wrap_to_its_start() {
         assert!(found.iter().all(|r| r.payload == vec![r.offset as u8; n]));
     }
 }
+
+/// `pool iostat -l`'s sync_wait: each commit request answered durable,
+/// blocking or deferred, counts its wait once, as `flushes` counts it.
+#[test]
+fn commit_waits_are_counted_once_per_answered_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pool(dir.path(), 1);
+    let (log, _) = open_mode(&p, start(), None);
+    let seq = log.append(RecordKind::Write, 1, 0, 4096, &[1; 4096]);
+    log.commit(seq).unwrap();
+    let seq = log.append(RecordKind::Write, 1, 4096, 4096, &[2; 4096]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    match log.commit_deferred(
+        seq,
+        Box::new(move |durable| {
+            let _ = tx.send(durable);
+        }),
+    ) {
+        Deferred::Drive => log.drive(),
+        Deferred::Done(w) => w(true),
+        Deferred::Queued => {}
+        Deferred::Refused(_) => panic!("a deferred commit was refused"),
+    }
+    assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    let s = log.stats();
+    let counted: u64 = s.wait.hist.iter().map(|h| h.load(Ordering::Relaxed)).sum();
+    assert_eq!(counted, 2);
+    assert_eq!(counted, s.flushes.load(Ordering::Relaxed));
+    assert!(s.wait.nanos.load(Ordering::Relaxed) > 0);
+}

@@ -1,7 +1,8 @@
 //! `cistern pool iostat [-v] [-l] [-w] [-H] [-p] [POOL] [INTERVAL [COUNT]]`,
 //! as `zpool iostat`: operations and bandwidth per pool (and per group and
-//! device with -v, log devices included), average disk wait with -l,
-//! latency histograms with -w. The daemon keeps cumulative counters
+//! device with -v, log devices included), average disk wait with -l (and
+//! on the pool's row the sync wait: how long commit requests waited for the
+//! intent log), latency histograms with -w. The daemon keeps cumulative counters
 //! (`GET /v1/pools/{pool}/iostat`); the first report covers the time since
 //! import, each later one the INTERVAL before it.
 
@@ -17,7 +18,9 @@ pub struct IostatArgs {
     /// Per group and device (log devices under "logs").
     #[arg(short = 'v')]
     pub verbose: bool,
-    /// Average latencies (disk wait: time in the device's read or write call).
+    /// Average latencies: disk wait (time in the device's read or write
+    /// call) and, for the pool, sync wait (a commit request's wait for the
+    /// intent log: NBD FLUSH/FUA, fsync, NFS COMMIT, S3 PUT).
     #[arg(short = 'l')]
     pub latency: bool,
     /// Latency histograms (power-of-two buckets).
@@ -246,19 +249,47 @@ pub fn render(now: &[PoolIostat], before: Option<&[PoolIostat]>, a: &IostatArgs)
         }
         .max(1e-3);
         let rows = rows(p, b, a.verbose);
+        let sync = SyncWait::of(p, b);
         if a.histogram {
-            o.push_str(&histograms(&rows, a));
+            o.push_str(&histograms(&rows, &sync, a));
         } else {
-            o.push_str(&table(&rows, secs, a));
+            o.push_str(&table(&rows, &sync, secs, a));
         }
     }
     o
 }
 
-fn table(rows: &[Row], secs: f64, a: &IostatArgs) -> String {
+/// The pool's commit requests (FLUSH, FUA, fsync, S3 PUT...) over the
+/// period and how long they waited for the intent log: ZFS shows the sync
+/// queue's wait as syncq_wait; ours is the whole wait a client sees.
+struct SyncWait {
+    requests: u64,
+    wait_ns: u64,
+    hist: Vec<u64>,
+}
+
+impl SyncWait {
+    fn of(now: &PoolIostat, before: Option<&PoolIostat>) -> SyncWait {
+        let (flushes, ns, hist) = before.map_or((0, 0, &[][..]), |b| {
+            (b.log_flushes, b.log_wait_ns, &b.log_wait_hist[..])
+        });
+        SyncWait {
+            requests: now.log_flushes.saturating_sub(flushes),
+            wait_ns: now.log_wait_ns.saturating_sub(ns),
+            hist: now
+                .log_wait_hist
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v.saturating_sub(hist.get(i).copied().unwrap_or(0)))
+                .collect(),
+        }
+    }
+}
+
+fn table(rows: &[Row], sync: &SyncWait, secs: f64, a: &IostatArgs) -> String {
     let mut headers = vec!["pool", "alloc", "free", "read", "write", "read", "write"];
     if a.latency {
-        headers.extend(["read", "write"]);
+        headers.extend(["read", "write", "sync"]);
     }
     let mut t = Table::new(&headers);
     for i in 1..headers.len() {
@@ -305,13 +336,18 @@ fn table(rows: &[Row], secs: f64, a: &IostatArgs) -> String {
             let avg = |ns: u64, ops: u64| ns.checked_div(ops).unwrap_or(0);
             row.push(latency(avg(d.read_wait_ns, d.read_ops), a.parsable));
             row.push(latency(avg(d.write_wait_ns, d.write_ops), a.parsable));
+            // The intent log serves the pool: its wait is on the pool's row.
+            row.push(match space {
+                Some(_) => latency(avg(sync.wait_ns, sync.requests), a.parsable),
+                None => "-".to_string(),
+            });
         }
         t.push(row);
     }
     let mut o = String::new();
     if !a.scripted {
         o.push_str(if a.latency {
-            "              capacity     operations     bandwidth    disk_wait\n"
+            "              capacity     operations     bandwidth    disk_wait  sync_wait\n"
         } else {
             "              capacity     operations     bandwidth\n"
         });
@@ -321,22 +357,34 @@ fn table(rows: &[Row], secs: f64, a: &IostatArgs) -> String {
 }
 
 /// `-w`: one table per row (pool, or each group and device with -v) of
-/// I/O counts per latency bucket, as `zpool iostat -w`.
-fn histograms(rows: &[Row], a: &IostatArgs) -> String {
+/// I/O counts per latency bucket, as `zpool iostat -w`; the pool's table
+/// also counts its commit requests by their wait for the intent log.
+fn histograms(rows: &[Row], sync: &SyncWait, a: &IostatArgs) -> String {
     let mut o = String::new();
-    for (_, name, d, _) in rows {
+    for (_, name, d, space) in rows {
         if name == "logs" && d.read_hist.is_empty() {
             continue;
         }
-        let used: Vec<usize> = (0..d.read_hist.len().max(d.write_hist.len()))
-            .filter(|&i| {
-                d.read_hist.get(i).copied().unwrap_or(0) + d.write_hist.get(i).copied().unwrap_or(0)
-                    > 0
-            })
+        let pool_row = space.is_some();
+        let none: &[u64] = &[];
+        let sync_hist = if pool_row { &sync.hist[..] } else { none };
+        let at = |h: &[u64], i: usize| h.get(i).copied().unwrap_or(0);
+        let len = d
+            .read_hist
+            .len()
+            .max(d.write_hist.len())
+            .max(sync_hist.len());
+        let used: Vec<usize> = (0..len)
+            .filter(|&i| at(&d.read_hist, i) + at(&d.write_hist, i) + at(sync_hist, i) > 0)
             .collect();
-        let mut t = Table::new(&[name.as_str(), "read", "write"]);
-        t.align_right(1);
-        t.align_right(2);
+        let mut headers = vec![name.as_str(), "read", "write"];
+        if pool_row {
+            headers.push("sync");
+        }
+        let mut t = Table::new(&headers);
+        for i in 1..headers.len() {
+            t.align_right(i);
+        }
         if let (Some(&lo), Some(&hi)) = (used.first(), used.last()) {
             for i in lo..=hi {
                 let c = |h: &[u64]| h.get(i).copied().unwrap_or(0);
@@ -349,7 +397,7 @@ fn histograms(rows: &[Row], a: &IostatArgs) -> String {
                             .to_string()
                     }
                 };
-                t.push(vec![
+                let mut row = vec![
                     if a.parsable {
                         (1u64 << i).to_string()
                     } else {
@@ -357,11 +405,18 @@ fn histograms(rows: &[Row], a: &IostatArgs) -> String {
                     },
                     cell(c(&d.read_hist)),
                     cell(c(&d.write_hist)),
-                ]);
+                ];
+                if pool_row {
+                    row.push(cell(c(sync_hist)));
+                }
+                t.push(row);
             }
         }
         if !a.scripted {
-            o.push_str(&format!("{name}  disk_wait\n"));
+            o.push_str(&format!(
+                "{name}  disk_wait{}\n",
+                if pool_row { ", sync_wait" } else { "" }
+            ));
         }
         o.push_str(&t.render(a.scripted));
         if !a.scripted {
@@ -390,5 +445,51 @@ mod tests {
         assert_eq!(bucket_name(10), "1us");
         assert_eq!(latency(1500, false), "1us");
         assert_eq!(latency(1500, true), "1500");
+    }
+
+    /// The pool's row carries the commit requests' average wait for the
+    /// intent log over the period (-l), and their histogram (-w).
+    #[test]
+    fn sync_wait_is_the_pools_over_the_period() {
+        let dev = |ops: u64| DeviceIostat {
+            name: "/d0".into(),
+            write_ops: ops,
+            write_wait_ns: ops * 1000,
+            write_hist: vec![0; 38],
+            read_hist: vec![0; 38],
+            ..Default::default()
+        };
+        let at = |ts: u64, flushes: u64, wait_ns: u64, b12: u64| PoolIostat {
+            pool: "tank".into(),
+            timestamp_ms: ts,
+            groups: vec![dataset::GroupIostat {
+                name: "/d0".into(),
+                devices: vec![dev(flushes)],
+            }],
+            log_flushes: flushes,
+            log_wait_ns: wait_ns,
+            log_wait_hist: (0..38).map(|i| if i == 12 { b12 } else { 0 }).collect(),
+            ..Default::default()
+        };
+        let before = [at(1000, 10, 10_000, 10)];
+        // 30 more requests that waited 600 µs in all: 20 µs each.
+        let now = [at(2000, 40, 610_000, 40)];
+        let args = |l: bool, w: bool| IostatArgs {
+            verbose: true,
+            latency: l,
+            histogram: w,
+            scripted: true,
+            parsable: true,
+            args: vec![],
+        };
+        let out = render(&now, Some(&before), &args(true, false));
+        let pool_row: Vec<&str> = out.lines().next().unwrap().split('\t').collect();
+        assert_eq!(pool_row.len(), 10, "{out}");
+        assert_eq!(pool_row[9], "20000", "{out}");
+        let dev_row: Vec<&str> = out.lines().nth(1).unwrap().split('\t').collect();
+        assert_eq!(dev_row[9], "-", "{out}");
+        let hist = render(&now, Some(&before), &args(false, true));
+        let line = hist.lines().find(|l| l.starts_with("4096\t")).unwrap();
+        assert_eq!(line.split('\t').nth(3), Some("30"), "{hist}");
     }
 }
