@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 
-from conftest import cistern_bin, free_ports, run
+from conftest import cistern_bin, free_ports, port_open, run
 from helpers import MiB, connected, nbdinfo_json, parse_get, pattern
 
 
@@ -68,6 +71,31 @@ def test_serve_fails_cleanly_on_a_busy_port(daemon, tmp_path):
     p = run([cistern_bin(), "serve", "--state-dir", tmp_path / "other", "--nbd", daemon.nbd_addr,
              "--api", f"127.0.0.1:{free_ports(1)[0]}"], check=False, timeout=60)
     _fails(p, str(daemon.nbd_port))
+
+
+def test_sigterm_as_soon_as_a_port_opens_shuts_down_cleanly(tmp_path):
+    # A service manager may stop the daemon right after starting it. Once a
+    # port is open the signal is the daemon's: it finishes starting, then
+    # shuts down cleanly (exit 0), never ended by SIGTERM's default action.
+    nbd_port, api_port = free_ports(2)
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([cistern_bin(), "serve", "--state-dir", tmp_path / "state",
+                              "--nbd", f"127.0.0.1:{nbd_port}", "--api", f"127.0.0.1:{api_port}"],
+                             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not port_open(nbd_port):
+            assert p.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 0, (rc, log.read_text())
+    assert "SIGTERM: shutting down" in log.read_text()
 
 
 # ------------------------------------------------------------------ pools

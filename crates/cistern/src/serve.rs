@@ -183,6 +183,10 @@ async fn serve(
 ) -> Result<()> {
     // Nothing is exposed beyond loopback without protection (or --insecure).
     crate::exposure::check(&r, r.insecure)?;
+    // Before any port opens: a SIGTERM from then on (a service manager's,
+    // right after start) shuts down cleanly once started, never by the
+    // default action.
+    let mut signals = Signals::new().context("cannot take over SIGINT and SIGTERM")?;
     // Bind first: a taken port fails before any pool is touched.
     let nbd_listener = bind("NBD", &r.nbd).await?;
     let api_listener = bind("the API", &r.api).await?;
@@ -399,10 +403,7 @@ async fn serve(
 
     let mut failed: Option<anyhow::Error> = None;
     tokio::select! {
-        sig = wait_for_signal() => match sig {
-            Ok(name) => tracing::info!("{name}: shutting down"),
-            Err(e) => failed = Some(e.context("cannot wait for signals")),
-        },
+        name = signals.recv() => tracing::info!("{name}: shutting down"),
         res = &mut nbd_task => {
             failed = Some(task_error("NBD server", res.map(|r| r.map_err(anyhow::Error::from))));
         }
@@ -421,11 +422,10 @@ async fn serve(
     sd_notify::send("STOPPING=1\nSTATUS=committing and closing pools");
     // A second signal while we commit ends the process at once; the intent
     // log makes that safe for acknowledged writes.
-    tokio::spawn(async {
-        if wait_for_signal().await.is_ok() {
-            tracing::warn!("second signal: exiting without a clean shutdown");
-            std::process::exit(130);
-        }
+    tokio::spawn(async move {
+        signals.recv().await;
+        tracing::warn!("second signal: exiting without a clean shutdown");
+        std::process::exit(130);
     });
     // The NBD server gives its connections `shutdown_grace` itself; allow a little more.
     let grace = nbd_grace + Duration::from_secs(5);
@@ -517,14 +517,28 @@ where
     }
 }
 
-/// Resolves with the name of the first SIGINT or SIGTERM.
-async fn wait_for_signal() -> Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => Ok("SIGTERM"),
-        _ = int.recv() => Ok("SIGINT"),
+/// SIGINT and SIGTERM, taken over from their default action (ending the
+/// process) while this lives; a signal that arrives before `recv` is kept.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The name of the next SIGINT or SIGTERM.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
     }
 }
 

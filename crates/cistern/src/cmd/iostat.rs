@@ -387,7 +387,7 @@ fn histograms(rows: &[Row], sync: &SyncWait, a: &IostatArgs) -> String {
         }
         if let (Some(&lo), Some(&hi)) = (used.first(), used.last()) {
             for i in lo..=hi {
-                let c = |h: &[u64]| h.get(i).copied().unwrap_or(0);
+                let c = |h: &[u64]| at(h, i);
                 let cell = |v: u64| {
                     if a.parsable {
                         v.to_string()
