@@ -15,8 +15,8 @@
 #   dev flush   -> that flush completes
 #   to cqe      -> the completion is posted (kworker again, then the task
 #                  work on the submitting runtime thread)
-# With the log writer thread (decision 0079; pwritev2 with RWF_DSYNC, or
-# pwrite + fdatasync, by the `log-writer` thread), per log write the split
+# With the log writer thread (decision 0079; pwritev2 with RWF_DSYNC by
+# the `log-writer` thread), per log write the split
 # of the syscall's time: enter -> data issued, dev write, -> cache flush
 # issued (in the thread: any ext4 fast commit or journal wait is here),
 # dev flush, -> syscall returns; block writes and fast commits per log
@@ -40,7 +40,6 @@ perf record -a -q -o "$OUT/trace.data" \
     -e block:block_rq_insert -e block:block_rq_issue -e block:block_rq_complete \
     -e sched:sched_wakeup -e sched:sched_switch \
     -e syscalls:sys_enter_pwritev2 -e syscalls:sys_exit_pwritev2 \
-    -e syscalls:sys_enter_fdatasync -e syscalls:sys_exit_fdatasync \
     -e ext4:ext4_fc_commit_start -e jbd2:jbd2_start_commit -- sleep "$TRACE" >/dev/null 2>&1
 wait $COST
 perf script -i "$OUT/trace.data" -F comm,tid,cpu,time,event,trace 2>/dev/null >"$OUT/trace.txt"
@@ -160,19 +159,18 @@ print("cache flushes issued by: " + " ".join(f"{k}:{v}" for k, v in ff_by.most_c
 print("disk completions by CPU: " + " ".join(f"cpu{k}:{v}" for k, v in sorted(irq_cpu.items())))
 # The log writer thread (decision 0079).
 W = re.compile(r'log-writer')
-wr_sys = collections.defaultdict(list)   # tid -> [(enter, exit)]
+wr_sys = collections.defaultdict(list)   # tid -> [(enter, exit)]: one log write each
 open_sys = {}
 issues = collections.defaultdict(list)   # tid -> [(t, rwbs, sector)]
 done_at = {}
 wr_by = collections.Counter(); meta_by = collections.Counter(); fc_by = collections.Counter(); jbd2 = 0
 wakes = 0
 for t, comm, tid, cpu, e, rest in ev:
-    if e in ('syscalls:sys_enter_pwritev2', 'syscalls:sys_enter_fdatasync') and W.search(comm):
-        open_sys.setdefault(tid, (t, e))
-    elif e in ('syscalls:sys_exit_pwritev2', 'syscalls:sys_exit_fdatasync') and W.search(comm):
+    if e == 'syscalls:sys_enter_pwritev2' and W.search(comm):
+        open_sys.setdefault(tid, t)
+    elif e == 'syscalls:sys_exit_pwritev2' and W.search(comm):
         if tid in open_sys:
-            # pwrite + fdatasync: one log write spans both calls
-            wr_sys[tid].append((open_sys.pop(tid)[0], t, e))
+            wr_sys[tid].append((open_sys.pop(tid), t))
     elif e == 'block:block_rq_issue':
         p = rest.split()
         if t0 <= t <= t1 and p[1].startswith('W'):
@@ -195,15 +193,7 @@ def first_done(key, after):
     return L[i] if i < len(L) else None
 lw = []
 for tid, calls in wr_sys.items():
-    # A log write ends at a pwritev2 with RWF_DSYNC or at fdatasync: join a
-    # plain pwrite to the fdatasync after it.
-    calls.sort()
-    start = None
-    for te, tx, e in calls:
-        if start is None:
-            start = te
-        if e == 'syscalls:sys_exit_pwritev2' and any(c[2] == 'syscalls:sys_exit_fdatasync' and c[0] >= tx and c[0] - tx < 1e-4 for c in calls):
-            continue
+    for start, tx in calls:
         if t0 <= start <= t1:
             L = issues[tid]
             iss = L[bisect.bisect_left(L, (start,)):bisect.bisect_right(L, (tx, '~'))]
@@ -218,7 +208,6 @@ for tid, calls in wr_sys.items():
             k = bisect.bisect_left(ff_done, f0[0]) if f0 else None
             fd = ff_done[k] if f0 and k < len(ff_done) and ff_done[k] <= tx else None
             lw.append((start, d0[0] if d0 else None, dd, f0[0] if f0 else None, fd, tx, len(dw), len(ff), tid))
-        start = None
 if lw:
     n_ff = sum(1 for t in ff_issue if t0 <= t <= t1)
     print(f"log writes by the log-writer thread: {len(lw)} in {span:.2f} s; block writes it issued per log write "

@@ -39,13 +39,12 @@ fn is_local(peer: SocketAddr) -> bool {
     peer.ip().to_canonical().is_loopback()
 }
 
-/// Moves the socket off a pacing congestion control; `true` if it did.
-fn unpace(fd: RawFd) -> io::Result<bool> {
-    if !congestion_control(fd)?.starts_with("bbr") {
-        return Ok(false);
+/// Moves the socket off a pacing congestion control, if it is on one.
+fn unpace(fd: RawFd) -> io::Result<()> {
+    if congestion_control(fd)?.starts_with("bbr") {
+        set_congestion_control(fd, UNPACED)?;
     }
-    set_congestion_control(fd, UNPACED)?;
-    Ok(true)
+    Ok(())
 }
 
 /// The socket's congestion control algorithm (`TCP_CONGESTION`).

@@ -116,12 +116,6 @@ fn delta(now: &DeviceIostat, before: Option<&DeviceIostat>) -> DeviceIostat {
     let Some(b) = before else {
         return now.clone();
     };
-    let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
-        a.iter()
-            .enumerate()
-            .map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0)))
-            .collect()
-    };
     DeviceIostat {
         name: now.name.clone(),
         read_ops: now.read_ops.saturating_sub(b.read_ops),
@@ -130,9 +124,17 @@ fn delta(now: &DeviceIostat, before: Option<&DeviceIostat>) -> DeviceIostat {
         write_bytes: now.write_bytes.saturating_sub(b.write_bytes),
         read_wait_ns: now.read_wait_ns.saturating_sub(b.read_wait_ns),
         write_wait_ns: now.write_wait_ns.saturating_sub(b.write_wait_ns),
-        read_hist: sub(&now.read_hist, &b.read_hist),
-        write_hist: sub(&now.write_hist, &b.write_hist),
+        read_hist: hist_delta(&now.read_hist, &b.read_hist),
+        write_hist: hist_delta(&now.write_hist, &b.write_hist),
     }
+}
+
+/// Counts per bucket of histogram `now` minus `before` (missing buckets are 0).
+fn hist_delta(now: &[u64], before: &[u64]) -> Vec<u64> {
+    now.iter()
+        .enumerate()
+        .map(|(i, v)| v.saturating_sub(before.get(i).copied().unwrap_or(0)))
+        .collect()
 }
 
 fn sum<'a>(devs: impl Iterator<Item = &'a DeviceIostat>, name: &str) -> DeviceIostat {
@@ -276,12 +278,7 @@ impl SyncWait {
         SyncWait {
             requests: now.log_flushes.saturating_sub(flushes),
             wait_ns: now.log_wait_ns.saturating_sub(ns),
-            hist: now
-                .log_wait_hist
-                .iter()
-                .enumerate()
-                .map(|(i, v)| v.saturating_sub(hist.get(i).copied().unwrap_or(0)))
-                .collect(),
+            hist: hist_delta(&now.log_wait_hist, hist),
         }
     }
 }
