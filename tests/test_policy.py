@@ -405,7 +405,10 @@ event_min_interval = "1s"
     assert snapshots(d, "tank/photos") == [snap]
     c.delete_object(Bucket="photos", Key="img0")
     wait_for(lambda: len(snapshots(d, "tank/photos")) == 2, 15, "a second quiet snapshot")
-    hist = d.cli("policy", "history", "-H").stdout.splitlines()
+    # The run is recorded in its own transaction right after its snapshot.
+    history = lambda: d.cli("policy", "history", "-H").stdout.splitlines()
+    wait_for(lambda: len(history()) >= 2, 15, "the second run in the history")
+    hist = history()
     assert [l.split("\t")[3] for l in hist] == ["s3-quiet", "s3-quiet"], hist
     # The first one holds every object put before the quiet time.
     d.cli("rollback", "-r", f"tank/photos@{snap}")
