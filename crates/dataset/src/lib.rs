@@ -116,6 +116,10 @@ pub struct EngineConfig {
     /// while the metadata region is more than half full (decision 0017).
     #[serde(deserialize_with = "props::de_size")]
     pub embed_max_bytes: u64,
+    /// Keep the txg sync thread off the CPUs that take the pool's disk
+    /// interrupts when the disk has one queue and other CPUs are allowed
+    /// (decision 0083); false lets it run anywhere.
+    pub txg_avoid_irq_cpus: bool,
 }
 
 /// `cache_max_bytes = "auto"`: sized from the machine's (or cgroup's) memory.
@@ -167,6 +171,7 @@ impl Default for EngineConfig {
             policy_tick_secs: 10.0,
             multihost_interval_ms: pool::DEFAULT_MMP_INTERVAL.as_millis() as u64,
             embed_max_bytes: objects::EMBED_MAX as u64,
+            txg_avoid_irq_cpus: true,
         }
     }
 }

@@ -301,6 +301,9 @@ pub struct ImportedPool {
     pub config: EngineConfig,
     pub counters: Counters,
     sync_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// While the txg sync thread keeps off some CPUs (decision 0083): all
+    /// the CPUs it may use, where its encoder threads go back to.
+    encoder_cpus: Mutex<Option<vdev::irq::CpuSet>>,
     closed: AtomicBool,
     /// Scrub / resilver state (crate::scrub).
     pub scan: crate::scrub::ScanSlot,
@@ -464,6 +467,7 @@ impl ImportedPool {
             config,
             counters: Counters::default(),
             sync_thread: Mutex::new(None),
+            encoder_cpus: Mutex::new(None),
             closed: AtomicBool::new(false),
             scan: Default::default(),
             health: crate::health::Health::new(props),
@@ -936,10 +940,20 @@ impl ImportedPool {
             .unwrap_or(1)
             .clamp(1, 8);
         let chunk = keys.len().div_ceil(threads).max(1);
+        // Encoders inherit the sync thread's CPUs; they spread over all of them.
+        let spread = self.encoder_cpus.lock().clone();
+        let spread = &spread;
         let encoded: Vec<Option<EncodedBlock>> = std::thread::scope(|s| {
             let handles: Vec<_> = keys
                 .chunks(chunk)
-                .map(|part| s.spawn(move || part.iter().map(encode_one).collect::<Vec<_>>()))
+                .map(|part| {
+                    s.spawn(move || {
+                        if let Some(cpus) = spread {
+                            let _ = vdev::irq::set_thread_cpus(cpus);
+                        }
+                        part.iter().map(encode_one).collect::<Vec<_>>()
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
@@ -1045,13 +1059,17 @@ impl ImportedPool {
     /// ZFS aggregates at most 128 KiB on SSDs; with a SLOG, or with no sync
     /// writer since the last txg, large writes cost nobody a wait.
     fn run_max(&self, cp: Checkpoint) -> usize {
-        let commits = self.log.stats().commits.load(Ordering::Relaxed);
-        let seen = self.log_commits_seen.swap(commits, Ordering::Relaxed);
-        if commits != seen && cp.tag == 0 {
+        if self.log_wrote_since(&self.log_commits_seen) && cp.tag == 0 {
             SYNC_RUN_MAX
         } else {
             RUN_MAX
         }
+    }
+
+    /// Whether the intent log wrote a batch since `seen` was last updated here.
+    fn log_wrote_since(&self, seen: &AtomicU64) -> bool {
+        let commits = self.log.stats().commits.load(Ordering::Relaxed);
+        seen.swap(commits, Ordering::Relaxed) != commits
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1790,7 +1808,84 @@ impl ZeroCompression for Compression {
     }
 }
 
+/// How often the txg sync thread looks again at where the pool's disk
+/// interrupts land (irqbalance moves them).
+const PLACEMENT_RECHECK: Duration = Duration::from_secs(10);
+
+/// Where the txg sync thread runs (decision 0083): while the intent log is
+/// in use, off the CPUs that take the pool's disk completions when there
+/// are others, so its CPU-bound work does not delay the kernel work a log
+/// write waits for; otherwise (bulk writes) on every CPU it may use.
+struct Placement {
+    /// The CPUs the thread was started with.
+    allowed: vdev::irq::CpuSet,
+    /// `allowed` without the CPUs that take the pool's disk interrupts,
+    /// when that leaves some (looked at every [`PLACEMENT_RECHECK`]).
+    away: Option<vdev::irq::CpuSet>,
+    checked: Option<Instant>,
+    /// The CPUs it runs on now.
+    current: vdev::irq::CpuSet,
+    log_commits_seen: AtomicU64,
+}
+
+impl Placement {
+    fn new() -> Option<Placement> {
+        let allowed = vdev::irq::thread_cpus().ok()?;
+        Some(Placement {
+            current: allowed.clone(),
+            allowed,
+            away: None,
+            checked: None,
+            log_commits_seen: AtomicU64::new(0),
+        })
+    }
+
+    /// Before a txg: away from the interrupts if the log wrote since the last one.
+    fn place(&mut self, p: &ImportedPool) {
+        let due = self
+            .checked
+            .is_none_or(|t| t.elapsed() >= PLACEMENT_RECHECK);
+        if p.config.txg_avoid_irq_cpus && due {
+            self.checked = Some(Instant::now());
+            let irq: vdev::irq::CpuSet = p
+                .pool
+                .device_paths()
+                .iter()
+                .filter_map(|d| vdev::irq::completion_cpus(d))
+                .flatten()
+                .collect();
+            let away = vdev::irq::away_from(&self.allowed, &irq);
+            if away != self.away {
+                if let Some(cpus) = &away {
+                    tracing::info!(
+                        pool = %p.pool.name,
+                        cpus = %vdev::irq::format_cpu_list(cpus),
+                        interrupts_on = %vdev::irq::format_cpu_list(&irq),
+                        "while sync writes go on, txg sync keeps off the CPUs that take the pool's disk interrupts"
+                    );
+                }
+                self.away = away;
+            }
+        }
+        let want = match &self.away {
+            Some(away) if p.log_wrote_since(&self.log_commits_seen) => away,
+            _ => &self.allowed,
+        };
+        if *want == self.current {
+            return;
+        }
+        if let Err(e) = vdev::irq::set_thread_cpus(want) {
+            tracing::warn!(pool = %p.pool.name, error = %e, "cannot set the txg sync thread's CPUs");
+            self.away = None;
+            return;
+        }
+        self.current = want.clone();
+        *p.encoder_cpus.lock() = (self.current != self.allowed).then(|| self.allowed.clone());
+    }
+}
+
 fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
+    let mut placement = Placement::new();
     loop {
         let Some(p) = weak.upgrade() else { return };
         let timeout = Duration::from_secs_f64(p.config.txg_timeout_secs.max(0.05));
@@ -1817,6 +1912,9 @@ fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
         }
         if p.log.fill() > 0.5 {
             p.request_sync();
+        }
+        if let Some(pl) = &mut placement {
+            pl.place(&p);
         }
         let result = p.sync_txg();
         let mut c = p.ctl.lock();

@@ -222,6 +222,58 @@ fn txg_writes_stay_small_while_the_log_is_in_use() {
     );
 }
 
+/// While sync writes go on, the txg sync thread runs off the CPUs that
+/// take the pool's disk interrupts when the disk has one queue and other
+/// CPUs are allowed (decision 0083; this machine's virtio disk sends every
+/// completion to one CPU); after a txg with no log write, or with
+/// `txg_avoid_irq_cpus = false`, or on a disk with a queue per CPU, it has
+/// every CPU it was started with.
+#[test]
+fn txg_sync_keeps_off_the_cpus_that_take_the_disks_interrupts() {
+    use vdev::irq;
+    let allowed = irq::thread_cpus().unwrap();
+    // The CPUs of the thread named `name` in this process (a pool's
+    // thread name is `txg-sync-POOL`, at most 15 bytes).
+    let cpus_of = |name: &str| -> Option<irq::CpuSet> {
+        std::fs::read_dir("/proc/self/task").ok()?.find_map(|t| {
+            let t = t.ok()?.path();
+            (std::fs::read_to_string(t.join("comm")).ok()?.trim() == name).then_some(())?;
+            let status = std::fs::read_to_string(t.join("status")).ok()?;
+            let list = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+            irq::parse_cpu_list(list)
+        })
+    };
+    for (pool, avoid) in [("irqpin", true), ("irqany", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = EngineConfig {
+            txg_avoid_irq_cpus: avoid,
+            ..config(3600.0)
+        };
+        let engine = common::single_disk_engine_with(dir.path(), pool, cfg);
+        engine
+            .create_volume(&format!("{pool}/v"), 1 << 20, &[])
+            .unwrap();
+        let vol = engine.open_volume(&format!("{pool}/v")).unwrap();
+        let on_disk = irq::completion_cpus(&dir.path().join(format!("{pool}-d0")));
+        let away = match (&on_disk, avoid) {
+            (Some(i), true) => irq::away_from(&allowed, i).unwrap_or_else(|| allowed.clone()),
+            _ => allowed.clone(),
+        };
+        let thread = format!("txg-sync-{pool}");
+        let ctx = format!("{thread}: allowed {allowed:?}, the disk's completions on {on_disk:?}");
+        // A txg after a log write, then one after none.
+        vol.write(0, &[7; 4096], false).unwrap();
+        vol.flush().unwrap();
+        engine.sync_all().unwrap();
+        assert_eq!(cpus_of(&thread), Some(away), "after a log write: {ctx}");
+        vol.write(4096, &[8; 4096], false).unwrap();
+        engine.sync_all().unwrap();
+        assert_eq!(cpus_of(&thread), Some(allowed.clone()), "after none: {ctx}");
+    }
+}
+
 #[test]
 fn overwrites_and_trims_free_space_and_destroy_frees_everything() {
     let dir = tempfile::tempdir().unwrap();

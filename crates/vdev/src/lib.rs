@@ -7,6 +7,7 @@ mod cache;
 pub mod size;
 pub use cache::CacheStats;
 pub mod compact;
+pub mod irq;
 mod label;
 mod mmp;
 pub mod standby;
