@@ -1841,7 +1841,7 @@ impl Placement {
     }
 
     /// Before a txg: away from the interrupts if the log wrote since the last one.
-    fn place(&mut self, p: &ImportedPool) {
+    fn place(&mut self, p: &ImportedPool) -> std::io::Result<()> {
         let due = self
             .checked
             .is_none_or(|t| t.elapsed() >= PLACEMENT_RECHECK);
@@ -1872,15 +1872,13 @@ impl Placement {
             _ => &self.allowed,
         };
         if *want == self.current {
-            return;
+            return Ok(());
         }
-        if let Err(e) = vdev::irq::set_thread_cpus(want) {
-            tracing::warn!(pool = %p.pool.name, error = %e, "cannot set the txg sync thread's CPUs");
-            self.away = None;
-            return;
-        }
+        // A cpuset shrunk under us refuses: stay where we are from then on.
+        vdev::irq::set_thread_cpus(want)?;
         self.current = want.clone();
         *p.encoder_cpus.lock() = (self.current != self.allowed).then(|| self.allowed.clone());
+        Ok(())
     }
 }
 
@@ -1913,8 +1911,10 @@ fn sync_loop(weak: std::sync::Weak<ImportedPool>) {
         if p.log.fill() > 0.5 {
             p.request_sync();
         }
-        if let Some(pl) = &mut placement {
-            pl.place(&p);
+        if let Some(Err(e)) = placement.as_mut().map(|pl| pl.place(&p)) {
+            tracing::warn!(pool = %p.pool.name, error = %e, "cannot set the txg sync thread's CPUs; it stays where it is");
+            placement = None;
+            *p.encoder_cpus.lock() = None;
         }
         let result = p.sync_txg();
         let mut c = p.ctl.lock();
