@@ -286,6 +286,9 @@ pub struct ServerSection {
     pub state_dir: Option<PathBuf>,
     /// tracing filter (RUST_LOG syntax); RUST_LOG wins when set.
     pub log: Option<String>,
+    /// Threads of the async runtime that serves the network; absent: one
+    /// fewer than the CPUs, at least one (decision 0084).
+    pub runtime_threads: Option<usize>,
 }
 
 impl Config {
@@ -332,6 +335,8 @@ pub struct Resolved {
     pub nbd: Listen,
     pub api: Listen,
     pub log: String,
+    /// `[server] runtime_threads`, if set.
+    pub runtime_threads: Option<usize>,
     pub engine: dataset::EngineConfig,
     pub nbd_server: nbd::ServerConfig,
     /// The config's snapshot policies plus the built-in ones.
@@ -471,6 +476,10 @@ pub fn resolve(
         nbd,
         api,
         log: cfg.server.log.unwrap_or_else(|| DEFAULT_LOG.to_string()),
+        runtime_threads: match cfg.server.runtime_threads {
+            Some(0) => bail!("[server] runtime_threads must be at least 1"),
+            n => n,
+        },
         nbd_server: cfg.nbd.server_config()?,
         nbd_client_certs: cfg.nbd.tls_ca.is_some(),
         api_tls: https(
@@ -562,6 +571,29 @@ mod tests {
         assert_eq!(
             cfg.engine.dirty_max_bytes,
             dataset::EngineConfig::default().dirty_max_bytes
+        );
+    }
+
+    #[test]
+    fn runtime_threads_is_taken_or_refused_when_zero() {
+        let r = |text: &str| {
+            resolve(
+                Config::parse(text).unwrap(),
+                Overrides::default(),
+                Some(Path::new("/x")),
+            )
+        };
+        assert_eq!(r("").unwrap().runtime_threads, None);
+        assert_eq!(
+            r("[server]\nruntime_threads = 3\n")
+                .unwrap()
+                .runtime_threads,
+            Some(3)
+        );
+        let e = r("[server]\nruntime_threads = 0\n").unwrap_err();
+        assert!(
+            e.to_string().contains("runtime_threads must be at least 1"),
+            "{e}"
         );
     }
 
