@@ -28,9 +28,9 @@ pub type CpuSet = BTreeSet<usize>;
 
 /// Where sysfs and procfs are (the real ones, or a test's copy).
 #[derive(Debug, Clone)]
-pub struct Roots {
-    pub sys: PathBuf,
-    pub proc: PathBuf,
+struct Roots {
+    sys: PathBuf,
+    proc: PathBuf,
 }
 
 impl Default for Roots {
@@ -54,7 +54,7 @@ pub fn completion_cpus(path: &Path) -> Option<CpuSet> {
 }
 
 /// As [`completion_cpus`] under other sysfs/procfs roots (tests).
-pub fn completion_cpus_in(roots: &Roots, path: &Path) -> Option<CpuSet> {
+fn completion_cpus_in(roots: &Roots, path: &Path) -> Option<CpuSet> {
     let meta = std::fs::metadata(path).ok()?;
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
@@ -164,23 +164,18 @@ fn interrupt_counts(path: &Path) -> std::collections::HashMap<u32, u64> {
 pub fn parse_cpu_list(s: &str) -> Option<CpuSet> {
     let mut out = CpuSet::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
-                // Bounded: CPU_SETSIZE is the most sched_setaffinity takes here.
-                if a > b || b >= libc::CPU_SETSIZE as usize {
-                    return None;
-                }
-                out.extend(a..=b);
-            }
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
             None => {
                 let c = part.parse::<usize>().ok()?;
-                if c >= libc::CPU_SETSIZE as usize {
-                    return None;
-                }
-                out.insert(c);
+                (c, c)
             }
+        };
+        // Bounded: CPU_SETSIZE is the most sched_setaffinity takes here.
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return None;
         }
+        out.extend(a..=b);
     }
     Some(out)
 }
