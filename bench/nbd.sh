@@ -74,6 +74,10 @@
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
 #   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
+#   PREALLOC=0          1: the raw file, nbdkit's file and Cistern's pool devices are
+#                       written full of zeros first (storage written once, as after a
+#                       while in use): no target's sync then commits ext4 block
+#                       allocations (0 = sparse files, the first-use case)
 #   TESTS="randwrite-4k-flush seqwrite-1m seqread-1m"   which tests nbdkit and cistern:* run
 #                       (seqread-1m reads what seqwrite-1m wrote)
 set -euo pipefail
@@ -95,6 +99,7 @@ CMP_CACHE_MAX="${CMP_CACHE_MAX-64M}"
 CMP_PIN="${CMP_PIN:-1}"
 CMP_NBDCOPY="${CMP_NBDCOPY:-1}"
 KEEP_FILES="${KEEP_FILES:-0}"
+PREALLOC="${PREALLOC:-0}"
 TESTS="${TESTS:-randwrite-4k-flush seqwrite-1m seqread-1m}"
 
 for tool in fio nbdkit python3; do
@@ -209,10 +214,20 @@ EOF
 }
 
 # ---------------------------------------------------------------- targets
+# make_file PATH SIZE: a sparse file, or with PREALLOC=1 one written full of zeros.
+make_file() {
+    if [[ "$PREALLOC" == 1 ]]; then
+        local mib=$(( $(numfmt --from=iec "$2") >> 20 ))
+        dd if=/dev/zero of="$1" bs=1M count="$mib" oflag=direct status=none
+    else
+        truncate -s "$2" "$1"
+    fi
+}
+
 bench_nbdkit() {
     local dir="$BENCH_DIR/nbdkit" port pid
     mkdir -p "$dir"
-    truncate -s "$SIZE" "$dir/disk.img"
+    make_file "$dir/disk.img" "$SIZE"
     port=$(free_port)
     nbdkit -f -i 127.0.0.1 -p "$port" file "$dir/disk.img" >"$dir/nbdkit.log" 2>&1 &
     pid=$!
@@ -231,7 +246,7 @@ bench_nbdkit() {
 bench_raw() {
     local dir="$BENCH_DIR/raw"
     mkdir -p "$dir"
-    truncate -s "$SIZE" "$dir/disk.img"
+    make_file "$dir/disk.img" "$SIZE"
     echo "   raw-file randwrite-4k-flush" >&2
     run_fio raw-file randwrite-4k-flush-raw "$dir/disk.img"
     [[ "$KEEP_FILES" == 1 ]] || rm -f "$dir/disk.img"
@@ -309,6 +324,10 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
         devs+=(log "$slogfile")
         tests=(randwrite-4k-flush)
     fi
+    local d
+    for d in "$dir/disks/d0" "$dir/disks/d1"; do
+        if [[ " ${devs[*]} " == *" $d "* ]]; then make_file "$d" 4G; fi
+    done
     "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
     local crypt=()
     if [[ -n "$enc" ]]; then
