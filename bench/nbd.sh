@@ -74,7 +74,7 @@
 #   CISTERN_BIN=target/release/cistern  (built with cargo if missing)
 #   DROP_CACHES=0       1: echo 3 > /proc/sys/vm/drop_caches before each read test (root)
 #   KEEP_FILES=0        1: keep the disk images and pool devices (deleted after each target)
-#   PREALLOC=0          1: the raw file, nbdkit's file and Cistern's pool devices are
+#   PREALLOC=0          1: the raw file, nbdkit's files and Cistern's pool devices are
 #                       written full of zeros first (storage written once, as after a
 #                       while in use): no target's sync then commits ext4 block
 #                       allocations (0 = sparse files, the first-use case)
@@ -224,6 +224,18 @@ make_file() {
     fi
 }
 
+# pool_devs VAR DIR: VAR = the `pool create` devices of a bench pool under
+# DIR/disks (one file, or two mirrored with POOL_LAYOUT=mirror), made by make_file.
+pool_devs() {
+    local -n devs_out="$1"
+    devs_out=("$2/disks/d0")
+    [[ "$POOL_LAYOUT" != mirror ]] || devs_out=(mirror "$2/disks/d0" "$2/disks/d1")
+    local d
+    for d in "${devs_out[@]}"; do
+        [[ "$d" == mirror ]] || make_file "$d" 4G
+    done
+}
+
 bench_nbdkit() {
     local dir="$BENCH_DIR/nbdkit" port pid
     mkdir -p "$dir"
@@ -314,8 +326,8 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
     for _ in $(seq 300); do "$CISTERN_BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
     CISTERN_TOKEN=$(cat "$dir/state/api.token")
     export CISTERN_TOKEN
-    local devs=("$dir/disks/d0")
-    [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
+    local devs
+    pool_devs devs "$dir"
     local tests slogfile=""
     read -ra tests <<<"$TESTS"
     if [[ "$slog" == slog ]]; then
@@ -324,10 +336,6 @@ bench_cistern() { # compression volblocksize [slog|enc|tls]
         devs+=(log "$slogfile")
         tests=(randwrite-4k-flush)
     fi
-    local d
-    for d in "$dir/disks/d0" "$dir/disks/d1"; do
-        if [[ " ${devs[*]} " == *" $d "* ]]; then make_file "$d" 4G; fi
-    done
     "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
     local crypt=()
     if [[ -n "$enc" ]]; then
@@ -383,8 +391,8 @@ bench_compare() { # compression volblocksize: plain, encrypted, TLS in one daemo
     for _ in $(seq 300); do "$CISTERN_BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
     CISTERN_TOKEN=$(cat "$dir/state/api.token")
     export CISTERN_TOKEN
-    local devs=("$dir/disks/d0")
-    [[ "$POOL_LAYOUT" == mirror ]] && devs=(mirror "$dir/disks/d0" "$dir/disks/d1")
+    local devs
+    pool_devs devs "$dir"
     "$CISTERN_BIN" pool create -s 4G bench "${devs[@]}" >/dev/null
     od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$dir/volume.key"
     "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/plain >/dev/null
@@ -465,9 +473,10 @@ bench_tls_ref() { # compression volblocksize: Cistern and nbdkit, plain and TLS
     for _ in $(seq 300); do "$CISTERN_BIN" pool list >/dev/null 2>&1 && break; sleep 0.1; done
     CISTERN_TOKEN=$(cat "$dir/state/api.token")
     export CISTERN_TOKEN
+    make_file "$dir/disks/d0" 4G
     "$CISTERN_BIN" pool create -s 4G bench "$dir/disks/d0" >/dev/null
     "$CISTERN_BIN" create -V "$SIZE" -o "compression=$comp" -o "volblocksize=$vbs" bench/plain >/dev/null
-    truncate -s "$SIZE" "$dir/disks/kit.img"
+    make_file "$dir/disks/kit.img" "$SIZE"
     kit_port=$(free_port)
     while [[ "$kit_port" == "$nbd_port" || "$kit_port" == "$api_port" ]]; do kit_port=$(free_port); done
     nbdkit -f -i 127.0.0.1 -p "$kit_port" --tls=on --tls-certificates="$dir/kit-certs" --tls-verify-peer \
